@@ -1,0 +1,11 @@
+//! The DRAM tier: the ARC policy and the live, sharded cache of record buffers.
+//!
+//! `policy` is the pure replacement algorithm (no I/O, no data), shared by
+//! the live cache and trace replay. `live` wraps it with reference-counted
+//! buffers, per-shard locks and single-flight fills.
+
+pub mod live;
+pub mod policy;
+
+pub use live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
+pub use policy::{AccessKind, ArcPolicy, ListId};

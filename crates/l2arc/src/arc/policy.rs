@@ -1,0 +1,830 @@
+//! The ARC replacement policy as a pure state machine.
+//!
+//! Megiddo and Modha's Adaptive Replacement Cache (FAST 2003) keeps two LRU
+//! lists of resident records: MRU (T1, seen once recently) and MFU (T2, seen
+//! at least twice), and two "ghost" lists (B1, B2) that remember only the keys
+//! of records recently evicted from each. A miss that lands in a ghost list is
+//! evidence that the corresponding resident list was too small: a B1 hit grows
+//! the MRU target `p`, a B2 hit shrinks it, each by the ratio of the ghost list
+//! sizes (at least one record). So the cache moves between recency and
+//! frequency on its own, and a one-time scan can never flush the MFU side.
+//!
+//! ZFS adapted the algorithm to variable-size buffers by accounting in bytes;
+//! so do we. Every bound of the paper becomes a bound in bytes, and with
+//! unit-size records the code below reduces step for step to the paper's
+//! pseudo-code (Figure 4), which is how the trace tests reproduce its tables:
+//! - `L1 = T1 + B1 <= c` and `T1 + T2 + B1 + B2 <= 2c` (directory bounds);
+//! - `T1 + T2 <= c` (resident bytes never exceed the target);
+//! - `0 <= p <= c`.
+//!
+//! Two ZFS refinements the paper lacks:
+//! - Prefetched records are flagged. A prefetch that hits does not promote a
+//!   record to MFU (read-ahead is not evidence of reuse); a demand read of a
+//!   flagged record clears the flag and the next demand hit promotes it.
+//! - A record a reader still references cannot be evicted. The caller says
+//!   which records are evictable; eviction skips the rest (a bounded scan), and
+//!   an insert that cannot make room is refused rather than overshooting `c`.
+//!
+//! The policy holds no I/O and no data of its own: the value `V` is opaque
+//! (a buffer in the live cache, `()` in trace replay), so the same code runs
+//! live and in replay. Entries live in a slab with intrusive `u32` links, so
+//! an access allocates nothing once the slab has grown to its working size.
+
+use std::hash::Hash;
+
+use crate::hash::FastHashMap;
+
+const NIL: u32 = u32::MAX;
+
+/// How many entries eviction looks past at the cold end of a list when the
+/// coldest ones are referenced by readers, before trying the other list.
+pub const EVICT_SCAN_MAX: usize = 64;
+
+/// The four lists of the ARC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ListId {
+    /// T1: resident, seen once recently.
+    Mru = 0,
+    /// T2: resident, seen at least twice.
+    Mfu = 1,
+    /// B1: keys recently evicted from MRU.
+    MruGhost = 2,
+    /// B2: keys recently evicted from MFU.
+    MfuGhost = 3,
+}
+
+impl ListId {
+    pub const ALL: [ListId; 4] = [ListId::Mru, ListId::Mfu, ListId::MruGhost, ListId::MfuGhost];
+
+    pub fn is_ghost(self) -> bool {
+        matches!(self, ListId::MruGhost | ListId::MfuGhost)
+    }
+}
+
+/// Why a record is being read: a reader asked for it, or read-ahead guessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessKind {
+    Demand,
+    Prefetch,
+}
+
+/// What a resident hit found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hit {
+    /// The list the record was in before this access.
+    pub list: ListId,
+    /// The record had been brought in by prefetch and not yet demanded.
+    pub was_prefetched: bool,
+}
+
+/// What an insert did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// Inserted. `ghost` names the ghost list the key was found in, if any
+    /// (a ghost hit, which adapted `p`).
+    Inserted { ghost: Option<ListId> },
+    /// Larger than the whole cache; not inserted.
+    TooLarge,
+    /// Every candidate for eviction is referenced; not inserted.
+    NoRoom { ghost: Option<ListId> },
+}
+
+/// A record pushed out of the resident lists by an insert.
+#[derive(Debug)]
+pub struct Evicted<K, V> {
+    pub key: K,
+    pub value: V,
+    pub size_bytes: u64,
+    /// The list it was evicted from (MRU or MFU).
+    pub from: ListId,
+}
+
+struct Entry<K, V> {
+    key: K,
+    size_bytes: u64,
+    prev: u32,
+    next: u32,
+    list: ListId,
+    prefetched: bool,
+    /// `Some` while resident, `None` in a ghost list or on the free list.
+    value: Option<V>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct List {
+    /// Most recently used end.
+    head: u32,
+    /// Least recently used end (eviction end).
+    tail: u32,
+    size_bytes: u64,
+    len: u64,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+        size_bytes: 0,
+        len: 0,
+    };
+}
+
+/// The ARC state machine over keys `K` with opaque values `V`.
+pub struct ArcPolicy<K, V> {
+    entries: Vec<Entry<K, V>>,
+    free_slots: Vec<u32>,
+    index: FastHashMap<K, u32>,
+    lists: [List; 4],
+    capacity_bytes: u64,
+    /// Target size of the MRU list in bytes. A real number as in the paper:
+    /// ghost-hit deltas are ratios, and rounding them would bias adaptation.
+    target_mru_bytes: f64,
+}
+
+impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
+    /// An empty cache of `capacity_bytes` (the paper's `c`).
+    pub fn new(capacity_bytes: u64) -> Self {
+        assert!(capacity_bytes > 0, "ARC capacity must be positive");
+        Self {
+            entries: Vec::new(),
+            free_slots: Vec::new(),
+            index: FastHashMap::default(),
+            lists: [List::EMPTY; 4],
+            capacity_bytes,
+            target_mru_bytes: 0.0,
+        }
+    }
+
+    /// `c`: the most bytes the resident lists may hold.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    /// `p`: the adaptive target for the MRU list.
+    pub fn target_mru_bytes(&self) -> u64 {
+        self.target_mru_bytes as u64
+    }
+
+    pub fn list_bytes(&self, list: ListId) -> u64 {
+        self.lists[list as usize].size_bytes
+    }
+
+    pub fn list_len(&self, list: ListId) -> u64 {
+        self.lists[list as usize].len
+    }
+
+    /// Bytes held by resident records (T1 + T2).
+    pub fn resident_bytes(&self) -> u64 {
+        self.list_bytes(ListId::Mru) + self.list_bytes(ListId::Mfu)
+    }
+
+    pub fn resident_len(&self) -> u64 {
+        self.list_len(ListId::Mru) + self.list_len(ListId::Mfu)
+    }
+
+    /// The list a key is in, without touching recency.
+    pub fn list_of(&self, key: &K) -> Option<ListId> {
+        self.index.get(key).map(|&slot| self.entries[slot as usize].list)
+    }
+
+    /// The value of a resident key, without touching recency.
+    pub fn peek(&self, key: &K) -> Option<&V> {
+        let slot = *self.index.get(key)?;
+        self.entries[slot as usize].value.as_ref()
+    }
+
+    /// A demand or prefetch access to a key. Returns the value and what was hit
+    /// if the key is resident; `None` for a miss (including a ghost hit, which
+    /// the following [`Self::insert`] accounts for).
+    pub fn get(&mut self, key: &K, kind: AccessKind) -> Option<(&V, Hit)> {
+        let slot = *self.index.get(key)?;
+        let entry = &self.entries[slot as usize];
+        let list = entry.list;
+        if list.is_ghost() {
+            return None;
+        }
+        let was_prefetched = entry.prefetched;
+        let destination = if was_prefetched || kind == AccessKind::Prefetch {
+            // Read-ahead is not evidence of reuse: refresh in place.
+            list
+        } else {
+            ListId::Mfu
+        };
+        if was_prefetched && kind == AccessKind::Demand {
+            self.entries[slot as usize].prefetched = false;
+        }
+        self.unlink(slot);
+        self.push_head(slot, destination);
+        let value = self.entries[slot as usize]
+            .value
+            .as_ref()
+            .expect("resident entry has a value");
+        Some((
+            value,
+            Hit {
+                list,
+                was_prefetched,
+            },
+        ))
+    }
+
+    /// Inserts a record just read from below after a miss on `key`.
+    ///
+    /// Evicted records are appended to `evicted` (the caller frees or demotes
+    /// them). `evictable` says whether a resident record may be evicted now
+    /// (false while a reader references it).
+    pub fn insert(
+        &mut self,
+        key: K,
+        size_bytes: u64,
+        value: V,
+        kind: AccessKind,
+        mut evictable: impl FnMut(&K, &V) -> bool,
+        evicted: &mut Vec<Evicted<K, V>>,
+    ) -> InsertOutcome {
+        let size_bytes = size_bytes.max(1);
+        if size_bytes > self.capacity_bytes {
+            return InsertOutcome::TooLarge;
+        }
+        let c = self.capacity_bytes;
+        let mut ghost = None;
+        if let Some(&slot) = self.index.get(&key) {
+            match self.entries[slot as usize].list {
+                // Already resident (a racing fill): replace it as a new miss.
+                ListId::Mru | ListId::Mfu => self.remove_slot(slot),
+                ghost_list => ghost = Some(ghost_list),
+            }
+        }
+
+        match ghost {
+            Some(ListId::MruGhost) => {
+                let b1 = self.list_bytes(ListId::MruGhost) as f64;
+                let b2 = self.list_bytes(ListId::MfuGhost) as f64;
+                let ratio = if b1 >= b2 { 1.0 } else { b2 / b1 };
+                self.target_mru_bytes =
+                    (self.target_mru_bytes + size_bytes as f64 * ratio).min(c as f64);
+            }
+            Some(ListId::MfuGhost) => {
+                let b1 = self.list_bytes(ListId::MruGhost) as f64;
+                let b2 = self.list_bytes(ListId::MfuGhost) as f64;
+                let ratio = if b2 >= b1 { 1.0 } else { b1 / b2 };
+                self.target_mru_bytes =
+                    (self.target_mru_bytes - size_bytes as f64 * ratio).max(0.0);
+            }
+            _ => {}
+        }
+
+        let room = match ghost {
+            Some(ghost_list) => {
+                let made_room = self.replace(
+                    size_bytes,
+                    ghost_list == ListId::MfuGhost,
+                    &mut evictable,
+                    evicted,
+                );
+                let slot = self.index[&key];
+                self.remove_slot(slot);
+                made_room
+            }
+            None => self.make_room_for_new(size_bytes, &mut evictable, evicted),
+        };
+        if !room {
+            return InsertOutcome::NoRoom { ghost };
+        }
+
+        // A ghost hit is the second sighting: straight to MFU, unless it is
+        // only read-ahead.
+        let list = if ghost.is_some() && kind == AccessKind::Demand {
+            ListId::Mfu
+        } else {
+            ListId::Mru
+        };
+        let slot = self.alloc_slot(Entry {
+            key,
+            size_bytes,
+            prev: NIL,
+            next: NIL,
+            list,
+            prefetched: kind == AccessKind::Prefetch,
+            value: Some(value),
+        });
+        self.index.insert(key, slot);
+        self.push_head(slot, list);
+        self.trim_ghosts();
+        self.debug_check();
+        InsertOutcome::Inserted { ghost }
+    }
+
+    /// Forgets a key entirely (resident or ghost), returning a resident value.
+    /// Used when the record's data changed: its history no longer applies.
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        let slot = *self.index.get(key)?;
+        let value = self.entries[slot as usize].value.take();
+        self.remove_slot(slot);
+        value
+    }
+
+    /// Resident keys from the eviction (cold) end of `list` towards the hot
+    /// end, with their sizes and values.
+    pub fn iter_from_cold_end(&self, list: ListId) -> impl Iterator<Item = (&K, u64, &V)> + '_ {
+        let mut slot = self.lists[list as usize].tail;
+        std::iter::from_fn(move || {
+            while slot != NIL {
+                let entry = &self.entries[slot as usize];
+                slot = entry.prev;
+                if let Some(value) = entry.value.as_ref() {
+                    return Some((&entry.key, entry.size_bytes, value));
+                }
+            }
+            None
+        })
+    }
+
+    /// Case IV of the paper: a key seen in no list.
+    fn make_room_for_new(
+        &mut self,
+        size_bytes: u64,
+        evictable: &mut impl FnMut(&K, &V) -> bool,
+        evicted: &mut Vec<Evicted<K, V>>,
+    ) -> bool {
+        let c = self.capacity_bytes;
+        let l1_bytes = self.list_bytes(ListId::Mru) + self.list_bytes(ListId::MruGhost);
+        if l1_bytes + size_bytes > c {
+            // Case A: L1 is full. Forget the oldest MRU ghosts; if there are
+            // none, T1 alone fills the cache and its coldest records go
+            // without leaving a ghost.
+            loop {
+                let l1_bytes = self.list_bytes(ListId::Mru) + self.list_bytes(ListId::MruGhost);
+                if l1_bytes + size_bytes <= c {
+                    break;
+                }
+                if self.list_len(ListId::MruGhost) > 0 {
+                    // With unit sizes this drops exactly one ghost, as the paper does.
+                    let slot = self.lists[ListId::MruGhost as usize].tail;
+                    self.remove_slot(slot);
+                } else {
+                    let Some(slot) = self.find_victim(ListId::Mru, evictable) else {
+                        return false;
+                    };
+                    self.evict_slot(slot, false, evicted);
+                }
+            }
+        } else {
+            // Case B: L1 has room; keep the whole directory within 2c.
+            let total_bytes: u64 = ListId::ALL.iter().map(|&l| self.list_bytes(l)).sum();
+            if total_bytes + size_bytes > c {
+                let mut total_bytes = total_bytes;
+                while total_bytes + size_bytes > 2 * c && self.list_len(ListId::MfuGhost) > 0 {
+                    let slot = self.lists[ListId::MfuGhost as usize].tail;
+                    total_bytes -= self.entries[slot as usize].size_bytes;
+                    self.remove_slot(slot);
+                }
+            }
+        }
+        self.replace(size_bytes, false, evictable, evicted)
+    }
+
+    /// The paper's REPLACE, repeated until `size_bytes` fits: evict from MRU
+    /// when it is over its target `p`, else from MFU.
+    fn replace(
+        &mut self,
+        size_bytes: u64,
+        hit_in_mfu_ghost: bool,
+        evictable: &mut impl FnMut(&K, &V) -> bool,
+        evicted: &mut Vec<Evicted<K, V>>,
+    ) -> bool {
+        while self.resident_bytes() + size_bytes > self.capacity_bytes {
+            let t1_bytes = self.list_bytes(ListId::Mru) as f64;
+            let prefer_mru = self.list_len(ListId::Mru) > 0
+                && ((hit_in_mfu_ghost && t1_bytes == self.target_mru_bytes)
+                    || t1_bytes > self.target_mru_bytes);
+            let (first, second) = if prefer_mru {
+                (ListId::Mru, ListId::Mfu)
+            } else {
+                (ListId::Mfu, ListId::Mru)
+            };
+            let victim = self
+                .find_victim(first, evictable)
+                .or_else(|| self.find_victim(second, evictable));
+            let Some(slot) = victim else {
+                return false;
+            };
+            self.evict_slot(slot, true, evicted);
+        }
+        true
+    }
+
+    /// The coldest evictable record of a resident list, looking at most
+    /// [`EVICT_SCAN_MAX`] entries in.
+    fn find_victim(
+        &self,
+        list: ListId,
+        evictable: &mut impl FnMut(&K, &V) -> bool,
+    ) -> Option<u32> {
+        let mut slot = self.lists[list as usize].tail;
+        for _ in 0..EVICT_SCAN_MAX {
+            if slot == NIL {
+                return None;
+            }
+            let entry = &self.entries[slot as usize];
+            let value = entry.value.as_ref().expect("resident entry has a value");
+            if evictable(&entry.key, value) {
+                return Some(slot);
+            }
+            slot = entry.prev;
+        }
+        None
+    }
+
+    /// Moves a resident record out: to its ghost list, or out of the
+    /// directory entirely (`to_ghost == false`).
+    fn evict_slot(&mut self, slot: u32, to_ghost: bool, evicted: &mut Vec<Evicted<K, V>>) {
+        let from = self.entries[slot as usize].list;
+        debug_assert!(!from.is_ghost());
+        let entry = &mut self.entries[slot as usize];
+        let value = entry.value.take().expect("resident entry has a value");
+        evicted.push(Evicted {
+            key: entry.key,
+            value,
+            size_bytes: entry.size_bytes,
+            from,
+        });
+        if to_ghost {
+            let ghost = if from == ListId::Mru {
+                ListId::MruGhost
+            } else {
+                ListId::MfuGhost
+            };
+            self.entries[slot as usize].prefetched = false;
+            self.unlink(slot);
+            self.push_head(slot, ghost);
+        } else {
+            self.remove_slot(slot);
+        }
+    }
+
+    /// Keeps the directory bounds when sizes vary (a ghost that comes back
+    /// larger than it left). Never acts with unit sizes.
+    fn trim_ghosts(&mut self) {
+        let c = self.capacity_bytes;
+        while self.list_bytes(ListId::Mru) + self.list_bytes(ListId::MruGhost) > c
+            && self.list_len(ListId::MruGhost) > 0
+        {
+            self.remove_slot(self.lists[ListId::MruGhost as usize].tail);
+        }
+        loop {
+            let total_bytes: u64 = ListId::ALL.iter().map(|&l| self.list_bytes(l)).sum();
+            if total_bytes <= 2 * c {
+                break;
+            }
+            let ghost = if self.list_len(ListId::MfuGhost) > 0 {
+                ListId::MfuGhost
+            } else if self.list_len(ListId::MruGhost) > 0 {
+                ListId::MruGhost
+            } else {
+                break;
+            };
+            self.remove_slot(self.lists[ghost as usize].tail);
+        }
+    }
+
+    fn alloc_slot(&mut self, entry: Entry<K, V>) -> u32 {
+        if let Some(slot) = self.free_slots.pop() {
+            self.entries[slot as usize] = entry;
+            slot
+        } else {
+            let slot = u32::try_from(self.entries.len()).expect("more than 2^32 ARC entries");
+            assert!(slot != NIL);
+            self.entries.push(entry);
+            slot
+        }
+    }
+
+    fn remove_slot(&mut self, slot: u32) {
+        self.unlink(slot);
+        let entry = &mut self.entries[slot as usize];
+        entry.value = None;
+        let key = entry.key;
+        self.index.remove(&key);
+        self.free_slots.push(slot);
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let (prev, next, list, size_bytes) = {
+            let e = &self.entries[slot as usize];
+            (e.prev, e.next, e.list, e.size_bytes)
+        };
+        let l = &mut self.lists[list as usize];
+        if prev == NIL {
+            l.head = next;
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        let l = &mut self.lists[list as usize];
+        if next == NIL {
+            l.tail = prev;
+        } else {
+            self.entries[next as usize].prev = prev;
+        }
+        let l = &mut self.lists[list as usize];
+        l.size_bytes -= size_bytes;
+        l.len -= 1;
+        let e = &mut self.entries[slot as usize];
+        e.prev = NIL;
+        e.next = NIL;
+    }
+
+    fn push_head(&mut self, slot: u32, list: ListId) {
+        let old_head = self.lists[list as usize].head;
+        {
+            let e = &mut self.entries[slot as usize];
+            e.list = list;
+            e.prev = NIL;
+            e.next = old_head;
+        }
+        if old_head != NIL {
+            self.entries[old_head as usize].prev = slot;
+        }
+        let size_bytes = self.entries[slot as usize].size_bytes;
+        let l = &mut self.lists[list as usize];
+        l.head = slot;
+        if l.tail == NIL {
+            l.tail = slot;
+        }
+        l.size_bytes += size_bytes;
+        l.len += 1;
+    }
+
+    #[inline]
+    fn debug_check(&self) {
+        if cfg!(debug_assertions) {
+            self.assert_bounds();
+        }
+    }
+
+    /// The ARC's bounds, cheap enough to assert after every insert in debug
+    /// builds: resident within `c`, L1 within `c`, the directory within `2c`,
+    /// `p` within `[0, c]`.
+    pub fn assert_bounds(&self) {
+        let c = self.capacity_bytes;
+        assert!(
+            self.resident_bytes() <= c,
+            "resident {} > c {c}",
+            self.resident_bytes()
+        );
+        let l1 = self.list_bytes(ListId::Mru) + self.list_bytes(ListId::MruGhost);
+        assert!(l1 <= c, "L1 {l1} > c {c}");
+        let total: u64 = ListId::ALL.iter().map(|&l| self.list_bytes(l)).sum();
+        assert!(total <= 2 * c, "directory {total} > 2c {}", 2 * c);
+        assert!(
+            (0.0..=c as f64).contains(&self.target_mru_bytes),
+            "p {} outside [0, {c}]",
+            self.target_mru_bytes
+        );
+    }
+
+    /// Walks every list and checks links, sizes and the index against each
+    /// other. O(n): for tests.
+    pub fn assert_consistent(&self) {
+        self.assert_bounds();
+        let mut seen = 0usize;
+        for list in ListId::ALL {
+            let l = &self.lists[list as usize];
+            let (mut slot, mut prev, mut bytes, mut len) = (l.head, NIL, 0u64, 0u64);
+            while slot != NIL {
+                let e = &self.entries[slot as usize];
+                assert_eq!(e.list, list);
+                assert_eq!(e.prev, prev);
+                assert_eq!(e.value.is_some(), !list.is_ghost());
+                assert_eq!(self.index.get(&e.key), Some(&slot));
+                bytes += e.size_bytes;
+                len += 1;
+                prev = slot;
+                slot = e.next;
+            }
+            assert_eq!(l.tail, prev);
+            assert_eq!(l.size_bytes, bytes);
+            assert_eq!(l.len, len);
+            seen += len as usize;
+        }
+        assert_eq!(seen, self.index.len());
+    }
+}
+
+impl<K: Hash + Eq + Copy> ArcPolicy<K, ()> {
+    /// One demand access in trace replay: true on a hit; on a miss the key is
+    /// inserted (with `size`, in the trace's unit) and the policy evicts.
+    pub fn access(&mut self, key: K, size: u64) -> bool {
+        if self.get(&key, AccessKind::Demand).is_some() {
+            return true;
+        }
+        let mut evicted = Vec::new();
+        self.insert(key, size, (), AccessKind::Demand, |_, _| true, &mut evicted);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn unit(c: u64) -> ArcPolicy<u64, ()> {
+        ArcPolicy::new(c)
+    }
+
+    #[test]
+    fn full_mru_drops_without_ghost_else_evicts_to_ghost() {
+        // Paper case IV.A: T1 alone fills the cache; its LRU record is
+        // dropped outright, leaving no ghost.
+        let mut arc = unit(3);
+        for k in 0..3 {
+            assert!(!arc.access(k, 1));
+        }
+        assert!(!arc.access(3, 1));
+        assert_eq!(arc.list_of(&0), None);
+        assert_eq!(arc.resident_len(), 3);
+        // With an MFU record present, REPLACE moves T1's LRU to B1.
+        let mut arc = unit(3);
+        arc.access(0, 1);
+        arc.access(0, 1);
+        arc.access(1, 1);
+        arc.access(2, 1);
+        arc.access(3, 1);
+        assert_eq!(arc.list_of(&1), Some(ListId::MruGhost));
+        assert_eq!(arc.list_of(&0), Some(ListId::Mfu));
+        arc.assert_consistent();
+    }
+
+    #[test]
+    fn second_access_promotes_to_mfu() {
+        let mut arc = unit(4);
+        arc.access(1, 1);
+        assert_eq!(arc.list_of(&1), Some(ListId::Mru));
+        assert!(arc.access(1, 1));
+        assert_eq!(arc.list_of(&1), Some(ListId::Mfu));
+    }
+
+    #[test]
+    fn mru_ghost_hit_grows_p_and_mfu_ghost_hit_shrinks_it() {
+        let mut arc = unit(2);
+        arc.access(1, 1);
+        arc.access(1, 1); // 1 in T2
+        arc.access(2, 1);
+        arc.access(3, 1); // REPLACE: T1 > p = 0, so 2 -> B1
+        assert_eq!(arc.list_of(&2), Some(ListId::MruGhost));
+        assert_eq!(arc.target_mru_bytes(), 0);
+        arc.access(2, 1); // B1 hit: p += 1, 2 -> T2
+        assert_eq!(arc.target_mru_bytes(), 1);
+        assert_eq!(arc.list_of(&2), Some(ListId::Mfu));
+        // T1 = {3} = p, so REPLACE now takes T2's LRU (1) to B2.
+        assert_eq!(arc.list_of(&1), Some(ListId::MfuGhost));
+        arc.access(1, 1); // B2 hit: p -= 1
+        assert_eq!(arc.target_mru_bytes(), 0);
+        assert_eq!(arc.list_of(&1), Some(ListId::Mfu));
+        arc.assert_consistent();
+    }
+
+    #[test]
+    fn scan_does_not_flush_mfu() {
+        let mut arc = unit(100);
+        for _ in 0..2 {
+            for k in 0..50 {
+                arc.access(k, 1);
+            }
+        }
+        for k in 1000..11000 {
+            arc.access(k, 1);
+        }
+        let kept = (0..50).filter(|k| arc.peek(k).is_some()).count();
+        assert_eq!(kept, 50, "a one-time scan evicted frequently used records");
+    }
+
+    #[test]
+    fn prefetch_hit_does_not_promote() {
+        let mut arc: ArcPolicy<u64, u32> = ArcPolicy::new(10);
+        let mut ev = Vec::new();
+        arc.insert(7, 1, 70, AccessKind::Prefetch, |_, _| true, &mut ev);
+        assert!(arc.get(&7, AccessKind::Prefetch).is_some());
+        assert_eq!(arc.list_of(&7), Some(ListId::Mru));
+        let (_, hit) = arc.get(&7, AccessKind::Demand).unwrap();
+        assert!(hit.was_prefetched);
+        assert_eq!(arc.list_of(&7), Some(ListId::Mru), "first demand clears the flag only");
+        let (_, hit) = arc.get(&7, AccessKind::Demand).unwrap();
+        assert!(!hit.was_prefetched);
+        assert_eq!(arc.list_of(&7), Some(ListId::Mfu));
+    }
+
+    #[test]
+    fn pinned_records_are_not_evicted() {
+        let mut arc: ArcPolicy<u64, bool> = ArcPolicy::new(4);
+        let mut ev = Vec::new();
+        // value = pinned?
+        for k in 0..4 {
+            arc.insert(k, 1, k == 0, AccessKind::Demand, |_, &pinned| !pinned, &mut ev);
+        }
+        arc.insert(9, 1, false, AccessKind::Demand, |_, &pinned| !pinned, &mut ev);
+        assert!(arc.peek(&0).is_some(), "pinned record evicted");
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].key, 1);
+        // Everything pinned: the insert is refused, nothing overshoots c.
+        let mut arc: ArcPolicy<u64, bool> = ArcPolicy::new(2);
+        arc.insert(1, 1, true, AccessKind::Demand, |_, &p| !p, &mut ev);
+        arc.insert(2, 1, true, AccessKind::Demand, |_, &p| !p, &mut ev);
+        let outcome = arc.insert(3, 1, true, AccessKind::Demand, |_, &p| !p, &mut ev);
+        assert!(matches!(outcome, InsertOutcome::NoRoom { .. }));
+        assert_eq!(arc.resident_bytes(), 2);
+        arc.assert_consistent();
+    }
+
+    #[test]
+    fn too_large_is_refused() {
+        let mut arc: ArcPolicy<u64, ()> = ArcPolicy::new(100);
+        let mut ev = Vec::new();
+        let outcome = arc.insert(1, 101, (), AccessKind::Demand, |_, _| true, &mut ev);
+        assert_eq!(outcome, InsertOutcome::TooLarge);
+        assert_eq!(arc.resident_bytes(), 0);
+    }
+
+    #[test]
+    fn remove_forgets_resident_and_ghost() {
+        let mut arc = unit(2);
+        arc.access(1, 1);
+        arc.access(1, 1);
+        arc.access(2, 1);
+        arc.access(3, 1);
+        assert_eq!(arc.list_of(&2), Some(ListId::MruGhost));
+        for k in 1..=3 {
+            arc.remove(&k);
+            assert_eq!(arc.list_of(&k), None);
+        }
+        assert_eq!(arc.resident_bytes(), 0);
+        arc.assert_consistent();
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Get { key: u8, prefetch: bool },
+        Insert { key: u8, size: u16, prefetch: bool, pinned: bool },
+        Remove { key: u8 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (any::<u8>(), any::<bool>()).prop_map(|(key, prefetch)| Op::Get { key, prefetch }),
+            4 => (any::<u8>(), 1u16..300, any::<bool>(), prop::bool::weighted(0.1))
+                .prop_map(|(key, size, prefetch, pinned)| Op::Insert { key, size, prefetch, pinned }),
+            1 => any::<u8>().prop_map(|key| Op::Remove { key }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Arbitrary sequences of variable-size accesses, prefetches, pins
+        /// and removals keep every ARC bound and the lists consistent, and
+        /// never evict a pinned record.
+        #[test]
+        fn bounds_hold_under_any_sequence(c in 1u64..2000, ops in prop::collection::vec(op(), 1..400)) {
+            let mut arc: ArcPolicy<u8, bool> = ArcPolicy::new(c);
+            let mut evicted = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Get { key, prefetch } => {
+                        let kind = if prefetch { AccessKind::Prefetch } else { AccessKind::Demand };
+                        let _ = arc.get(&key, kind);
+                    }
+                    Op::Insert { key, size, prefetch, pinned } => {
+                        if arc.peek(&key).is_some() { continue; }
+                        let kind = if prefetch { AccessKind::Prefetch } else { AccessKind::Demand };
+                        evicted.clear();
+                        let outcome = arc.insert(key, u64::from(size), pinned, kind, |_, &p| !p, &mut evicted);
+                        prop_assert!(evicted.iter().all(|e| !e.value), "a pinned record was evicted");
+                        match outcome {
+                            InsertOutcome::Inserted { .. } => prop_assert!(arc.peek(&key).is_some()),
+                            InsertOutcome::TooLarge => prop_assert!(u64::from(size) > c),
+                            InsertOutcome::NoRoom { .. } => prop_assert!(arc.peek(&key).is_none()),
+                        }
+                    }
+                    Op::Remove { key } => { arc.remove(&key); }
+                }
+                arc.assert_consistent();
+            }
+        }
+
+        /// With unit sizes the ghost lists never hold more than c keys each
+        /// side (|T1|+|B1| <= c, total <= 2c), and p moves by whole steps.
+        #[test]
+        fn unit_size_directory_bounds(c in 1u64..64, keys in prop::collection::vec(0u64..200, 1..2000)) {
+            let mut arc = unit(c);
+            for k in keys {
+                arc.access(k, 1);
+                prop_assert!(arc.list_len(ListId::Mru) + arc.list_len(ListId::MruGhost) <= c);
+                prop_assert!(arc.resident_len() <= c);
+                prop_assert!(arc.index.len() as u64 <= 2 * c);
+            }
+            arc.assert_consistent();
+        }
+    }
+}

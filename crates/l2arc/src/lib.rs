@@ -1,0 +1,23 @@
+//! l2arc: the read-cache hierarchy of ZFS — the ARC in DRAM and (next) the
+//! L2ARC on flash — as a library that puts DRAM and SSDs in front of any slow
+//! storage.
+//!
+//! Layout follows the read path from the top:
+//! - [`read_path`]: [`Cache`], datasets, object handles and generations; splits
+//!   reads into records and ties the tiers together;
+//! - [`arc`]: the DRAM tier (pure policy + live sharded buffers);
+//! - [`primary`]: slow storage back ends (directory, image, emulated HDD);
+//! - [`stats`]: counters under ZFS's arcstats names;
+//! - [`buf`], [`hash`]: aligned buffers and the cache's key hash.
+
+pub mod arc;
+pub mod buf;
+pub mod hash;
+pub mod primary;
+pub mod read_path;
+pub mod stats;
+
+pub use read_path::{
+    Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle, ReadView,
+};
+pub use stats::CacheStats;

@@ -1,0 +1,81 @@
+//! Primary storage: where the authoritative bytes live.
+//!
+//! The cache never owns data; it holds copies of records that a `Primary`
+//! can always produce again. So the contract below is small: open an object
+//! by name, read a range of it, write through to it, and say which version of
+//! the object is current. That version (`Generation`) is what makes a cached
+//! record trustworthy: a record remembers the generation it was read under,
+//! and a record whose object has since changed behind the cache (a file
+//! replaced, rewritten while the cache was down) is a miss, never a hit.
+//!
+//! Back ends:
+//! - [`dir::DirPrimary`]: a directory tree of files (objects are relative paths
+//!   that may not leave the directory);
+//! - [`image::ImagePrimary`]: one image file or block device, O_DIRECT where
+//!   the file system allows it (one object, named "");
+//! - [`emulated_hdd::EmulatedHdd`]: wraps another primary and makes it behave
+//!   like an array of spinning disks, for benchmarks on machines with no HDD.
+
+use std::io;
+use std::sync::Arc;
+
+pub mod dir;
+pub mod emulated_hdd;
+pub mod image;
+
+/// Which version of an object the cache saw: for a file, inode, size and
+/// modification time. Any difference means the cached bytes may be stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Generation {
+    pub ino: u64,
+    pub size_bytes: u64,
+    pub mtime_ns: i64,
+}
+
+/// What `stat` says about an object now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Stable identity within the primary (the inode number for files).
+    /// Two names that are the same file share it, so they share cached records.
+    pub id: u64,
+    pub generation: Generation,
+}
+
+impl ObjectInfo {
+    pub fn size_bytes(&self) -> u64 {
+        self.generation.size_bytes
+    }
+}
+
+/// A slow store of named objects.
+pub trait Primary: Send + Sync + 'static {
+    /// Opens an object. `writable` asks for write access (write-through).
+    fn open(&self, name: &str, writable: bool) -> io::Result<Arc<dyn PrimaryObject>>;
+
+    /// One line for logs and error messages ("dir /srv/data", "image /dev/sdb").
+    fn describe(&self) -> String;
+}
+
+/// An open object of a [`Primary`]. Shared by every reader of that object.
+pub trait PrimaryObject: Send + Sync + 'static {
+    /// Fresh identity and generation (an `fstat`, not a remembered value).
+    fn info(&self) -> io::Result<ObjectInfo>;
+
+    /// Reads like POSIX `pread` but retries short reads: fills `buf` from
+    /// `offset` and returns fewer bytes only at the end of the object (0 at or
+    /// past it). `offset` and `buf` honour [`Self::read_alignment_bytes`].
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Writes all of `data` at `offset` (write-through; the object may grow).
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+
+    /// Makes written data durable (fsync / fdatasync).
+    fn sync(&self) -> io::Result<()>;
+
+    /// Alignment of offset, length and buffer address that `read_at` needs:
+    /// 4096 with O_DIRECT, 1 otherwise. The read path reads whole records
+    /// into page-aligned buffers, so it always honours 4096.
+    fn read_alignment_bytes(&self) -> usize {
+        1
+    }
+}
