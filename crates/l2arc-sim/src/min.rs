@@ -22,23 +22,25 @@
  *
  * Two definitions of MIN are in use and they differ by one cache slot:
  *
- *  - EvictThenInsert (demand paging, Belady 1966 and libCacheSim's
+ *  - EvictThenInsert (demand paging, Belady 1966, and libCacheSim's
  *    `Belady`): every missed object is brought in, and room is made by
  *    evicting the cached objects with the farthest next use.  The new
  *    object is not a candidate, even if it will never be used again.
  *
  *  - Bypass (the optimum of a cache that may decline to store): the new
  *    object competes with the cached ones, and if its own next use is the
- *    farthest it is simply not inserted.  For unit sizes this is the true
- *    optimum of a cache of c pages, and equals EvictThenInsert with c + 1.
+ *    farthest it is simply not inserted.  For unit sizes its hits lie
+ *    between EvictThenInsert's with c and with c + 1 slots (a demand cache
+ *    with one spare slot can hold whatever the bypassing one holds, plus
+ *    the page just requested).
  *
- * The ARC paper's MIN column (Table IV, OLTP) is matched by Bypass: at
- * c = 1000 .. 15000 it gives 53.61 / 60.40 / 68.27 / 73.02 / 75.13 to the
- * hundredth, while EvictThenInsert falls short (by about 0.01 to 0.02
- * points, one slot fewer); see tests/reproduce.rs, which checks both.
- * `PolicyName::Min` therefore replays Bypass.  For the byte-sized
- * libCacheSim comparison use EvictThenInsert, which is what its `Belady`
- * does.
+ * The ARC paper's MIN column is demand paging.  On OLTP (Table IV) it
+ * gives 53.61 / 60.40 / 68.27 / 73.02 to the hundredth at c = 1000 ..
+ * 10000, where Bypass gives 53.62 at c = 1000; at c = 15000 both give
+ * 75.138 against the paper's 75.13.  It also reproduces libCacheSim's
+ * `Belady` miss counts on the cloudPhysics byte trace exactly.
+ * `PolicyName::Min` therefore replays EvictThenInsert; tests/reproduce.rs
+ * checks both definitions.
  *
  * With variable sizes neither rule is optimal (that problem is NP-hard);
  * both are the usual farthest-next-use heuristic.  Bypass generalises as:
@@ -316,11 +318,11 @@ mod tests {
                     brute(&keys, c, true),
                     "bypass MIN, round {round}, c {c}"
                 );
-                // Bypass at c equals demand paging at c + 1.
-                assert_eq!(
-                    count_hits(&t, &next, c as u64, MinVariant::Bypass),
-                    brute(&keys, c + 1, false),
-                    "bypass(c) vs demand(c+1), round {round}, c {c}"
+                // demand(c) <= bypass(c) <= demand(c + 1).
+                let b = count_hits(&t, &next, c as u64, MinVariant::Bypass);
+                assert!(
+                    brute(&keys, c, false) <= b && b <= brute(&keys, c + 1, false),
+                    "bypass(c) between demand(c) and demand(c+1), round {round}, c {c}"
                 );
             }
         }

@@ -41,7 +41,7 @@ pub enum PolicyName {
     Arc,
     /// LRU with size accounting.
     Lru,
-    /// Belady's offline optimum, bypass definition (see `min`).
+    /// Belady's offline optimum, demand-paging definition (see `min`).
     Min,
 }
 
@@ -166,13 +166,13 @@ fn run(
         PolicyName::Lru => (lru::count_hits(trace, cache_size), 0.0),
         PolicyName::Min => match next {
             Some((next, secs)) => (
-                min::count_hits(trace, next, cache_size, min::MinVariant::Bypass),
+                min::count_hits(trace, next, cache_size, min::MinVariant::EvictThenInsert),
                 secs,
             ),
             None => {
                 let next = min::next_uses(trace);
                 (
-                    min::count_hits(trace, &next, cache_size, min::MinVariant::Bypass),
+                    min::count_hits(trace, &next, cache_size, min::MinVariant::EvictThenInsert),
                     0.0,
                 )
             }

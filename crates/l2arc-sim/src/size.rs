@@ -48,7 +48,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .checked_mul(multiplier)
         .ok_or_else(|| format!("invalid size `{s}`: too large for 64 bits"))?;
     if bytes == 0 {
-        return Err(format!("invalid size `{s}`: a cache size must be at least 1"));
+        return Err(format!(
+            "invalid size `{s}`: a cache size must be at least 1"
+        ));
     }
     Ok(bytes)
 }
@@ -82,11 +84,7 @@ fn suffix_multiplier(suffix: &str) -> Option<u64> {
 /// Parses a comma-separated list of sizes, e.g. `1000,2000,5000` or
 /// `128MiB,1GiB`.
 pub fn parse_size_list(s: &str) -> Result<Vec<u64>, String> {
-    let sizes: Vec<u64> = s
-        .split(',')
-        .map(|part| parse_size(part))
-        .collect::<Result<_, _>>()?;
-    Ok(sizes)
+    s.split(',').map(parse_size).collect()
 }
 
 #[cfg(test)]
@@ -118,7 +116,17 @@ mod tests {
     #[test]
     fn errors() {
         for bad in [
-            "", "MiB", "abc", "12x", "1.5GiB", "-1", "0", "0MiB", "1 2", "16EiB", "99999999999999999999",
+            "",
+            "MiB",
+            "abc",
+            "12x",
+            "1.5GiB",
+            "-1",
+            "0",
+            "0MiB",
+            "1 2",
+            "16EiB",
+            "99999999999999999999",
             "1MiBs",
         ] {
             let e = parse_size(bad).expect_err(bad);

@@ -388,7 +388,7 @@ fn parse_lis_line(text: &str, out: &mut Vec<Request>) -> Result<(), String> {
     }
     if !(2..=4).contains(&n) {
         return Err(format!(
-            "expected 4 fields `start nblocks _ _` (at least 2), found {n}"
+            "expected 2 to 4 fields `start nblocks [_ [_]]`, found {n}"
         ));
     }
     let start = parse_u64(fields[0], "start block")?;
@@ -465,7 +465,8 @@ fn read_csv(path: &Path, reader: &mut impl BufRead) -> Result<Vec<Request>, Trac
         seen_first = true;
         if first {
             let head = text.split(',').next().unwrap_or("").trim();
-            let numeric_start = head.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+');
+            let numeric_start =
+                head.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+');
             if !head.is_empty() && !numeric_start {
                 return Ok(()); // header
             }

@@ -27,6 +27,8 @@
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::arc::live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
@@ -140,7 +142,12 @@ struct ObjectState {
 }
 
 fn generation_token(generation: &Generation, epoch: u64) -> u64 {
-    hash_one(&(generation.ino, generation.size_bytes, generation.mtime_ns, epoch))
+    hash_one(&(
+        generation.ino,
+        generation.size_bytes,
+        generation.mtime_ns,
+        epoch,
+    ))
 }
 
 /// An open object, ready for reads and writes through the cache.
@@ -172,7 +179,8 @@ impl ObjectHandle {
 
 /// Bytes of a read, as shared record buffers (no copy).
 pub struct ReadView {
-    pub segments: Vec<(Arc<Record>, Range<usize>)>,
+    /// Inline for reads within one or two records: no allocation on a hit.
+    pub segments: SmallVec<[(Arc<Record>, Range<usize>); 2]>,
 }
 
 impl ReadView {
@@ -253,7 +261,12 @@ impl Cache {
     }
 
     /// Opens an object and revalidates what the cache knows of it.
-    pub fn open(&self, dataset_id: DatasetId, name: &str, writable: bool) -> io::Result<ObjectHandle> {
+    pub fn open(
+        &self,
+        dataset_id: DatasetId,
+        name: &str,
+        writable: bool,
+    ) -> io::Result<ObjectHandle> {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open(name, writable)?;
         let info = object.info()?;
@@ -294,9 +307,10 @@ impl Cache {
         if generation.0 != info.generation {
             generation.0 = info.generation;
             if outside_change {
-                state
-                    .token
-                    .store(generation_token(&generation.0, generation.1), Ordering::Release);
+                state.token.store(
+                    generation_token(&generation.0, generation.1),
+                    Ordering::Release,
+                );
             }
         }
         state.size_bytes.store(info.size_bytes(), Ordering::Release);
@@ -307,15 +321,32 @@ impl Cache {
         let state = &handle.state;
         let mut generation = state.generation.lock().expect("object state poisoned");
         generation.1 += 1;
-        state
-            .token
-            .store(generation_token(&generation.0, generation.1), Ordering::Release);
+        state.token.store(
+            generation_token(&generation.0, generation.1),
+            Ordering::Release,
+        );
     }
 
     /// Reads like `pread`: fills `buf` from `offset`, short at end of object.
     pub fn read(&self, handle: &ObjectHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         if handle.dataset.config.primarycache == CacheMode::None {
             return self.read_uncached(handle, offset, buf);
+        }
+        let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        let size_bytes = handle.size_bytes();
+        let end = offset.saturating_add(buf.len() as u64).min(size_bytes);
+        if offset < end && offset / recordsize == (end - 1) / recordsize {
+            // Within one record: copy straight out of the record buffer.
+            let index = offset / recordsize;
+            let record = self.get_record(handle, index, AccessKind::Demand)?;
+            let from = (offset - index * recordsize) as usize;
+            let to = ((end - index * recordsize) as usize)
+                .min(record.data.len())
+                .max(from);
+            buf[..to - from].copy_from_slice(&record.data[from..to]);
+            self.counters.reads.add(1);
+            self.counters.read_bytes.add((to - from) as u64);
+            return Ok(to - from);
         }
         let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
         Ok(view.copy_to(buf))
@@ -327,7 +358,8 @@ impl Cache {
         if handle.dataset.config.primarycache == CacheMode::None {
             return Ok(());
         }
-        self.read_view(handle, offset, len, AccessKind::Prefetch).map(|_| ())
+        self.read_view(handle, offset, len, AccessKind::Prefetch)
+            .map(|_| ())
     }
 
     /// Reads a range as shared record buffers, without copying.
@@ -339,7 +371,7 @@ impl Cache {
         kind: AccessKind,
     ) -> io::Result<ReadView> {
         let size_bytes = handle.size_bytes();
-        let mut segments = Vec::new();
+        let mut segments = SmallVec::new();
         if len == 0 || offset >= size_bytes {
             return Ok(ReadView { segments });
         }
@@ -360,16 +392,19 @@ impl Cache {
         }
         if kind == AccessKind::Demand {
             let view = ReadView { segments };
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .read_bytes
-                .fetch_add(view.len() as u64, Ordering::Relaxed);
+            self.counters.reads.add(1);
+            self.counters.read_bytes.add(view.len() as u64);
             return Ok(view);
         }
         Ok(ReadView { segments })
     }
 
-    fn get_record(&self, handle: &ObjectHandle, index: u64, kind: AccessKind) -> io::Result<Arc<Record>> {
+    fn get_record(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        kind: AccessKind,
+    ) -> io::Result<Arc<Record>> {
         let key = RecordKey {
             dataset: handle.dataset_id.0,
             object: handle.state.id,
@@ -421,20 +456,23 @@ impl Cache {
         match handle.object.read_at(offset, data.as_mut_slice()) {
             Ok(n) => {
                 data.set_len(n);
-                self.counters.primary_reads.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .primary_read_bytes
-                    .fetch_add(n as u64, Ordering::Relaxed);
+                self.counters.primary_reads.add(1);
+                self.counters.primary_read_bytes.add(n as u64);
                 Ok(data)
             }
             Err(e) => {
-                self.counters.primary_errors.fetch_add(1, Ordering::Relaxed);
+                self.counters.primary_errors.add(1);
                 Err(e)
             }
         }
     }
 
-    fn read_uncached(&self, handle: &ObjectHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_uncached(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
         let align = handle.object.read_alignment_bytes() as u64;
         let n = if align <= 1 {
             handle.object.read_at(offset, buf)?
@@ -449,10 +487,10 @@ impl Cache {
             buf[..n].copy_from_slice(&bounce[skip..skip + n]);
             n
         };
-        self.counters.primary_reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.primary_read_bytes.fetch_add(n as u64, Ordering::Relaxed);
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.counters.primary_reads.add(1);
+        self.counters.primary_read_bytes.add(n as u64);
+        self.counters.reads.add(1);
+        self.counters.read_bytes.add(n as u64);
         Ok(n)
     }
 
@@ -477,10 +515,8 @@ impl Cache {
         }
         let info = handle.object.info()?;
         self.adopt(handle, info, false);
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .write_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.counters.writes.add(1);
+        self.counters.write_bytes.add(data.len() as u64);
         Ok(())
     }
 
@@ -494,13 +530,13 @@ impl Cache {
         CacheStats {
             arc: self.arc.stats(),
             arc_max: self.arc.config().arc_max_bytes,
-            reads: c.reads.load(Ordering::Relaxed),
-            read_bytes: c.read_bytes.load(Ordering::Relaxed),
-            writes: c.writes.load(Ordering::Relaxed),
-            write_bytes: c.write_bytes.load(Ordering::Relaxed),
-            primary_reads: c.primary_reads.load(Ordering::Relaxed),
-            primary_read_bytes: c.primary_read_bytes.load(Ordering::Relaxed),
-            primary_errors: c.primary_errors.load(Ordering::Relaxed),
+            reads: c.reads.get(),
+            read_bytes: c.read_bytes.get(),
+            writes: c.writes.get(),
+            write_bytes: c.write_bytes.get(),
+            primary_reads: c.primary_reads.get(),
+            primary_read_bytes: c.primary_read_bytes.get(),
+            primary_errors: c.primary_errors.get(),
         }
     }
 

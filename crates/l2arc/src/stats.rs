@@ -6,21 +6,26 @@
 //! arcstats name in a fixed order, so that the CLI, the exporters and the
 //! tests all speak of `hits`, `misses`, `mru_ghost_hits` and `size` exactly as
 //! `arc_summary` does.
+//!
+//! Counters touched on every read are striped: each thread adds to one of
+//! `COUNTER_STRIPES` cache-line-sized slots, so two cores reading at once do
+//! not fight over one line; a snapshot sums the slots.
 
-use std::sync::atomic::AtomicU64;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use crate::arc::live::ArcStats;
 
 /// Counters of the read path itself (the ARC keeps its own).
 #[derive(Default)]
 pub(crate) struct ReadPathCounters {
-    pub(crate) reads: AtomicU64,
-    pub(crate) read_bytes: AtomicU64,
-    pub(crate) writes: AtomicU64,
-    pub(crate) write_bytes: AtomicU64,
-    pub(crate) primary_reads: AtomicU64,
-    pub(crate) primary_read_bytes: AtomicU64,
-    pub(crate) primary_errors: AtomicU64,
+    pub(crate) reads: Counter,
+    pub(crate) read_bytes: Counter,
+    pub(crate) writes: Counter,
+    pub(crate) write_bytes: Counter,
+    pub(crate) primary_reads: Counter,
+    pub(crate) primary_read_bytes: Counter,
+    pub(crate) primary_errors: Counter,
 }
 
 /// A snapshot of every statistic, under ZFS's names where one exists.
@@ -64,3 +69,67 @@ impl CacheStats {
     }
 }
 
+/// Slots per striped counter: enough that threads rarely share one.
+const COUNTER_STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Stripe(AtomicU64);
+
+/// A relaxed event counter striped across cache lines.
+#[derive(Default)]
+pub struct Counter {
+    stripes: [Stripe; COUNTER_STRIPES],
+}
+
+thread_local! {
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn stripe_index() -> usize {
+    STRIPE.with(|slot| {
+        let mut index = slot.get();
+        if index == usize::MAX {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            index = NEXT.fetch_add(1, Ordering::Relaxed) as usize % COUNTER_STRIPES;
+            slot.set(index);
+        }
+        index
+    })
+}
+
+impl Counter {
+    #[inline]
+    pub fn add(&self, value: u64) {
+        self.stripes[stripe_index()]
+            .0
+            .fetch_add(value, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.stripes
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn striped_counter_sums_all_threads() {
+        let counter = Counter::default();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        counter.add(3);
+                    }
+                });
+            }
+        });
+        assert_eq!(counter.get(), 8 * 1000 * 3);
+    }
+}

@@ -130,7 +130,8 @@ impl FillClaim<'_> {
             kind: e.kind(),
             message: e.to_string(),
         });
-        self.arc.complete_fill(self.key, self.kind, &self.fill, result);
+        self.arc
+            .complete_fill(self.key, self.kind, &self.fill, result);
     }
 }
 
@@ -287,7 +288,10 @@ impl LiveArc {
         let hash = hash_one(key);
         // Multiply-high maps the hash onto [0, shards) without a division.
         let index = (((hash >> 32) * self.shards.len() as u64) >> 32) as usize;
-        self.shards[index].0.lock().expect("ARC shard lock poisoned")
+        self.shards[index]
+            .0
+            .lock()
+            .expect("ARC shard lock poisoned")
     }
 
     /// Looks a record up for a reader of an object whose current generation
@@ -340,7 +344,13 @@ impl LiveArc {
         })
     }
 
-    fn complete_fill(&self, key: RecordKey, kind: AccessKind, fill: &Arc<Fill>, result: FillResult) {
+    fn complete_fill(
+        &self,
+        key: RecordKey,
+        kind: AccessKind,
+        fill: &Arc<Fill>,
+        result: FillResult,
+    ) {
         {
             let mut guard = self.shard(&key);
             let shard = &mut *guard;
@@ -420,7 +430,12 @@ impl LiveArc {
     /// Checks every shard's policy invariants (for tests; O(entries)).
     pub fn assert_consistent(&self) {
         for shard in self.shards.iter() {
-            shard.0.lock().expect("ARC shard lock poisoned").policy.assert_consistent();
+            shard
+                .0
+                .lock()
+                .expect("ARC shard lock poisoned")
+                .policy
+                .assert_consistent();
         }
     }
 }
@@ -481,7 +496,10 @@ mod tests {
             shards: 1,
         });
         fill(&arc, key(1), 7, 1);
-        assert!(matches!(arc.lookup(key(1), 8, AccessKind::Demand), Lookup::Claimed(_)));
+        assert!(matches!(
+            arc.lookup(key(1), 8, AccessKind::Demand),
+            Lookup::Claimed(_)
+        ));
         assert_eq!(arc.stats().stale_drops, 1);
     }
 

@@ -185,7 +185,9 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
 
     /// The list a key is in, without touching recency.
     pub fn list_of(&self, key: &K) -> Option<ListId> {
-        self.index.get(key).map(|&slot| self.entries[slot as usize].list)
+        self.index
+            .get(key)
+            .map(|&slot| self.entries[slot as usize].list)
     }
 
     /// The value of a resident key, without touching recency.
@@ -417,11 +419,7 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
 
     /// The coldest evictable record of a resident list, looking at most
     /// [`EVICT_SCAN_MAX`] entries in.
-    fn find_victim(
-        &self,
-        list: ListId,
-        evictable: &mut impl FnMut(&K, &V) -> bool,
-    ) -> Option<u32> {
+    fn find_victim(&self, list: ListId, evictable: &mut impl FnMut(&K, &V) -> bool) -> Option<u32> {
         let mut slot = self.lists[list as usize].tail;
         for _ in 0..EVICT_SCAN_MAX {
             if slot == NIL {
@@ -710,7 +708,11 @@ mod tests {
         assert_eq!(arc.list_of(&7), Some(ListId::Mru));
         let (_, hit) = arc.get(&7, AccessKind::Demand).unwrap();
         assert!(hit.was_prefetched);
-        assert_eq!(arc.list_of(&7), Some(ListId::Mru), "first demand clears the flag only");
+        assert_eq!(
+            arc.list_of(&7),
+            Some(ListId::Mru),
+            "first demand clears the flag only"
+        );
         let (_, hit) = arc.get(&7, AccessKind::Demand).unwrap();
         assert!(!hit.was_prefetched);
         assert_eq!(arc.list_of(&7), Some(ListId::Mfu));
@@ -722,9 +724,23 @@ mod tests {
         let mut ev = Vec::new();
         // value = pinned?
         for k in 0..4 {
-            arc.insert(k, 1, k == 0, AccessKind::Demand, |_, &pinned| !pinned, &mut ev);
+            arc.insert(
+                k,
+                1,
+                k == 0,
+                AccessKind::Demand,
+                |_, &pinned| !pinned,
+                &mut ev,
+            );
         }
-        arc.insert(9, 1, false, AccessKind::Demand, |_, &pinned| !pinned, &mut ev);
+        arc.insert(
+            9,
+            1,
+            false,
+            AccessKind::Demand,
+            |_, &pinned| !pinned,
+            &mut ev,
+        );
         assert!(arc.peek(&0).is_some(), "pinned record evicted");
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].key, 1);
@@ -765,9 +781,19 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        Get { key: u8, prefetch: bool },
-        Insert { key: u8, size: u16, prefetch: bool, pinned: bool },
-        Remove { key: u8 },
+        Get {
+            key: u8,
+            prefetch: bool,
+        },
+        Insert {
+            key: u8,
+            size: u16,
+            prefetch: bool,
+            pinned: bool,
+        },
+        Remove {
+            key: u8,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {

@@ -80,12 +80,22 @@ impl DirPrimary {
         }
         // SAFETY: fd is a fresh descriptor we own.
         let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Self {
+        let primary = Self {
             root,
             root_fd,
             root_dev: meta.dev(),
             use_fallback: AtomicBool::new(false),
-        })
+        };
+        // Seccomp filters of some container runtimes answer ENOSYS or EPERM
+        // to syscalls they do not know; an O_PATH open of "." cannot fail
+        // for any other reason, so one probe decides.
+        if let Err(e) = primary.open_openat2(".", libc::O_PATH | libc::O_CLOEXEC)
+            && (e.raw_os_error() == Some(libc::ENOSYS)
+                || e.kind() == io::ErrorKind::PermissionDenied)
+        {
+            primary.use_fallback.store(true, Ordering::Relaxed);
+        }
+        Ok(primary)
     }
 
     pub fn root(&self) -> &Path {
@@ -135,8 +145,11 @@ impl DirPrimary {
             ));
         }
         // O_NONBLOCK: opening a FIFO must not hang; cleared below for files.
-        let flags = if writable { libc::O_RDWR } else { libc::O_RDONLY }
-            | libc::O_CLOEXEC
+        let flags = if writable {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        } | libc::O_CLOEXEC
             | libc::O_NOCTTY
             | libc::O_NONBLOCK;
 
@@ -217,10 +230,7 @@ impl DirPrimary {
         }
         Err(io::Error::new(
             io::ErrorKind::Interrupted,
-            format!(
-                "{}: lookup kept racing with renames",
-                self.full_path(name)
-            ),
+            format!("{}: lookup kept racing with renames", self.full_path(name)),
         ))
     }
 
@@ -258,8 +268,12 @@ impl DirPrimary {
                     Err(e) => return Err(ctx(e)),
                 }
             }
-            let fd = openat(cur, &c_comp, libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .map_err(ctx)?;
+            let fd = openat(
+                cur,
+                &c_comp,
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+            .map_err(ctx)?;
             let st = fstat(fd.as_raw_fd()).map_err(ctx)?;
             match st.st_mode & libc::S_IFMT {
                 libc::S_IFLNK => {
@@ -291,7 +305,12 @@ impl DirPrimary {
         let cur = stack
             .last()
             .map_or(self.root_fd.as_raw_fd(), |fd| fd.as_raw_fd());
-        openat(cur, c".", libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECTORY).map_err(ctx)
+        openat(
+            cur,
+            c".",
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_DIRECTORY,
+        )
+        .map_err(ctx)
     }
 
     /// Identity of a file: its inode on the root's file system, otherwise a
@@ -369,9 +388,9 @@ impl PrimaryObject for DirObject {
 pub(crate) fn read_full_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        let pos = offset.checked_add(done as u64).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "offset overflows u64")
-        })?;
+        let pos = offset
+            .checked_add(done as u64)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "offset overflows u64"))?;
         match file.read_at(&mut buf[done..], pos) {
             Ok(0) => break,
             Ok(n) => done += n,
@@ -426,9 +445,7 @@ fn readlink_fd(fd: RawFd) -> io::Result<OsString> {
     let mut buf = vec![0u8; 256];
     loop {
         // SAFETY: buf is writable for its length; "" with an O_PATH fd reads the link itself.
-        let n = unsafe {
-            libc::readlinkat(fd, c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        };
+        let n = unsafe { libc::readlinkat(fd, c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -575,7 +592,12 @@ mod tests {
         let new = tmp.path().join("root/a/b/file.new");
         std::fs::write(&new, b"replacement").unwrap();
         std::fs::rename(&new, &path).unwrap();
-        let g3 = p.open("a/b/file", false).unwrap().info().unwrap().generation;
+        let g3 = p
+            .open("a/b/file", false)
+            .unwrap()
+            .info()
+            .unwrap()
+            .generation;
         assert_ne!(g3.ino, g2.ino);
         assert_ne!(g3, g2);
     }
@@ -629,8 +651,16 @@ mod tests {
             symlink("../a/b/file", root.join("a/rel")).unwrap();
             std::fs::create_dir(root.join("c")).unwrap();
             symlink("../a", root.join("c/toa")).unwrap();
-            for name in ["a/bee/file", "direct", "a/rel", "c/toa/b/file", "c/toa/bee/../b/file"] {
-                let obj = p.open(name, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for name in [
+                "a/bee/file",
+                "direct",
+                "a/rel",
+                "c/toa/b/file",
+                "c/toa/bee/../b/file",
+            ] {
+                let obj = p
+                    .open(name, false)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
                 let mut buf = [0u8; 11];
                 assert_eq!(obj.read_at(0, &mut buf).unwrap(), 11, "{name}");
                 assert_eq!(&buf, b"hello world", "{name}");

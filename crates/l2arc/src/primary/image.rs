@@ -215,7 +215,9 @@ struct ImageObject {
 
 fn is_aligned(offset: u64, buf: &[u8]) -> bool {
     let a = DIRECT_ALIGN_BYTES;
-    offset % a as u64 == 0 && buf.len() % a == 0 && (buf.as_ptr() as usize) % a == 0
+    offset.is_multiple_of(a as u64)
+        && buf.len().is_multiple_of(a)
+        && (buf.as_ptr() as usize).is_multiple_of(a)
 }
 
 fn align_down(x: u64) -> u64 {
@@ -250,7 +252,12 @@ impl ImageObject {
 
     fn ctx(&self, what: &str, offset: u64) -> impl Fn(io::Error) -> io::Error + '_ {
         let what = what.to_string();
-        move |e| io::Error::new(e.kind(), format!("{what} image {} at {offset}: {e}", self.path))
+        move |e| {
+            io::Error::new(
+                e.kind(),
+                format!("{what} image {} at {offset}: {e}", self.path),
+            )
+        }
     }
 
     /// Direct read into an aligned buffer at an aligned offset. Short only at
@@ -260,7 +267,7 @@ impl ImageObject {
         let mut stalls = 0;
         while done < buf.len() {
             let pos = offset + done as u64;
-            if done % DIRECT_ALIGN_BYTES != 0 {
+            if !done.is_multiple_of(DIRECT_ALIGN_BYTES) {
                 // A short read that stopped mid-block is normally EOF; if the
                 // file is longer (it grew meanwhile), reread that block.
                 if pos >= self.size_bytes()? {
@@ -350,7 +357,7 @@ impl ImageObject {
                 if skip != 0 {
                     self.fill_block(block, &mut chunk[..a])?;
                 }
-                if (skip + take) % a != 0 && (want > a || skip == 0) {
+                if !(skip + take).is_multiple_of(a) && (want > a || skip == 0) {
                     self.fill_block(block + (want - a) as u64, &mut chunk[want - a..])?;
                 }
                 chunk[skip..skip + take].copy_from_slice(&data[done..done + take]);
@@ -475,7 +482,10 @@ mod tests {
         let mut blk = AlignedBuf::zeroed(4096);
         assert_eq!(obj.read_at(4096, blk.as_mut_capacity()).unwrap(), 4096);
         assert_eq!(&blk[..], &expect[4096..8192]);
-        assert_eq!(obj.read_at(8192, blk.as_mut_capacity()).unwrap(), SIZE - 8192);
+        assert_eq!(
+            obj.read_at(8192, blk.as_mut_capacity()).unwrap(),
+            SIZE - 8192
+        );
         assert_eq!(&blk[..SIZE - 8192], &expect[8192..]);
         // At and past the end.
         assert_eq!(obj.read_at(12288, blk.as_mut_capacity()).unwrap(), 0);
@@ -486,7 +496,14 @@ mod tests {
 
         // Unaligned reads: odd offsets, odd lengths, unaligned buffers.
         let mut v = vec![0u8; 9000];
-        for (off, len) in [(1usize, 100usize), (4095, 2), (100, 8000), (9990, 100), (5000, 5000), (0, 1)] {
+        for (off, len) in [
+            (1usize, 100usize),
+            (4095, 2),
+            (100, 8000),
+            (9990, 100),
+            (5000, 5000),
+            (0, 1),
+        ] {
             let n = obj.read_at(off as u64, &mut v[3..3 + len]).unwrap();
             let want = len.min(SIZE - off);
             assert_eq!(n, want, "read {off}+{len}");
@@ -494,7 +511,8 @@ mod tests {
         }
 
         // Unaligned writes, inside, straddling blocks, at and past EOF.
-        let writes: [(usize, usize); 5] = [(10, 5), (4090, 20), (100, 9000), (9995, 10), (12000, 3)];
+        let writes: [(usize, usize); 5] =
+            [(10, 5), (4090, 20), (100, 9000), (9995, 10), (12000, 3)];
         for (i, (off, len)) in writes.into_iter().enumerate() {
             let data = pattern(len, 0x55 + i as u8);
             obj.write_at(off as u64, &data).unwrap();
@@ -503,7 +521,11 @@ mod tests {
             }
             expect[off..off + len].copy_from_slice(&data);
             obj.sync().unwrap();
-            assert_eq!(std::fs::read(path).unwrap(), expect, "after write {off}+{len}");
+            assert_eq!(
+                std::fs::read(path).unwrap(),
+                expect,
+                "after write {off}+{len}"
+            );
             assert_eq!(obj.info().unwrap().size_bytes(), expect.len() as u64);
         }
         // An aligned write of whole blocks.
@@ -576,7 +598,9 @@ mod tests {
 
         let e = ImagePrimary::open(tmp.path(), false).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let e = ImagePrimary::open(tmp.path().join("missing"), false).err().unwrap();
+        let e = ImagePrimary::open(tmp.path().join("missing"), false)
+            .err()
+            .unwrap();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(e.to_string().contains("missing"), "{e}");
     }
@@ -609,5 +633,37 @@ mod tests {
         obj.write_at(4095, &data).unwrap();
         expect[4095..4095 + data.len()].copy_from_slice(&data);
         assert_eq!(std::fs::read(&path).unwrap(), expect);
+    }
+
+    /// Needs a scratch block device whose contents may be overwritten:
+    /// `L2ARC_TEST_BLOCK_DEVICE=/dev/loopN cargo test -p l2arc -- --ignored block_device`.
+    #[test]
+    #[ignore]
+    fn block_device() {
+        let Some(dev) = std::env::var_os("L2ARC_TEST_BLOCK_DEVICE") else {
+            panic!("set L2ARC_TEST_BLOCK_DEVICE to a scratch block device");
+        };
+        let dev = PathBuf::from(dev);
+        let img = ImagePrimary::open(&dev, true).unwrap();
+        eprintln!("{}: direct = {}", img.describe(), img.is_direct());
+        let obj = img.open("", true).unwrap();
+        let size = obj.info().unwrap().size_bytes();
+        let mut expect = std::fs::read(&dev).unwrap();
+        assert_eq!(size, expect.len() as u64);
+        let mut all = AlignedBuf::zeroed(expect.len() + 4096);
+        assert_eq!(obj.read_at(0, all.as_mut_capacity()).unwrap(), expect.len());
+        assert_eq!(&all[..expect.len()], &expect[..]);
+        let data = pattern(5000, 0x31);
+        obj.write_at(1234, &data).unwrap();
+        obj.sync().unwrap();
+        expect[1234..6234].copy_from_slice(&data);
+        let mut v = vec![0u8; 7000];
+        assert_eq!(obj.read_at(1, &mut v).unwrap(), 7000);
+        assert_eq!(&v[..], &expect[1..7001]);
+        assert!(
+            obj.write_at(size - 2, b"abc").is_err(),
+            "write past the end"
+        );
+        assert_eq!(obj.read_at(size, &mut v).unwrap(), 0);
     }
 }

@@ -1,0 +1,256 @@
+//! The default benchmark: the cache against no cache over an emulated HDD.
+//!
+//! A deterministic dataset sits on an emulated array of hard disks. Reader
+//! threads issue random reads, most of them to a hot part of the data, first
+//! straight to the disks (`primarycache=none`), then through the ARC from
+//! cold. Every byte read is checked against the generator. The report gives
+//! IOPS, throughput and latency percentiles for both and the ratio between
+//! them, and the IOPS curve as the cache warms.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use l2arc::primary::Primary;
+use l2arc::primary::dir::DirPrimary;
+use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
+use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
+use serde::Serialize;
+
+use super::BenchArgs;
+use super::dataset::DatasetSpec;
+use super::runner::{Interval, PhaseResult, Rng, run_phase};
+
+#[derive(Serialize)]
+struct PhaseReport {
+    setting: &'static str,
+    ops: u64,
+    seconds: f64,
+    iops: f64,
+    warm_iops: f64,
+    mib_per_sec: f64,
+    latency_us_p50: f64,
+    latency_us_p99: f64,
+    latency_us_p999: f64,
+    latency_us_max: f64,
+    arc_hit_ratio: f64,
+    hdd_reads: u64,
+    intervals: Vec<Interval>,
+}
+
+#[derive(Serialize)]
+struct DemoReport {
+    dataset_bytes: u64,
+    arc_max_bytes: u64,
+    recordsize_bytes: u64,
+    read_size_bytes: u64,
+    threads: usize,
+    hot_read_fraction: f64,
+    hot_data_fraction: f64,
+    hdd: String,
+    phases: Vec<PhaseReport>,
+    iops_ratio: f64,
+    warm_iops_ratio: f64,
+    p50_latency_ratio: f64,
+    bytes_verified: u64,
+    arcstats: Vec<(&'static str, u64)>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let file_size_bytes = (args.dataset_size / u64::from(args.files)).max(args.read_size);
+    let spec = DatasetSpec {
+        files: args.files,
+        file_size_bytes,
+        seed: args.seed,
+    };
+    let temp;
+    let dir = match &args.data {
+        Some(dir) => dir.clone(),
+        None => {
+            temp = tempfile::tempdir().context("cannot make a temporary directory")?;
+            temp.path().to_path_buf()
+        }
+    };
+    if !args.json {
+        eprintln!(
+            "dataset: {} files x {} MiB in {}",
+            spec.files,
+            file_size_bytes >> 20,
+            dir.display()
+        );
+    }
+    spec.materialise(&dir)?;
+
+    let hdd_config = HddConfig {
+        spindles: args.spindles,
+        seek_ms_min: args.seek_ms_min,
+        seek_ms_max: args.seek_ms_max,
+        transfer_mib_per_sec: args.transfer_mib_per_sec,
+        ..HddConfig::default()
+    };
+    let mut phases = Vec::new();
+    let mut verified = 0u64;
+    let mut arcstats = Vec::new();
+    let mut hdd_description = String::new();
+    for (setting, primarycache) in [("no_cache", CacheMode::None), ("arc", CacheMode::All)] {
+        let dir_primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
+        let hdd = Arc::new(EmulatedHdd::new(dir_primary, hdd_config.clone())?);
+        hdd_description = hdd.describe();
+        let mut cache_config = CacheConfig {
+            arc_max_bytes: args.arc_max,
+            ..CacheConfig::default()
+        };
+        if let Some(shards) = args.arc_shards {
+            cache_config.arc_shards = shards;
+        }
+        let cache = Cache::new(cache_config)?;
+        let dataset = cache.add_dataset(
+            "bench",
+            Arc::clone(&hdd) as Arc<dyn Primary>,
+            DatasetConfig {
+                recordsize_bytes: args.recordsize as u32,
+                primarycache,
+                ..DatasetConfig::default()
+            },
+        )?;
+        let handles: Vec<ObjectHandle> = (0..spec.files)
+            .map(|f| cache.open(dataset, &DatasetSpec::file_name(f), false))
+            .collect::<std::io::Result<_>>()?;
+        let result = run_reads(args, &spec, &cache, &handles, setting)?;
+        verified += result.bytes;
+        let stats = cache.stats();
+        phases.push(PhaseReport {
+            setting,
+            ops: result.ops,
+            seconds: result.elapsed_secs,
+            iops: result.iops(),
+            warm_iops: result.tail_iops(),
+            mib_per_sec: result.mib_per_sec(),
+            latency_us_p50: result.latency_us(0.5),
+            latency_us_p99: result.latency_us(0.99),
+            latency_us_p999: result.latency_us(0.999),
+            latency_us_max: result.latency_ns.max() as f64 / 1000.0,
+            arc_hit_ratio: stats.arc_hit_ratio(),
+            hdd_reads: hdd.stats().reads,
+            intervals: result.intervals,
+        });
+        if primarycache == CacheMode::All {
+            arcstats = stats.kstats();
+        }
+    }
+    let (base, ours) = (&phases[0], &phases[1]);
+    let report = DemoReport {
+        dataset_bytes: spec.total_bytes(),
+        arc_max_bytes: args.arc_max,
+        recordsize_bytes: args.recordsize,
+        read_size_bytes: args.read_size,
+        threads: args.threads,
+        hot_read_fraction: args.hot_read_fraction,
+        hot_data_fraction: args.hot_data_fraction,
+        hdd: hdd_description,
+        iops_ratio: ours.iops / base.iops,
+        warm_iops_ratio: ours.warm_iops / base.warm_iops,
+        p50_latency_ratio: base.latency_us_p50 / ours.latency_us_p50,
+        bytes_verified: verified,
+        arcstats,
+        phases,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn run_reads(
+    args: &BenchArgs,
+    spec: &DatasetSpec,
+    cache: &Cache,
+    handles: &[ObjectHandle],
+    label: &str,
+) -> Result<PhaseResult> {
+    let read_size = args.read_size as usize;
+    let blocks_per_file = spec.file_size_bytes / args.read_size;
+    let total_blocks = blocks_per_file * u64::from(spec.files);
+    let hot_blocks = ((total_blocks as f64 * args.hot_data_fraction) as u64).max(1);
+    run_phase(
+        label,
+        args.threads,
+        Duration::from_secs_f64(args.seconds),
+        Duration::from_secs(1),
+        args.seed,
+        !args.json,
+        |_, rng: &mut Rng| {
+            // The hot blocks are a contiguous stretch at the start of the
+            // dataset's address space: whole records, a few files.
+            let block = if rng.chance(args.hot_read_fraction) {
+                rng.below(hot_blocks)
+            } else {
+                rng.below(total_blocks)
+            };
+            let file = (block / blocks_per_file) as u32;
+            let offset = (block % blocks_per_file) * args.read_size;
+            let mut buf = vec![0u8; read_size];
+            let n = cache.read(&handles[file as usize], offset, &mut buf)?;
+            if n != read_size || !spec.verify(file, offset, &buf) {
+                bail!(
+                    "wrong bytes: file {file} offset {offset}: read {n} bytes that do not match the dataset"
+                );
+            }
+            Ok(n as u64)
+        },
+    )
+}
+
+fn print_report(r: &DemoReport) {
+    println!(
+        "l2arc bench: {} threads, random {} KiB reads, {:.0}% of them to {:.0}% of {} MiB; arc_max {} MiB, recordsize {} KiB",
+        r.threads,
+        r.read_size_bytes >> 10,
+        100.0 * r.hot_read_fraction,
+        100.0 * r.hot_data_fraction,
+        r.dataset_bytes >> 20,
+        r.arc_max_bytes >> 20,
+        r.recordsize_bytes >> 10
+    );
+    println!("primary: {}", r.hdd);
+    println!();
+    println!(
+        "{:<10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>8}",
+        "setting", "IOPS", "warm IOPS", "MiB/s", "p50 us", "p99 us", "p99.9 us", "ARC hit"
+    );
+    for p in &r.phases {
+        println!(
+            "{:<10} {:>10.0} {:>10.0} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>7.1}%",
+            p.setting,
+            p.iops,
+            p.warm_iops,
+            p.mib_per_sec,
+            p.latency_us_p50,
+            p.latency_us_p99,
+            p.latency_us_p999,
+            100.0 * p.arc_hit_ratio
+        );
+    }
+    println!();
+    println!(
+        "cache / no cache: {:.1}x IOPS over the run, {:.1}x once warm, {:.1}x lower median latency",
+        r.iops_ratio, r.warm_iops_ratio, r.p50_latency_ratio
+    );
+    println!(
+        "every byte checked: {} MiB read, all matching the dataset",
+        r.bytes_verified >> 20
+    );
+    if let Some(p) = r.phases.last() {
+        let curve: Vec<String> = p
+            .intervals
+            .iter()
+            .map(|i| format!("{:.0}", i.iops))
+            .collect();
+        println!(
+            "warm-up, IOPS per second with the cache: {}",
+            curve.join(" ")
+        );
+    }
+}

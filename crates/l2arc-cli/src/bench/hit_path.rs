@@ -1,0 +1,205 @@
+//! The ARC hit path against a plain locked hash map.
+//!
+//! What a hit costs is the cache's floor: the hash, the shard lock, the list
+//! update, the reference count, and the copy out. The baseline does the least
+//! any cache must (a `Mutex<HashMap>` lookup of the same buffers, a clone of
+//! the `Arc`, the same copy), so the ratio shows what ARC bookkeeping and the
+//! read path add, and how each scales from one thread to two.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use l2arc::arc::AccessKind;
+use l2arc::arc::Record;
+use l2arc::buf::AlignedBuf;
+use l2arc::primary::Primary;
+use l2arc::primary::dir::DirPrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig};
+use serde::Serialize;
+
+use super::BenchArgs;
+use super::dataset::DatasetSpec;
+use super::runner::{Rng, run_phase};
+
+const RECORD_BYTES: u64 = 8 * 1024;
+const WORKING_SET_BYTES: u64 = 64 << 20;
+
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Mode {
+    /// The reader gets the shared buffer (what the FUSE and NBD front ends send from).
+    ZeroCopy,
+    /// The reader's own page-aligned buffer is filled (`Cache::read`).
+    Copy,
+}
+
+thread_local! {
+    static OUT: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::zeroed(RECORD_BYTES as usize));
+}
+
+#[derive(Serialize)]
+struct Row {
+    mode: Mode,
+    threads: usize,
+    arc_hits_per_sec: f64,
+    arc_hits_per_sec_per_thread: f64,
+    mutex_hashmap_per_sec: f64,
+    ratio: f64,
+    arc_p50_ns: u64,
+    mutex_hashmap_p50_ns: u64,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let temp = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let spec = DatasetSpec {
+        files: 1,
+        file_size_bytes: WORKING_SET_BYTES,
+        seed: args.seed,
+    };
+    spec.materialise(temp.path())?;
+    let records = WORKING_SET_BYTES / RECORD_BYTES;
+    let mut config = CacheConfig {
+        arc_max_bytes: 4 * WORKING_SET_BYTES,
+        ..CacheConfig::default()
+    };
+    if let Some(shards) = args.arc_shards {
+        config.arc_shards = shards;
+    }
+    let cache = Cache::new(config)?;
+    let primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(temp.path())?);
+    let dataset = cache.add_dataset(
+        "hit",
+        primary,
+        DatasetConfig {
+            recordsize_bytes: RECORD_BYTES as u32,
+            ..DatasetConfig::default()
+        },
+    )?;
+    let handle = cache.open(dataset, &DatasetSpec::file_name(0), false)?;
+    // The baseline holds the very record buffers the ARC holds.
+    let mut baseline: HashMap<u64, Arc<Record>> = HashMap::new();
+    for r in 0..records {
+        let view = cache.read_view(
+            &handle,
+            r * RECORD_BYTES,
+            RECORD_BYTES as usize,
+            AccessKind::Demand,
+        )?;
+        let (record, _) = view.segments.into_iter().next().context("empty record")?;
+        baseline.insert(r, record);
+    }
+    let warm_misses = cache.stats().arc.misses;
+    let baseline = Mutex::new(baseline);
+    let seconds = Duration::from_secs_f64(args.seconds.min(5.0));
+    let expect = |r: u64, bytes: &[u8]| -> Result<u64> {
+        if bytes.len() != RECORD_BYTES as usize
+            || bytes[..8] != spec.word(0, r * RECORD_BYTES / 8).to_le_bytes()
+        {
+            bail!("wrong bytes for record {r}");
+        }
+        Ok(bytes.len() as u64)
+    };
+
+    let mut rows = Vec::new();
+    for mode in [Mode::ZeroCopy, Mode::Copy] {
+        for threads in [1usize, 2] {
+            let ours = run_phase(
+                "arc hit",
+                threads,
+                seconds,
+                seconds,
+                args.seed,
+                !args.json,
+                |_, rng: &mut Rng| {
+                    let r = rng.below(records);
+                    match mode {
+                        Mode::ZeroCopy => {
+                            let view = cache.read_view(
+                                &handle,
+                                r * RECORD_BYTES,
+                                RECORD_BYTES as usize,
+                                AccessKind::Demand,
+                            )?;
+                            let (record, range) = &view.segments[0];
+                            expect(r, &record.data[range.clone()])
+                        }
+                        Mode::Copy => OUT.with_borrow_mut(|out| {
+                            let n = cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;
+                            expect(r, &out[..n])
+                        }),
+                    }
+                },
+            )?;
+            let theirs = run_phase(
+                "hashmap",
+                threads,
+                seconds,
+                seconds,
+                args.seed,
+                !args.json,
+                |_, rng: &mut Rng| {
+                    let r = rng.below(records);
+                    let record = Arc::clone(
+                        baseline
+                            .lock()
+                            .expect("poisoned")
+                            .get(&r)
+                            .expect("preloaded"),
+                    );
+                    match mode {
+                        Mode::ZeroCopy => expect(r, &record.data),
+                        Mode::Copy => OUT.with_borrow_mut(|out| {
+                            out.as_mut_slice().copy_from_slice(&record.data);
+                            expect(r, out)
+                        }),
+                    }
+                },
+            )?;
+            rows.push(Row {
+                mode,
+                threads,
+                arc_hits_per_sec: ours.iops(),
+                arc_hits_per_sec_per_thread: ours.iops() / threads as f64,
+                mutex_hashmap_per_sec: theirs.iops(),
+                ratio: ours.iops() / theirs.iops(),
+                arc_p50_ns: ours.latency_ns.value_at_quantile(0.5),
+                mutex_hashmap_p50_ns: theirs.latency_ns.value_at_quantile(0.5),
+            });
+        }
+    }
+    let stats = cache.stats();
+    if stats.arc.misses != warm_misses {
+        bail!(
+            "the hit-path run missed {} times: the working set did not stay cached",
+            stats.arc.misses - warm_misses
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "ARC hit path: random 8 KiB reads of {} cached records (all hits), copied out",
+        records
+    );
+    println!(
+        "{:>7} {:>14} {:>16} {:>18} {:>7} {:>10} {:>12}",
+        "threads", "ARC hits/s", "per thread", "Mutex<HashMap>/s", "ratio", "ARC p50", "map p50"
+    );
+    for r in &rows {
+        println!(
+            "{:<9} {:>7} {:>14.0} {:>16.0} {:>18.0} {:>6.2}x {:>8} ns {:>9} ns",
+            format!("{:?}", r.mode),
+            r.threads,
+            r.arc_hits_per_sec,
+            r.arc_hits_per_sec_per_thread,
+            r.mutex_hashmap_per_sec,
+            r.ratio,
+            r.arc_p50_ns,
+            r.mutex_hashmap_p50_ns
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! `l2arc bench`: measured figures, always side by side in one run.
+//!
+//! The machine this runs on is shared and noisy, so no benchmark reports an
+//! absolute number alone: each one measures the cache and its baseline (no
+//! cache, or a plain locked hash map) in the same run and reports the ratio.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Args, ValueEnum};
+
+mod dataset;
+mod demo;
+mod hit_path;
+mod runner;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Random reads from several threads over an emulated HDD: cache against no cache.
+    Demo,
+    /// ARC hit path: 8 KiB hits per second, against a Mutex<HashMap> of the same buffers.
+    ArcHit,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "demo")]
+    pub scenario: Scenario,
+    /// Directory for the generated dataset (reused when it matches); default: a temporary directory.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Dataset size (split over --files files).
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    pub dataset_size: u64,
+    #[arg(long, default_value_t = 16)]
+    pub files: u32,
+    /// `arc_max`: DRAM for cached records.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub arc_max: u64,
+    /// ARC shards (locks); default: 4 per core.
+    #[arg(long)]
+    pub arc_shards: Option<usize>,
+    /// `recordsize` of the dataset (4K to 1M, a power of two).
+    #[arg(long, default_value = "128K", value_parser = parse_size)]
+    pub recordsize: u64,
+    /// Size of each random read.
+    #[arg(long, default_value = "8K", value_parser = parse_size)]
+    pub read_size: u64,
+    /// Reader threads.
+    #[arg(long, default_value_t = 16)]
+    pub threads: usize,
+    /// Seconds per measured phase.
+    #[arg(long, default_value_t = 20.0)]
+    pub seconds: f64,
+    /// Share of reads that go to the hot part of the dataset.
+    #[arg(long, default_value_t = 0.8)]
+    pub hot_read_fraction: f64,
+    /// Share of the dataset that is hot.
+    #[arg(long, default_value_t = 0.2)]
+    pub hot_data_fraction: f64,
+    /// Emulated HDD: disks, each serving one request at a time.
+    #[arg(long, default_value_t = 4)]
+    pub spindles: usize,
+    /// Emulated HDD: shortest and longest positioning time, ms.
+    #[arg(long, default_value_t = 4.0)]
+    pub seek_ms_min: f64,
+    #[arg(long, default_value_t = 12.0)]
+    pub seek_ms_max: f64,
+    /// Emulated HDD: media transfer rate per disk.
+    #[arg(long, default_value_t = 150.0)]
+    pub transfer_mib_per_sec: f64,
+    /// Dataset and workload seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    l2arc_sim::parse_size(s)
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    l2arc::read_path::validate_recordsize(args.recordsize)?;
+    if args.threads == 0 || args.threads > 4096 {
+        bail!("--threads must be from 1 to 4096, not {}", args.threads);
+    }
+    if !(args.seconds > 0.0 && args.seconds <= 86_400.0) {
+        bail!(
+            "--seconds must be positive (and at most a day), not {}",
+            args.seconds
+        );
+    }
+    if args.files == 0 {
+        bail!("--files must be at least 1");
+    }
+    if args.read_size == 0 || args.read_size > 16 << 20 {
+        bail!("--read-size must be from 1 byte to 16 MiB");
+    }
+    for (name, value) in [
+        ("--hot-read-fraction", args.hot_read_fraction),
+        ("--hot-data-fraction", args.hot_data_fraction),
+    ] {
+        if !(0.0..=1.0).contains(&value) {
+            bail!("{name} must be between 0 and 1, not {value}");
+        }
+    }
+    if let Some(dir) = &args.data
+        && dir.exists()
+        && !dir.is_dir()
+    {
+        bail!("--data {}: not a directory", dir.display());
+    }
+    match args.scenario {
+        Scenario::Demo => demo::run(&args),
+        Scenario::ArcHit => hit_path::run(&args),
+    }
+}

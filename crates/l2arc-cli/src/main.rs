@@ -1,0 +1,47 @@
+//! The `l2arc` command.
+//!
+//! Every subcommand is a thin shell over the engine's public API: parse
+//! arguments, call the library, print. Errors are printed as one line
+//! (`l2arc: <what went wrong>`) with a nonzero exit, never as a panic or a
+//! backtrace: a storage tool's users script it and read its logs.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod trace_cmd;
+
+#[derive(Parser)]
+#[command(
+    name = "l2arc",
+    version,
+    about = "The ZFS ARC and L2ARC read cache, in front of any slow storage"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a block trace through ARC, LRU and Belady's MIN and print hit ratios.
+    Trace(trace_cmd::TraceArgs),
+    /// Benchmark the cache against no cache over an emulated hard disk.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(args) => trace_cmd::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("l2arc: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
