@@ -17,7 +17,6 @@
  * and to libCacheSim's results on the reference traces in shared/traces.
  */
 
-mod hash;
 pub mod lru;
 pub mod min;
 mod replay;

@@ -24,7 +24,7 @@
  * served from a cache that cannot hold it.
  */
 
-use crate::hash::{KeyMap, key_map_with_capacity};
+use l2arc::hash::FastHashMap;
 
 const NIL: u32 = u32::MAX;
 
@@ -42,7 +42,7 @@ pub struct Lru {
     used: u64,
     nodes: Vec<Node>,
     free: Vec<u32>,
-    map: KeyMap<u32>,
+    map: FastHashMap<u64, u32>,
     head: u32, // MRU
     tail: u32, // LRU
 }
@@ -55,7 +55,7 @@ impl Lru {
             used: 0,
             nodes: Vec::new(),
             free: Vec::new(),
-            map: key_map_with_capacity(0),
+            map: FastHashMap::with_capacity_and_hasher(0, Default::default()),
             head: NIL,
             tail: NIL,
         }

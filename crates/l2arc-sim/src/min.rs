@@ -53,7 +53,7 @@
 use std::collections::BinaryHeap;
 
 use crate::Request;
-use crate::hash::{KeyMap, key_map_with_capacity};
+use l2arc::hash::FastHashMap;
 
 /// Next-use index meaning "never requested again".
 pub const NEVER: u64 = u64::MAX;
@@ -71,7 +71,8 @@ pub enum MinVariant {
 /// or `NEVER`.
 pub fn next_uses(trace: &[Request]) -> Vec<u64> {
     let mut next = vec![NEVER; trace.len()];
-    let mut last_seen: KeyMap<u64> = key_map_with_capacity(trace.len() / 4);
+    let mut last_seen: FastHashMap<u64, u64> =
+        FastHashMap::with_capacity_and_hasher(trace.len() / 4, Default::default());
     for (i, r) in trace.iter().enumerate().rev() {
         if let Some(j) = last_seen.insert(r.key, i as u64) {
             next[i] = j;
@@ -89,7 +90,7 @@ struct Entry {
 struct MinCache {
     capacity: u64,
     used: u64,
-    map: KeyMap<Entry>,
+    map: FastHashMap<u64, Entry>,
     heap: BinaryHeap<(u64, u64)>, // (next_use, key), max-heap, lazily pruned
 }
 
@@ -98,7 +99,7 @@ impl MinCache {
         MinCache {
             capacity,
             used: 0,
-            map: key_map_with_capacity(0),
+            map: FastHashMap::with_capacity_and_hasher(0, Default::default()),
             heap: BinaryHeap::new(),
         }
     }

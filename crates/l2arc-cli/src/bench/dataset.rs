@@ -50,7 +50,7 @@ impl DatasetSpec {
     /// Checks that `buf` holds the bytes of `file` at `offset` (fast path for
     /// word-aligned reads).
     pub fn verify(&self, file: u32, offset: u64, buf: &[u8]) -> bool {
-        if offset % 8 == 0 && buf.len() % 8 == 0 {
+        if offset.is_multiple_of(8) && buf.len().is_multiple_of(8) {
             return buf
                 .chunks_exact(8)
                 .enumerate()

@@ -71,6 +71,23 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             temp.path().to_path_buf()
         }
     };
+    let hdd_config = HddConfig {
+        spindles: args.spindles,
+        seek_ms_min: args.seek_ms_min,
+        seek_ms_max: args.seek_ms_max,
+        transfer_mib_per_sec: args.transfer_mib_per_sec,
+        ..HddConfig::default()
+    };
+    hdd_config.validate()?;
+    let mut cache_config = CacheConfig {
+        arc_max_bytes: args.arc_max,
+        ..CacheConfig::default()
+    };
+    if let Some(shards) = args.arc_shards {
+        cache_config.arc_shards = shards;
+    }
+    Cache::new(cache_config)?; // check the settings before writing a dataset
+    spec.materialise(&dir)?;
     if !args.json {
         eprintln!(
             "dataset: {} files x {} MiB in {}",
@@ -79,15 +96,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             dir.display()
         );
     }
-    spec.materialise(&dir)?;
-
-    let hdd_config = HddConfig {
-        spindles: args.spindles,
-        seek_ms_min: args.seek_ms_min,
-        seek_ms_max: args.seek_ms_max,
-        transfer_mib_per_sec: args.transfer_mib_per_sec,
-        ..HddConfig::default()
-    };
     let mut phases = Vec::new();
     let mut verified = 0u64;
     let mut arcstats = Vec::new();
@@ -96,13 +104,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let dir_primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
         let hdd = Arc::new(EmulatedHdd::new(dir_primary, hdd_config.clone())?);
         hdd_description = hdd.describe();
-        let mut cache_config = CacheConfig {
-            arc_max_bytes: args.arc_max,
-            ..CacheConfig::default()
-        };
-        if let Some(shards) = args.arc_shards {
-            cache_config.arc_shards = shards;
-        }
         let cache = Cache::new(cache_config)?;
         let dataset = cache.add_dataset(
             "bench",

@@ -85,7 +85,7 @@ impl Default for HddConfig {
 }
 
 impl HddConfig {
-    fn validate(&self) -> io::Result<()> {
+    pub fn validate(&self) -> io::Result<()> {
         let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         if self.spindles == 0 || self.spindles > MAX_SPINDLES {
             return bad(format!(

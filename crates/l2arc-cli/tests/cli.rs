@@ -1,0 +1,268 @@
+//! The `l2arc` binary as a user runs it: real arguments, real files, exit
+//! codes and the exact shape of error messages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn l2arc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_l2arc"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run the l2arc binary")
+}
+
+fn traces_dir() -> PathBuf {
+    let dir = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/traces"
+    ));
+    assert!(
+        dir.join("OLTP.lis.zst").is_file(),
+        "reference traces missing: expected {} (the repository is cloned beside shared/)",
+        dir.display()
+    );
+    dir.to_path_buf()
+}
+
+/// A failing command prints exactly one line, prefixed `l2arc:`, with no
+/// panic or backtrace, and exits nonzero.
+fn assert_one_line_error(out: &Output, must_contain: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "expected one line of error, got: {stderr:?}"
+    );
+    assert!(
+        stderr.starts_with("l2arc: "),
+        "error not prefixed: {stderr:?}"
+    );
+    assert!(
+        stderr.contains(must_contain),
+        "error {stderr:?} lacks {must_contain:?}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_trace_is_a_one_line_error() {
+    let out = l2arc(&[
+        "trace",
+        "/nonexistent/trace.lis",
+        "--format",
+        "lis",
+        "--sizes",
+        "100",
+    ]);
+    assert_one_line_error(&out, "/nonexistent/trace.lis");
+}
+
+#[test]
+fn malformed_trace_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.lis");
+    std::fs::write(&path, "1 2 0 0\n3 4 0 1\nfive 1 0 2\n").unwrap();
+    let out = l2arc(&[
+        "trace",
+        path.to_str().unwrap(),
+        "--format",
+        "lis",
+        "--sizes",
+        "10",
+    ]);
+    assert_one_line_error(&out, "line 3");
+    assert_one_line_error(&out, "bad.lis");
+}
+
+#[test]
+fn unknown_format_and_policy_and_size_are_errors() {
+    let trace = traces_dir().join("OLTP.lis.zst");
+    let trace = trace.to_str().unwrap();
+    // clap reports usage errors on several lines; check exit code and wording.
+    let out = l2arc(&["trace", trace, "--format", "blktrace", "--sizes", "10"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("blktrace"));
+    let out = l2arc(&[
+        "trace", trace, "--format", "lis", "--policy", "fifo", "--sizes", "10",
+    ]);
+    assert_one_line_error(&out, "fifo");
+    let out = l2arc(&["trace", trace, "--format", "lis", "--sizes", "10,lots"]);
+    assert_one_line_error(&out, "lots");
+}
+
+#[test]
+fn trace_json_reproduces_the_arc_paper() {
+    let trace = traces_dir().join("OLTP.lis.zst");
+    let out = l2arc(&[
+        "trace",
+        trace.to_str().unwrap(),
+        "--format",
+        "lis",
+        "--policy",
+        "arc,lru",
+        "--sizes",
+        "1000",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (row, policy, expected_percent) in [(&rows[0], "arc", 38.93), (&rows[1], "lru", 32.83)] {
+        assert_eq!(row["policy"], policy);
+        assert_eq!(row["size"], 1000);
+        assert_eq!(row["requests"], 914_145);
+        let ratio = row["hit_ratio"].as_f64().unwrap();
+        assert!(
+            (ratio * 100.0 - expected_percent).abs() < 0.05,
+            "{policy}: {ratio}"
+        );
+        let hits = row["hits"].as_u64().unwrap() as f64;
+        assert!((hits / 914_145.0 - ratio).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn trace_table_has_a_row_per_size() {
+    let trace = traces_dir().join("OLTP.lis.zst");
+    let out = l2arc(&[
+        "trace",
+        trace.to_str().unwrap(),
+        "--sizes",
+        "1000,2000",
+        "--policy",
+        "arc",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("38.9"), "{table}");
+    assert!(table.contains("46.0") || table.contains("46.1"), "{table}");
+}
+
+#[test]
+fn bench_rejects_bad_settings() {
+    for (args, needle) in [
+        (vec!["bench", "--recordsize", "3000"], "recordsize"),
+        (vec!["bench", "--recordsize", "2M"], "recordsize"),
+        (vec!["bench", "--threads", "0"], "--threads"),
+        (
+            vec!["bench", "--data", "/nonexistent/l2arc/data"],
+            "/nonexistent/l2arc/data",
+        ),
+        (
+            vec!["bench", "--hot-read-fraction", "1.5"],
+            "--hot-read-fraction",
+        ),
+        (vec!["bench", "--arc-max", "100"], "arc_max"),
+        (
+            vec![
+                "bench",
+                "--spindles",
+                "0",
+                "--seconds",
+                "1",
+                "--dataset-size",
+                "1MiB",
+            ],
+            "spindles",
+        ),
+    ] {
+        let out = l2arc(&args);
+        assert_one_line_error(&out, needle);
+    }
+}
+
+#[test]
+fn bench_demo_runs_and_checks_every_byte() {
+    let data = tempfile::tempdir().unwrap();
+    let out = l2arc(&[
+        "bench",
+        "--data",
+        data.path().to_str().unwrap(),
+        "--seconds",
+        "1.5",
+        "--dataset-size",
+        "8MiB",
+        "--files",
+        "4",
+        "--arc-max",
+        "2MiB",
+        "--threads",
+        "4",
+        "--seek-ms-min",
+        "1",
+        "--seek-ms-max",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let phases = report["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    assert_eq!(phases[0]["setting"], "no_cache");
+    assert_eq!(phases[0]["arc_hit_ratio"], 0.0);
+    assert_eq!(phases[1]["setting"], "arc");
+    for phase in phases {
+        assert!(phase["ops"].as_u64().unwrap() > 100, "{phase}");
+    }
+    let hit_ratio = phases[1]["arc_hit_ratio"].as_f64().unwrap();
+    assert!(
+        hit_ratio > 0.3,
+        "ARC hit ratio {hit_ratio} with 80% of reads to a hot set that fits"
+    );
+    assert!(report["bytes_verified"].as_u64().unwrap() > 0);
+    let arcstats = report["arcstats"].as_array().unwrap();
+    let size = arcstats.iter().find(|kv| kv[0] == "size").unwrap()[1]
+        .as_u64()
+        .unwrap();
+    assert!(size <= 2 << 20, "ARC size {size} above arc_max");
+    // The dataset stays for reuse.
+    assert!(data.path().join("l2arc-dataset.json").is_file());
+}
+
+#[test]
+fn bench_arc_hit_reports_both_sides() {
+    let out = l2arc(&[
+        "bench",
+        "--scenario",
+        "arc-hit",
+        "--seconds",
+        "0.3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        assert!(row["arc_hits_per_sec"].as_f64().unwrap() > 1000.0, "{row}");
+        assert!(
+            row["mutex_hashmap_per_sec"].as_f64().unwrap() > 1000.0,
+            "{row}"
+        );
+    }
+}

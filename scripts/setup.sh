@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what l2arc needs to build and test on a fresh Debian machine.
+# Idempotent: installs only what is missing. Used by scripts/demo.sh,
+# scripts/test.sh and (through test.sh) CI.
+set -euo pipefail
+
+# Debian packages the build and the tests use.
+PACKAGES=(
+  build-essential # cc and linker for crates with C parts (zstd-sys)
+  pkg-config
+  zstd            # inspecting the reference traces by hand
+  util-linux      # losetup: the block-device tests attach loop devices
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Rust: edition 2024 needs a recent stable toolchain (Debian's rustc is too old).
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; installing Rust with rustup" >&2
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+need="1.88.0"
+have=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" != "$need" ]; then
+  echo "setup: rustc $have is older than $need; run 'rustup update stable'" >&2
+  exit 1
+fi
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null 2>&1 && rustup component add "$component"
+  fi
+done
