@@ -479,7 +479,15 @@ impl Cache {
         } else {
             // O_DIRECT below: read whole aligned blocks, then copy out.
             let start = offset / align * align;
-            let end = (offset + buf.len() as u64).next_multiple_of(align);
+            let end = offset
+                .checked_add(buf.len() as u64)
+                .and_then(|end| end.checked_next_multiple_of(align))
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("read {offset}+{} is beyond the largest offset", buf.len()),
+                    )
+                })?;
             let mut bounce = AlignedBuf::zeroed((end - start) as usize);
             let got = handle.object.read_at(start, bounce.as_mut_slice())?;
             let skip = (offset - start) as usize;
@@ -502,7 +510,12 @@ impl Cache {
             return Ok(());
         }
         let old_size_bytes = handle.size_bytes();
-        handle.object.write_at(offset, data)?;
+        if let Err(e) = handle.object.write_at(offset, data) {
+            // Part of it may have landed (ENOSPC, EIO, end of a device):
+            // drop every record of the object rather than serve old bytes.
+            self.invalidate_object(handle);
+            return Err(e);
+        }
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
         let first = offset.min(old_size_bytes) / recordsize;
         let last = (offset + data.len() as u64 - 1) / recordsize;

@@ -635,35 +635,185 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), expect);
     }
 
-    /// Needs a scratch block device whose contents may be overwritten:
-    /// `L2ARC_TEST_BLOCK_DEVICE=/dev/loopN cargo test -p l2arc -- --ignored block_device`.
-    #[test]
-    #[ignore]
-    fn block_device() {
-        let Some(dev) = std::env::var_os("L2ARC_TEST_BLOCK_DEVICE") else {
-            panic!("set L2ARC_TEST_BLOCK_DEVICE to a scratch block device");
-        };
-        let dev = PathBuf::from(dev);
+    /// A loop device over a backing file, detached when dropped.
+    struct LoopDevice {
+        path: PathBuf,
+    }
+
+    impl LoopDevice {
+        /// `losetup --find --show [--sector-size N] backing`. Fails the test
+        /// (never skips) if that is impossible: it needs root and util-linux.
+        fn attach(backing: &Path, sector_size: Option<u32>) -> Self {
+            let mut cmd = std::process::Command::new("losetup");
+            if let Some(n) = sector_size {
+                cmd.arg("--sector-size").arg(n.to_string());
+            }
+            cmd.arg("--find").arg("--show").arg(backing);
+            let out = cmd.output().unwrap_or_else(|e| {
+                panic!(
+                    "cannot run losetup ({e}): the block-device test needs util-linux's \
+                     losetup, root and loop devices"
+                )
+            });
+            assert!(
+                out.status.success(),
+                "{cmd:?} failed ({}): {}; the block-device test needs root and free loop devices",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            assert!(
+                std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_block_device()),
+                "{cmd:?} printed {path:?}, which is not a block device"
+            );
+            Self { path }
+        }
+    }
+
+    impl Drop for LoopDevice {
+        fn drop(&mut self) {
+            // With the device still open somewhere, the kernel detaches it
+            // at the last close (autoclear).
+            match std::process::Command::new("losetup")
+                .arg("--detach")
+                .arg(&self.path)
+                .status()
+            {
+                Ok(status) if status.success() => {}
+                other => eprintln!("losetup --detach {}: {other:?}", self.path.display()),
+            }
+        }
+    }
+
+    /// The image checks on a real block device: a loop device over a sparse
+    /// file, with 512-byte or 4 KiB logical sectors.
+    fn block_device(sector_size: Option<u32>) {
+        const DEV_SIZE: u64 = 4 << 20;
+        let tmp = tempfile::tempdir().unwrap();
+        let backing = tmp.path().join("backing.img");
+        {
+            // Sparse but for a pattern at the start.
+            let f = File::create(&backing).unwrap();
+            f.set_len(DEV_SIZE).unwrap();
+            f.write_all_at(&pattern(3 * 4096 + 100, 0x42), 0).unwrap();
+            f.sync_all().unwrap();
+        }
+        let lo = LoopDevice::attach(&backing, sector_size);
+        let dev = lo.path.clone();
+        if let Some(n) = sector_size {
+            let f = File::open(&dev).unwrap();
+            let mut lbs: libc::c_int = 0;
+            // SAFETY: BLKSSZGET writes one int.
+            let ret = unsafe { libc::ioctl(f.as_raw_fd(), libc::BLKSSZGET as _, &mut lbs) };
+            assert_eq!(ret, 0, "BLKSSZGET on {}", dev.display());
+            assert_eq!(lbs as u32, n, "logical sector size of {}", dev.display());
+        }
+
         let img = ImagePrimary::open(&dev, true).unwrap();
         eprintln!("{}: direct = {}", img.describe(), img.is_direct());
+        assert!(img.is_direct(), "{} must take O_DIRECT", dev.display());
         let obj = img.open("", true).unwrap();
+        assert_eq!(obj.read_alignment_bytes(), 4096);
         let size = obj.info().unwrap().size_bytes();
+        assert_eq!(size, DEV_SIZE, "BLKGETSIZE64 of {}", dev.display());
         let mut expect = std::fs::read(&dev).unwrap();
         assert_eq!(size, expect.len() as u64);
+        assert!(
+            expect[..3 * 4096 + 100] == pattern(3 * 4096 + 100, 0x42)[..],
+            "the device shows the backing file's bytes"
+        );
+        assert!(expect[3 * 4096 + 100..].iter().all(|&b| b == 0));
         let mut all = AlignedBuf::zeroed(expect.len() + 4096);
         assert_eq!(obj.read_at(0, all.as_mut_capacity()).unwrap(), expect.len());
-        assert_eq!(&all[..expect.len()], &expect[..]);
-        let data = pattern(5000, 0x31);
-        obj.write_at(1234, &data).unwrap();
-        obj.sync().unwrap();
-        expect[1234..6234].copy_from_slice(&data);
-        let mut v = vec![0u8; 7000];
-        assert_eq!(obj.read_at(1, &mut v).unwrap(), 7000);
-        assert_eq!(&v[..], &expect[1..7001]);
         assert!(
-            obj.write_at(size - 2, b"abc").is_err(),
-            "write past the end"
+            all[..expect.len()] == expect[..],
+            "direct read of the whole device"
         );
+
+        // Unaligned writes and reads, through bounce buffers.
+        for (off, len, seed) in [
+            (1234usize, 5000usize, 0x31u8),
+            (4095, 2, 0x32),
+            (100_000, 9000, 0x33),
+        ] {
+            let data = pattern(len, seed);
+            obj.write_at(off as u64, &data).unwrap();
+            expect[off..off + len].copy_from_slice(&data);
+        }
+        // The last bytes of the device, unaligned.
+        let data = pattern(10, 0x34);
+        obj.write_at(size - 10, &data).unwrap();
+        expect[size as usize - 10..].copy_from_slice(&data);
+        obj.sync().unwrap();
+        for (off, len) in [
+            (1usize, 7000usize),
+            (4000, 200),
+            (99_999, 9002),
+            (size as usize - 4097, 4097),
+        ] {
+            let mut v = vec![0u8; len];
+            assert_eq!(
+                obj.read_at(off as u64, &mut v).unwrap(),
+                len,
+                "read {off}+{len}"
+            );
+            assert!(
+                v[..] == expect[off..off + len],
+                "read {off}+{len}: wrong bytes"
+            );
+        }
+        assert_eq!(
+            obj.info().unwrap().size_bytes(),
+            size,
+            "a block device does not grow"
+        );
+        let e = obj
+            .write_at(size - 2, b"abc")
+            .expect_err("write past the end");
+        eprintln!("write past the end: {e}");
+        // Like pwrite, the part that fits may have landed before the error.
+        let mut tail = AlignedBuf::zeroed(4096);
+        assert_eq!(
+            obj.read_at(size - 4096, tail.as_mut_capacity()).unwrap(),
+            4096
+        );
+        let end = size as usize;
+        assert!(
+            tail[4094..] == expect[end - 2..] || &tail[4094..] == b"ab",
+            "write past the end left {:?} in the last two bytes",
+            &tail[4094..]
+        );
+        assert!(tail[..4094] == expect[end - 4096..end - 2]);
+        expect[end - 2..].copy_from_slice(&tail[4094..]);
+        let mut v = vec![0u8; 7000];
         assert_eq!(obj.read_at(size, &mut v).unwrap(), 0);
+        assert_eq!(obj.read_at(size - 3, &mut v).unwrap(), 3);
+        let mut blk = AlignedBuf::zeroed(8192);
+        assert_eq!(
+            obj.read_at(size - 4096, blk.as_mut_capacity()).unwrap(),
+            4096
+        );
+        assert!(blk[..4096] == expect[size as usize - 4096..]);
+        assert_eq!(obj.read_at(size, blk.as_mut_capacity()).unwrap(), 0);
+
+        // Everything reached the device: read it back around the image.
+        drop(obj);
+        drop(img);
+        assert!(std::fs::read(&dev).unwrap() == expect, "device contents");
+        drop(lo);
+        assert!(
+            std::fs::read(&backing).unwrap() == expect,
+            "backing file contents"
+        );
+    }
+
+    #[test]
+    fn block_device_512_byte_sectors() {
+        block_device(None);
+    }
+
+    #[test]
+    fn block_device_4k_sectors() {
+        block_device(Some(4096));
     }
 }
