@@ -6,6 +6,7 @@
 //! - [`read_path`]: [`Cache`], datasets, object handles and generations; splits
 //!   reads into records and ties the tiers together;
 //! - [`arc`]: the DRAM tier (pure policy + live sharded buffers);
+//! - [`l2arc`]: the flash tier (device format, index, feeder, rebuild);
 //! - [`primary`]: slow storage back ends (directory, image, emulated HDD);
 //! - [`stats`]: counters under ZFS's arcstats names;
 //! - [`buf`], [`hash`]: aligned buffers and the cache's key hash.
@@ -13,6 +14,7 @@
 pub mod arc;
 pub mod buf;
 pub mod hash;
+pub mod l2arc;
 pub mod primary;
 pub mod read_path;
 pub mod stats;

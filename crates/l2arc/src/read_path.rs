@@ -23,18 +23,32 @@
 //! write-through cache over a shared file system shares.)
 //!
 //! Reads past the end behave as `pread`: short at the end, empty beyond it.
+//!
+//! Below the ARC sits the L2ARC (when cache devices are added): a record the
+//! ARC misses is looked up there by a hash of (dataset identity, object,
+//! record, generation token) before primary storage is read. A feeder thread
+//! copies records from the cold ends of the ARC lists to flash. Writes drop
+//! the records they touch from both tiers; a feed that raced with a write
+//! checks a short log of recent invalidations after it indexed its batch and
+//! drops what the write made stale, so a record copied before a write can
+//! never be found after it.
 
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use smallvec::SmallVec;
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Duration;
 
 use crate::arc::live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
-use crate::arc::policy::AccessKind;
+use crate::arc::policy::{AccessKind, ListId};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
+use crate::l2arc::device::{DeviceIo, FileDevice};
+use crate::l2arc::format::Compression;
+use crate::l2arc::{DeviceOpen, FeedRecord, L2Arc, L2ArcConfig};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
 use crate::stats::{CacheStats, ReadPathCounters};
 
@@ -73,6 +87,8 @@ pub struct DatasetConfig {
     pub recordsize_bytes: u32,
     pub primarycache: CacheMode,
     pub secondarycache: CacheMode,
+    /// How records are stored on the L2ARC (`compression=lz4|zstd|off`).
+    pub compression: Compression,
 }
 
 impl Default for DatasetConfig {
@@ -81,6 +97,7 @@ impl Default for DatasetConfig {
             recordsize_bytes: RECORDSIZE_DEFAULT_BYTES,
             primarycache: CacheMode::All,
             secondarycache: CacheMode::All,
+            compression: Compression::Lz4,
         }
     }
 }
@@ -103,12 +120,14 @@ pub fn validate_recordsize(bytes: u64) -> Result<u32, ConfigError> {
 }
 
 /// Whole-cache settings.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CacheConfig {
     /// `arc_max`: DRAM for record buffers.
     pub arc_max_bytes: u64,
     /// Independent ARC shards (locks). Default: 4 per core, at least 1.
     pub arc_shards: usize,
+    /// L2ARC tunables, used once a cache device is added.
+    pub l2arc: L2ArcConfig,
 }
 
 impl Default for CacheConfig {
@@ -117,6 +136,7 @@ impl Default for CacheConfig {
         Self {
             arc_max_bytes: 1 << 30,
             arc_shards: (cores * 4).clamp(1, 1024),
+            l2arc: L2ArcConfig::default(),
         }
     }
 }
@@ -127,6 +147,9 @@ pub struct DatasetId(u32);
 
 struct Dataset {
     name: String,
+    /// Stable identity across restarts (name and primary), so that L2ARC
+    /// records survive a restart and can never be matched to another store.
+    uid: u64,
     primary: Arc<dyn Primary>,
     config: DatasetConfig,
 }
@@ -204,31 +227,207 @@ impl ReadView {
     }
 }
 
-/// The cache: datasets over primary storage, with the ARC in front.
+/// How many recent invalidations a feed can look back on.
+const INVALIDATIONS_KEPT: usize = 4096;
+
+/// Recent writes, for feeds that raced with them (see the module comment).
+#[derive(Default)]
+struct Invalidations {
+    sequence: u64,
+    recent: VecDeque<(u64, u64)>,
+}
+
+/// The L2 identity of a record: dataset uid, object, record, generation.
+fn l2_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64) -> u64 {
+    hash_one(&(dataset_uid, object, record, token)).max(1)
+}
+
+/// The cache: datasets over primary storage, with the ARC (and, once cache
+/// devices are added, the L2ARC) in front.
 pub struct Cache {
+    config: CacheConfig,
     arc: LiveArc,
     datasets: RwLock<Vec<Arc<Dataset>>>,
     objects: Mutex<FastHashMap<(u32, u64), Arc<ObjectState>>>,
     counters: ReadPathCounters,
+    l2: OnceLock<Arc<L2Arc>>,
+    invalidations: Mutex<Invalidations>,
+    feeder_started: std::sync::atomic::AtomicBool,
+}
+
+/// What one feed did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FeedOutcome {
+    pub records: usize,
+    pub bytes: u64,
+    /// The feed wrote as much as it was allowed: feed again soon.
+    pub full: bool,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        if let Some(l2) = self.l2.get() {
+            l2.stop();
+        }
+    }
 }
 
 impl Cache {
-    pub fn new(config: CacheConfig) -> Result<Self, ConfigError> {
+    pub fn new(config: CacheConfig) -> Result<Arc<Self>, ConfigError> {
         if !(1..=1024).contains(&config.arc_shards) {
             return Err(ConfigError::Shards(config.arc_shards));
         }
         if config.arc_max_bytes < u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64 {
             return Err(ConfigError::ArcMax(config.arc_max_bytes));
         }
-        Ok(Self {
+        Ok(Arc::new(Self {
             arc: LiveArc::new(ArcConfig {
                 arc_max_bytes: config.arc_max_bytes,
                 shards: config.arc_shards,
             }),
+            config,
             datasets: RwLock::new(Vec::new()),
             objects: Mutex::new(FastHashMap::default()),
             counters: ReadPathCounters::default(),
-        })
+            l2: OnceLock::new(),
+            invalidations: Mutex::new(Invalidations::default()),
+            feeder_started: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// The L2ARC, once a cache device has been added.
+    pub fn l2arc(&self) -> Option<&Arc<L2Arc>> {
+        self.l2.get()
+    }
+
+    /// Adds a cache device (L2ARC): reused and rebuilt if it holds an L2ARC
+    /// log, initialised if blank, refused if it holds anything else. Starts
+    /// the feeder with the first device.
+    pub fn add_cache_device(
+        self: &Arc<Self>,
+        io: Box<dyn DeviceIo>,
+    ) -> io::Result<(u8, DeviceOpen)> {
+        let l2 = self.l2.get_or_init(|| {
+            let expected_records =
+                (self.config.arc_max_bytes / u64::from(RECORDSIZE_MIN_BYTES)) as usize;
+            Arc::new(L2Arc::new(
+                self.config.l2arc.clone(),
+                expected_records.min(1 << 20),
+            ))
+        });
+        let added = l2.add_device(io)?;
+        if !self.feeder_started.swap(true, Ordering::SeqCst) {
+            let weak = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("l2arc-feed".into())
+                .spawn(move || feeder_loop(weak))?;
+        }
+        Ok(added)
+    }
+
+    /// Adds a cache file or block device by path, creating a file of
+    /// `create_size_bytes` if it does not exist.
+    pub fn add_cache_path(
+        self: &Arc<Self>,
+        path: impl AsRef<std::path::Path>,
+        create_size_bytes: Option<u64>,
+    ) -> io::Result<(u8, DeviceOpen)> {
+        let device = FileDevice::open(path, create_size_bytes)?;
+        self.add_cache_device(Box::new(device))
+    }
+
+    /// Removes a cache device; waits for reads in flight on it.
+    pub fn remove_cache_device(&self, slot: u8) -> io::Result<()> {
+        match self.l2.get() {
+            Some(l2) => l2.remove_device(slot),
+            None => Err(io::Error::new(io::ErrorKind::NotFound, "no cache devices")),
+        }
+    }
+
+    /// One pass of the L2ARC feeder: copy eligible records from the cold
+    /// ends of the ARC (MFU first, then MRU) to the next cache device.
+    pub fn feed_l2arc(&self) -> FeedOutcome {
+        let Some(l2) = self.l2.get() else {
+            return FeedOutcome::default();
+        };
+        let budget_bytes = l2.feed_budget_bytes();
+        if budget_bytes == 0 {
+            return FeedOutcome::default();
+        }
+        let config = l2.config();
+        let start_sequence = self
+            .invalidations
+            .lock()
+            .expect("invalidations poisoned")
+            .sequence;
+        let scan_bytes = budget_bytes.saturating_mul(u64::from(config.l2arc_headroom.max(1)));
+        let per_shard = scan_bytes.div_ceil(self.config.arc_shards as u64).max(1);
+        let mut candidates = Vec::new();
+        self.arc
+            .feed_candidates(ListId::Mfu, per_shard, &mut candidates);
+        if !config.l2arc_mfuonly {
+            self.arc
+                .feed_candidates(ListId::Mru, per_shard, &mut candidates);
+        }
+        let datasets: Vec<Arc<Dataset>> =
+            self.datasets.read().expect("dataset lock poisoned").clone();
+        let mut batch = Vec::new();
+        let mut keys = Vec::new();
+        let mut batch_bytes = 0u64;
+        for (key, record, prefetched) in &candidates {
+            if (*prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
+                continue;
+            }
+            let Some(dataset) = datasets.get(key.dataset as usize) else {
+                continue;
+            };
+            if dataset.config.secondarycache == CacheMode::None {
+                continue;
+            }
+            let key_hash =
+                l2_key_hash(dataset.uid, key.object, key.record, record.generation_token);
+            if l2.contains(key_hash) {
+                continue;
+            }
+            batch.push(FeedRecord {
+                key_hash,
+                data: &record.data,
+                compression: dataset.config.compression,
+            });
+            keys.push(*key);
+            batch_bytes += record.data.len() as u64;
+            if batch_bytes >= budget_bytes {
+                break;
+            }
+        }
+        let (bytes, records) = match l2.write_batch(&batch) {
+            Ok(written) => written,
+            Err(_) => return FeedOutcome::default(),
+        };
+        // Drop what a write made stale while this batch was in flight.
+        let invalidations = self.invalidations.lock().expect("invalidations poisoned");
+        let lost_track = invalidations
+            .recent
+            .front()
+            .is_some_and(|&(sequence, _)| sequence > start_sequence + 1);
+        if invalidations.sequence != start_sequence {
+            for (record, key) in batch[..records].iter().zip(&keys) {
+                let object_hash = hash_one(&(key.dataset, key.object));
+                let stale = lost_track
+                    || invalidations
+                        .recent
+                        .iter()
+                        .any(|&(sequence, h)| sequence > start_sequence && h == object_hash);
+                if stale {
+                    l2.invalidate(record.key_hash);
+                }
+            }
+        }
+        FeedOutcome {
+            records,
+            bytes,
+            full: batch_bytes >= budget_bytes && records == batch.len(),
+        }
     }
 
     /// Adds a dataset: a primary store with its own properties.
@@ -244,8 +443,10 @@ impl Cache {
             return Err(ConfigError::DuplicateDataset(name.to_string()));
         }
         let id = DatasetId(u32::try_from(datasets.len()).expect("fewer than 2^32 datasets"));
+        let uid = hash_one(&(name, primary.describe()));
         datasets.push(Arc::new(Dataset {
             name: name.to_string(),
+            uid,
             primary,
             config,
         }));
@@ -422,7 +623,7 @@ impl Cache {
                     // Filled under another generation: look again.
                 }
                 Lookup::Claimed(claim) => {
-                    let result = self.fill_record(handle, index).map(|data| {
+                    let result = self.fill_record(handle, index, token).map(|data| {
                         Arc::new(Record {
                             data,
                             generation_token: token,
@@ -446,11 +647,20 @@ impl Cache {
 
     /// Produces a record's bytes from below the ARC.
     ///
-    /// This is the seam where the L2ARC plugs in: look the key up in the
-    /// L2ARC index, read and verify the cache device, and fall back to
-    /// primary storage on any miss or error.
-    fn fill_record(&self, handle: &ObjectHandle, index: u64) -> io::Result<AlignedBuf> {
+    /// The L2ARC first (a miss or any failure there falls through), then
+    /// primary storage.
+    fn fill_record(&self, handle: &ObjectHandle, index: u64, token: u64) -> io::Result<AlignedBuf> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        if let Some(l2) = self.l2.get()
+            && handle.dataset.config.secondarycache == CacheMode::All
+        {
+            let key_hash = l2_key_hash(handle.dataset.uid, handle.state.id, index, token);
+            if let Some(data) = l2.read(key_hash, recordsize as u32)
+                && data.len() <= recordsize
+            {
+                return Ok(data);
+            }
+        }
         let mut data = AlignedBuf::zeroed(recordsize);
         let offset = index * recordsize as u64;
         match handle.object.read_at(offset, data.as_mut_slice()) {
@@ -517,20 +727,50 @@ impl Cache {
             return Err(e);
         }
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
-        let first = offset.min(old_size_bytes) / recordsize;
+        let first = offset / recordsize;
         let last = (offset + data.len() as u64 - 1) / recordsize;
-        for record in first..=last {
-            self.arc.invalidate(RecordKey {
-                dataset: handle.dataset_id.0,
-                object: handle.state.id,
-                record,
-            });
+        // The old last record may be short: a write past it changes its
+        // length. Records beyond the old end were never cached.
+        let old_last = old_size_bytes.saturating_sub(1) / recordsize;
+        let token = handle.state.token.load(Ordering::Acquire);
+        self.note_invalidation(handle);
+        for record in std::iter::once(old_last).chain(first..=last) {
+            self.drop_record(handle, record, token);
         }
         let info = handle.object.info()?;
         self.adopt(handle, info, false);
         self.counters.writes.add(1);
         self.counters.write_bytes.add(data.len() as u64);
         Ok(())
+    }
+
+    /// Logs a write to an object for feeds in flight (see `feed_l2arc`).
+    fn note_invalidation(&self, handle: &ObjectHandle) {
+        let object_hash = hash_one(&(handle.dataset_id.0, handle.state.id));
+        let mut invalidations = self.invalidations.lock().expect("invalidations poisoned");
+        invalidations.sequence += 1;
+        let sequence = invalidations.sequence;
+        if invalidations.recent.len() == INVALIDATIONS_KEPT {
+            invalidations.recent.pop_front();
+        }
+        invalidations.recent.push_back((sequence, object_hash));
+    }
+
+    /// Drops one record from the ARC and the L2ARC.
+    fn drop_record(&self, handle: &ObjectHandle, record: u64, token: u64) {
+        self.arc.invalidate(RecordKey {
+            dataset: handle.dataset_id.0,
+            object: handle.state.id,
+            record,
+        });
+        if let Some(l2) = self.l2.get() {
+            l2.invalidate(l2_key_hash(
+                handle.dataset.uid,
+                handle.state.id,
+                record,
+                token,
+            ));
+        }
     }
 
     /// Makes written data durable on primary storage.
@@ -550,11 +790,37 @@ impl Cache {
             primary_reads: c.primary_reads.get(),
             primary_read_bytes: c.primary_read_bytes.get(),
             primary_errors: c.primary_errors.get(),
+            l2: self.l2.get().map(|l2| l2.stats()),
         }
     }
 
     /// Checks the ARC's invariants (tests; O(entries)).
     pub fn assert_consistent(&self) {
         self.arc.assert_consistent();
+    }
+}
+
+/// The feeder thread: feeds while there is work, sleeps when there is none,
+/// and ends with the cache.
+fn feeder_loop(cache: Weak<Cache>) {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        std::thread::sleep(pause);
+        let Some(cache) = cache.upgrade() else {
+            return;
+        };
+        let Some(l2) = cache.l2.get() else {
+            return;
+        };
+        let config = l2.config().clone();
+        let outcome = cache.feed_l2arc();
+        drop(cache);
+        pause = if outcome.full {
+            Duration::ZERO
+        } else if outcome.records > 0 {
+            Duration::from_millis(config.l2arc_feed_min_ms)
+        } else {
+            Duration::from_secs_f64(config.l2arc_feed_secs.clamp(0.001, 3600.0))
+        };
     }
 }

@@ -40,6 +40,8 @@ pub struct CacheStats {
     pub primary_reads: u64,
     pub primary_read_bytes: u64,
     pub primary_errors: u64,
+    /// The L2ARC's statistics, when cache devices were added.
+    pub l2: Option<crate::l2arc::L2Stats>,
 }
 
 impl CacheStats {
@@ -55,6 +57,9 @@ impl CacheStats {
             ("primary_read_bytes", self.primary_read_bytes),
             ("primary_errors", self.primary_errors),
         ]);
+        if let Some(l2) = &self.l2 {
+            all.extend(l2.kstats.iter().copied());
+        }
         all
     }
 

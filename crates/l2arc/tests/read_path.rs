@@ -35,10 +35,11 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn cache(arc_max_bytes: u64, arc_shards: usize) -> Cache {
+fn cache(arc_max_bytes: u64, arc_shards: usize) -> Arc<Cache> {
     Cache::new(CacheConfig {
         arc_max_bytes,
         arc_shards,
+        ..CacheConfig::default()
     })
     .expect("valid cache config")
 }
@@ -57,6 +58,7 @@ fn dataset(
                 recordsize_bytes: recordsize,
                 primarycache: mode,
                 secondarycache: CacheMode::All,
+                compression: l2arc::l2arc::format::Compression::Off,
             },
         )
         .expect("valid dataset config")
@@ -303,14 +305,16 @@ fn recordsize_is_validated() {
     assert!(matches!(
         Cache::new(CacheConfig {
             arc_max_bytes: 1 << 20,
-            arc_shards: 0
+            arc_shards: 0,
+            ..CacheConfig::default()
         }),
         Err(ConfigError::Shards(0))
     ));
     assert!(matches!(
         Cache::new(CacheConfig {
             arc_max_bytes: 4096 * 3,
-            arc_shards: 4
+            arc_shards: 4,
+            ..CacheConfig::default()
         }),
         Err(ConfigError::ArcMax(_))
     ));

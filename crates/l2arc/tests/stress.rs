@@ -288,6 +288,7 @@ fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
     let cache = Cache::new(CacheConfig {
         arc_max_bytes,
         arc_shards,
+        ..CacheConfig::default()
     })
     .unwrap();
     let ds = cache
@@ -298,6 +299,7 @@ fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
                 recordsize_bytes: recordsize,
                 primarycache: CacheMode::All,
                 secondarycache: CacheMode::All,
+                compression: l2arc::l2arc::format::Compression::Off,
             },
         )
         .unwrap();

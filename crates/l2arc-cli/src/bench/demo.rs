@@ -86,7 +86,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(shards) = args.arc_shards {
         cache_config.arc_shards = shards;
     }
-    Cache::new(cache_config)?; // check the settings before writing a dataset
+    Cache::new(cache_config.clone())?; // check the settings before writing a dataset
     spec.materialise(&dir)?;
     if !args.json {
         eprintln!(
@@ -104,7 +104,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let dir_primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
         let hdd = Arc::new(EmulatedHdd::new(dir_primary, hdd_config.clone())?);
         hdd_description = hdd.describe();
-        let cache = Cache::new(cache_config)?;
+        let cache = Cache::new(cache_config.clone())?;
         let dataset = cache.add_dataset(
             "bench",
             Arc::clone(&hdd) as Arc<dyn Primary>,

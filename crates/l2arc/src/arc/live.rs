@@ -407,6 +407,28 @@ impl LiveArc {
         }
     }
 
+    /// Records near the eviction end of `list` in every shard, up to
+    /// `bytes_per_shard` deep, coldest first: the L2ARC feeder's candidates.
+    /// Each comes with its prefetch flag. The buffers are shared, not copied.
+    pub fn feed_candidates(
+        &self,
+        list: ListId,
+        bytes_per_shard: u64,
+        out: &mut Vec<(RecordKey, Arc<Record>, bool)>,
+    ) {
+        for shard in self.shards.iter() {
+            let shard = shard.0.lock().expect("ARC shard lock poisoned");
+            let mut scanned_bytes = 0u64;
+            for (key, size_bytes, record, prefetched) in shard.policy.iter_from_cold_end(list) {
+                if scanned_bytes >= bytes_per_shard {
+                    break;
+                }
+                scanned_bytes += size_bytes;
+                out.push((*key, Arc::clone(record), prefetched));
+            }
+        }
+    }
+
     /// Sums the counters and sizes of every shard.
     pub fn stats(&self) -> ArcStats {
         let mut total = ArcStats::default();

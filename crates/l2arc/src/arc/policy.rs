@@ -328,15 +328,18 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
     }
 
     /// Resident keys from the eviction (cold) end of `list` towards the hot
-    /// end, with their sizes and values.
-    pub fn iter_from_cold_end(&self, list: ListId) -> impl Iterator<Item = (&K, u64, &V)> + '_ {
+    /// end, with their sizes, values and prefetch flags.
+    pub fn iter_from_cold_end(
+        &self,
+        list: ListId,
+    ) -> impl Iterator<Item = (&K, u64, &V, bool)> + '_ {
         let mut slot = self.lists[list as usize].tail;
         std::iter::from_fn(move || {
             while slot != NIL {
                 let entry = &self.entries[slot as usize];
                 slot = entry.prev;
                 if let Some(value) = entry.value.as_ref() {
-                    return Some((&entry.key, entry.size_bytes, value));
+                    return Some((&entry.key, entry.size_bytes, value, entry.prefetched));
                 }
             }
             None

@@ -1,0 +1,291 @@
+//! Cache device I/O: O_DIRECT files and block devices, and fault injection.
+//!
+//! The L2ARC exists to put flash between DRAM and slow storage, so its reads
+//! must reach the flash: a cache device is opened with O_DIRECT and every
+//! transfer is whole, aligned 4 KiB blocks, or the kernel's page cache would
+//! quietly stand in for the SSD (and double the DRAM the cache costs). Where a
+//! file system refuses O_DIRECT the device falls back to buffered I/O and
+//! says so (`is_direct`).
+//!
+//! Devices fail. Everything above this layer treats an error as "this copy is
+//! gone" and falls back to primary storage; `FaultyDevice` lets the tests
+//! make a real device fail, corrupt or vanish on command to prove it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::format::BLOCK_BYTES;
+
+/// Positioned, block-aligned I/O on one cache device.
+pub trait DeviceIo: Send + Sync + 'static {
+    /// Reads exactly `buf.len()` bytes at `offset` (both 4 KiB multiples).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes all of `buf` at `offset` (both 4 KiB multiples).
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes completed writes durable.
+    fn sync(&self) -> io::Result<()>;
+    fn size_bytes(&self) -> u64;
+    fn describe(&self) -> String;
+}
+
+/// A cache device backed by a file or a block device.
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    size_bytes: u64,
+    direct: bool,
+}
+
+impl FileDevice {
+    /// Opens `path` for cache use. A regular file that does not exist yet is
+    /// created with `create_size_bytes` (sparse); an existing file keeps its
+    /// size. The usable size is rounded down to whole 4 KiB blocks.
+    pub fn open(path: impl AsRef<Path>, create_size_bytes: Option<u64>) -> io::Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let named = |e: io::Error| {
+            io::Error::new(e.kind(), format!("cache device {}: {e}", path.display()))
+        };
+        let exists = path.exists();
+        if !exists && create_size_bytes.is_none() {
+            return Err(named(io::Error::new(
+                io::ErrorKind::NotFound,
+                "does not exist",
+            )));
+        }
+        let open = |direct: bool| {
+            let mut options = OpenOptions::new();
+            options.read(true).write(true).create(!exists);
+            if direct {
+                options.custom_flags(libc::O_DIRECT);
+            }
+            options.open(&path)
+        };
+        let (file, direct) = match open(true) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (open(false).map_err(named)?, false)
+            }
+            Err(e) => return Err(named(e)),
+        };
+        let meta = file.metadata().map_err(named)?;
+        let size_bytes = if meta.file_type().is_block_device() {
+            block_device_size(&file).map_err(named)?
+        } else if meta.is_file() {
+            if !exists || meta.len() == 0 {
+                if let Some(size) = create_size_bytes {
+                    file.set_len(size).map_err(named)?;
+                }
+            }
+            file.metadata().map_err(named)?.len()
+        } else {
+            return Err(named(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            )));
+        };
+        Ok(Self {
+            file,
+            path,
+            size_bytes: size_bytes / BLOCK_BYTES * BLOCK_BYTES,
+            direct,
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn block_device_size(file: &File) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
+    if offset % BLOCK_BYTES != 0 || len as u64 % BLOCK_BYTES != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unaligned cache device I/O: offset {offset}, length {len}"),
+        ));
+    }
+    Ok(())
+}
+
+impl DeviceIo for FileDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_aligned(offset, buf.len())?;
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        check_aligned(offset, buf.len())?;
+        if offset + buf.len() as u64 > self.size_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "write past the end of the cache device",
+            ));
+        }
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}{}",
+            self.path.display(),
+            if self.direct {
+                ""
+            } else {
+                " (buffered: O_DIRECT refused)"
+            }
+        )
+    }
+}
+
+/// Switches that make a [`FaultyDevice`] misbehave.
+#[derive(Default)]
+pub struct Faults {
+    /// Every read fails with EIO.
+    pub fail_reads: AtomicBool,
+    /// Every write fails with EIO.
+    pub fail_writes: AtomicBool,
+    /// Reads succeed but one byte of the returned data is flipped.
+    pub corrupt_reads: AtomicBool,
+    /// The device is gone: every operation fails with ENXIO.
+    pub vanished: AtomicBool,
+    pub reads_failed: AtomicU64,
+}
+
+/// A device wrapper for tests: real I/O until a fault is switched on.
+pub struct FaultyDevice {
+    inner: Box<dyn DeviceIo>,
+    pub faults: std::sync::Arc<Faults>,
+}
+
+impl FaultyDevice {
+    pub fn new(inner: Box<dyn DeviceIo>) -> Self {
+        Self {
+            inner,
+            faults: std::sync::Arc::new(Faults::default()),
+        }
+    }
+}
+
+impl DeviceIo for FaultyDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let f = &self.faults;
+        if f.vanished.load(Ordering::Relaxed) {
+            f.reads_failed.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
+        }
+        if f.fail_reads.load(Ordering::Relaxed) {
+            f.reads_failed.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.read_at(offset, buf)?;
+        if f.corrupt_reads.load(Ordering::Relaxed) && !buf.is_empty() {
+            let at = (offset as usize / 7 + buf.len() / 3) % buf.len();
+            buf[at] ^= 0x5a;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let f = &self.faults;
+        if f.vanished.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
+        }
+        if f.fail_writes.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_at(offset, buf)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        if self.faults.vanished.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
+        }
+        self.inner.sync()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn describe(&self) -> String {
+        format!("faulty({})", self.inner.describe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buf::AlignedBuf;
+
+    #[test]
+    fn creates_reads_and_writes_aligned_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache.img");
+        let dev = FileDevice::open(&path, Some(8 << 20)).unwrap();
+        assert_eq!(dev.size_bytes(), 8 << 20);
+        let block = AlignedBuf::copy_from(&[7u8; 8192]);
+        dev.write_at(4096, &block).unwrap();
+        let mut back = AlignedBuf::zeroed(8192);
+        dev.read_at(4096, back.as_mut_slice()).unwrap();
+        assert_eq!(&back[..], &block[..]);
+        assert!(dev.read_at(1, back.as_mut_slice()).is_err());
+        assert!(dev.write_at(8 << 20, &block).is_err());
+        // Reopening keeps the size and the data.
+        drop(dev);
+        let dev = FileDevice::open(&path, Some(1 << 20)).unwrap();
+        assert_eq!(dev.size_bytes(), 8 << 20);
+    }
+
+    #[test]
+    fn missing_device_without_size_is_an_error() {
+        let err = FileDevice::open("/nonexistent/cache.img", None)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("/nonexistent/cache.img"));
+    }
+
+    #[test]
+    fn faults_switch_on_and_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = FileDevice::open(dir.path().join("c"), Some(1 << 20)).unwrap();
+        let dev = FaultyDevice::new(Box::new(inner));
+        let block = AlignedBuf::copy_from(&[1u8; 4096]);
+        dev.write_at(0, &block).unwrap();
+        let mut back = AlignedBuf::zeroed(4096);
+        dev.faults.fail_reads.store(true, Ordering::Relaxed);
+        assert!(dev.read_at(0, back.as_mut_slice()).is_err());
+        dev.faults.fail_reads.store(false, Ordering::Relaxed);
+        dev.faults.corrupt_reads.store(true, Ordering::Relaxed);
+        dev.read_at(0, back.as_mut_slice()).unwrap();
+        assert_ne!(&back[..], &block[..]);
+        dev.faults.corrupt_reads.store(false, Ordering::Relaxed);
+        dev.read_at(0, back.as_mut_slice()).unwrap();
+        assert_eq!(&back[..], &block[..]);
+    }
+}

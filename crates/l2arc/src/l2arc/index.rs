@@ -1,0 +1,1090 @@
+//! The L2ARC index: where each record cached on flash lives, kept in DRAM.
+//!
+//! Budget. Every record on a cache device costs one index entry in DRAM, so
+//! the index, not the flash, bounds how large an L2ARC a machine can afford:
+//! OpenZFS spends 96 bytes (`l2arc_buf_hdr_t` inside an `arc_buf_hdr_t`) per
+//! record, i.e. 1 GiB of DRAM per ~11 M records. Our target is at most 32
+//! bytes per record, all overheads included (table slack, shard structs).
+//!
+//! Why 20 bytes. An entry is exactly a log entry of the device format
+//! (`docs/format.md`): `key_hash: u64`, `location: u64` (block, lap, device,
+//! size, compression and tail packed into one word), `checksum: u32`. Nothing
+//! else is needed to read the record back and verify it, and the key is its
+//! own hash, so the table stores no separate hash. A slot is `[u32; 5]`:
+//! alignment 4, no padding to 24 as a `(u64, u64, u32)` struct would get.
+//! `key_hash == 0` marks an empty slot (callers map a zero hash to 1), so
+//! there is no control byte either.
+//!
+//! Why Robin Hood at high load. With open addressing, bytes per entry are
+//! `20 / load`, so the load factor is the whole game: at 0.90 a slot array
+//! costs 22.2 bytes per entry. Plain linear probing degrades badly there
+//! (expected unsuccessful probe length ~ 1/(1-a)^2 / 2 = 50 slots at 0.90);
+//! Robin Hood ordering (an entry never sits further from its home than the
+//! entry it displaced) keeps every cluster sorted by home slot, so a lookup
+//! stops as soon as it meets an entry closer to its home than the probe is,
+//! and the mean successful probe length stays ~ (1 + 1/(1-a)) / 2 = 5.5
+//! slots (110 bytes, about two cache lines) at 0.90 with a small variance.
+//! Deletion shifts the following entries of the cluster back by one
+//! (backward-shift deletion), so there are no tombstones and the load never
+//! silently rises. Home slots are chosen by `fastrange` (multiply-high of the
+//! low 32 bits of `key_hash` by the slot count), which keeps the home order
+//! equal to the hash order: slot counts need not be powers of two, and a
+//! rehash into a larger table is nearly a sequential merge.
+//!
+//! Load range. A shard grows by `GROWTH` = 1.25x when an insert would take
+//! it past `MAX_LOAD` = 0.90, so a grown-from-empty shard sits between
+//! 0.90 / 1.25 = 0.72 and 0.90 load: 22.2 to 27.8 bytes per entry, plus one
+//! 64-byte shard struct per shard. 1.5x would be needed to halve the rehash
+//! work, but its low point, 0.60 load, is 33.3 bytes: over budget. Measured
+//! single-threaded, a 10 M-entry build costs about the same with 1.25x as
+//! with 1.4x (rehash is a near-sequential merge; the random probes of the
+//! inserts dominate), so the smaller step wins. Pre-sized with the expected
+//! entry count, each shard gets room for its mean share plus four standard
+//! deviations (the share of a uniform hash is binomial) at 0.90, so a
+//! correctly sized index does not grow and sits near 0.88 load.
+//!
+//! Why not hashbrown. `HashMap<u64, (u64, u32)>` stores 24-byte buckets (the
+//! tuple pads to 16) plus one control byte each, in a power-of-two bucket
+//! count at most 7/8 full: 25 / 0.875 = 28.6 bytes per entry just before it
+//! doubles and 57.1 just after, a 2x sawtooth that `with_capacity` cannot
+//! avoid (1 M entries need 2^21 buckets: 52.4 bytes per entry; 10 M need
+//! 2^24: 41.9). Measured numbers are in the `measure_*` tests below.
+//!
+//! Measured (this machine, single thread, test profile; see
+//! `measure_memory_and_throughput`):
+//!
+//! | entries | index, pre-sized | index, grown from empty | std HashMap (hashbrown) |
+//! |---|---|---|---|
+//! | 1 M  | see report | see report | 52.4 B |
+//! | 10 M | see report | see report | 41.9 B |
+//!
+//! Concurrency. The key space is split by the top bits of `key_hash` into a
+//! power-of-two number of shards, each a `Mutex` around its own table, padded
+//! to a cache line. Every operation locks one shard; `retain` and `clear`
+//! lock one shard at a time, so a sweep never stops the whole index. A shard
+//! grows (or, after a sweep, shrinks) alone: the transient peak is one
+//! shard's old and new arrays together. `len` and `memory_bytes` read
+//! per-shard counters published under the shard lock, without locking.
+//!
+//! Shrinking. `remove` never shrinks. `retain` shrinks a shard whose load fell
+//! below `SHRINK_LOAD` back to `MAX_LOAD / GROWTH`, never below the size
+//! `new` gave it, so after mass removals the bytes per entry come back within
+//! budget at the next sweep.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Most shards an index may have (`shards` is a power of two up to this).
+pub const SHARDS_MAX: usize = 4096;
+const SHARD_BITS_MAX: u32 = SHARDS_MAX.trailing_zeros();
+
+/// One slot: `key_hash` (low, high), `location` (low, high), `checksum`.
+type Slot = [u32; 5];
+/// Bytes of DRAM per slot.
+pub const SLOT_BYTES: usize = 20;
+const _: () = assert!(size_of::<Slot>() == SLOT_BYTES);
+const _: () = assert!(align_of::<Slot>() == 4);
+
+const SLOT_EMPTY: Slot = [0; 5];
+
+/// Maximum load: entries / slots never exceeds 9/10.
+const MAX_LOAD_NUMERATOR: usize = 9;
+const MAX_LOAD_DENOMINATOR: usize = 10;
+/// A full shard grows to 5/4 of its slots.
+const GROWTH_NUMERATOR: usize = 5;
+const GROWTH_DENOMINATOR: usize = 4;
+/// `retain` shrinks a shard below 1/2 load (above 40 bytes per entry).
+const SHRINK_LOAD_NUMERATOR: usize = 1;
+const SHRINK_LOAD_DENOMINATOR: usize = 2;
+/// Smallest shard: small enough that 4096 empty shards cost 1.3 MiB.
+const SHARD_SLOTS_MIN: usize = 16;
+/// Largest shard: `fastrange` maps the low 32 bits of `key_hash`.
+const SHARD_SLOTS_MAX: usize = 1 << 32;
+/// Standard deviations of headroom per shard when pre-sizing.
+const PRESIZE_SIGMAS: f64 = 4.0;
+
+const _: () = assert!(MAX_LOAD_NUMERATOR < MAX_LOAD_DENOMINATOR);
+const _: () = assert!(GROWTH_NUMERATOR > GROWTH_DENOMINATOR);
+const _: () = assert!(
+    SHRINK_LOAD_NUMERATOR * MAX_LOAD_DENOMINATOR * GROWTH_DENOMINATOR
+        < SHRINK_LOAD_DENOMINATOR * MAX_LOAD_NUMERATOR * GROWTH_NUMERATOR,
+    "a shrunk shard must come out above the shrink load (hysteresis)"
+);
+// A shard always keeps one empty slot, so every probe loop terminates.
+const _: () =
+    assert!(SHARD_SLOTS_MIN * MAX_LOAD_NUMERATOR / MAX_LOAD_DENOMINATOR < SHARD_SLOTS_MIN);
+
+/// One index entry, identical to one log entry on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Identity of the record (`l2arc::hash`); never 0.
+    pub key_hash: u64,
+    /// The packed location word (`docs/format.md`, "Location word").
+    pub location: u64,
+    /// CRC-32C of `key_hash` and the stored bytes.
+    pub checksum: u32,
+}
+
+#[inline]
+fn slot_pack(entry: &IndexEntry) -> Slot {
+    [
+        entry.key_hash as u32,
+        (entry.key_hash >> 32) as u32,
+        entry.location as u32,
+        (entry.location >> 32) as u32,
+        entry.checksum,
+    ]
+}
+
+#[inline]
+fn slot_unpack(slot: &Slot) -> IndexEntry {
+    IndexEntry {
+        key_hash: slot_key_hash(slot),
+        location: u64::from(slot[2]) | (u64::from(slot[3]) << 32),
+        checksum: slot[4],
+    }
+}
+
+#[inline]
+fn slot_key_hash(slot: &Slot) -> u64 {
+    u64::from(slot[0]) | (u64::from(slot[1]) << 32)
+}
+
+#[inline]
+fn slot_is_empty(slot: &Slot) -> bool {
+    slot[0] | slot[1] == 0
+}
+
+/// Most entries a shard of `slots_count` slots may hold.
+fn entries_max(slots_count: usize) -> usize {
+    let max = slots_count / MAX_LOAD_DENOMINATOR * MAX_LOAD_NUMERATOR
+        + slots_count % MAX_LOAD_DENOMINATOR * MAX_LOAD_NUMERATOR / MAX_LOAD_DENOMINATOR;
+    debug_assert!(max < slots_count);
+    max
+}
+
+/// Fewest slots (at least `SHARD_SLOTS_MIN`) that hold `entries` at `MAX_LOAD`.
+fn slots_for_entries(entries: usize) -> usize {
+    let slots_count = entries
+        .checked_mul(MAX_LOAD_DENOMINATOR)
+        .map(|x| x.div_ceil(MAX_LOAD_NUMERATOR))
+        .expect("L2ARC index: entry count overflows")
+        .max(SHARD_SLOTS_MIN);
+    assert!(
+        slots_count <= SHARD_SLOTS_MAX,
+        "L2ARC index: {entries} entries exceed one shard's {SHARD_SLOTS_MAX} slots; use more shards"
+    );
+    debug_assert!(entries_max(slots_count) >= entries);
+    slots_count
+}
+
+/// One shard: a Robin Hood table over `slots`, sorted by home slot within
+/// every cluster, with at least one empty slot.
+struct Shard {
+    slots: Box<[Slot]>,
+    entries_count: usize,
+    /// `entries_max(slots.len())`, cached.
+    entries_max: usize,
+}
+
+impl Shard {
+    fn with_slots(slots_count: usize) -> Shard {
+        assert!((SHARD_SLOTS_MIN..=SHARD_SLOTS_MAX).contains(&slots_count));
+        Shard {
+            // `vec![[0u32; 5]; n]` is a zeroed allocation (calloc): pages of a
+            // pre-sized table cost no RSS until an entry lands in them.
+            slots: vec![SLOT_EMPTY; slots_count].into_boxed_slice(),
+            entries_count: 0,
+            entries_max: entries_max(slots_count),
+        }
+    }
+
+    /// The home slot of `key_hash`: `fastrange` of its low 32 bits.
+    #[inline]
+    fn home(&self, key_hash: u64) -> usize {
+        ((u64::from(key_hash as u32) * self.slots.len() as u64) >> 32) as usize
+    }
+
+    #[inline]
+    fn next(&self, index: usize) -> usize {
+        debug_assert!(index < self.slots.len());
+        let next = index + 1;
+        if next == self.slots.len() { 0 } else { next }
+    }
+
+    /// Slots between `key_hash`'s home and `index` (wrapping).
+    #[inline]
+    fn distance(&self, index: usize, key_hash: u64) -> usize {
+        let home = self.home(key_hash);
+        if index >= home {
+            index - home
+        } else {
+            index + self.slots.len() - home
+        }
+    }
+
+    fn find(&self, key_hash: u64) -> Option<usize> {
+        let mut index = self.home(key_hash);
+        let mut distance = 0;
+        loop {
+            let slot = &self.slots[index];
+            if slot_is_empty(slot) {
+                return None;
+            }
+            let slot_key_hash = slot_key_hash(slot);
+            if slot_key_hash == key_hash {
+                return Some(index);
+            }
+            // Robin Hood: every entry from here on has its home after ours.
+            if self.distance(index, slot_key_hash) < distance {
+                return None;
+            }
+            index = self.next(index);
+            distance += 1;
+            debug_assert!(distance < self.slots.len());
+        }
+    }
+
+    /// Inserts `entry`, or finds the entry with its `key_hash` and, if
+    /// `overwrite`, replaces it. Returns the entry found.
+    fn insert(&mut self, entry: &IndexEntry, overwrite: bool) -> Option<IndexEntry> {
+        let key_hash = entry.key_hash;
+        assert!(key_hash != 0, "L2ARC index: key_hash 0 marks an empty slot");
+        debug_assert!(self.entries_count <= self.entries_max);
+        if self.entries_count == self.entries_max {
+            // Full: grow only if the key is new.
+            if let Some(index) = self.find(key_hash) {
+                let old = slot_unpack(&self.slots[index]);
+                if overwrite {
+                    self.slots[index] = slot_pack(entry);
+                }
+                return Some(old);
+            }
+            self.grow();
+        }
+        let mut index = self.home(key_hash);
+        let mut distance = 0;
+        loop {
+            let slot = self.slots[index];
+            if slot_is_empty(&slot) {
+                self.slots[index] = slot_pack(entry);
+                self.entries_count += 1;
+                return None;
+            }
+            let slot_key_hash = slot_key_hash(&slot);
+            if slot_key_hash == key_hash {
+                if overwrite {
+                    self.slots[index] = slot_pack(entry);
+                }
+                return Some(slot_unpack(&slot));
+            }
+            if self.distance(index, slot_key_hash) < distance {
+                // The key is absent and belongs here, before the entries
+                // whose home comes after its own: shift them up by one.
+                self.slots[index] = slot_pack(entry);
+                self.shift_up(self.next(index), slot);
+                self.entries_count += 1;
+                return None;
+            }
+            index = self.next(index);
+            distance += 1;
+            debug_assert!(distance < self.slots.len());
+        }
+    }
+
+    /// Inserts a key known to be absent, into a shard known to have room.
+    fn insert_absent(&mut self, slot_new: Slot) {
+        debug_assert!(self.entries_count < self.entries_max);
+        let key_hash = slot_key_hash(&slot_new);
+        let mut index = self.home(key_hash);
+        let mut distance = 0;
+        loop {
+            let slot = self.slots[index];
+            if slot_is_empty(&slot) {
+                self.slots[index] = slot_new;
+                break;
+            }
+            debug_assert!(slot_key_hash(&slot) != key_hash);
+            if self.distance(index, slot_key_hash(&slot)) < distance {
+                self.slots[index] = slot_new;
+                self.shift_up(self.next(index), slot);
+                break;
+            }
+            index = self.next(index);
+            distance += 1;
+            debug_assert!(distance < self.slots.len());
+        }
+        self.entries_count += 1;
+    }
+
+    /// Puts `carried` at `index` and moves the rest of the cluster up by one
+    /// slot, into the first empty slot.
+    fn shift_up(&mut self, mut index: usize, mut carried: Slot) {
+        for _ in 0..self.slots.len() {
+            let slot = std::mem::replace(&mut self.slots[index], carried);
+            if slot_is_empty(&slot) {
+                return;
+            }
+            carried = slot;
+            index = self.next(index);
+        }
+        unreachable!("L2ARC index: a shard always has an empty slot");
+    }
+
+    /// Removes the entry at `index`; backward shift: the following entries
+    /// of its cluster that are not at home move back by one slot.
+    fn remove_at(&mut self, index: usize) -> IndexEntry {
+        debug_assert!(!slot_is_empty(&self.slots[index]));
+        let removed = slot_unpack(&self.slots[index]);
+        let mut hole = index;
+        loop {
+            let next = self.next(hole);
+            let slot = self.slots[next];
+            if slot_is_empty(&slot) || self.distance(next, slot_key_hash(&slot)) == 0 {
+                break;
+            }
+            self.slots[hole] = slot;
+            hole = next;
+            debug_assert!(hole != index);
+        }
+        self.slots[hole] = SLOT_EMPTY;
+        self.entries_count -= 1;
+        removed
+    }
+
+    fn grow(&mut self) {
+        let slots_count = self.slots.len();
+        assert!(
+            slots_count < SHARD_SLOTS_MAX,
+            "L2ARC index: a shard is full at {SHARD_SLOTS_MAX} slots; use more shards"
+        );
+        let grown = (slots_count / GROWTH_DENOMINATOR * GROWTH_NUMERATOR)
+            .max(slots_count + 1)
+            .min(SHARD_SLOTS_MAX);
+        self.resize(grown);
+    }
+
+    /// The first slot that is empty or holds an entry at its home: no
+    /// cluster crosses it, so a walk over all slots from here meets every
+    /// cluster whole and the entries in home order.
+    fn cluster_boundary(&self) -> usize {
+        (0..self.slots.len())
+            .find(|&index| {
+                let slot = &self.slots[index];
+                slot_is_empty(slot) || self.distance(index, slot_key_hash(slot)) == 0
+            })
+            .expect("L2ARC index: a shard always has an empty slot")
+    }
+
+    /// Rehashes every entry into `slots_count` slots.
+    fn resize(&mut self, slots_count: usize) {
+        assert!(entries_max(slots_count) >= self.entries_count);
+        let boundary = self.cluster_boundary();
+        let old = std::mem::replace(
+            &mut self.slots,
+            vec![SLOT_EMPTY; slots_count].into_boxed_slice(),
+        );
+        let entries_count = self.entries_count;
+        self.entries_count = 0;
+        self.entries_max = entries_max(slots_count);
+        // A merge, not a rehash: read from a cluster boundary, the old slots
+        // come in home order, and fastrange (monotonic in the low 32 bits)
+        // keeps the new homes in that order, but for entries that shared an
+        // old home. So each entry goes to its new home or right after the
+        // previous one, without probing. An entry whose new home is below the
+        // previous one, or that runs past the end, is inserted by probing.
+        let mut home_max = 0;
+        let mut free_first = 0; // Below it, the merge has filled every slot.
+        let mut overflow: Vec<Slot> = Vec::new();
+        let (old_tail, old_head) = old.split_at(boundary);
+        for slot in old_head.iter().chain(old_tail) {
+            if slot_is_empty(slot) {
+                continue;
+            }
+            let home = self.home(slot_key_hash(slot));
+            if home < home_max {
+                self.insert_absent(*slot);
+                // Its shift, if any, ended in the first free slot.
+                if free_first < slots_count && !slot_is_empty(&self.slots[free_first]) {
+                    free_first += 1;
+                }
+                continue;
+            }
+            home_max = home;
+            let index = home.max(free_first);
+            if index < slots_count {
+                debug_assert!(slot_is_empty(&self.slots[index]));
+                self.slots[index] = *slot;
+                self.entries_count += 1;
+                free_first = index + 1;
+            } else {
+                overflow.push(*slot);
+            }
+        }
+        for slot in overflow {
+            self.insert_absent(slot);
+        }
+        assert_eq!(self.entries_count, entries_count);
+    }
+
+    /// Removes the entries `keep` rejects; shrinks if very underloaded, not
+    /// below `slots_min`. Returns how many were removed.
+    fn retain(&mut self, keep: &mut impl FnMut(&IndexEntry) -> bool, slots_min: usize) -> usize {
+        let slots_count = self.slots.len();
+        // Start at a cluster boundary: a backward shift then never moves an
+        // entry from the start of the sweep to its end, so each entry is
+        // offered to `keep` exactly once.
+        let start = self.cluster_boundary();
+        let mut removed_count = 0;
+        let mut index = start;
+        for _ in 0..slots_count {
+            // After a removal the next entry has shifted into `index`.
+            while !slot_is_empty(&self.slots[index]) && !keep(&slot_unpack(&self.slots[index])) {
+                self.remove_at(index);
+                removed_count += 1;
+            }
+            index = self.next(index);
+        }
+        let slots_min = slots_min.max(SHARD_SLOTS_MIN);
+        if slots_count > slots_min
+            && self.entries_count * SHRINK_LOAD_DENOMINATOR < slots_count * SHRINK_LOAD_NUMERATOR
+        {
+            // Back to the load a growth leaves behind: MAX_LOAD / GROWTH.
+            let shrunk = slots_for_entries(self.entries_count)
+                .saturating_mul(GROWTH_NUMERATOR)
+                .div_ceil(GROWTH_DENOMINATOR)
+                .max(slots_min);
+            if shrunk < slots_count {
+                self.resize(shrunk);
+            }
+        }
+        removed_count
+    }
+
+    /// Checks the Robin Hood invariants, and that `belongs` holds for every
+    /// key (it is in the right shard).
+    fn assert_consistent(&self, belongs: impl Fn(u64) -> bool) {
+        let slots_count = self.slots.len();
+        assert!((SHARD_SLOTS_MIN..=SHARD_SLOTS_MAX).contains(&slots_count));
+        assert_eq!(self.entries_max, entries_max(slots_count));
+        assert!(self.entries_count <= self.entries_max);
+        assert!(self.entries_max < slots_count);
+        let mut entries_count = 0;
+        for index in 0..slots_count {
+            let slot = &self.slots[index];
+            if slot_is_empty(slot) {
+                assert_eq!(*slot, SLOT_EMPTY, "an empty slot is all zeros");
+                continue;
+            }
+            entries_count += 1;
+            let key_hash = slot_key_hash(slot);
+            assert!(belongs(key_hash), "entry in the wrong shard");
+            // Reachable: the search from its home stops exactly here (this
+            // also rules out a duplicate further along).
+            assert_eq!(self.find(key_hash), Some(index), "entry not reachable");
+            // Probe distances: no gap between home and here, and along a
+            // cluster a distance rises by at most one per slot.
+            let distance = self.distance(index, key_hash);
+            let previous = (index + slots_count - 1) % slots_count;
+            if distance > 0 {
+                let previous_slot = &self.slots[previous];
+                assert!(!slot_is_empty(previous_slot), "gap between home and entry");
+                assert!(
+                    self.distance(previous, slot_key_hash(previous_slot)) + 1 >= distance,
+                    "Robin Hood order broken"
+                );
+            }
+        }
+        assert_eq!(entries_count, self.entries_count);
+    }
+}
+
+/// A shard with its lock and published counters, alone on its cache line.
+#[repr(align(64))]
+struct ShardCell {
+    shard: Mutex<Shard>,
+    /// Copies of `entries_count` and `slots.len()`, stored under the lock,
+    /// read without it by `len` and `memory_bytes`.
+    entries_count: AtomicUsize,
+    slots_count: AtomicUsize,
+}
+
+const SHARD_CELL_BYTES: usize = size_of::<ShardCell>();
+const _: () = assert!(SHARD_CELL_BYTES == 64);
+
+impl ShardCell {
+    fn lock(&self) -> MutexGuard<'_, Shard> {
+        self.shard.lock().expect("L2ARC index shard lock poisoned")
+    }
+
+    fn publish(&self, shard: &Shard) {
+        self.entries_count
+            .store(shard.entries_count, Ordering::Relaxed);
+        self.slots_count.store(shard.slots.len(), Ordering::Relaxed);
+    }
+}
+
+/// The DRAM index of every record cached on the L2ARC devices: a sharded
+/// Robin Hood table of 20-byte entries keyed by `key_hash`.
+pub struct L2Index {
+    cells: Box<[ShardCell]>,
+    /// `log2(cells.len())`: the shard is the top `shard_bits` of `key_hash`.
+    shard_bits: u32,
+    /// Slots per shard as `new` sized them (`clear` returns to this size and
+    /// `retain` never shrinks below it).
+    shard_slots_initial: usize,
+}
+
+impl L2Index {
+    /// An index of `shards` shards (a power of two, 1..=4096), each sized to
+    /// hold its share of `expected_entries` without growing.
+    pub fn new(shards: usize, expected_entries: usize) -> L2Index {
+        assert!(
+            shards.is_power_of_two() && shards <= SHARDS_MAX,
+            "L2ARC index: shards must be a power of two from 1 to {SHARDS_MAX}, not {shards}"
+        );
+        let shard_bits = shards.trailing_zeros();
+        assert!(shard_bits <= SHARD_BITS_MAX);
+        // A uniform hash gives each shard a binomial share: mean m, standard
+        // deviation ~sqrt(m). Room for m + 4 sigma makes growth unlikely in
+        // any shard of a correctly sized index.
+        let share_mean = expected_entries.div_ceil(shards);
+        let share_headroom = (PRESIZE_SIGMAS * (share_mean as f64).sqrt()).ceil() as usize;
+        let shard_slots_initial = slots_for_entries(share_mean.saturating_add(share_headroom));
+        let cells: Box<[ShardCell]> = (0..shards)
+            .map(|_| {
+                let shard = Shard::with_slots(shard_slots_initial);
+                let cell = ShardCell {
+                    shard: Mutex::new(shard),
+                    entries_count: AtomicUsize::new(0),
+                    slots_count: AtomicUsize::new(0),
+                };
+                cell.slots_count
+                    .store(shard_slots_initial, Ordering::Relaxed);
+                cell
+            })
+            .collect();
+        L2Index {
+            cells,
+            shard_bits,
+            shard_slots_initial,
+        }
+    }
+
+    /// The shard of `key_hash`: its top `shard_bits` bits.
+    #[inline]
+    fn shard_index(&self, key_hash: u64) -> usize {
+        // Two shifts, so that 0 shard bits never shifts a u64 by 64.
+        ((key_hash >> 32) >> (32 - self.shard_bits)) as usize
+    }
+
+    #[inline]
+    fn cell(&self, key_hash: u64) -> &ShardCell {
+        &self.cells[self.shard_index(key_hash)]
+    }
+
+    pub fn get(&self, key_hash: u64) -> Option<IndexEntry> {
+        debug_assert!(key_hash != 0, "L2ARC index: key_hash 0 is never stored");
+        let shard = self.cell(key_hash).lock();
+        shard
+            .find(key_hash)
+            .map(|index| slot_unpack(&shard.slots[index]))
+    }
+
+    /// Inserts `entry`, replacing the entry with the same `key_hash`, which
+    /// is returned. Panics if `entry.key_hash` is 0.
+    pub fn insert(&self, entry: IndexEntry) -> Option<IndexEntry> {
+        let cell = self.cell(entry.key_hash);
+        let mut shard = cell.lock();
+        let old = shard.insert(&entry, true);
+        cell.publish(&shard);
+        old
+    }
+
+    /// Inserts `entry` unless an entry with its `key_hash` is present (for
+    /// rebuild, which walks from newest to oldest). Returns whether inserted.
+    pub fn insert_if_absent(&self, entry: IndexEntry) -> bool {
+        let cell = self.cell(entry.key_hash);
+        let mut shard = cell.lock();
+        let found = shard.insert(&entry, false);
+        cell.publish(&shard);
+        found.is_none()
+    }
+
+    pub fn remove(&self, key_hash: u64) -> Option<IndexEntry> {
+        self.remove_if(key_hash, |_| true)
+    }
+
+    /// Removes the entry of `key_hash` only if `pred` holds for it (e.g. it
+    /// still points at the location the caller knows).
+    pub fn remove_if(
+        &self,
+        key_hash: u64,
+        pred: impl FnOnce(&IndexEntry) -> bool,
+    ) -> Option<IndexEntry> {
+        debug_assert!(key_hash != 0, "L2ARC index: key_hash 0 is never stored");
+        let cell = self.cell(key_hash);
+        let mut shard = cell.lock();
+        let index = shard.find(key_hash)?;
+        if !pred(&slot_unpack(&shard.slots[index])) {
+            return None;
+        }
+        let removed = shard.remove_at(index);
+        cell.publish(&shard);
+        Some(removed)
+    }
+
+    /// Removes every entry `keep` rejects, one shard (one lock) at a time;
+    /// shrinks shards left below 1/2 load. Returns how many were removed.
+    pub fn retain(&self, mut keep: impl FnMut(&IndexEntry) -> bool) -> usize {
+        let mut removed_count = 0;
+        for cell in self.cells.iter() {
+            let mut shard = cell.lock();
+            removed_count += shard.retain(&mut keep, self.shard_slots_initial);
+            cell.publish(&shard);
+        }
+        removed_count
+    }
+
+    /// Entries in the index (a sum of per-shard counts, not a snapshot while
+    /// other threads write).
+    pub fn len(&self) -> usize {
+        self.cells
+            .iter()
+            .map(|cell| cell.entries_count.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of DRAM the index holds: slot arrays and shard structs
+    /// (`l2_hdr_size`). Excludes the `L2Index` struct itself (24 bytes).
+    pub fn memory_bytes(&self) -> usize {
+        let slots_count: usize = self
+            .cells
+            .iter()
+            .map(|cell| cell.slots_count.load(Ordering::Relaxed))
+            .sum();
+        slots_count * SLOT_BYTES + self.cells.len() * SHARD_CELL_BYTES
+    }
+
+    /// Removes every entry and returns each shard to its initial size.
+    pub fn clear(&self) {
+        for cell in self.cells.iter() {
+            let mut shard = cell.lock();
+            *shard = Shard::with_slots(self.shard_slots_initial);
+            cell.publish(&shard);
+        }
+    }
+
+    /// Checks every shard's invariants (for tests; O(slots)): counts, load,
+    /// every entry in its shard and reachable from its home, Robin Hood order.
+    pub fn assert_consistent(&self) {
+        for (shard_index, cell) in self.cells.iter().enumerate() {
+            let shard = cell.lock();
+            shard.assert_consistent(|key_hash| self.shard_index(key_hash) == shard_index);
+            assert_eq!(
+                cell.entries_count.load(Ordering::Relaxed),
+                shard.entries_count
+            );
+            assert_eq!(cell.slots_count.load(Ordering::Relaxed), shard.slots.len());
+            assert!(shard.slots.len() >= self.shard_slots_initial);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::hash::{FastHashMap, mix64};
+
+    fn entry(key_hash: u64, n: u64) -> IndexEntry {
+        IndexEntry {
+            key_hash,
+            location: mix64(n ^ 0x5555),
+            checksum: n as u32,
+        }
+    }
+
+    /// The `n`-th key of a test: well mixed, as `l2arc::hash` makes them.
+    fn key(n: u64) -> u64 {
+        mix64(n).max(1)
+    }
+
+    /// Key `k` of a small key space, in three shapes: well mixed; raw small
+    /// integers (all in shard 0, all at home slot 0: one long cluster); and
+    /// low 32 bits near `u32::MAX` (home at the last slot: clusters wrap).
+    fn small_key(k: u16) -> u64 {
+        let k = u64::from(k);
+        let key_hash = match k % 4 {
+            1 => k,
+            2 => (mix64(k) & !0xFFFF_FFFF) | (0xFFFF_FFFF - k % 16),
+            _ => mix64(k),
+        };
+        key_hash.max(1)
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u16, u64),
+        InsertIfAbsent(u16, u64),
+        Remove(u16),
+        /// Removes if the location's low bit equals the flag.
+        RemoveIf(u16, bool),
+        Get(u16),
+        /// Keeps entries whose `location % modulus != remainder`.
+        Retain(u64, u64),
+        Clear,
+    }
+
+    const SMALL_KEYS: u16 = 300;
+
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        let k = || 0..SMALL_KEYS;
+        prop_oneof![
+            30 => (k(), any::<u64>()).prop_map(|(k, n)| Op::Insert(k, n)),
+            20 => (k(), any::<u64>()).prop_map(|(k, n)| Op::InsertIfAbsent(k, n)),
+            12 => k().prop_map(Op::Remove),
+            8 => (k(), any::<bool>()).prop_map(|(k, bit)| Op::RemoveIf(k, bit)),
+            15 => k().prop_map(Op::Get),
+            2 => (1..6u64).prop_flat_map(|m| (Just(m), 0..m)).prop_map(|(m, r)| Op::Retain(m, r)),
+            1 => Just(Op::Clear),
+        ]
+    }
+
+    fn run_model(shards: usize, expected_entries: usize, ops: &[Op]) {
+        let index = L2Index::new(shards, expected_entries);
+        let mut model: HashMap<u64, IndexEntry> = HashMap::new();
+        for op in ops {
+            match *op {
+                Op::Insert(k, n) => {
+                    let e = entry(small_key(k), n);
+                    assert_eq!(index.insert(e), model.insert(e.key_hash, e), "{op:?}");
+                }
+                Op::InsertIfAbsent(k, n) => {
+                    let e = entry(small_key(k), n);
+                    let absent = !model.contains_key(&e.key_hash);
+                    if absent {
+                        model.insert(e.key_hash, e);
+                    }
+                    assert_eq!(index.insert_if_absent(e), absent, "{op:?}");
+                }
+                Op::Remove(k) => {
+                    let key_hash = small_key(k);
+                    assert_eq!(index.remove(key_hash), model.remove(&key_hash), "{op:?}");
+                }
+                Op::RemoveIf(k, bit) => {
+                    let key_hash = small_key(k);
+                    let pred = |e: &IndexEntry| (e.location & 1 == 1) == bit;
+                    let expected = match model.get(&key_hash) {
+                        Some(e) if pred(e) => model.remove(&key_hash),
+                        _ => None,
+                    };
+                    assert_eq!(index.remove_if(key_hash, pred), expected, "{op:?}");
+                }
+                Op::Get(k) => {
+                    let key_hash = small_key(k);
+                    assert_eq!(index.get(key_hash), model.get(&key_hash).copied(), "{op:?}");
+                }
+                Op::Retain(modulus, remainder) => {
+                    let keep = |e: &IndexEntry| e.location % modulus != remainder;
+                    let before = model.len();
+                    model.retain(|_, e| keep(e));
+                    let mut offered = 0;
+                    let removed = index.retain(|e| {
+                        offered += 1;
+                        keep(e)
+                    });
+                    assert_eq!(removed, before - model.len(), "{op:?}");
+                    assert_eq!(offered, before, "each entry is offered to keep once");
+                }
+                Op::Clear => {
+                    model.clear();
+                    index.clear();
+                }
+            }
+            index.assert_consistent();
+            assert_eq!(index.len(), model.len());
+            assert_eq!(index.is_empty(), model.is_empty());
+            assert!(index.memory_bytes() >= index.len() * SLOT_BYTES + shards * 64);
+        }
+        for k in 0..SMALL_KEYS {
+            let key_hash = small_key(k);
+            assert_eq!(index.get(key_hash), model.get(&key_hash).copied());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(150))]
+
+        #[test]
+        fn matches_hashmap_model(
+            shards in prop_oneof![Just(1usize), Just(2), Just(4), Just(16)],
+            expected_entries in prop_oneof![Just(0usize), 0..400usize],
+            ops in prop::collection::vec(op_strategy(), 1..500),
+        ) {
+            run_model(shards, expected_entries, &ops);
+        }
+    }
+
+    #[test]
+    fn empty_index_sizes() {
+        let index = L2Index::new(1, 0);
+        assert_eq!(index.memory_bytes(), 64 + SHARD_SLOTS_MIN * SLOT_BYTES);
+        let index = L2Index::new(SHARDS_MAX, 0);
+        assert_eq!(
+            index.memory_bytes(),
+            SHARDS_MAX * (64 + SHARD_SLOTS_MIN * SLOT_BYTES)
+        );
+        assert!(index.is_empty());
+        assert_eq!(index.get(1), None);
+        assert_eq!(index.remove(1), None);
+        assert_eq!(index.retain(|_| false), 0);
+        index.assert_consistent();
+    }
+
+    #[test]
+    #[should_panic(expected = "power of two")]
+    fn shards_must_be_a_power_of_two() {
+        L2Index::new(3, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "key_hash 0")]
+    fn zero_key_hash_is_refused() {
+        L2Index::new(1, 0).insert(entry(0, 1));
+    }
+
+    #[test]
+    fn extreme_keys_use_every_shard_bit() {
+        let index = L2Index::new(SHARDS_MAX, 0);
+        for key_hash in [1, u64::MAX, u64::MAX - 1, 1 << 63, 0xFFFF_FFFF, 1 << 32] {
+            assert_eq!(index.insert(entry(key_hash, 7)), None);
+            assert_eq!(index.get(key_hash), Some(entry(key_hash, 7)));
+        }
+        assert_eq!(index.shard_index(u64::MAX), SHARDS_MAX - 1);
+        assert_eq!(index.shard_index(1), 0);
+        index.assert_consistent();
+    }
+
+    #[test]
+    fn grows_from_tiny_to_100k_and_shrinks_back() {
+        const N: u64 = 100_000;
+        let index = L2Index::new(4, 0);
+        for n in 1..=N {
+            assert_eq!(index.insert(entry(key(n), n)), None);
+        }
+        index.assert_consistent();
+        assert_eq!(index.len(), N as usize);
+        for n in 1..=N {
+            assert_eq!(index.get(key(n)), Some(entry(key(n), n)));
+        }
+        assert_eq!(index.get(key(N + 1)), None);
+        let bytes_per_entry = index.memory_bytes() as f64 / N as f64;
+        assert!(
+            (20.0 / 0.9..=20.0 / 0.72 + 0.1).contains(&bytes_per_entry),
+            "{bytes_per_entry}"
+        );
+        // Replace and insert_if_absent on a full index never grow it.
+        let memory_bytes = index.memory_bytes();
+        for n in 1..=N {
+            assert_eq!(index.insert(entry(key(n), n + 1)), Some(entry(key(n), n)));
+            assert!(!index.insert_if_absent(entry(key(n), n)));
+        }
+        assert_eq!(index.memory_bytes(), memory_bytes);
+        // Sweep away three quarters: shards shrink back within budget.
+        let removed = index.retain(|e| e.checksum % 4 == 0);
+        assert_eq!(removed, (N - N / 4) as usize);
+        index.assert_consistent();
+        let bytes_per_entry = index.memory_bytes() as f64 / index.len() as f64;
+        assert!(bytes_per_entry < 32.0, "{bytes_per_entry}");
+        for n in 1..=N {
+            let expected = ((n + 1) % 4 == 0).then(|| entry(key(n), n + 1));
+            assert_eq!(index.get(key(n)), expected);
+        }
+        index.clear();
+        assert!(index.is_empty());
+        assert_eq!(
+            index.memory_bytes(),
+            4 * (64 + SHARD_SLOTS_MIN * SLOT_BYTES)
+        );
+        index.assert_consistent();
+    }
+
+    /// Inserts `key(1..=entries)`; returns (memory bytes, seconds).
+    fn fill(index: &L2Index, entries: u64) -> (usize, f64) {
+        let start = Instant::now();
+        for n in 1..=entries {
+            index.insert(entry(key(n), n));
+        }
+        (index.memory_bytes(), start.elapsed().as_secs_f64())
+    }
+
+    #[test]
+    fn one_million_entries_within_32_bytes_each() {
+        const N: u64 = 1_000_000;
+        for shards in [1, 64, 1024, SHARDS_MAX] {
+            // Pre-sized: no shard grows.
+            let index = L2Index::new(shards, N as usize);
+            let memory_bytes_initial = index.memory_bytes();
+            let (memory_bytes, _) = fill(&index, N);
+            assert_eq!(memory_bytes, memory_bytes_initial, "{shards} shards grew");
+            let presized = memory_bytes as f64 / N as f64;
+            assert!(presized <= 32.0, "{shards} shards, pre-sized: {presized}");
+            // Grown from empty, checked all along the growth cycle.
+            let index = L2Index::new(shards, 0);
+            let mut grown_min = f64::MAX;
+            let mut grown_max = 0.0f64;
+            for n in 1..=N {
+                index.insert(entry(key(n), n));
+                if n >= 200_000 && n % 1000 == 0 {
+                    let bytes_per_entry = index.memory_bytes() as f64 / n as f64;
+                    grown_min = grown_min.min(bytes_per_entry);
+                    grown_max = grown_max.max(bytes_per_entry);
+                }
+            }
+            let grown = index.memory_bytes() as f64 / N as f64;
+            assert!(grown_max <= 32.0, "{shards} shards, grown: {grown_max}");
+            println!(
+                "l2index 1M, {shards:4} shards: pre-sized {presized:.1} B/entry; grown {grown:.1} \
+                 (range {grown_min:.1}..{grown_max:.1} over 200k..1M)"
+            );
+        }
+    }
+
+    /// Resident set size of this process, bytes (other tests running at
+    /// the same time blur it; a cross-check only).
+    fn rss_bytes() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            })
+            .map_or(0, |kib| kib * 1024)
+    }
+
+    /// Bytes hashbrown allocates for a `HashMap` of this capacity: buckets of
+    /// `bucket_bytes` plus one control byte each, plus 16 trailing control
+    /// bytes; a table of 8 or more buckets has capacity 7/8 of them.
+    fn hashmap_bytes(capacity: usize, bucket_bytes: usize) -> usize {
+        let buckets = if capacity < 8 {
+            (capacity + 1).next_power_of_two()
+        } else {
+            capacity / 7 * 8
+        };
+        assert!(buckets.is_power_of_two());
+        buckets * (bucket_bytes + 1) + 16
+    }
+
+    type StdMap = FastHashMap<u64, (u64, u32)>;
+    const STD_BUCKET_BYTES: usize = size_of::<(u64, (u64, u32))>();
+
+    fn mops(count: u64, seconds: f64) -> f64 {
+        count as f64 / seconds / 1e6
+    }
+
+    /// Prints (run with `--nocapture`) DRAM per entry and single-threaded
+    /// throughput at 10 M entries, the index against hashbrown.
+    #[test]
+    fn measure_memory_and_throughput() {
+        const N: u64 = 10_000_000;
+        const SHARDS: usize = 64;
+        assert_eq!(STD_BUCKET_BYTES, 24);
+
+        // The index, pre-sized.
+        let rss_before = rss_bytes();
+        let index = L2Index::new(SHARDS, N as usize);
+        let (memory_bytes, insert_seconds) = fill(&index, N);
+        let rss_delta = rss_bytes().saturating_sub(rss_before);
+        let start = Instant::now();
+        let mut found = 0u64;
+        for n in 1..=N {
+            found += u64::from(index.get(key(n)).is_some());
+        }
+        let get_seconds = start.elapsed().as_secs_f64();
+        assert_eq!(found, N);
+        let start = Instant::now();
+        let mut missed = 0u64;
+        for n in N + 1..=N + N / 4 {
+            missed += u64::from(index.get(key(n)).is_none());
+        }
+        let miss_seconds = start.elapsed().as_secs_f64();
+        assert_eq!(missed, N / 4);
+        println!(
+            "l2index 10M, {SHARDS} shards, pre-sized: {:.1} B/entry (RSS delta {:.1}); \
+             insert {:.1} M/s, get hit {:.1} M/s, get miss {:.1} M/s",
+            memory_bytes as f64 / N as f64,
+            rss_delta as f64 / N as f64,
+            mops(N, insert_seconds),
+            mops(N, get_seconds),
+            mops(N / 4, miss_seconds),
+        );
+        drop(index);
+
+        // The index, grown from empty.
+        let index = L2Index::new(SHARDS, 0);
+        let (memory_bytes, insert_seconds) = fill(&index, N);
+        println!(
+            "l2index 10M, {SHARDS} shards, grown from empty: {:.1} B/entry; insert {:.1} M/s",
+            memory_bytes as f64 / N as f64,
+            mops(N, insert_seconds),
+        );
+        drop(index);
+
+        // hashbrown (std HashMap with the crate's hasher), pre-sized and grown.
+        for (label, presize) in [("with_capacity", true), ("grown from empty", false)] {
+            let rss_before = rss_bytes();
+            let mut map = if presize {
+                StdMap::with_capacity_and_hasher(N as usize, Default::default())
+            } else {
+                StdMap::default()
+            };
+            let start = Instant::now();
+            for n in 1..=N {
+                map.insert(key(n), (mix64(n ^ 0x5555), n as u32));
+            }
+            let insert_seconds = start.elapsed().as_secs_f64();
+            let rss_delta = rss_bytes().saturating_sub(rss_before);
+            let start = Instant::now();
+            let mut found = 0u64;
+            for n in 1..=N {
+                found += u64::from(map.get(&key(n)).is_some());
+            }
+            let get_seconds = start.elapsed().as_secs_f64();
+            assert_eq!(found, N);
+            println!(
+                "std HashMap 10M, {label}: {:.1} B/entry (RSS delta {:.1}); insert {:.1} M/s, get hit {:.1} M/s",
+                hashmap_bytes(map.capacity(), STD_BUCKET_BYTES) as f64 / N as f64,
+                rss_delta as f64 / N as f64,
+                mops(N, insert_seconds),
+                mops(N, get_seconds),
+            );
+        }
+
+        // hashbrown's sawtooth: bytes per entry just below and above a doubling,
+        // and at 1 M.
+        for entries in [917_504usize, 917_505, 1_000_000, 1_835_008, 1_835_009] {
+            let mut map = StdMap::default();
+            for n in 1..=entries as u64 {
+                map.insert(key(n), (n, n as u32));
+            }
+            println!(
+                "std HashMap {entries:>9} entries, grown: {:.1} B/entry",
+                hashmap_bytes(map.capacity(), STD_BUCKET_BYTES) as f64 / entries as f64,
+            );
+        }
+    }
+}
