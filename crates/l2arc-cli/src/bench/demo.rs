@@ -17,9 +17,9 @@ use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
 use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
-use super::BenchArgs;
 use super::dataset::DatasetSpec;
 use super::runner::{Interval, PhaseResult, Rng, run_phase};
+use super::{BenchArgs, OnOff};
 
 #[derive(Serialize)]
 struct PhaseReport {
@@ -34,6 +34,8 @@ struct PhaseReport {
     latency_us_p999: f64,
     latency_us_max: f64,
     arc_hit_ratio: f64,
+    l2_hit_ratio: f64,
+    l2_size_bytes: u64,
     hdd_reads: u64,
     intervals: Vec<Interval>,
 }
@@ -100,7 +102,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut verified = 0u64;
     let mut arcstats = Vec::new();
     let mut hdd_description = String::new();
-    for (setting, primarycache) in [("no_cache", CacheMode::None), ("arc", CacheMode::All)] {
+    let settings: &[(&'static str, CacheMode, bool)] = if args.l2arc == OnOff::On {
+        &[
+            ("no_cache", CacheMode::None, false),
+            ("arc_l2arc", CacheMode::All, true),
+        ]
+    } else {
+        &[
+            ("no_cache", CacheMode::None, false),
+            ("arc", CacheMode::All, false),
+        ]
+    };
+    for &(setting, primarycache, with_l2arc) in settings {
         let dir_primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
         let hdd = Arc::new(EmulatedHdd::new(dir_primary, hdd_config.clone())?);
         hdd_description = hdd.describe();
@@ -111,9 +124,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             DatasetConfig {
                 recordsize_bytes: args.recordsize as u32,
                 primarycache,
+                compression: args.compression,
                 ..DatasetConfig::default()
             },
         )?;
+        if with_l2arc {
+            if args.cache.is_empty() {
+                cache.add_cache_path(dir.join("l2arc-cache.img"), Some(args.cache_size))?;
+            } else {
+                for path in &args.cache {
+                    cache.add_cache_path(path, Some(args.cache_size))?;
+                }
+            }
+        }
         let handles: Vec<ObjectHandle> = (0..spec.files)
             .map(|f| cache.open(dataset, &DatasetSpec::file_name(f), false))
             .collect::<std::io::Result<_>>()?;
@@ -132,11 +155,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             latency_us_p999: result.latency_us(0.999),
             latency_us_max: result.latency_ns.max() as f64 / 1000.0,
             arc_hit_ratio: stats.arc_hit_ratio(),
+            l2_hit_ratio: stats.l2.as_ref().map_or(0.0, |l2| {
+                let (hits, misses) = (l2.get("l2_hits"), l2.get("l2_misses"));
+                if hits + misses == 0 {
+                    0.0
+                } else {
+                    hits as f64 / (hits + misses) as f64
+                }
+            }),
+            l2_size_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_size")),
             hdd_reads: hdd.stats().reads,
             intervals: result.intervals,
         });
         if primarycache == CacheMode::All {
             arcstats = stats.kstats();
+        }
+        if with_l2arc && args.cache.is_empty() {
+            drop(handles);
+            drop(cache);
+            let _ = std::fs::remove_file(dir.join("l2arc-cache.img"));
         }
     }
     let (base, ours) = (&phases[0], &phases[1]);
@@ -218,12 +255,21 @@ fn print_report(r: &DemoReport) {
     println!("primary: {}", r.hdd);
     println!();
     println!(
-        "{:<10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>8}",
-        "setting", "IOPS", "warm IOPS", "MiB/s", "p50 us", "p99 us", "p99.9 us", "ARC hit"
+        "{:<10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9}",
+        "setting",
+        "IOPS",
+        "warm IOPS",
+        "MiB/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "ARC hit",
+        "L2 hit",
+        "L2 MiB"
     );
     for p in &r.phases {
         println!(
-            "{:<10} {:>10.0} {:>10.0} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>7.1}%",
+            "{:<10} {:>10.0} {:>10.0} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>7.1}% {:>7.1}% {:>9}",
             p.setting,
             p.iops,
             p.warm_iops,
@@ -231,7 +277,9 @@ fn print_report(r: &DemoReport) {
             p.latency_us_p50,
             p.latency_us_p99,
             p.latency_us_p999,
-            100.0 * p.arc_hit_ratio
+            100.0 * p.arc_hit_ratio,
+            100.0 * p.l2_hit_ratio,
+            p.l2_size_bytes >> 20
         );
     }
     println!();

@@ -12,6 +12,9 @@ use clap::{Args, ValueEnum};
 mod dataset;
 mod demo;
 mod hit_path;
+mod l2_hit;
+mod l2_index;
+mod l2_rebuild;
 mod runner;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -20,6 +23,12 @@ pub enum Scenario {
     Demo,
     /// ARC hit path: 8 KiB hits per second, against a Mutex<HashMap> of the same buffers.
     ArcHit,
+    /// Warm L2ARC hit path: random 4 KiB and 8 KiB reads at queue depth 1 and 32, against fio on the same cache file.
+    L2Hit,
+    /// DRAM per cached L2ARC record at 1 and 10 million records.
+    L2Index,
+    /// Index rebuild from a warm device: records restored per second.
+    L2Rebuild,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -72,9 +81,32 @@ pub struct BenchArgs {
     /// Dataset and workload seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// L2ARC on the demo: a cache file in the temporary directory (or --cache).
+    #[arg(long, value_enum, default_value = "on")]
+    pub l2arc: OnOff,
+    /// Cache device (file or block device); repeatable. Default: a file in the temporary directory.
+    #[arg(long)]
+    pub cache: Vec<PathBuf>,
+    /// Size of the cache file made when --cache is not given (or does not exist).
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// How records are stored on the L2ARC: lz4, zstd or off.
+    #[arg(long, default_value = "lz4", value_parser = parse_compression)]
+    pub compression: l2arc::l2arc::format::Compression,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+fn parse_compression(s: &str) -> Result<l2arc::l2arc::format::Compression, String> {
+    s.parse()
+        .map_err(|e: l2arc::l2arc::format::FormatError| e.to_string())
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -115,5 +147,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.scenario {
         Scenario::Demo => demo::run(&args),
         Scenario::ArcHit => hit_path::run(&args),
+        Scenario::L2Hit => l2_hit::run(&args),
+        Scenario::L2Index => l2_index::run(&args),
+        Scenario::L2Rebuild => l2_rebuild::run(&args),
     }
 }

