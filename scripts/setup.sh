@@ -10,6 +10,7 @@ PACKAGES=(
   pkg-config
   zstd            # inspecting the reference traces by hand
   util-linux      # losetup: the block-device tests attach loop devices
+  fio             # l2arc bench --scenario l2-hit measures the cache device with fio
 )
 
 missing=()

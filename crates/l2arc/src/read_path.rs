@@ -371,11 +371,11 @@ impl Cache {
         }
         let datasets: Vec<Arc<Dataset>> =
             self.datasets.read().expect("dataset lock poisoned").clone();
-        let mut batch = Vec::new();
+        let mut selected = Vec::new();
         let mut keys = Vec::new();
         let mut batch_bytes = 0u64;
-        for (key, record, prefetched) in &candidates {
-            if (*prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
+        for (key, record, prefetched) in candidates {
+            if (prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
                 continue;
             }
             let Some(dataset) = datasets.get(key.dataset as usize) else {
@@ -389,17 +389,23 @@ impl Cache {
             if l2.contains(key_hash) {
                 continue;
             }
-            batch.push(FeedRecord {
-                key_hash,
-                data: &record.data,
-                compression: dataset.config.compression,
-            });
-            keys.push(*key);
             batch_bytes += record.data.len() as u64;
+            selected.push((key_hash, record, dataset.config.compression));
+            keys.push(key);
             if batch_bytes >= budget_bytes {
                 break;
             }
         }
+        // The candidates not selected were released above: a record this
+        // feed holds cannot be evicted, and the device write below is slow.
+        let batch: Vec<FeedRecord<'_>> = selected
+            .iter()
+            .map(|(key_hash, record, compression)| FeedRecord {
+                key_hash: *key_hash,
+                data: &record.data,
+                compression: *compression,
+            })
+            .collect();
         let (bytes, records) = match l2.write_batch(&batch) {
             Ok(written) => written,
             Err(_) => return FeedOutcome::default(),

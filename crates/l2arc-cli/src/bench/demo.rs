@@ -64,6 +64,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         files: args.files,
         file_size_bytes,
         seed: args.seed,
+        content: args.content,
     };
     let temp;
     let dir = match &args.data {

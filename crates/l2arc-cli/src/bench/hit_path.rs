@@ -57,6 +57,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         files: 1,
         file_size_bytes: WORKING_SET_BYTES,
         seed: args.seed,
+        content: super::dataset::Content::Random,
     };
     spec.materialise(temp.path())?;
     let records = WORKING_SET_BYTES / RECORD_BYTES;

@@ -1,9 +1,610 @@
-//! Placeholder: being written.
+//! The warm L2ARC hit path against fio on the same cache file.
+//!
+//! An L2ARC hit is an index lookup, one O_DIRECT read of the record's blocks
+//! from the cache device, a CRC-32C of them, and the ARC insert of the
+//! result. The device read should be nearly all of it, so the baseline is the
+//! device itself: fio reading the same blocks of the same cache file, with
+//! the same request size, O_DIRECT, in the same run.
+//!
+//! For each record size (4 KiB, then 8 KiB; `recordsize` = read size and
+//! compression off, so one read is one device read of that size), a dataset
+//! of three quarters of the cache file is read once through a small ARC
+//! while the feeder writes every record to the L2ARC, which is then checked
+//! to hold them all. Then, against the warm L2ARC:
+//!
+//! - ours at queue depth 1 (one thread) against fio `psync`, one job;
+//! - ours at queue depth 32 (32 threads, each a synchronous read at a time)
+//!   against fio `psync` with 32 jobs (the same shape) and against fio
+//!   `io_uring` at iodepth 32 (one thread, 32 reads in flight): the second
+//!   says whether an io_uring submission path would gain anything over the
+//!   positioned-read threads on this device.
+//!
+//! fio reads exactly the region the records were written to (the cache file
+//! is sparse beyond it, and a hole reads as zeros without touching the disk).
+//! Each of our reads checks the first and last word of the record against
+//! the generator (the fill pass checked every byte, and every L2ARC read is
+//! checked by its CRC); the ARC and L2ARC hit ratios of each measured phase
+//! are reported, and the run fails if fewer than 95% of reads were L2 hits.
 
-use anyhow::{Result, bail};
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use l2arc::buf::AlignedBuf;
+use l2arc::l2arc::device::FileDevice;
+use l2arc::l2arc::format::{Compression, DATA_START_BYTES};
+use l2arc::l2arc::{DeviceOpen, L2ArcConfig};
+use l2arc::primary::Primary;
+use l2arc::primary::dir::DirPrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
+use serde::Serialize;
 
 use super::BenchArgs;
+use super::dataset::DatasetSpec;
+use super::runner::{PhaseResult, Rng, run_phase};
 
-pub fn run(_args: &BenchArgs) -> Result<()> {
-    bail!("this scenario is not built yet")
+const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
+const QUEUE_DEPTH: usize = 32;
+/// Longest measured phase (each of ours and each fio run).
+const PHASE_SECS_MAX: f64 = 5.0;
+
+thread_local! {
+    static OUT: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Side {
+    iops: f64,
+    mib_per_sec: f64,
+    latency_us_p50: f64,
+    latency_us_p99: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Ours {
+    #[serde(flatten)]
+    side: Side,
+    arc_hit_ratio: f64,
+    l2_hit_ratio: f64,
+    primary_reads: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    record_bytes: u64,
+    queue_depth: usize,
+    ours: Ours,
+    fio_job: String,
+    fio: Side,
+    /// Our IOPS over fio's.
+    ratio: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    machine: Machine,
+    cache_file: String,
+    cache_file_bytes: u64,
+    arc_max_bytes: u64,
+    phase_secs: f64,
+    fio_version: String,
+    records_written: Vec<(u64, u64)>,
+    rows: Vec<Row>,
+    /// Per record size: fio io_uring at iodepth 32 over fio psync with 32 jobs.
+    io_uring_over_psync: Vec<(u64, f64)>,
+}
+
+#[derive(Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub ram_gib: f64,
+    pub kernel: String,
+    pub fs: String,
+}
+
+/// The machine, for reports: CPUs, RAM, kernel, and the file system of `dir`.
+pub fn machine(dir: &Path) -> Machine {
+    let ram_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+    let (fs, source) = file_system(dir).unwrap_or_else(|| ("unknown".into(), String::new()));
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ram_gib: ram_kib as f64 / (1 << 20) as f64,
+        kernel,
+        fs: if source.is_empty() {
+            fs
+        } else {
+            format!("{fs} on {source}")
+        },
+    }
+}
+
+/// The type and source of the file system holding `dir` (longest matching
+/// mount point in /proc/self/mounts).
+fn file_system(dir: &Path) -> Option<(String, String)> {
+    let dir = dir.canonicalize().ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (source, point, fs) = (fields.next()?, fields.next()?, fields.next()?);
+            let point = point.replace("\\040", " ");
+            dir.starts_with(&point)
+                .then(|| (point.len(), fs.to_string(), source.to_string()))
+        })
+        .max_by_key(|(len, _, _)| *len)
+        .map(|(_, fs, source)| (fs, source))
+}
+
+fn fio_version() -> Result<String> {
+    match Command::new("fio").arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        Ok(out) => bail!(
+            "fio --version failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "fio is not installed: --scenario l2-hit measures the cache file with fio as its \
+             baseline; install it (scripts/setup.sh does, or: apt-get install fio)"
+        ),
+        Err(e) => bail!("cannot run fio: {e}"),
+    }
+}
+
+struct FioJob<'a> {
+    path: &'a Path,
+    offset: u64,
+    size: u64,
+    block_bytes: u64,
+    engine: &'static str,
+    iodepth: usize,
+    jobs: usize,
+    secs: f64,
+}
+
+impl FioJob<'_> {
+    fn describe(&self) -> String {
+        if self.jobs > 1 {
+            format!("{} x{} jobs", self.engine, self.jobs)
+        } else {
+            format!("{} iodepth {}", self.engine, self.iodepth)
+        }
+    }
+
+    fn run(&self) -> Result<Side> {
+        let args = [
+            "--name=l2hit".to_string(),
+            format!("--filename={}", self.path.display()),
+            "--readonly".into(),
+            "--direct=1".into(),
+            "--rw=randread".into(),
+            format!("--bs={}", self.block_bytes),
+            format!("--offset={}", self.offset),
+            format!("--size={}", self.size),
+            format!("--ioengine={}", self.engine),
+            format!("--iodepth={}", self.iodepth),
+            format!("--numjobs={}", self.jobs),
+            "--thread".into(),
+            "--time_based".into(),
+            format!("--runtime={}", self.secs.ceil().max(1.0) as u64),
+            "--group_reporting".into(),
+            "--norandommap".into(),
+            "--randrepeat=0".into(),
+            "--lat_percentiles=1".into(),
+            "--output-format=json".into(),
+        ];
+        let out = Command::new("fio")
+            .args(&args)
+            .output()
+            .context("cannot run fio")?;
+        if !out.status.success() {
+            bail!(
+                "fio {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        // fio may print notes before the JSON document.
+        let text = String::from_utf8_lossy(&out.stdout);
+        let json = &text[text.find('{').context("fio printed no JSON")?..];
+        let doc: serde_json::Value = serde_json::from_str(json).context("fio's JSON")?;
+        let read = &doc["jobs"][0]["read"];
+        let iops = read["iops"]
+            .as_f64()
+            .context("fio's JSON has no read.iops")?;
+        let percentile = |q: &str| -> Result<f64> {
+            read["lat_ns"]["percentile"][q]
+                .as_f64()
+                .map(|ns| ns / 1000.0)
+                .with_context(|| format!("fio's JSON has no read.lat_ns percentile {q}"))
+        };
+        Ok(Side {
+            iops,
+            mib_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+            latency_us_p50: percentile("50.000000")?,
+            latency_us_p99: percentile("99.000000")?,
+        })
+    }
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let fio_version = fio_version()?;
+    if args.cache.len() > 1 {
+        bail!(
+            "--scenario l2-hit uses one cache file (--cache given {} times)",
+            args.cache.len()
+        );
+    }
+    let temp;
+    let dir = match &args.data {
+        Some(dir) => dir.clone(),
+        None => {
+            temp = tempfile::tempdir().context("cannot make a temporary directory")?;
+            temp.path().to_path_buf()
+        }
+    };
+    if !dir.is_dir() {
+        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let (cache_path, owned_cache_file): (PathBuf, bool) = match args.cache.first() {
+        Some(path) => (path.clone(), false),
+        None => (dir.join("l2arc-hit-cache.img"), true),
+    };
+    let machine = machine(cache_path.parent().unwrap_or(&dir));
+    if machine.fs.starts_with("tmpfs") || machine.fs.starts_with("ramfs") {
+        bail!(
+            "the cache file {} would be on {}: that is RAM, not a disk; give --data DIR (or \
+             --cache FILE) on the disk to measure",
+            cache_path.display(),
+            machine.fs
+        );
+    }
+    // Three quarters of the data area: the log never wraps during the fill.
+    let data_area = args.cache_size.saturating_sub(DATA_START_BYTES);
+    let per_file = (data_area * 3 / 4 / u64::from(args.files)) / (64 << 10) * (64 << 10);
+    if per_file < 64 << 10 {
+        bail!(
+            "--cache-size {} is too small for this benchmark",
+            args.cache_size
+        );
+    }
+    let spec = DatasetSpec {
+        files: args.files,
+        file_size_bytes: per_file,
+        seed: args.seed,
+        content: super::dataset::Content::Random,
+    };
+    spec.materialise(&dir)?;
+    let secs = args.seconds.min(PHASE_SECS_MAX);
+    if !args.json {
+        eprintln!(
+            "dataset: {} files x {} MiB in {}; cache file {} ({} MiB)",
+            spec.files,
+            per_file >> 20,
+            dir.display(),
+            cache_path.display(),
+            args.cache_size >> 20
+        );
+    }
+
+    let mut rows = Vec::new();
+    let mut records_written = Vec::new();
+    let mut io_uring_over_psync = Vec::new();
+    for record_bytes in RECORD_SIZES {
+        if owned_cache_file {
+            let _ = std::fs::remove_file(&cache_path);
+        }
+        let mut config = CacheConfig {
+            arc_max_bytes: args.arc_max,
+            l2arc: L2ArcConfig {
+                l2arc_rebuild_enabled: false,
+                ..L2ArcConfig::default()
+            },
+            ..CacheConfig::default()
+        };
+        if let Some(shards) = args.arc_shards {
+            config.arc_shards = shards;
+        }
+        let cache = Cache::new(config)?;
+        let primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
+        let dataset = cache.add_dataset(
+            "l2hit",
+            primary,
+            DatasetConfig {
+                recordsize_bytes: record_bytes as u32,
+                compression: Compression::Off,
+                ..DatasetConfig::default()
+            },
+        )?;
+        let device = FileDevice::open(&cache_path, Some(args.cache_size))?;
+        if !device.is_direct() {
+            bail!(
+                "the cache file {} refuses O_DIRECT: the comparison with fio --direct=1 would be meaningless",
+                cache_path.display()
+            );
+        }
+        let (_, open) = cache.add_cache_device(Box::new(device))?;
+        debug_assert_ne!(open, DeviceOpen::Rebuilding);
+        let handles: Vec<ObjectHandle> = (0..spec.files)
+            .map(|f| cache.open(dataset, &DatasetSpec::file_name(f), false))
+            .collect::<std::io::Result<_>>()?;
+        let records = fill(args, &spec, &cache, &handles, record_bytes)?;
+        let l2 = cache.l2arc().context("no L2ARC")?;
+        let written = l2.stats().get("l2_write_bytes");
+        records_written.push((record_bytes, records));
+        if !args.json {
+            eprintln!(
+                "{} KiB records: {records} in the L2ARC, {} MiB of the cache file written",
+                record_bytes >> 10,
+                written >> 20
+            );
+        }
+
+        let fio = |engine: &'static str, iodepth: usize, jobs: usize| FioJob {
+            path: &cache_path,
+            offset: DATA_START_BYTES,
+            size: written,
+            block_bytes: record_bytes,
+            engine,
+            iodepth,
+            jobs,
+            secs,
+        };
+        let ours_qd1 = measure(args, &spec, &cache, &handles, record_bytes, 1, secs)?;
+        let job = fio("psync", 1, 1);
+        let fio_qd1 = job.run()?;
+        rows.push(row(record_bytes, 1, &ours_qd1, job.describe(), fio_qd1));
+        let ours_qd32 = measure(
+            args,
+            &spec,
+            &cache,
+            &handles,
+            record_bytes,
+            QUEUE_DEPTH,
+            secs,
+        )?;
+        let job = fio("psync", 1, QUEUE_DEPTH);
+        let fio_psync = job.run()?;
+        rows.push(row(
+            record_bytes,
+            QUEUE_DEPTH,
+            &ours_qd32,
+            job.describe(),
+            fio_psync.clone(),
+        ));
+        let job = fio("io_uring", QUEUE_DEPTH, 1);
+        let fio_uring = job.run()?;
+        io_uring_over_psync.push((record_bytes, fio_uring.iops / fio_psync.iops));
+        rows.push(row(
+            record_bytes,
+            QUEUE_DEPTH,
+            &ours_qd32,
+            job.describe(),
+            fio_uring,
+        ));
+        drop(handles);
+        drop(cache);
+    }
+    if owned_cache_file {
+        let _ = std::fs::remove_file(&cache_path);
+    }
+    let report = Report {
+        machine,
+        cache_file: cache_path.display().to_string(),
+        cache_file_bytes: args.cache_size,
+        arc_max_bytes: args.arc_max,
+        phase_secs: secs,
+        fio_version,
+        records_written,
+        rows,
+        io_uring_over_psync,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn row(record_bytes: u64, queue_depth: usize, ours: &Ours, fio_job: String, fio: Side) -> Row {
+    Row {
+        record_bytes,
+        queue_depth,
+        ratio: ours.side.iops / fio.iops,
+        ours: ours.clone(),
+        fio_job,
+        fio,
+    }
+}
+
+/// Reads every record once through the ARC, feeding the L2ARC as it goes
+/// (half an ARC at a time, so nothing falls out before it is written), and
+/// checks every byte. Returns the records the L2ARC then holds (all of them,
+/// or an error).
+fn fill(
+    args: &BenchArgs,
+    spec: &DatasetSpec,
+    cache: &Cache,
+    handles: &[ObjectHandle],
+    record_bytes: u64,
+) -> Result<u64> {
+    let per_file = spec.file_size_bytes / record_bytes;
+    let total = per_file * u64::from(spec.files);
+    let chunk = (args.arc_max / 2 / record_bytes).max(1);
+    let mut buf = AlignedBuf::zeroed(record_bytes as usize);
+    let feed = || {
+        while cache.feed_l2arc().records > 0 {}
+    };
+    for r in 0..total {
+        let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
+        let n = cache.read(&handles[file as usize], offset, buf.as_mut_slice())?;
+        if n as u64 != record_bytes || !spec.verify(file, offset, &buf) {
+            bail!("wrong bytes while filling: file {file} offset {offset}");
+        }
+        if (r + 1) % chunk == 0 {
+            feed();
+        }
+    }
+    feed();
+    let l2 = cache.l2arc().context("no L2ARC")?;
+    let held = l2.len() as u64;
+    if held < total {
+        eprintln!("{:?}", l2.stats().kstats);
+        eprintln!("{:?}", cache.stats().arc);
+        bail!(
+            "the L2ARC holds {held} of {total} records after the fill: the cache file is too \
+             small or the feeder fell behind"
+        );
+    }
+    Ok(held)
+}
+
+/// Random reads of whole records from `threads` threads against the warm
+/// L2ARC; the ARC and L2ARC hit ratios are those of this phase alone.
+fn measure(
+    args: &BenchArgs,
+    spec: &DatasetSpec,
+    cache: &Cache,
+    handles: &[ObjectHandle],
+    record_bytes: u64,
+    threads: usize,
+    secs: f64,
+) -> Result<Ours> {
+    let per_file = spec.file_size_bytes / record_bytes;
+    let total = per_file * u64::from(spec.files);
+    let before = cache.stats();
+    let label = format!("ours {}K QD{threads}", record_bytes >> 10);
+    let result: PhaseResult = run_phase(
+        &label,
+        threads,
+        Duration::from_secs_f64(secs),
+        Duration::from_secs_f64(secs),
+        args.seed,
+        !args.json,
+        |_, rng: &mut Rng| {
+            let r = rng.below(total);
+            let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
+            OUT.with_borrow_mut(|out| {
+                if out.len() != record_bytes as usize {
+                    *out = AlignedBuf::zeroed(record_bytes as usize);
+                }
+                let n = cache.read(&handles[file as usize], offset, out.as_mut_slice())?;
+                let last = (offset + record_bytes) / 8 - 1;
+                if n as u64 != record_bytes
+                    || out[..8] != spec.word(file, offset / 8).to_le_bytes()
+                    || out[n - 8..] != spec.word(file, last).to_le_bytes()
+                {
+                    bail!("wrong bytes: file {file} offset {offset}");
+                }
+                Ok(n as u64)
+            })
+        },
+    )?;
+    let after = cache.stats();
+    let arc_hits = after.arc.hits - before.arc.hits;
+    let arc_lookups =
+        arc_hits + (after.arc.misses - before.arc.misses) + (after.arc.iohits - before.arc.iohits);
+    let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
+    let l2_hits = l2(&after, "l2_hits") - l2(&before, "l2_hits");
+    let l2_lookups = l2_hits + l2(&after, "l2_misses") - l2(&before, "l2_misses");
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let l2_hit_ratio = ratio(l2_hits, l2_lookups);
+    if l2_hit_ratio < 0.95 {
+        bail!(
+            "only {:.1}% of the ARC's misses were L2ARC hits: this is not the warm L2ARC hit path",
+            100.0 * l2_hit_ratio
+        );
+    }
+    Ok(Ours {
+        side: Side {
+            iops: result.iops(),
+            mib_per_sec: result.mib_per_sec(),
+            latency_us_p50: result.latency_us(0.5),
+            latency_us_p99: result.latency_us(0.99),
+        },
+        arc_hit_ratio: ratio(arc_hits, arc_lookups),
+        l2_hit_ratio,
+        primary_reads: after.primary_reads - before.primary_reads,
+    })
+}
+
+fn print_report(r: &Report) {
+    let m = &r.machine;
+    println!(
+        "L2ARC hit path: random whole-record reads from a warm L2ARC, against fio on the same cache file (O_DIRECT)"
+    );
+    println!(
+        "machine: {} CPUs, {:.1} GiB RAM, Linux {}, cache file on {}; {}",
+        m.cpus, m.ram_gib, m.kernel, m.fs, r.fio_version
+    );
+    println!(
+        "cache file {} MiB, arc_max {} MiB, recordsize = read size, compression off, {:.0} s per measurement",
+        r.cache_file_bytes >> 20,
+        r.arc_max_bytes >> 20,
+        r.phase_secs
+    );
+    println!();
+    println!(
+        "{:>6} {:>3} {:>10} {:>8} {:>8} {:>6} {:>6} {:<19} {:>10} {:>8} {:>8} {:>7}",
+        "record",
+        "QD",
+        "ours IOPS",
+        "p50 us",
+        "p99 us",
+        "ARC",
+        "L2",
+        "fio",
+        "fio IOPS",
+        "p50 us",
+        "p99 us",
+        "ours/fio"
+    );
+    for row in &r.rows {
+        let (o, f) = (&row.ours, &row.fio);
+        println!(
+            "{:>4} K {:>3} {:>10.0} {:>8.1} {:>8.1} {:>5.1}% {:>5.1}% {:<19} {:>10.0} {:>8.1} {:>8.1} {:>6.1}%",
+            row.record_bytes >> 10,
+            row.queue_depth,
+            o.side.iops,
+            o.side.latency_us_p50,
+            o.side.latency_us_p99,
+            100.0 * o.arc_hit_ratio,
+            100.0 * o.l2_hit_ratio,
+            row.fio_job,
+            f.iops,
+            f.latency_us_p50,
+            f.latency_us_p99,
+            100.0 * row.ratio
+        );
+    }
+    println!();
+    println!(
+        "ARC and L2 are the hit ratios of our measured phase (L2: hits over the ARC's misses)."
+    );
+    for (record_bytes, ratio) in &r.io_uring_over_psync {
+        println!(
+            "fio at QD{QUEUE_DEPTH}, {} KiB: io_uring (1 thread, iodepth {QUEUE_DEPTH}) / psync ({QUEUE_DEPTH} threads) = {ratio:.2}x{}",
+            record_bytes >> 10,
+            if *ratio > 1.1 {
+                ": io_uring would pay on this device"
+            } else {
+                ": io_uring would not pay on this device; positioned reads from the reader threads stay"
+            }
+        );
+    }
 }

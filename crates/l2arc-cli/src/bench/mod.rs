@@ -43,8 +43,8 @@ pub struct BenchArgs {
     pub dataset_size: u64,
     #[arg(long, default_value_t = 16)]
     pub files: u32,
-    /// `arc_max`: DRAM for cached records.
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    /// `arc_max`: DRAM for cached records (default 8 MiB with --scenario l2-hit, so that reads reach the L2ARC).
+    #[arg(long, default_value = "64MiB", default_value_if("scenario", "l2-hit", "8MiB"), value_parser = parse_size)]
     pub arc_max: u64,
     /// ARC shards (locks); default: 4 per core.
     #[arg(long)]
@@ -87,12 +87,15 @@ pub struct BenchArgs {
     /// Cache device (file or block device); repeatable. Default: a file in the temporary directory.
     #[arg(long)]
     pub cache: Vec<PathBuf>,
-    /// Size of the cache file made when --cache is not given (or does not exist).
-    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    /// Size of the cache file made when --cache is not given (or does not exist); 1 GiB with --scenario l2-hit.
+    #[arg(long, default_value = "512MiB", default_value_if("scenario", "l2-hit", "1GiB"), value_parser = parse_size)]
     pub cache_size: u64,
     /// How records are stored on the L2ARC: lz4, zstd or off.
     #[arg(long, default_value = "lz4", value_parser = parse_compression)]
     pub compression: l2arc::l2arc::format::Compression,
+    /// Dataset content: random (incompressible) or mixed (about 2:1 with LZ4: text lines and random bytes).
+    #[arg(long, value_enum, default_value = "random")]
+    pub content: dataset::Content,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,

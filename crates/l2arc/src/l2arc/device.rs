@@ -74,10 +74,10 @@ impl FileDevice {
         let size_bytes = if meta.file_type().is_block_device() {
             block_device_size(&file).map_err(named)?
         } else if meta.is_file() {
-            if !exists || meta.len() == 0 {
-                if let Some(size) = create_size_bytes {
-                    file.set_len(size).map_err(named)?;
-                }
+            if (!exists || meta.len() == 0)
+                && let Some(size) = create_size_bytes
+            {
+                file.set_len(size).map_err(named)?;
             }
             file.metadata().map_err(named)?.len()
         } else {
@@ -116,7 +116,7 @@ fn block_device_size(file: &File) -> io::Result<u64> {
 }
 
 fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
-    if offset % BLOCK_BYTES != 0 || len as u64 % BLOCK_BYTES != 0 {
+    if !offset.is_multiple_of(BLOCK_BYTES) || !(len as u64).is_multiple_of(BLOCK_BYTES) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unaligned cache device I/O: offset {offset}, length {len}"),

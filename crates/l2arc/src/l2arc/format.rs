@@ -392,13 +392,13 @@ impl LogPointer {
             }
             return Ok(None);
         }
-        if p.offset_bytes % BLOCK_BYTES != 0 || p.offset_bytes < DATA_START_BYTES {
+        if !p.offset_bytes.is_multiple_of(BLOCK_BYTES) || p.offset_bytes < DATA_START_BYTES {
             return Err(inconsistent(format!(
                 "{what}: offset {} is not a 4 KiB aligned offset in the data area",
                 p.offset_bytes
             )));
         }
-        if p.size_bytes == 0 || u64::from(p.size_bytes) % BLOCK_BYTES != 0 {
+        if p.size_bytes == 0 || !u64::from(p.size_bytes).is_multiple_of(BLOCK_BYTES) {
             return Err(inconsistent(format!(
                 "{what}: size {} is not a nonzero multiple of 4 KiB",
                 p.size_bytes
@@ -523,7 +523,7 @@ impl DeviceHeader {
                 "device header: data area start {start} is not {DATA_START_BYTES}"
             )));
         }
-        if end % BLOCK_BYTES != 0 || end <= start || end > self.device_size_bytes {
+        if !end.is_multiple_of(BLOCK_BYTES) || end <= start || end > self.device_size_bytes {
             return Err(inconsistent(format!(
                 "device header: data area end {end} is not a 4 KiB multiple in ({start}, {}]",
                 self.device_size_bytes
@@ -708,7 +708,7 @@ pub fn decode_log_block(
             buffer: buf.len(),
         });
     }
-    if size as u64 % BLOCK_BYTES != 0 {
+    if !(size as u64).is_multiple_of(BLOCK_BYTES) {
         return Err(inconsistent(format!(
             "log block: size {size} is not a multiple of 4 KiB"
         )));
@@ -1007,8 +1007,12 @@ mod tests {
         while out.len() < n {
             let w = WORDS[(rng.next() % WORDS.len() as u64) as usize];
             out.extend_from_slice(w.as_bytes());
-            out.push(if rng.next() % 12 == 0 { b'\n' } else { b' ' });
-            if rng.next() % 40 == 0 {
+            out.push(if rng.next().is_multiple_of(12) {
+                b'\n'
+            } else {
+                b' '
+            });
+            if rng.next().is_multiple_of(40) {
                 out.extend_from_slice(format!("{}", rng.next() % 100_000).as_bytes());
                 out.push(b' ');
             }
@@ -1160,7 +1164,7 @@ mod tests {
         );
         // All fields at their maximum fill the word except the invalid compression bit.
         let max = Location::new(u32::MAX, 31, 15, 511, Compression::Zstd, 4095);
-        assert_eq!(max.0, u64::MAX & !(1 << 50));
+        assert_eq!(max.0, !(1 << 50));
     }
 
     #[test]

@@ -173,19 +173,18 @@ impl CacheDevice {
         ((p >> 32) as u32, p as u32)
     }
 
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            start_block: self.start_block,
+            end_block: self.end_block,
+            batch_blocks_max: self.batch_blocks_max,
+        }
+    }
+
     /// Whether a block written in `lap_mod32` is still intact on the device.
     fn holds(&self, block: u32, lap_mod32: u32) -> bool {
         let (lap, hand) = self.position();
-        if block < self.start_block || block >= self.end_block {
-            return false;
-        }
-        if lap_mod32 == lap % 32 {
-            block < hand
-        } else if lap_mod32 == lap.wrapping_sub(1) % 32 {
-            block >= hand.saturating_add(self.batch_blocks_max)
-        } else {
-            false
-        }
+        self.geometry().holds(lap, hand, block, lap_mod32)
     }
 
     fn holds_location(&self, location: Location) -> bool {
@@ -196,6 +195,14 @@ impl CacheDevice {
 
     fn is_online(&self) -> bool {
         self.state.load(Ordering::SeqCst) == STATE_ONLINE
+    }
+
+    /// Online or rebuilding: what the rebuild has restored may be read.
+    fn is_readable(&self) -> bool {
+        matches!(
+            self.state.load(Ordering::SeqCst),
+            STATE_ONLINE | STATE_REBUILDING
+        )
     }
 
     fn note_error(&self) -> bool {
@@ -233,6 +240,42 @@ impl CacheDevice {
         header.encode(bytes);
         let copy = (header.sequence % 2) as usize;
         self.io.write_at(HEADER_COPY_OFFSETS[copy], &block)
+    }
+}
+
+/// Where a device's data area lies and how far a batch may reach.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub start_block: u32,
+    pub end_block: u32,
+    pub batch_blocks_max: u32,
+}
+
+impl Geometry {
+    /// The geometry a device header implies. The largest batch is a
+    /// function of the data area alone, so it is the same after a restart.
+    pub fn of(header: &DeviceHeader) -> Geometry {
+        let data_blocks = ((header.data_end_bytes - header.data_start_bytes) / BLOCK_BYTES) as u32;
+        Geometry {
+            start_block: (header.data_start_bytes / BLOCK_BYTES) as u32,
+            end_block: (header.data_end_bytes / BLOCK_BYTES) as u32,
+            batch_blocks_max: ((BATCH_BYTES_MAX / BLOCK_BYTES) as u32).min(data_blocks / 4),
+        }
+    }
+
+    /// Whether a block written in lap `lap_mod32` is intact when the hand is
+    /// at `hand` in lap `lap` (docs/format.md, "Data area").
+    pub fn holds(&self, lap: u32, hand: u32, block: u32, lap_mod32: u32) -> bool {
+        if block < self.start_block || block >= self.end_block {
+            return false;
+        }
+        if lap_mod32 == lap % 32 {
+            block < hand
+        } else if lap_mod32 == lap.wrapping_sub(1) % 32 {
+            block >= hand.saturating_add(self.batch_blocks_max)
+        } else {
+            false
+        }
     }
 }
 
@@ -417,14 +460,13 @@ impl L2Arc {
                 ));
             }
         };
-        let data_blocks = ((header.data_end_bytes - header.data_start_bytes) / BLOCK_BYTES) as u32;
-        let batch_blocks_max = ((BATCH_BYTES_MAX / BLOCK_BYTES) as u32).min(data_blocks / 4);
+        let geometry = Geometry::of(&header);
         let device = Arc::new(CacheDevice {
             slot: slot as u8,
             guid: header.device_guid,
-            start_block: (header.data_start_bytes / BLOCK_BYTES) as u32,
-            end_block: (header.data_end_bytes / BLOCK_BYTES) as u32,
-            batch_blocks_max,
+            start_block: geometry.start_block,
+            end_block: geometry.end_block,
+            batch_blocks_max: geometry.batch_blocks_max,
             position: AtomicU64::new((u64::from(header.lap) << 32) | u64::from(header.hand_block)),
             writer: Mutex::new(WriterState {
                 log_sequence: 0,
@@ -683,7 +725,7 @@ impl L2Arc {
     ) -> Option<AlignedBuf> {
         let location = Location(entry.location);
         let c = &device.counters;
-        if !device.is_online() || !device.holds_location(location) {
+        if !device.is_readable() || !device.holds_location(location) {
             self.drop_entry(key_hash, location, Some(device));
             return None;
         }

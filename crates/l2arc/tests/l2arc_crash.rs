@@ -1,0 +1,396 @@
+//! The L2ARC under `kill -9`: a feeding process dies at random points, many
+//! times in a row, on the same cache device.
+//!
+//! Design. The test binary re-executes itself as the child (the same test,
+//! selected with `--exact`, with `L2ARC_CRASH_CHILD` set). The child opens the
+//! cache device (a rebuild, from the second round on), reads the dataset
+//! through a small ARC from a round-dependent starting record, checks every
+//! byte it reads, and calls `feed_l2arc()` every few records. After every
+//! feed it prints `fed <l2_bufs>` and flushes: `l2_bufs` counts index entries,
+//! and an entry enters the index only after its batch's log block and the
+//! device header that points at it were written, so the number printed is a
+//! count of records in the completed log. The parent kills the child with
+//! SIGKILL after a random 10 to 300 ms (seeded; `L2ARC_CRASH_SEED` replays a
+//! run), then opens a `Cache` on the device in-process, waits for the
+//! rebuild, and reads the whole dataset through it. The next round's child
+//! starts from the device as this round left it, so damage would accumulate.
+//!
+//! What is asserted each round:
+//! - every byte read, by the child and by the parent, equals primary;
+//! - no log block fails its checks (`l2_rebuild_cksum_lb_errors`,
+//!   `l2_rebuild_io_errors` and `l2_rebuild_dh_errors` are 0) and no record
+//!   fails its checksum (`l2_cksum_bad` is 0) — a batch in flight when the
+//!   child died is not in the chain (the header still points at the previous
+//!   log block), so it cannot fail a check;
+//! - every restored record is served from flash: in the parent's single pass
+//!   over the dataset, `l2_hits == l2_rebuild_bufs`;
+//! - the bound on what survives. Without wrap (`kill9_while_feeding_keeps_
+//!   the_completed_log`: the device holds the whole dataset twice over, so
+//!   the write hand never laps): `reported <= l2_rebuild_bufs <= reported +
+//!   U`, where `reported` is the last number the child printed. A
+//!   process kill loses no completed `pwrite`, and the child prints only after
+//!   `write_header` returned, so not one record of the last reported log
+//!   block may be lost, not even the records of that batch (the "minus one
+//!   batch" allowance is for a machine crash, where the header write may not
+//!   be durable; it does not apply here). The upper bound allows the feeds
+//!   that can complete between the last print and the kill: they can only
+//!   write records that were in the ARC at the print or were read after it,
+//!   `U = arc_max / recordsize + records read between two feeds`.
+//!   With wrap (`kill9_while_feeding_with_wrap...`: a 16 MiB data area under
+//!   a 48 MiB dataset, so the hand laps many times): the rebuild keeps the
+//!   records of the newest log blocks up to the invalid margin (one maximal
+//!   batch, `B` blocks, ahead of the hand), and the end of the previous lap
+//!   may waste less than one batch, so the newest `D - 2B` blocks of the `D`
+//!   data blocks are always restorable; a record with its share of a log
+//!   block takes at most 5 blocks (16 KiB records), so the bound asserted is
+//!   `l2_rebuild_bufs >= min(reported, (D - 2B) / 5)`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use l2arc::l2arc::L2ArcConfig;
+use l2arc::l2arc::format::Compression;
+use l2arc::primary::dir::DirPrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig};
+use rand::{Rng, SeedableRng};
+
+const CHILD_ENV: &str = "L2ARC_CRASH_CHILD";
+const RECORD_BYTES: usize = 16 << 10;
+/// Records between two feeds in the child.
+const FEED_EVERY_RECORDS: u64 = 16;
+const ROUNDS: u32 = 20;
+const ARC_BYTES: u64 = 2 << 20;
+/// Time for all rounds of one test; a round is not started after it.
+const ROUNDS_SECONDS_MAX: f64 = 22.0;
+const ROUNDS_MIN: u32 = 10;
+
+/// One crash scenario: the dataset and the device.
+#[derive(Clone, Copy, Debug)]
+struct Setup {
+    dataset_bytes: usize,
+    device_bytes: u64,
+    /// A different dataset seed per scenario, so that the data differs.
+    seed: u64,
+}
+
+const NO_WRAP: Setup = Setup {
+    dataset_bytes: 48 << 20,
+    device_bytes: (1 << 20) + (96 << 20),
+    seed: 11,
+};
+
+const WRAP: Setup = Setup {
+    dataset_bytes: 48 << 20,
+    device_bytes: (1 << 20) + (16 << 20),
+    seed: 23,
+};
+
+/// The dataset: alternate 4 KiB blocks of text (compressible) and noise, so
+/// that some records are stored lz4-compressed and some are not.
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let text = b"the quick brown fox jumps over the lazy dog ";
+    (0..len)
+        .map(|i| {
+            if (i / 4096) % 3 != 2 {
+                text[(i + i / 4096) % text.len()]
+            } else {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            }
+        })
+        .collect()
+}
+
+fn open_cache(dir: &Path, passive: bool) -> (Arc<Cache>, l2arc::DatasetId) {
+    let l2arc = if passive {
+        // The checker must not write: an endurance budget of nothing, and
+        // only MFU records (it reads each record once, so it has none).
+        L2ArcConfig {
+            l2arc_dwpd: 1e-12,
+            l2arc_mfuonly: true,
+            ..L2ArcConfig::default()
+        }
+    } else {
+        L2ArcConfig {
+            l2arc_feed_min_ms: 5,
+            l2arc_feed_secs: 0.05,
+            ..L2ArcConfig::default()
+        }
+    };
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: ARC_BYTES,
+        arc_shards: 2,
+        l2arc,
+    })
+    .unwrap();
+    let ds = cache
+        .add_dataset(
+            "data",
+            Arc::new(DirPrimary::new(dir.join("src")).unwrap()),
+            DatasetConfig {
+                recordsize_bytes: RECORD_BYTES as u32,
+                compression: Compression::Lz4,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    (cache, ds)
+}
+
+/// The child: rebuild, read from `start`, feed, report, until killed.
+fn child(dir: &Path, setup: Setup, start: u64) -> ! {
+    let data = std::fs::read(dir.join("src/f")).unwrap();
+    assert_eq!(data, content(setup.dataset_bytes, setup.seed));
+    let (cache, ds) = open_cache(dir, false);
+    cache.add_cache_path(dir.join("cache.dev"), None).unwrap();
+    let l2 = Arc::clone(cache.l2arc().unwrap());
+    assert!(l2.wait_for_rebuild(Duration::from_secs(20)));
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "rebuilt {}", l2.stats().get("l2_rebuild_bufs")).unwrap();
+    out.flush().unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    let records = (setup.dataset_bytes / RECORD_BYTES) as u64;
+    let mut buf = vec![0u8; RECORD_BYTES];
+    for i in 0.. {
+        let record = (start + i) % records;
+        let offset = record as usize * RECORD_BYTES;
+        let n = cache.read(&f, offset as u64, &mut buf).unwrap();
+        if buf[..n] != data[offset..offset + RECORD_BYTES] {
+            writeln!(out, "mismatch {record}").unwrap();
+            out.flush().unwrap();
+            std::process::exit(3);
+        }
+        if i % FEED_EVERY_RECORDS == FEED_EVERY_RECORDS - 1 {
+            cache.feed_l2arc();
+            writeln!(out, "fed {}", l2.stats().get("l2_bufs")).unwrap();
+            out.flush().unwrap();
+        }
+    }
+    unreachable!()
+}
+
+/// What the child printed before it died.
+#[derive(Debug, Default)]
+struct ChildReport {
+    rebuilt: Option<u64>,
+    /// The last `l2_bufs` printed after a feed.
+    reported: Option<u64>,
+    feeds: u64,
+    mismatches: Vec<String>,
+}
+
+fn run_child(test: &str, dir: &Path, round: u32, start: u64, kill_after: Duration) -> ChildReport {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, "1")
+        .env("L2ARC_CRASH_DIR", dir)
+        .env("L2ARC_CRASH_START", start.to_string())
+        .env_remove("RUST_BACKTRACE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let report = Arc::new(Mutex::new(ChildReport::default()));
+    let stdout = child.stdout.take().unwrap();
+    let reader = {
+        let report = Arc::clone(&report);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut r = report.lock().unwrap();
+                let mut words = line.split_whitespace();
+                match (
+                    words.next(),
+                    words.next().and_then(|w| w.parse::<u64>().ok()),
+                ) {
+                    (Some("rebuilt"), Some(n)) => r.rebuilt = Some(n),
+                    (Some("fed"), Some(n)) => {
+                        r.reported = Some(n);
+                        r.feeds += 1;
+                    }
+                    (Some("mismatch"), _) => r.mismatches.push(line.clone()),
+                    _ => {}
+                }
+            }
+        })
+    };
+    let stderr = child.stderr.take().unwrap();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
+        text
+    });
+    std::thread::sleep(kill_after);
+    let early_exit = child.try_wait().unwrap();
+    // `Child::kill` is SIGKILL on Unix.
+    let _ = child.kill();
+    child.wait().unwrap();
+    reader.join().unwrap();
+    let stderr = stderr_reader.join().unwrap();
+    assert!(
+        early_exit.is_none(),
+        "round {round}: the child exited by itself ({early_exit:?}) before the kill: {stderr}"
+    );
+    Arc::try_unwrap(report).unwrap().into_inner().unwrap()
+}
+
+struct Checked {
+    rebuilt: u64,
+    log_blocks: u64,
+}
+
+/// Opens the device in-process, waits for the rebuild, reads every record.
+fn check(dir: &Path, data: &[u8], round: u32) -> Checked {
+    let (cache, ds) = open_cache(dir, true);
+    cache.add_cache_path(dir.join("cache.dev"), None).unwrap();
+    let l2 = Arc::clone(cache.l2arc().unwrap());
+    assert!(l2.wait_for_rebuild(Duration::from_secs(20)));
+    let rebuilt_stats = l2.stats();
+    let f = cache.open(ds, "f", false).unwrap();
+    let mut buf = vec![0u8; RECORD_BYTES];
+    for (record, expected) in data.chunks(RECORD_BYTES).enumerate() {
+        let n = cache
+            .read(&f, (record * RECORD_BYTES) as u64, &mut buf)
+            .unwrap();
+        assert!(
+            buf[..n] == *expected,
+            "round {round}: record {record} read through the cache differs from primary"
+        );
+    }
+    let stats = l2.stats();
+    for name in [
+        "l2_rebuild_cksum_lb_errors",
+        "l2_rebuild_io_errors",
+        "l2_rebuild_dh_errors",
+        "l2_rebuild_unsupported",
+        "l2_cksum_bad",
+        "l2_io_error",
+        "l2_evict_reading",
+        "l2_write_bytes",
+    ] {
+        assert_eq!(stats.get(name), 0, "round {round}: {name}: {stats:?}");
+    }
+    let rebuilt = stats.get("l2_rebuild_bufs");
+    assert_eq!(rebuilt_stats.get("l2_rebuild_success"), 1);
+    assert_eq!(
+        stats.get("l2_hits"),
+        rebuilt,
+        "round {round}: every restored record is served from flash: {stats:?}"
+    );
+    Checked {
+        rebuilt,
+        log_blocks: stats.get("l2_rebuild_log_blks"),
+    }
+}
+
+fn crash_rounds(test: &str, setup: Setup) {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        let dir = PathBuf::from(std::env::var_os("L2ARC_CRASH_DIR").unwrap());
+        let start = std::env::var("L2ARC_CRASH_START").unwrap().parse().unwrap();
+        child(&dir, setup, start);
+    }
+    let seed = std::env::var("L2ARC_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("{test}: L2ARC_CRASH_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir(dir.join("src")).unwrap();
+    let data = content(setup.dataset_bytes, setup.seed);
+    std::fs::write(dir.join("src/f"), &data).unwrap();
+    let device = std::fs::File::create(dir.join("cache.dev")).unwrap();
+    device.set_len(setup.device_bytes).unwrap();
+    drop(device);
+    let records = (setup.dataset_bytes / RECORD_BYTES) as u64;
+    let data_blocks = (setup.device_bytes - (1 << 20)) / 4096;
+    let batch_blocks = (data_blocks / 4).min(4096);
+    let wraps = setup.device_bytes - (1 << 20) < 2 * setup.dataset_bytes as u64;
+    let floor = (data_blocks - 2 * batch_blocks) / 5;
+
+    let began = Instant::now();
+    let mut previous = 0;
+    let mut rounds = 0;
+    let (mut feeds_total, mut max_rebuilt) = (0, 0);
+    while rounds < ROUNDS
+        && (rounds < ROUNDS_MIN || began.elapsed().as_secs_f64() < ROUNDS_SECONDS_MAX)
+    {
+        let round = rounds;
+        rounds += 1;
+        let kill_after = Duration::from_millis(rng.random_range(10..=300));
+        let start = rng.random_range(0..records);
+        let report = run_child(test, dir, round, start, kill_after);
+        assert!(
+            report.mismatches.is_empty(),
+            "round {round}: the child read wrong bytes: {:?}",
+            report.mismatches
+        );
+        if let Some(rebuilt) = report.rebuilt {
+            // The child's own rebuild found what the last check found.
+            assert_eq!(rebuilt, previous, "round {round}: child rebuild");
+        }
+        let checked = check(dir, &data, round);
+        let reported = report.reported.or(report.rebuilt).unwrap_or(previous);
+        eprintln!(
+            "round {round:2}: killed after {:3} ms, {} feeds, reported {reported}, \
+             rebuilt {} records from {} log blocks",
+            kill_after.as_millis(),
+            report.feeds,
+            checked.rebuilt,
+            checked.log_blocks,
+        );
+        if wraps {
+            assert!(
+                checked.rebuilt >= reported.min(floor),
+                "round {round}: rebuilt {} < min(reported {reported}, floor {floor})",
+                checked.rebuilt
+            );
+        } else {
+            assert!(
+                checked.rebuilt >= reported,
+                "round {round}: rebuilt {} < {reported} records the child saw in the completed log",
+                checked.rebuilt
+            );
+            // Between the last print and the kill, feeds can only have
+            // written records that were in the ARC then or read since.
+            let unreported_max = ARC_BYTES / RECORD_BYTES as u64 + FEED_EVERY_RECORDS;
+            assert!(
+                checked.rebuilt <= reported + unreported_max,
+                "round {round}: rebuilt {} > {reported} reported + one batch",
+                checked.rebuilt
+            );
+            assert!(checked.rebuilt <= records);
+        }
+        previous = checked.rebuilt;
+        feeds_total += report.feeds;
+        max_rebuilt = max_rebuilt.max(checked.rebuilt);
+    }
+    eprintln!(
+        "{test}: {rounds} rounds in {:.1} s, {feeds_total} feeds, up to {max_rebuilt} records restored",
+        began.elapsed().as_secs_f64()
+    );
+    assert!(feeds_total > 0, "no round got as far as a feed");
+    assert!(max_rebuilt > 0, "nothing was ever restored");
+}
+
+#[test]
+fn kill9_while_feeding_keeps_the_completed_log() {
+    crash_rounds("kill9_while_feeding_keeps_the_completed_log", NO_WRAP);
+}
+
+#[test]
+fn kill9_while_feeding_with_wrap_serves_only_good_bytes() {
+    crash_rounds("kill9_while_feeding_with_wrap_serves_only_good_bytes", WRAP);
+}

@@ -1,0 +1,315 @@
+//! Helpers shared by the L2ARC integrity tests (`l2arc_integrity.rs`,
+//! `l2arc_headers.rs`, `l2arc_online.rs`): real files in a tempdir, a small
+//! ARC so that reads go to the L2ARC, deterministic feeding, byte checks
+//! against primary, and decoding of the on-device format.
+
+#![allow(dead_code)]
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use l2arc::l2arc::format::{
+    self, BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, LogBlockHeader, LogEntry,
+    LogPointer,
+};
+use l2arc::l2arc::{L2ArcConfig, L2Stats};
+use l2arc::primary::dir::DirPrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig, DatasetId, ObjectHandle};
+
+/// Record size of every test dataset.
+pub const RS: usize = 64 << 10;
+/// Size of the cache device files (sparse).
+pub const DEVICE_BYTES: u64 = 32 << 20;
+
+/// Object contents: per 4 KiB block alternately text (compressible) and
+/// pseudo-random bytes, both depending on `seed`, so two seeds differ in
+/// every block.
+pub fn content(len: usize, seed: u64) -> Vec<u8> {
+    let text = format!("{seed:016x} the quick brown fox jumps over the lazy dog. ");
+    let text = text.as_bytes();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|i| {
+            if (i / 4096) % 2 == 0 {
+                text[i % text.len()]
+            } else {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            }
+        })
+        .collect()
+}
+
+/// A small xorshift generator: deterministic, no dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// L2ARC settings that keep the background feeder out of the way: it feeds
+/// once shortly after the first device is added, then sleeps for an hour.
+/// The tests feed explicitly with `Cache::feed_l2arc`.
+pub fn quiet_l2() -> L2ArcConfig {
+    L2ArcConfig {
+        l2arc_feed_secs: 3600.0,
+        l2arc_feed_min_ms: 3_600_000,
+        ..L2ArcConfig::default()
+    }
+}
+
+/// A tempdir with a primary directory `src` and some files in it.
+pub struct World {
+    pub tmp: tempfile::TempDir,
+    pub src: PathBuf,
+    /// (name, content) of every file written by `add_file`.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+impl World {
+    pub fn new() -> World {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        World {
+            tmp,
+            src,
+            files: Vec::new(),
+        }
+    }
+
+    pub fn add_file(&mut self, name: &str, len: usize, seed: u64) -> Vec<u8> {
+        let data = content(len, seed);
+        std::fs::write(self.src.join(name), &data).unwrap();
+        self.files.push((name.to_string(), data.clone()));
+        data
+    }
+
+    pub fn device_path(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    /// Every file in `src` still holds what the test wrote (primary is
+    /// never harmed by anything the cache does).
+    pub fn assert_primary_intact(&self) {
+        for (name, data) in &self.files {
+            let on_disk = std::fs::read(self.src.join(name)).unwrap();
+            assert!(on_disk == *data, "primary file {name} changed");
+        }
+    }
+}
+
+/// A cache with a 1 MiB ARC (16 records of 64 KiB) over `src`.
+pub fn new_cache(
+    src: &Path,
+    compression: Compression,
+    l2: L2ArcConfig,
+) -> (Arc<Cache>, DatasetId) {
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: 1 << 20,
+        arc_shards: 2,
+        l2arc: l2,
+    })
+    .unwrap();
+    let ds = cache
+        .add_dataset(
+            "data",
+            Arc::new(DirPrimary::new(src).unwrap()),
+            DatasetConfig {
+                recordsize_bytes: RS as u32,
+                compression,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    (cache, ds)
+}
+
+/// Drops the cache and waits until no thread holds it any more (the
+/// feeder holds it while it feeds), so that nothing writes to its devices
+/// after this returns.
+pub fn shutdown(cache: Arc<Cache>) {
+    let weak = Arc::downgrade(&cache);
+    drop(cache);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while weak.strong_count() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cache still held after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+pub fn records(data: &[u8]) -> usize {
+    data.len().div_ceil(RS)
+}
+
+/// Reads record `index` through the cache and checks every byte.
+pub fn check_record(cache: &Cache, handle: &ObjectHandle, data: &[u8], index: usize, what: &str) {
+    let mut buf = vec![0u8; RS];
+    let start = index * RS;
+    let expected = &data[start..data.len().min(start + RS)];
+    let n = cache
+        .read(handle, start as u64, &mut buf)
+        .unwrap_or_else(|e| panic!("{what}: read of record {index} failed: {e}"));
+    assert_eq!(n, expected.len(), "{what}: short read of record {index}");
+    if buf[..n] != *expected {
+        let first = (0..n).find(|&i| buf[i] != expected[i]).unwrap();
+        panic!("{what}: record {index} differs from primary at byte {first}");
+    }
+}
+
+/// Reads the whole object, record by record, checking every byte.
+pub fn check_all(cache: &Cache, handle: &ObjectHandle, data: &[u8], what: &str) {
+    for index in 0..records(data) {
+        check_record(cache, handle, data, index, what);
+    }
+}
+
+/// Reads the whole object in order and feeds the L2ARC every four records
+/// (the ARC holds at least that many per shard, so every record read is
+/// still there at the next feed): afterwards every record is on flash.
+pub fn fill(cache: &Cache, handle: &ObjectHandle, data: &[u8]) {
+    for index in 0..records(data) {
+        check_record(cache, handle, data, index, "fill");
+        if index % 4 == 3 {
+            cache.feed_l2arc();
+        }
+    }
+    cache.feed_l2arc();
+}
+
+pub fn l2(cache: &Cache) -> L2Stats {
+    cache.stats().l2.expect("cache has an L2ARC")
+}
+
+/// Per-device kstat value.
+pub fn dev_stat(stats: &L2Stats, slot: u8, name: &str) -> u64 {
+    let device = stats
+        .devices
+        .iter()
+        .find(|d| d.slot == slot)
+        .unwrap_or_else(|| panic!("no device in slot {slot}: {stats:?}"));
+    device
+        .kstats
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| *v)
+}
+
+pub fn dev_state(stats: &L2Stats, slot: u8) -> &'static str {
+    stats
+        .devices
+        .iter()
+        .find(|d| d.slot == slot)
+        .unwrap_or_else(|| panic!("no device in slot {slot}: {stats:?}"))
+        .state
+}
+
+pub fn wait_rebuild(cache: &Cache) {
+    assert!(
+        cache
+            .l2arc()
+            .unwrap()
+            .wait_for_rebuild(Duration::from_secs(20)),
+        "rebuild did not finish"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The on-device format, read and patched with ordinary (buffered) file I/O.
+
+pub fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let file = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset).unwrap();
+    buf
+}
+
+pub fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
+    let file = OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, offset).unwrap();
+    file.sync_all().unwrap();
+}
+
+/// Both header copies, as stored.
+pub fn header_blocks(path: &Path) -> (Vec<u8>, Vec<u8>) {
+    let both = read_at(path, 0, 2 * BLOCK_BYTES as usize);
+    let (a, b) = both.split_at(BLOCK_BYTES as usize);
+    (a.to_vec(), b.to_vec())
+}
+
+/// The header the cache would choose, and which copy it is.
+pub fn header(path: &Path) -> (DeviceHeader, usize) {
+    let (a, b) = header_blocks(path);
+    DeviceHeader::choose(&a, &b).unwrap()
+}
+
+/// Rewrites one header copy (the one `header.sequence % 2` names).
+pub fn write_header(path: &Path, header: &DeviceHeader) {
+    let mut block = [0u8; 4096];
+    header.encode(&mut block);
+    write_at(path, HEADER_COPY_OFFSETS[header.copy_index()], &block);
+}
+
+/// One log block as found on the device.
+pub struct LogBlock {
+    pub pointer: LogPointer,
+    pub header: LogBlockHeader,
+    pub entries: Vec<LogEntry>,
+}
+
+/// The log chain from the newest block back, following `prev` while the
+/// blocks decode and match their pointers.
+pub fn log_chain(path: &Path) -> Vec<LogBlock> {
+    let (header, _) = header(path);
+    let mut chain = Vec::new();
+    let mut pointer = header.newest_log;
+    while let Some(p) = pointer {
+        let buf = read_at(path, p.offset_bytes, p.size_bytes as usize);
+        if format::log_block_content_crc(&buf) != p.crc {
+            break;
+        }
+        let Ok((lb, entries)) = format::decode_log_block(&buf, header.device_guid) else {
+            break;
+        };
+        pointer = lb.prev;
+        chain.push(LogBlock {
+            pointer: p,
+            header: lb,
+            entries,
+        });
+    }
+    chain
+}
+
+/// Rewrites a log block with `entries` (same header) and returns the
+/// CRC of its new content, the value a pointer to it must carry.
+pub fn rewrite_log_block(path: &Path, block: &LogBlock, entries: &[LogEntry]) -> u32 {
+    let mut buf = vec![0u8; block.pointer.size_bytes as usize];
+    let crc = format::encode_log_block(&block.header, entries, &mut buf);
+    write_at(path, block.pointer.offset_bytes, &buf);
+    crc
+}
+
+/// Contents of a file, for "untouched" checks.
+pub fn file_bytes(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
