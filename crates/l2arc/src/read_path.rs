@@ -29,9 +29,10 @@
 //! record, generation token) before primary storage is read. A feeder thread
 //! copies records from the cold ends of the ARC lists to flash. Writes drop
 //! the records they touch from both tiers; a feed that raced with a write
-//! checks a short log of recent invalidations after it indexed its batch and
-//! drops what the write made stale, so a record copied before a write can
-//! never be found after it.
+//! checks a short log of recent invalidations before it indexes its batch,
+//! under the lock the write holds while it drops its records, and leaves out
+//! what the write made stale, so a record copied before a write can never be
+//! found after it.
 
 use std::io;
 use std::ops::Range;
@@ -237,6 +238,17 @@ struct Invalidations {
     recent: VecDeque<(u64, u64)>,
 }
 
+/// Logs a write to an object for feeds in flight (see `feed_l2arc`).
+fn note_invalidation(invalidations: &mut Invalidations, handle: &ObjectHandle) {
+    let object_hash = hash_one(&(handle.dataset_id.0, handle.state.id));
+    invalidations.sequence += 1;
+    let sequence = invalidations.sequence;
+    if invalidations.recent.len() == INVALIDATIONS_KEPT {
+        invalidations.recent.pop_front();
+    }
+    invalidations.recent.push_back((sequence, object_hash));
+}
+
 /// The L2 identity of a record: dataset uid, object, record, generation.
 fn l2_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64) -> u64 {
     hash_one(&(dataset_uid, object, record, token)).max(1)
@@ -406,29 +418,36 @@ impl Cache {
                 compression: *compression,
             })
             .collect();
-        let (bytes, records) = match l2.write_batch(&batch) {
+        // Index the batch, but not what a write made stale while it was in
+        // flight: decided and done under the lock a write holds while it
+        // drops its records, so that no record copied before a write is
+        // findable once the write has returned.
+        let mut gate = |n: usize, index: &mut dyn FnMut(&[bool])| {
+            let invalidations = self.invalidations.lock().expect("invalidations poisoned");
+            let lost_track = invalidations
+                .recent
+                .front()
+                .is_some_and(|&(sequence, _)| sequence > start_sequence + 1);
+            let keep: Vec<bool> = keys[..n]
+                .iter()
+                .map(|key| {
+                    if invalidations.sequence == start_sequence {
+                        return true;
+                    }
+                    let object_hash = hash_one(&(key.dataset, key.object));
+                    !(lost_track
+                        || invalidations
+                            .recent
+                            .iter()
+                            .any(|&(sequence, h)| sequence > start_sequence && h == object_hash))
+                })
+                .collect();
+            index(&keep);
+        };
+        let (bytes, records) = match l2.write_batch_gated(&batch, &mut gate) {
             Ok(written) => written,
             Err(_) => return FeedOutcome::default(),
         };
-        // Drop what a write made stale while this batch was in flight.
-        let invalidations = self.invalidations.lock().expect("invalidations poisoned");
-        let lost_track = invalidations
-            .recent
-            .front()
-            .is_some_and(|&(sequence, _)| sequence > start_sequence + 1);
-        if invalidations.sequence != start_sequence {
-            for (record, key) in batch[..records].iter().zip(&keys) {
-                let object_hash = hash_one(&(key.dataset, key.object));
-                let stale = lost_track
-                    || invalidations
-                        .recent
-                        .iter()
-                        .any(|&(sequence, h)| sequence > start_sequence && h == object_hash);
-                if stale {
-                    l2.invalidate(record.key_hash);
-                }
-            }
-        }
         FeedOutcome {
             records,
             bytes,
@@ -735,13 +754,22 @@ impl Cache {
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
         let first = offset / recordsize;
         let last = (offset + data.len() as u64 - 1) / recordsize;
-        // The old last record may be short: a write past it changes its
-        // length. Records beyond the old end were never cached.
-        let old_last = old_size_bytes.saturating_sub(1) / recordsize;
+        // A short old last record grows with a write past the old end: its
+        // cached copies are wrong then. Records beyond the old end were
+        // never cached.
+        let old_last = (offset + data.len() as u64 > old_size_bytes
+            && !old_size_bytes.is_multiple_of(recordsize))
+        .then(|| old_size_bytes / recordsize);
         let token = handle.state.token.load(Ordering::Acquire);
-        self.note_invalidation(handle);
-        for record in std::iter::once(old_last).chain(first..=last) {
-            self.drop_record(handle, record, token);
+        {
+            // Under the lock a feed holds while it indexes a batch: a feed
+            // either indexed its copies before (and they are dropped here) or
+            // sees this write and indexes none of this object's records.
+            let mut invalidations = self.invalidations.lock().expect("invalidations poisoned");
+            note_invalidation(&mut invalidations, handle);
+            for record in old_last.into_iter().chain(first..=last) {
+                self.drop_record(handle, record, token);
+            }
         }
         let info = handle.object.info()?;
         self.adopt(handle, info, false);
@@ -750,25 +778,10 @@ impl Cache {
         Ok(())
     }
 
-    /// Logs a write to an object for feeds in flight (see `feed_l2arc`).
-    fn note_invalidation(&self, handle: &ObjectHandle) {
-        let object_hash = hash_one(&(handle.dataset_id.0, handle.state.id));
-        let mut invalidations = self.invalidations.lock().expect("invalidations poisoned");
-        invalidations.sequence += 1;
-        let sequence = invalidations.sequence;
-        if invalidations.recent.len() == INVALIDATIONS_KEPT {
-            invalidations.recent.pop_front();
-        }
-        invalidations.recent.push_back((sequence, object_hash));
-    }
-
-    /// Drops one record from the ARC and the L2ARC.
+    /// Drops one record from the L2ARC and the ARC. In that order: a fill
+    /// that read the flash copy before it was dropped was claimed before
+    /// the ARC invalidation, which dooms it, so it never enters the ARC.
     fn drop_record(&self, handle: &ObjectHandle, record: u64, token: u64) {
-        self.arc.invalidate(RecordKey {
-            dataset: handle.dataset_id.0,
-            object: handle.state.id,
-            record,
-        });
         if let Some(l2) = self.l2.get() {
             l2.invalidate(l2_key_hash(
                 handle.dataset.uid,
@@ -777,6 +790,11 @@ impl Cache {
                 token,
             ));
         }
+        self.arc.invalidate(RecordKey {
+            dataset: handle.dataset_id.0,
+            object: handle.state.id,
+            record,
+        });
     }
 
     /// Makes written data durable on primary storage.

@@ -2086,44 +2086,4 @@ mod tests {
 
     // ---- speed (not an assertion): cargo test -p l2arc --lib l2arc::format -- --ignored --nocapture
 
-    #[test]
-    #[ignore = "measurement, run with --ignored --nocapture"]
-    fn measure_speed() {
-        use std::hint::black_box;
-        use std::time::Instant;
-        const SIZE: usize = 131_072;
-        let data = text_like(SIZE, 1);
-        let rate = |bytes: usize, secs: f64| bytes as f64 / secs / 1e6;
-
-        let iters = 20_000;
-        let t = Instant::now();
-        let mut acc = 0u32;
-        for i in 0..iters {
-            acc ^= record_checksum(black_box(i as u64), black_box(&data));
-        }
-        black_box(acc);
-        println!(
-            "record_checksum: {:.1} GB/s",
-            rate(SIZE * iters, t.elapsed().as_secs_f64()) / 1000.0
-        );
-
-        let mut frame = Vec::new();
-        for c in [Compression::Lz4, Compression::Zstd] {
-            let iters = 300;
-            let t = Instant::now();
-            for _ in 0..iters {
-                assert!(compress(black_box(&data), c, &mut frame));
-            }
-            let comp = rate(SIZE * iters, t.elapsed().as_secs_f64());
-            let ratio = SIZE as f64 / (frame.len() + 8) as f64;
-            let bytes = frame.clone();
-            let mut out = vec![0u8; SIZE];
-            let t = Instant::now();
-            for _ in 0..iters * 4 {
-                decompress(c, black_box(&bytes), &mut out).unwrap();
-            }
-            let decomp = rate(SIZE * iters * 4, t.elapsed().as_secs_f64());
-            println!("{c}: compress {comp:.0} MB/s, decompress {decomp:.0} MB/s, ratio {ratio:.2}");
-        }
-    }
 }

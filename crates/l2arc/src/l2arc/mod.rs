@@ -279,6 +279,11 @@ impl Geometry {
     }
 }
 
+/// Decides which records of a written batch are indexed (see
+/// [`L2Arc::write_batch_gated`]): called with the batch's record count and
+/// the function that indexes them, one flag per record.
+pub type IndexGate<'a> = dyn FnMut(usize, &mut dyn FnMut(&[bool])) + 'a;
+
 /// One record handed to the feeder's batch writer.
 pub struct FeedRecord<'a> {
     pub key_hash: u64,
@@ -402,6 +407,20 @@ impl L2Arc {
             )
         })?;
         let (a, b) = headers.split_at(BLOCK_BYTES as usize);
+        // A copy of a newer format (our magic, a good checksum, another
+        // version) means a newer build owns the device: never overwrite it,
+        // whatever the other copy holds.
+        let crc_at = format::DEVICE_HEADER_BYTES - 4;
+        for copy in [a, b] {
+            if let Err(e @ format::FormatError::UnsupportedVersion(_)) = DeviceHeader::decode(copy)
+                && copy[crc_at..crc_at + 4] == crc32c::crc32c(&copy[..crc_at]).to_le_bytes()
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("cache device {name}: {e}; refusing to overwrite a newer format"),
+                ));
+            }
+        }
         let counters = DeviceCounters::default();
         let (header, open) = match DeviceHeader::choose(a, b) {
             Ok((header, _)) if header.device_size_bytes <= size_bytes => {
@@ -423,15 +442,6 @@ impl L2Arc {
                 let ours = a.starts_with(b"L2ARCHDR") || b.starts_with(b"L2ARCHDR");
                 let blank = headers.iter().all(|&x| x == 0);
                 if ours {
-                    if matches!(e, format::FormatError::UnsupportedVersion(_)) {
-                        counters.rebuild_unsupported.fetch_add(1, Ordering::Relaxed);
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            format!(
-                                "cache device {name}: {e}; refusing to overwrite a newer format"
-                            ),
-                        ));
-                    }
                     counters.rebuild_dh_errors.fetch_add(1, Ordering::Relaxed);
                 } else if !blank && !self.config.force_init_foreign {
                     return Err(io::Error::new(
@@ -518,22 +528,83 @@ impl L2Arc {
     /// Walks the device's log from the newest block back and restores every
     /// entry the hand has not overwritten. Reads are served meanwhile: what is
     /// not restored yet is a miss.
+    ///
+    /// Reading and checking log blocks (I/O, CRC, decoding) runs in a second
+    /// thread, a couple of blocks ahead of restoring their entries into the
+    /// index, so that the device and the index work at the same time.
     fn rebuild(&self, device: &CacheDevice) {
         let started = std::time::Instant::now();
-        let c = &device.counters;
-        let mut pointer = device
+        let newest_log = device
             .writer
             .lock()
             .expect("writer poisoned")
             .header
             .newest_log;
-        let mut expected_sequence: Option<u64> = None;
         let mut newest_sequence = 0u64;
+        let mut restore = |sequence: u64, entries: &[LogEntry]| {
+            if newest_sequence == 0 {
+                newest_sequence = sequence;
+            }
+            self.restore_entries(device, entries);
+        };
+        std::thread::scope(|scope| {
+            let (sender, receiver) = std::sync::mpsc::sync_channel::<(u64, Vec<LogEntry>)>(2);
+            let walker = std::thread::Builder::new()
+                .name(format!("l2arc-rebuild-read-{}", device.slot))
+                .spawn_scoped(scope, move || {
+                    self.walk_log(device, newest_log, |sequence, entries| {
+                        sender.send((sequence, entries)).is_ok()
+                    });
+                });
+            if walker.is_ok() {
+                for (sequence, entries) in receiver {
+                    restore(sequence, &entries);
+                }
+            } else {
+                // No second thread: read and restore in turn.
+                self.walk_log(device, newest_log, |sequence, entries| {
+                    restore(sequence, &entries);
+                    true
+                });
+            }
+        });
+        let c = &device.counters;
+        device.writer.lock().expect("writer poisoned").log_sequence = newest_sequence;
+        c.rebuild_ns
+            .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.rebuild_success.fetch_add(1, Ordering::Relaxed);
+        let _ = device.state.compare_exchange(
+            STATE_REBUILDING,
+            STATE_ONLINE,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Follows the log from `newest_log` back, checking every log block, and
+    /// hands the sequence and entries of each good one to `found`, newest
+    /// first, until a block fails, lies where the hand has been since, or
+    /// `found` returns false.
+    fn walk_log(
+        &self,
+        device: &CacheDevice,
+        newest_log: Option<LogPointer>,
+        mut found: impl FnMut(u64, Vec<LogEntry>) -> bool,
+    ) {
+        let c = &device.counters;
+        let mut pointer = newest_log;
+        let mut expected_sequence: Option<u64> = None;
+        let (hand_lap, hand) = device.position();
+        // The block and lap of the log block walked last.
+        let mut newer: Option<(u32, u32)> = None;
         let mut walked = 0u64;
         let walk_max = device.data_blocks();
         let mut buf = AlignedBuf::zeroed(0);
         while let Some(p) = pointer {
-            if self.stopping.load(Ordering::Relaxed) || walked >= walk_max {
+            if self.stopping.load(Ordering::Relaxed)
+                || walked >= walk_max
+                || device.state.load(Ordering::SeqCst) == STATE_REMOVED
+            {
                 break;
             }
             walked += 1;
@@ -543,6 +614,22 @@ impl L2Arc {
                 || u64::from(block) + u64::from(blocks) > u64::from(device.end_block)
             {
                 c.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            // The log ends at a log block the hand has swept over since it was
+            // written, whatever its bytes are now (a later lap's data, or a
+            // batch cut short by a crash): judge by position and lap before
+            // reading, so that is no checksum error. Blocks rise within a
+            // lap, so the lap of the block pointed at is known: the newest
+            // lies below the hand unless the hand has just wrapped, and a
+            // predecessor lies below its successor unless the lap changed.
+            let lap = match newer {
+                None if block < hand => hand_lap,
+                None => hand_lap.wrapping_sub(1),
+                Some((newer_block, newer_lap)) if block < newer_block => newer_lap,
+                Some((_, newer_lap)) => newer_lap.wrapping_sub(1),
+            };
+            if !device.holds(block, lap % 32) || !device.holds(block + blocks - 1, lap % 32) {
                 break;
             }
             if buf.capacity_bytes() < p.size_bytes as usize {
@@ -576,40 +663,57 @@ impl L2Arc {
             if !device.holds(block, lb.lap % 32) || !device.holds(block + blocks - 1, lb.lap % 32) {
                 break;
             }
-            if newest_sequence == 0 {
-                newest_sequence = lb.sequence;
+            if !found(lb.sequence, entries) {
+                break;
             }
-            for entry in entries {
-                let location = entry.location.with_device(device.slot);
-                if !device.holds_location(location) {
-                    continue;
-                }
-                let restored = IndexEntry {
-                    key_hash: entry.key_hash,
-                    location: location.0,
-                    checksum: entry.checksum,
-                };
-                if self.index.insert_if_absent(restored) {
-                    account_insert(c, location);
-                    c.rebuild_bufs.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    c.rebuild_bufs_precached.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            c.rebuild_log_blks.fetch_add(1, Ordering::Relaxed);
             expected_sequence = lb.sequence.checked_sub(1);
+            newer = Some((lb.first_block, lb.lap));
             pointer = lb.prev;
         }
-        device.writer.lock().expect("writer poisoned").log_sequence = newest_sequence;
-        c.rebuild_ns
-            .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        c.rebuild_success.fetch_add(1, Ordering::Relaxed);
-        let _ = device.state.compare_exchange(
-            STATE_REBUILDING,
-            STATE_ONLINE,
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        );
+    }
+
+    /// Restores one log block's entries that the hand has not overwritten,
+    /// unless a newer entry for the same record is in the index already.
+    /// The counters are updated once per log block, not per entry.
+    fn restore_entries(&self, device: &CacheDevice, entries: &[LogEntry]) {
+        // Under the writer lock, as a feed indexes its batch: `remove_device`
+        // marks the device removed, then takes this lock before it forgets
+        // the device's entries, so none restored here outlives the device.
+        let _writer = device.writer.lock().expect("writer poisoned");
+        if device.state.load(Ordering::SeqCst) != STATE_REBUILDING {
+            return;
+        }
+        let (mut restored, mut precached, mut plain, mut compressed) = (0u64, 0u64, 0u64, 0u64);
+        for entry in entries {
+            let location = entry.location.with_device(device.slot);
+            if !device.holds_location(location) {
+                continue;
+            }
+            let inserted = self.index.insert_if_absent(IndexEntry {
+                key_hash: entry.key_hash,
+                location: location.0,
+                checksum: entry.checksum,
+            });
+            if !inserted {
+                precached += 1;
+                continue;
+            }
+            restored += 1;
+            // As `account_insert` counts it.
+            if location.compression() == Some(Compression::Off) {
+                plain += location.stored_bytes() as u64;
+            } else {
+                compressed += u64::from(location.asize_blocks()) * BLOCK_BYTES;
+            }
+        }
+        let c = &device.counters;
+        c.entries.fetch_add(restored, Ordering::Relaxed);
+        c.asize_plain.fetch_add(plain, Ordering::Relaxed);
+        c.asize_compressed.fetch_add(compressed, Ordering::Relaxed);
+        c.rebuild_bufs.fetch_add(restored, Ordering::Relaxed);
+        c.rebuild_bufs_precached
+            .fetch_add(precached, Ordering::Relaxed);
+        c.rebuild_log_blks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// True while any device is still rebuilding its index.
@@ -823,6 +927,19 @@ impl L2Arc {
     /// indexes them. Returns the bytes written and how many of `records`
     /// (a prefix) went in; `(0, 0)` when no device is usable.
     pub fn write_batch(&self, records: &[FeedRecord<'_>]) -> io::Result<(u64, usize)> {
+        self.write_batch_gated(records, &mut |n, index| index(&vec![true; n]))
+    }
+
+    /// [`write_batch`](Self::write_batch), but once the batch is on the
+    /// device, `gate(n, index)` decides which of its `n` records are
+    /// indexed by calling `index` with one flag per record. The caller
+    /// holds its own lock around that call, so that a record it has learnt
+    /// is stale (written to since it was copied) is never findable.
+    pub fn write_batch_gated(
+        &self,
+        records: &[FeedRecord<'_>],
+        gate: &mut IndexGate<'_>,
+    ) -> io::Result<(u64, usize)> {
         if records.is_empty() {
             return Ok((0, 0));
         }
@@ -833,7 +950,7 @@ impl L2Arc {
         }
         let turn = self.rotor.fetch_add(1, Ordering::Relaxed) as usize % online.len();
         let device = &online[turn];
-        let result = self.write_batch_to(device, records);
+        let result = self.write_batch_to(device, records, gate);
         match &result {
             Ok((bytes, _)) => {
                 device.note_success();
@@ -853,6 +970,7 @@ impl L2Arc {
         &self,
         device: &CacheDevice,
         records: &[FeedRecord<'_>],
+        gate: &mut IndexGate<'_>,
     ) -> io::Result<(u64, usize)> {
         let mut writer = device.writer.lock().expect("writer poisoned");
         if !device.is_online() {
@@ -904,6 +1022,18 @@ impl L2Arc {
         if hand + total_blocks > device.end_block {
             lap = lap.wrapping_add(1);
             hand = device.start_block;
+            // Publish the wrap on the device before writing over the start
+            // of the data area: until then the header's rule holds the
+            // records there valid, and a batch cut short by a crash would
+            // leave other bytes where a rebuild expects them. At (lap + 1,
+            // start) they fall in the margin ahead of the hand instead.
+            let mut header = writer.header.clone();
+            header.sequence += 1;
+            header.hand_block = hand;
+            header.lap = lap;
+            device.write_header(&header)?;
+            device.io.sync()?;
+            writer.header = header;
         }
         device.position.store(
             (u64::from(lap) << 32) | u64::from(hand + total_blocks),
@@ -967,19 +1097,23 @@ impl L2Arc {
         writer.header = header;
         writer.log_sequence += 1;
 
-        for (entry, (_, _, compression, logical)) in entries.iter().zip(&payloads) {
-            let old = self.index.insert(IndexEntry {
-                key_hash: entry.key_hash,
-                location: entry.location.0,
-                checksum: entry.checksum,
-            });
-            if let Some(old) = old {
-                let old_location = Location(old.location);
-                if let Some(old_device) = self.device(old_location.device()) {
-                    account_remove(&old_device.counters, old_location);
+        gate(entries.len(), &mut |flags| {
+            for (entry, _) in entries.iter().zip(flags).filter(|(_, keep)| **keep) {
+                let old = self.index.insert(IndexEntry {
+                    key_hash: entry.key_hash,
+                    location: entry.location.0,
+                    checksum: entry.checksum,
+                });
+                if let Some(old) = old {
+                    let old_location = Location(old.location);
+                    if let Some(old_device) = self.device(old_location.device()) {
+                        account_remove(&old_device.counters, old_location);
+                    }
                 }
+                account_insert(c, entry.location);
             }
-            account_insert(c, entry.location);
+        });
+        for (entry, (_, _, compression, logical)) in entries.iter().zip(&payloads) {
             if *compression != Compression::Off {
                 c.compressed_lsize_written
                     .fetch_add(*logical as u64, Ordering::Relaxed);

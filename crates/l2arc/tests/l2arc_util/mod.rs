@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use l2arc::l2arc::device::DeviceIo;
 use l2arc::l2arc::format::{
     self, BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, LogBlockHeader, LogEntry,
     LogPointer,
 };
-use l2arc::l2arc::{L2ArcConfig, L2Stats};
+use l2arc::l2arc::{DeviceOpen, L2ArcConfig, L2Stats};
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig, DatasetId, ObjectHandle};
 
@@ -74,6 +75,20 @@ pub fn quiet_l2() -> L2ArcConfig {
     }
 }
 
+/// Raises every flag when dropped: created first thing in a
+/// `thread::scope` body, it stops the scope's looping threads even when
+/// the body panics, so that a failed assertion fails the test instead of
+/// hanging it.
+pub struct StopOnDrop<'a>(pub Vec<&'a std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        for flag in &self.0 {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
 /// A tempdir with a primary directory `src` and some files in it.
 pub struct World {
     pub tmp: tempfile::TempDir,
@@ -116,11 +131,7 @@ impl World {
 }
 
 /// A cache with a 1 MiB ARC (16 records of 64 KiB) over `src`.
-pub fn new_cache(
-    src: &Path,
-    compression: Compression,
-    l2: L2ArcConfig,
-) -> (Arc<Cache>, DatasetId) {
+pub fn new_cache(src: &Path, compression: Compression, l2: L2ArcConfig) -> (Arc<Cache>, DatasetId) {
     let cache = Cache::new(CacheConfig {
         arc_max_bytes: 1 << 20,
         arc_shards: 2,
@@ -139,6 +150,38 @@ pub fn new_cache(
         )
         .unwrap();
     (cache, ds)
+}
+
+/// The background feeder feeds once 10 ms after the first device is added
+/// (and with `quiet_l2` then sleeps for an hour). Give it that feed while
+/// the ARC is still empty, so that it never races with the test's feeds.
+fn settle_feeder(first: bool) {
+    if first {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `Cache::add_cache_path`, then lets the background feeder settle.
+pub fn add_path(
+    cache: &Arc<Cache>,
+    path: &Path,
+    create_size_bytes: Option<u64>,
+) -> std::io::Result<(u8, DeviceOpen)> {
+    let first = cache.l2arc().is_none();
+    let added = cache.add_cache_path(path, create_size_bytes);
+    settle_feeder(first && added.is_ok());
+    added
+}
+
+/// `Cache::add_cache_device`, then lets the background feeder settle.
+pub fn add_device(
+    cache: &Arc<Cache>,
+    device: Box<dyn DeviceIo>,
+) -> std::io::Result<(u8, DeviceOpen)> {
+    let first = cache.l2arc().is_none();
+    let added = cache.add_cache_device(device);
+    settle_feeder(first && added.is_ok());
+    added
 }
 
 /// Drops the cache and waits until no thread holds it any more (the
