@@ -1,9 +1,314 @@
-//! Placeholder: being written.
+//! DRAM per cached L2ARC record: the index, against OpenZFS's headers.
+//!
+//! Every record on a cache device costs one index entry in DRAM, so DRAM per
+//! record decides how large an L2ARC a machine can afford. Measured three
+//! ways, at each size (default 1 M and 10 M records), for an index pre-sized
+//! as `L2Arc::new` sizes it (64 shards, the expected record count) and for
+//! one grown from empty:
+//!
+//! - `L2Index::memory_bytes() / len`: what the index says it holds (slot
+//!   arrays and shard structs; this is `l2_hdr_size`);
+//! - the process RSS (`/proc/self/statm`) after the build minus before, and
+//!   the peak RSS during the build (`VmHWM`, reset through
+//!   `/proc/self/clear_refs`), per record: what the kernel actually gave.
+//!   Each build runs in a fresh child process (this binary, re-executed), so
+//!   memory freed by one build and kept by the allocator cannot hide the
+//!   cost of the next;
+//! - OpenZFS: a record that is only on the L2ARC keeps an `arc_buf_hdr_t`
+//!   cut at `b_l1hdr` (`HDR_L2ONLY_SIZE` in `include/sys/arc_impl.h`): the
+//!   DVA (16), birth (8), type, compression level and padding (8), hash
+//!   chain pointer (8), flags and sizes (8), spa (8), then `l2arc_buf_hdr_t`
+//!   (device pointer 8, device address 8, hits and state 8, list node 16):
+//!   96 bytes on 64-bit, before slab and hash-table overhead. So 100 GiB of
+//!   8 KiB records (13,107,200 records) cost OpenZFS 1.17 GiB of DRAM.
+//!
+//! The entries are synthetic (hashed keys, plausible location words) and go
+//! in through the public `l2arc::l2arc::index::L2Index` API, one at a time,
+//! as a feeder or a rebuild inserts them.
 
-use anyhow::{Result, bail};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use l2arc::hash::mix64;
+use l2arc::l2arc::index::{IndexEntry, L2Index};
+use serde::{Deserialize, Serialize};
 
 use super::BenchArgs;
 
-pub fn run(_args: &BenchArgs) -> Result<()> {
-    bail!("this scenario is not built yet")
+/// Shards, as `L2Arc::new` makes them.
+const SHARDS: usize = 64;
+/// `HDR_L2ONLY_SIZE` on 64-bit OpenZFS (see the module comment).
+const OPENZFS_L2ONLY_HDR_BYTES: f64 = 96.0;
+/// 100 GiB of 8 KiB records.
+const RECORDS_PER_100GIB_OF_8K: u64 = (100 << 30) / (8 << 10);
+const CHILD_ENV: &str = "L2ARC_BENCH_INDEX_CHILD";
+const DEFAULT_RECORDS: [u64; 2] = [1_000_000, 10_000_000];
+const RECORDS_MAX: u64 = 1_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Build {
+    /// `L2Index::new(64, records)`: sized for the records up front.
+    PreSized,
+    /// `L2Index::new(64, 0)`: every shard grows by 1.25x as it fills.
+    GrownFromEmpty,
+}
+
+/// One build, measured in a child process.
+#[derive(Debug, Serialize, Deserialize)]
+struct Measured {
+    records: u64,
+    build: Build,
+    index_bytes: u64,
+    rss_delta_bytes: u64,
+    /// `None` where `/proc/self/clear_refs` cannot reset the peak.
+    rss_peak_delta_bytes: Option<u64>,
+    insert_seconds: f64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    records: u64,
+    build: Build,
+    index_bytes_per_record: f64,
+    rss_delta_bytes_per_record: f64,
+    rss_peak_delta_bytes_per_record: Option<f64>,
+    openzfs_bytes_per_record: f64,
+    /// OpenZFS bytes per record over ours (`memory_bytes`).
+    openzfs_over_ours: f64,
+    /// DRAM for 100 GiB of 8 KiB records at this density.
+    gib_per_100gib_of_8k_records: f64,
+    openzfs_gib_per_100gib_of_8k_records: f64,
+    inserts_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    shards: usize,
+    openzfs_l2only_header_bytes: f64,
+    rows: Vec<Row>,
+}
+
+/// Resident bytes of this process (`/proc/self/statm`, 4 KiB pages).
+fn rss_bytes() -> Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").context("read /proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .context("parse /proc/self/statm")?;
+    Ok(pages * 4096)
+}
+
+/// Peak resident bytes since the last reset (`VmHWM`).
+fn rss_peak_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Resets `VmHWM` to the current RSS (Linux 4.0 and later).
+fn reset_rss_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// A plausible entry for record `n`: a hashed key (never 0), a location
+/// word with a block, lap, size and compression, a checksum.
+#[inline]
+fn entry(n: u64) -> IndexEntry {
+    let key_hash = mix64(n ^ 0x6c32_6172_6300_0000).max(1);
+    IndexEntry {
+        key_hash,
+        location: (n & 0xffff_ffff) | (1 << 32) | (2 << 41) | (1 << 50),
+        checksum: key_hash as u32 ^ 0x5bd1_e995,
+    }
+}
+
+/// Builds one index of `records` entries, in this process, and measures it.
+fn measure(records: u64, build: Build) -> Result<Measured> {
+    let peak_ok = reset_rss_peak();
+    let before = rss_bytes()?;
+    let peak_before = rss_peak_bytes();
+    let started = Instant::now();
+    let index = L2Index::new(
+        SHARDS,
+        match build {
+            Build::PreSized => records as usize,
+            Build::GrownFromEmpty => 0,
+        },
+    );
+    for n in 1..=records {
+        index.insert(entry(n));
+    }
+    let insert_seconds = started.elapsed().as_secs_f64();
+    let after = rss_bytes()?;
+    let peak_after = rss_peak_bytes();
+    if index.len() as u64 != records {
+        bail!(
+            "the index holds {} entries, not {records}: colliding synthetic keys",
+            index.len()
+        );
+    }
+    // Every entry is there and intact.
+    for n in (1..=records).step_by((records / 1000).max(1) as usize) {
+        if index.get(entry(n).key_hash) != Some(entry(n)) {
+            bail!("entry {n} lost or damaged");
+        }
+    }
+    let rss_peak_delta_bytes = match (peak_ok, peak_before, peak_after) {
+        (true, Some(b), Some(a)) => Some(a.saturating_sub(b.min(before))),
+        _ => None,
+    };
+    Ok(Measured {
+        records,
+        build,
+        index_bytes: index.memory_bytes() as u64,
+        rss_delta_bytes: after.saturating_sub(before),
+        rss_peak_delta_bytes,
+        insert_seconds,
+    })
+}
+
+/// Runs one measurement in a fresh copy of this process.
+fn measure_in_child(records: u64, build: Build) -> Result<Measured> {
+    let exe = std::env::current_exe().context("cannot find the l2arc binary to re-execute")?;
+    let spec = serde_json::to_string(&(records, build))?;
+    let out = Command::new(&exe)
+        .args(["bench", "--scenario", "l2-index"])
+        .env(CHILD_ENV, spec)
+        .output()
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "index build of {records} records ({build:?}) failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("child's measurement")
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let (records, build): (u64, Build) =
+            serde_json::from_str(&spec).context("bad child measurement spec")?;
+        println!("{}", serde_json::to_string(&measure(records, build)?)?);
+        return Ok(());
+    }
+    let sizes = if args.records.is_empty() {
+        DEFAULT_RECORDS.to_vec()
+    } else {
+        args.records.clone()
+    };
+    if let Some(&n) = sizes.iter().find(|&&n| n > RECORDS_MAX) {
+        bail!("--records {n}: at most {RECORDS_MAX} for --scenario l2-index");
+    }
+    let mut rows = Vec::new();
+    for &records in &sizes {
+        for build in [Build::PreSized, Build::GrownFromEmpty] {
+            if !args.json {
+                eprint!("building an index of {records} records ({build:?})...\r");
+            }
+            let m = measure_in_child(records, build)?;
+            let per = |bytes: u64| bytes as f64 / records as f64;
+            let ours = per(m.index_bytes);
+            let to_gib = |bytes_per_record: f64| {
+                bytes_per_record * RECORDS_PER_100GIB_OF_8K as f64 / (1u64 << 30) as f64
+            };
+            rows.push(Row {
+                records,
+                build,
+                index_bytes_per_record: ours,
+                rss_delta_bytes_per_record: per(m.rss_delta_bytes),
+                rss_peak_delta_bytes_per_record: m.rss_peak_delta_bytes.map(per),
+                openzfs_bytes_per_record: OPENZFS_L2ONLY_HDR_BYTES,
+                openzfs_over_ours: OPENZFS_L2ONLY_HDR_BYTES / ours,
+                gib_per_100gib_of_8k_records: to_gib(ours),
+                openzfs_gib_per_100gib_of_8k_records: to_gib(OPENZFS_L2ONLY_HDR_BYTES),
+                inserts_per_sec: records as f64 / m.insert_seconds,
+            });
+        }
+    }
+    if !args.json {
+        eprint!("{:60}\r", "");
+    }
+    let report = Report {
+        shards: SHARDS,
+        openzfs_l2only_header_bytes: OPENZFS_L2ONLY_HDR_BYTES,
+        rows,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "L2ARC index: DRAM per cached record ({SHARDS} shards), against OpenZFS's \
+         {OPENZFS_L2ONLY_HDR_BYTES:.0}-byte L2-only header"
+    );
+    println!(
+        "{:>11} {:<17} {:>9} {:>10} {:>9} {:>8} {:>8} {:>14} {:>11}",
+        "records",
+        "build",
+        "index B",
+        "RSS B",
+        "peak B",
+        "OpenZFS",
+        "ratio",
+        "per 100 GiB 8K",
+        "inserts/s"
+    );
+    for r in &report.rows {
+        println!(
+            "{:>11} {:<17} {:>9.1} {:>10.1} {:>9} {:>8.0} {:>7.1}x {:>10.3} GiB {:>10.2}M",
+            r.records,
+            format!("{:?}", r.build),
+            r.index_bytes_per_record,
+            r.rss_delta_bytes_per_record,
+            r.rss_peak_delta_bytes_per_record
+                .map_or("-".to_string(), |b| format!("{b:.1}")),
+            r.openzfs_bytes_per_record,
+            r.openzfs_over_ours,
+            r.gib_per_100gib_of_8k_records,
+            r.inserts_per_sec / 1e6,
+        );
+    }
+    println!(
+        "OpenZFS: {:.2} GiB per 100 GiB of 8 KiB records ({} records x {OPENZFS_L2ONLY_HDR_BYTES:.0} B, \
+         HDR_L2ONLY_SIZE = offsetof(arc_buf_hdr_t, b_l1hdr), include/sys/arc_impl.h)",
+        OPENZFS_L2ONLY_HDR_BYTES * RECORDS_PER_100GIB_OF_8K as f64 / (1u64 << 30) as f64,
+        RECORDS_PER_100GIB_OF_8K
+    );
+    println!(
+        "index B = L2Index::memory_bytes() / records (l2_hdr_size); RSS B = resident growth \
+         over the build; peak B = peak resident growth during it (each build in a fresh process)"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse_count;
+    use super::*;
+
+    #[test]
+    fn record_counts_are_decimal() {
+        assert_eq!(parse_count("1M"), Ok(1_000_000));
+        assert_eq!(parse_count("10m"), Ok(10_000_000));
+        assert_eq!(parse_count("20k"), Ok(20_000));
+        assert_eq!(parse_count("262144"), Ok(262_144));
+        for bad in ["", "0", "1.5M", "M", "-3", "1MiB"] {
+            assert!(parse_count(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn synthetic_entries_are_distinct_and_valid() {
+        let index = L2Index::new(4, 0);
+        for n in 1..=10_000 {
+            assert!(entry(n).key_hash != 0);
+            assert!(index.insert(entry(n)).is_none(), "entry {n} collides");
+        }
+        index.assert_consistent();
+    }
 }

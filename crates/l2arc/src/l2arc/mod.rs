@@ -569,7 +569,14 @@ impl L2Arc {
             }
         });
         let c = &device.counters;
-        device.writer.lock().expect("writer poisoned").log_sequence = newest_sequence;
+        let mut writer = device.writer.lock().expect("writer poisoned");
+        writer.log_sequence = newest_sequence;
+        if newest_sequence == 0 {
+            // The newest log block was unreadable: start a fresh chain rather
+            // than point every future rebuild at the bad block.
+            writer.header.newest_log = None;
+        }
+        drop(writer);
         c.rebuild_ns
             .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         c.rebuild_success.fetch_add(1, Ordering::Relaxed);
