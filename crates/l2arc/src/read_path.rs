@@ -408,13 +408,18 @@ impl Cache {
                 break;
             }
         }
-        // The candidates not selected were released above: a record this
-        // feed holds cannot be evicted, and the device write below is slow.
-        let batch: Vec<FeedRecord<'_>> = selected
+        // Copy the selected records out and let go of the buffers: a record
+        // this feed holds cannot be evicted, and the device write below is
+        // slow. (The candidates not selected were released above.)
+        let copies: Vec<(u64, Vec<u8>, Compression)> = selected
+            .into_iter()
+            .map(|(key_hash, record, compression)| (key_hash, record.data.to_vec(), compression))
+            .collect();
+        let batch: Vec<FeedRecord<'_>> = copies
             .iter()
-            .map(|(key_hash, record, compression)| FeedRecord {
+            .map(|(key_hash, data, compression)| FeedRecord {
                 key_hash: *key_hash,
-                data: &record.data,
+                data,
                 compression: *compression,
             })
             .collect();
@@ -428,19 +433,16 @@ impl Cache {
                 .recent
                 .front()
                 .is_some_and(|&(sequence, _)| sequence > start_sequence + 1);
+            let written: std::collections::HashSet<u64, crate::hash::FastBuildHasher> =
+                invalidations
+                    .recent
+                    .iter()
+                    .filter(|&&(sequence, _)| sequence > start_sequence)
+                    .map(|&(_, object_hash)| object_hash)
+                    .collect();
             let keep: Vec<bool> = keys[..n]
                 .iter()
-                .map(|key| {
-                    if invalidations.sequence == start_sequence {
-                        return true;
-                    }
-                    let object_hash = hash_one(&(key.dataset, key.object));
-                    !(lost_track
-                        || invalidations
-                            .recent
-                            .iter()
-                            .any(|&(sequence, h)| sequence > start_sequence && h == object_hash))
-                })
+                .map(|key| !(lost_track || written.contains(&hash_one(&(key.dataset, key.object)))))
                 .collect();
             index(&keep);
         };

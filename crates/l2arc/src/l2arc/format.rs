@@ -2085,5 +2085,4 @@ mod tests {
     }
 
     // ---- speed (not an assertion): cargo test -p l2arc --lib l2arc::format -- --ignored --nocapture
-
 }
