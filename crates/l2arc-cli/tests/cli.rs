@@ -266,3 +266,73 @@ fn bench_arc_hit_reports_both_sides() {
         );
     }
 }
+
+#[test]
+fn bench_l2_index_fits_the_dram_budget() {
+    let out = l2arc(&[
+        "bench",
+        "--scenario",
+        "l2-index",
+        "--records",
+        "1M",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["openzfs_l2only_header_bytes"], 96.0);
+    let rows = report["rows"].as_array().unwrap();
+    let builds: Vec<&str> = rows.iter().map(|r| r["build"].as_str().unwrap()).collect();
+    assert_eq!(builds, ["pre_sized", "grown_from_empty"]);
+    for row in rows {
+        assert_eq!(row["records"], 1_000_000);
+        let bytes = row["index_bytes_per_record"].as_f64().unwrap();
+        // A slot is 20 bytes; the budget is 32 per record, all overheads in.
+        assert!((20.0..=32.0).contains(&bytes), "{row}");
+        let rss = row["rss_delta_bytes_per_record"].as_f64().unwrap();
+        assert!(rss > 10.0 && rss < 2.0 * bytes + 8.0, "{row}");
+        assert_eq!(row["openzfs_bytes_per_record"], 96.0);
+        let ratio = row["openzfs_over_ours"].as_f64().unwrap();
+        assert!((ratio - 96.0 / bytes).abs() < 1e-9, "{row}");
+    }
+}
+
+#[test]
+fn bench_l2_rebuild_restores_every_record() {
+    let out = l2arc(&[
+        "bench",
+        "--scenario",
+        "l2-rebuild",
+        "--records",
+        "20k",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    // 4 KiB and 8 KiB records, each into a pre-sized and a growing index.
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        assert_eq!(row["records_written"], 20_000, "{row}");
+        assert_eq!(row["records_restored"], 20_000, "{row}");
+        // Batches of up to 16 MiB: at least 20,000 / 4,096 of them.
+        assert!(row["log_blocks"].as_u64().unwrap() >= 5, "{row}");
+        let secs = row["rebuild_secs"].as_f64().unwrap();
+        assert!(secs > 0.0 && secs < 30.0, "{row}");
+        let rate = row["records_per_sec"].as_f64().unwrap();
+        assert!((rate * secs - 20_000.0).abs() < 1.0, "{row}");
+        assert!(row["direct_io"].is_boolean(), "{row}");
+    }
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["record_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4096, 4096, 8192, 8192]);
+}

@@ -6,6 +6,22 @@
 //! cold. Every byte read is checked against the generator. The report gives
 //! IOPS, throughput and latency percentiles for both and the ratio between
 //! them, and the IOPS curve as the cache warms.
+//!
+//! Warm-up. The report gives the time until the cache's IOPS first reach 90%
+//! of their warm level (the mean of the last quarter of the phase) and sets it
+//! against the time it takes to read the whole dataset (the working set)
+//! once from the emulated disks: in whole records, from the emulation's mean
+//! service time (mean positioning time plus transfer, spindles in parallel),
+//! and at the throughput the no-cache phase measured. A cache cannot be warm
+//! sooner than the first; how much longer it takes is what skewed random
+//! reads, ARC evictions before the feeder copies a record to the L2ARC, and
+//! the last cold records cost. If IOPS were still climbing at the end of the
+//! phase, the report says so (the warm level is then underestimated: run
+//! with a longer `--seconds`).
+//!
+//! Compression. The dataset's LZ4 ratio (`--content mixed` is about 2:1,
+//! `random` does not compress) is measured on a sample of records, and the
+//! cache phase reports the logical and allocated bytes of the L2ARC.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +33,7 @@ use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
 use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
-use super::dataset::DatasetSpec;
+use super::dataset::{Content, DatasetSpec};
 use super::runner::{Interval, PhaseResult, Rng, run_phase};
 use super::{BenchArgs, OnOff};
 
@@ -36,6 +52,7 @@ struct PhaseReport {
     arc_hit_ratio: f64,
     l2_hit_ratio: f64,
     l2_size_bytes: u64,
+    l2_asize_bytes: u64,
     hdd_reads: u64,
     intervals: Vec<Interval>,
 }
@@ -55,7 +72,73 @@ struct DemoReport {
     warm_iops_ratio: f64,
     p50_latency_ratio: f64,
     bytes_verified: u64,
+    content: Content,
+    compression: String,
+    dataset_lz4_ratio: f64,
+    cache_device_bytes: u64,
+    warmup: Warmup,
     arcstats: Vec<(&'static str, u64)>,
+}
+
+#[derive(Serialize)]
+struct Warmup {
+    /// Mean IOPS over the last quarter of the cache phase.
+    warm_iops: f64,
+    /// End of the first interval at 90% of `warm_iops` or more.
+    secs_to_90pct: Option<f64>,
+    /// The median IOPS of the second half of the last quarter is over 110%
+    /// of the first half's.
+    still_warming: bool,
+    working_set_bytes: u64,
+    /// The working set read once from the emulated disks in whole records.
+    one_pass_records_secs: f64,
+    /// The working set read once at the no-cache phase's throughput.
+    one_pass_no_cache_secs: f64,
+}
+
+impl Warmup {
+    fn new(
+        cache: &PhaseReport,
+        no_cache: &PhaseReport,
+        dataset_bytes: u64,
+        args: &BenchArgs,
+        files: u32,
+    ) -> Self {
+        let warm_iops = cache.warm_iops;
+        let secs_to_90pct = cache
+            .intervals
+            .iter()
+            .find(|i| i.iops >= 0.9 * warm_iops)
+            .map(|i| i.end_secs);
+        let n = cache.intervals.len();
+        let tail = &cache.intervals[n - n.div_ceil(4)..];
+        let half = tail.len() / 2;
+        // Medians of the two halves of the last quarter: one disturbed
+        // interval on a shared machine should not read as a trend.
+        let median = |s: &[Interval]| {
+            let mut v: Vec<f64> = s.iter().map(|i| i.iops).collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        let still_warming = half > 0 && median(&tail[half..]) > 1.1 * median(&tail[..half]);
+        // Whole records per file (the last one may be short).
+        let per_file = dataset_bytes / u64::from(files);
+        let records = per_file.div_ceil(args.recordsize) * u64::from(files);
+        let seek_secs = (args.seek_ms_min + args.seek_ms_max) / 2.0 / 1000.0;
+        let transfer_secs =
+            args.recordsize.min(per_file) as f64 / (args.transfer_mib_per_sec * (1 << 20) as f64);
+        let one_pass_records_secs =
+            records as f64 * (seek_secs + transfer_secs) / args.spindles as f64;
+        let no_cache_bytes_per_sec = no_cache.mib_per_sec * (1 << 20) as f64;
+        Self {
+            warm_iops,
+            secs_to_90pct,
+            still_warming,
+            working_set_bytes: dataset_bytes,
+            one_pass_records_secs,
+            one_pass_no_cache_secs: dataset_bytes as f64 / no_cache_bytes_per_sec.max(1.0),
+        }
+    }
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -91,12 +174,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     Cache::new(cache_config.clone())?; // check the settings before writing a dataset
     spec.materialise(&dir)?;
+    let dataset_lz4_ratio = spec.lz4_ratio(args.recordsize, 64);
     if !args.json {
         eprintln!(
-            "dataset: {} files x {} MiB in {}",
+            "dataset: {} files x {} MiB in {}, content {} (LZ4 ratio {:.2} in {} KiB records)",
             spec.files,
             file_size_bytes >> 20,
-            dir.display()
+            dir.display(),
+            format!("{:?}", spec.content).to_lowercase(),
+            dataset_lz4_ratio,
+            args.recordsize >> 10
         );
     }
     let mut phases = Vec::new();
@@ -165,6 +252,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
             }),
             l2_size_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_size")),
+            l2_asize_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_asize")),
             hdd_reads: hdd.stats().reads,
             intervals: result.intervals,
         });
@@ -178,6 +266,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     let (base, ours) = (&phases[0], &phases[1]);
+    let warmup = Warmup::new(ours, base, spec.total_bytes(), args, spec.files);
     let report = DemoReport {
         dataset_bytes: spec.total_bytes(),
         arc_max_bytes: args.arc_max,
@@ -191,6 +280,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         warm_iops_ratio: ours.warm_iops / base.warm_iops,
         p50_latency_ratio: base.latency_us_p50 / ours.latency_us_p50,
         bytes_verified: verified,
+        content: spec.content,
+        compression: format!("{:?}", args.compression).to_lowercase(),
+        dataset_lz4_ratio,
+        cache_device_bytes: if args.l2arc == OnOff::On {
+            args.cache_size
+        } else {
+            0
+        },
+        warmup,
         arcstats,
         phases,
     };
@@ -254,6 +352,18 @@ fn print_report(r: &DemoReport) {
         r.recordsize_bytes >> 10
     );
     println!("primary: {}", r.hdd);
+    println!(
+        "content: {} (LZ4 ratio {:.2}, sampled in {} KiB records); L2ARC: {}, compression {}",
+        format!("{:?}", r.content).to_lowercase(),
+        r.dataset_lz4_ratio,
+        r.recordsize_bytes >> 10,
+        if r.cache_device_bytes == 0 {
+            "off".to_string()
+        } else {
+            format!("{} MiB cache file", r.cache_device_bytes >> 20)
+        },
+        r.compression
+    );
     println!();
     println!(
         "{:<10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9}",
@@ -292,6 +402,60 @@ fn print_report(r: &DemoReport) {
         "every byte checked: {} MiB read, all matching the dataset",
         r.bytes_verified >> 20
     );
+    if let Some(p) = r.phases.last()
+        && p.l2_asize_bytes > 0
+    {
+        println!(
+            "L2ARC at the end: {} MiB of records in {} MiB of flash ({:.2}:1)",
+            p.l2_size_bytes >> 20,
+            p.l2_asize_bytes >> 20,
+            p.l2_size_bytes as f64 / p.l2_asize_bytes as f64
+        );
+    }
+    let w = &r.warmup;
+    let fit = if r.cache_device_bytes == 0 {
+        "no L2ARC".to_string()
+    } else {
+        format!(
+            "{} arc_max {} MiB, {} the {} MiB L2ARC",
+            if w.working_set_bytes > r.arc_max_bytes {
+                "over"
+            } else {
+                "within"
+            },
+            r.arc_max_bytes >> 20,
+            if w.working_set_bytes < r.cache_device_bytes {
+                "within"
+            } else {
+                "over"
+            },
+            r.cache_device_bytes >> 20
+        )
+    };
+    match w.secs_to_90pct {
+        Some(secs) => {
+            println!(
+                "warm-up: 90% of the warm {:.0} IOPS after {secs:.0} s (working set {} MiB: {fit}){}",
+                w.warm_iops,
+                w.working_set_bytes >> 20,
+                if w.still_warming {
+                    "; IOPS were still climbing at the end: run longer for the warm level"
+                } else {
+                    ""
+                }
+            );
+            println!(
+                "one pass over the working set from the HDD: {:.1} s in {} KiB records (mean service time), \
+                 {:.0} s at the no-cache throughput; warm-up / one pass = {:.1}x and {:.2}x",
+                w.one_pass_records_secs,
+                r.recordsize_bytes >> 10,
+                w.one_pass_no_cache_secs,
+                secs / w.one_pass_records_secs,
+                secs / w.one_pass_no_cache_secs,
+            );
+        }
+        None => println!("warm-up: no interval reached 90% of the warm level"),
+    }
     if let Some(p) = r.phases.last() {
         let curve: Vec<String> = p
             .intervals

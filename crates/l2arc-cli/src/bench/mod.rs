@@ -93,9 +93,15 @@ pub struct BenchArgs {
     /// How records are stored on the L2ARC: lz4, zstd or off.
     #[arg(long, default_value = "lz4", value_parser = parse_compression)]
     pub compression: l2arc::l2arc::format::Compression,
+    /// Rounds of paired measurements (ours, then fio, alternating which goes first) in --scenario l2-hit; the medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Dataset content: random (incompressible) or mixed (about 2:1 with LZ4: text lines and random bytes).
     #[arg(long, value_enum, default_value = "random")]
     pub content: dataset::Content,
+    /// Record counts, comma-separated (k, M, G are powers of 1000). --scenario l2-index: index sizes (default 1M,10M); --scenario l2-rebuild: records per warm device (default 262144: a 1 GiB device of 4 KiB records and a 2 GiB one of 8 KiB records).
+    #[arg(long, value_parser = parse_count, value_delimiter = ',')]
+    pub records: Vec<u64>,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -116,6 +122,25 @@ fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }
 
+/// A positive count: digits with an optional k, M or G (powers of 1000).
+fn parse_count(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, multiplier) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1_000),
+        Some((i, 'm' | 'M')) => (&t[..i], 1_000_000),
+        Some((i, 'g' | 'G')) => (&t[..i], 1_000_000_000),
+        _ => (t, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(multiplier))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            format!("invalid count `{s}`: expected a positive whole number such as 1000000 or 1M")
+        })
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     l2arc::read_path::validate_recordsize(args.recordsize)?;
     if args.threads == 0 || args.threads > 4096 {
@@ -126,6 +151,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "--seconds must be positive (and at most a day), not {}",
             args.seconds
         );
+    }
+    if args.rounds == 0 || args.rounds > 100 {
+        bail!("--rounds must be from 1 to 100, not {}", args.rounds);
     }
     if args.files == 0 {
         bail!("--files must be at least 1");
