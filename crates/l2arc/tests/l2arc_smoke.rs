@@ -2,26 +2,12 @@
 
 use std::sync::Arc;
 
+mod l2arc_util;
+use l2arc_util::content;
+
 use l2arc::l2arc::format::Compression;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
-
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    // Half text-like (compressible), half pseudo-random.
-    let mut x = seed | 1;
-    (0..len)
-        .map(|i| {
-            if (i / 4096) % 2 == 0 {
-                b"the quick brown fox jumps over the lazy dog "[i % 44]
-            } else {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            }
-        })
-        .collect()
-}
 
 fn setup(dir: &std::path::Path, compression: Compression) -> (Arc<Cache>, l2arc::DatasetId) {
     let cache = Cache::new(CacheConfig {

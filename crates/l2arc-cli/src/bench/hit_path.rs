@@ -182,12 +182,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "ARC hit path: random 8 KiB reads of {} cached records (all hits), copied out",
-        records
+        "ARC hit path: random 8 KiB reads of {records} cached records (all hits), shared (zero-copy) or copied out"
     );
     println!(
-        "{:>7} {:>14} {:>16} {:>18} {:>7} {:>10} {:>12}",
-        "threads", "ARC hits/s", "per thread", "Mutex<HashMap>/s", "ratio", "ARC p50", "map p50"
+        "{:<9} {:>7} {:>14} {:>16} {:>18} {:>7} {:>10} {:>12}",
+        "mode", "threads", "ARC hits/s", "per thread", "Mutex<HashMap>/s", "ratio", "ARC p50", "map p50"
     );
     for r in &rows {
         println!(
