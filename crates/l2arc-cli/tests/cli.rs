@@ -223,7 +223,11 @@ fn bench_demo_runs_and_checks_every_byte() {
     assert_eq!(phases[0]["arc_hit_ratio"], 0.0);
     assert_eq!(phases[1]["setting"], "arc_l2arc");
     // The feeder copied records to the cache file during the run.
-    assert!(phases[1]["l2_size_bytes"].as_u64().unwrap() > 0, "{}", phases[1]);
+    assert!(
+        phases[1]["l2_size_bytes"].as_u64().unwrap() > 0,
+        "{}",
+        phases[1]
+    );
     for phase in phases {
         assert!(phase["ops"].as_u64().unwrap() > 100, "{phase}");
     }

@@ -186,7 +186,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     );
     println!(
         "{:<9} {:>7} {:>14} {:>16} {:>18} {:>7} {:>10} {:>12}",
-        "mode", "threads", "ARC hits/s", "per thread", "Mutex<HashMap>/s", "ratio", "ARC p50", "map p50"
+        "mode",
+        "threads",
+        "ARC hits/s",
+        "per thread",
+        "Mutex<HashMap>/s",
+        "ratio",
+        "ARC p50",
+        "map p50"
     );
     for r in &rows {
         println!(
