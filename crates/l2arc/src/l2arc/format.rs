@@ -473,21 +473,7 @@ impl DeviceHeader {
     /// `[start/4096, end/4096]`, newest log block (if any) 4 KiB aligned,
     /// nonzero multiple of 4 KiB, and inside the data area.
     pub fn decode(block: &[u8]) -> Result<DeviceHeader, FormatError> {
-        let b: &[u8; DEVICE_HEADER_BYTES] = block.first_chunk().ok_or(FormatError::Truncated {
-            needed: DEVICE_HEADER_BYTES,
-            got: block.len(),
-        })?;
-        let magic: [u8; 8] = *b.first_chunk().expect("128 >= 8");
-        if magic != HEADER_MAGIC {
-            return Err(FormatError::BadMagic {
-                what: "device header",
-                found: magic,
-            });
-        }
-        let version = rd_u32(b, 8);
-        if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion(version));
-        }
+        let b = checked_preamble(block, HEADER_MAGIC, "device header")?;
         let stored = rd_u32(b, CRC_FIELD);
         let computed = crc32c::crc32c(&b[..CRC_FIELD]);
         if stored != computed {
@@ -603,6 +589,30 @@ pub struct LogBlockHeader {
 }
 
 /// Size of a log block holding `entries` entries: `128 + 20 n` rounded up to
+
+/// The 128-byte preamble of a header or log block, once its magic and
+/// version are right (both structures start the same way).
+fn checked_preamble<'a>(
+    buf: &'a [u8],
+    expected_magic: [u8; 8],
+    what: &'static str,
+) -> Result<&'a [u8; 128], FormatError> {
+    const _: () = assert!(DEVICE_HEADER_BYTES == 128 && LOG_BLOCK_HEADER_BYTES == 128);
+    let b: &[u8; 128] = buf.first_chunk().ok_or(FormatError::Truncated {
+        needed: 128,
+        got: buf.len(),
+    })?;
+    let magic: [u8; 8] = *b.first_chunk().expect("128 >= 8");
+    if magic != expected_magic {
+        return Err(FormatError::BadMagic { what, found: magic });
+    }
+    let version = rd_u32(b, 8);
+    if version != FORMAT_VERSION {
+        return Err(FormatError::UnsupportedVersion(version));
+    }
+    Ok(b)
+}
+
 /// a multiple of 4096.
 pub fn log_block_size_bytes(entries: usize) -> usize {
     (LOG_BLOCK_HEADER_BYTES + LOG_ENTRY_BYTES * entries).next_multiple_of(BLOCK_BYTES as usize)
@@ -679,21 +689,7 @@ pub fn decode_log_block(
     buf: &[u8],
     expected_device_guid: u128,
 ) -> Result<(LogBlockHeader, Vec<LogEntry>), FormatError> {
-    let b: &[u8; LOG_BLOCK_HEADER_BYTES] = buf.first_chunk().ok_or(FormatError::Truncated {
-        needed: LOG_BLOCK_HEADER_BYTES,
-        got: buf.len(),
-    })?;
-    let magic: [u8; 8] = *b.first_chunk().expect("128 >= 8");
-    if magic != LOG_MAGIC {
-        return Err(FormatError::BadMagic {
-            what: "log block",
-            found: magic,
-        });
-    }
-    let version = rd_u32(b, 8);
-    if version != FORMAT_VERSION {
-        return Err(FormatError::UnsupportedVersion(version));
-    }
+    let b = checked_preamble(buf, LOG_MAGIC, "log block")?;
     let size_bytes = rd_u32(b, 64);
     let size = size_bytes as usize;
     if size > buf.len() {
