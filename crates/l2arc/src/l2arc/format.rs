@@ -588,8 +588,6 @@ pub struct LogBlockHeader {
     pub size_bytes: u32,
 }
 
-/// Size of a log block holding `entries` entries: `128 + 20 n` rounded up to
-
 /// The 128-byte preamble of a header or log block, once its magic and
 /// version are right (both structures start the same way).
 fn checked_preamble<'a>(
@@ -613,6 +611,7 @@ fn checked_preamble<'a>(
     Ok(b)
 }
 
+/// Size of a log block holding `entries` entries: `128 + 20 n` rounded up to
 /// a multiple of 4096.
 pub fn log_block_size_bytes(entries: usize) -> usize {
     (LOG_BLOCK_HEADER_BYTES + LOG_ENTRY_BYTES * entries).next_multiple_of(BLOCK_BYTES as usize)
