@@ -292,12 +292,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         arcstats,
         phases,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_report(&report);
-    }
-    Ok(())
+    super::emit(args.json, &report, print_report)
 }
 
 fn run_reads(

@@ -501,12 +501,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows,
         io_uring_over_psync,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_report(&report);
-    }
-    Ok(())
+    super::emit(args.json, &report, print_report)
 }
 
 fn median(values: &[f64]) -> f64 {

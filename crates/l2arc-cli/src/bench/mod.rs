@@ -118,6 +118,16 @@ fn parse_compression(s: &str) -> Result<l2arc::l2arc::format::Compression, Strin
         .map_err(|e: l2arc::l2arc::format::FormatError| e.to_string())
 }
 
+/// Prints a scenario's report: JSON with `--json`, otherwise the table.
+fn emit<T: serde::Serialize>(json: bool, report: &T, print_table: impl FnOnce(&T)) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print_table(report);
+    }
+    Ok(())
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }
