@@ -10,7 +10,11 @@ PACKAGES=(
   pkg-config
   zstd            # inspecting the reference traces by hand
   util-linux      # losetup: the block-device tests attach loop devices
-  fio             # l2arc bench --scenario l2-hit measures the cache device with fio
+  fio             # l2arc bench --scenario l2-hit measures the cache device with fio; NBD and FUSE tests
+  fuse3           # fusermount3: l2arc mount
+  nbdkit          # the NBD peer in the side-by-side benchmark
+  libnbd-bin      # nbdcopy, nbdinfo: NBD front-end tests
+  qemu-utils      # qemu-io, qemu-img: NBD front-end tests
 )
 
 missing=()
@@ -35,7 +39,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
   export PATH="$HOME/.cargo/bin:$PATH"
 fi
-need="1.88.0"
+need="1.91.0"
 have=$(rustc --version | awk '{print $2}')
 if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" != "$need" ]; then
   echo "setup: rustc $have is older than $need; run 'rustup update stable'" >&2

@@ -10,6 +10,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod mount_cmd;
+mod nbd_cmd;
+mod service;
 mod trace_cmd;
 
 #[derive(Parser)]
@@ -29,6 +32,10 @@ enum Command {
     Trace(trace_cmd::TraceArgs),
     /// Benchmark the cache against no cache over an emulated hard disk.
     Bench(bench::BenchArgs),
+    /// Mount a directory tree through the cache (FUSE): reads cached, writes passed through.
+    Mount(mount_cmd::MountArgs),
+    /// Export an image file or block device through the cache over NBD.
+    ServeNbd(nbd_cmd::ServeNbdArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +43,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Trace(args) => trace_cmd::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Mount(args) => mount_cmd::run(args),
+        Command::ServeNbd(args) => nbd_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

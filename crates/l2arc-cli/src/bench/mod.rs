@@ -16,6 +16,7 @@ mod l2_hit;
 mod l2_index;
 mod l2_rebuild;
 mod runner;
+mod target;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {

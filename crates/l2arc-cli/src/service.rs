@@ -1,0 +1,369 @@
+//! Settings shared by the long-running services (`l2arc mount`,
+//! `l2arc serve-nbd`): the cache's tunables as flags and as a TOML file.
+//!
+//! A service is started by hand once and then by a unit file for years, so
+//! its settings must be writable down in one place (`--config FILE`) and
+//! overridable for a single run (a flag wins over the file). Names are ZFS's
+//! (`arc_max`, `recordsize`, `l2arc_noprefetch`, ...) so that an operator who
+//! knows ZFS knows them already; flags are the same names with dashes.
+//! Unknown keys in the file are an error naming the key: a misspelt tunable
+//! silently ignored is how caches end up misconfigured for years.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use l2arc::l2arc::format::Compression;
+use l2arc::primary::emulated_hdd::HddConfig;
+use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig};
+use serde::Deserialize;
+
+/// Cache flags; every one may also be set in `--config FILE`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct CacheOptions {
+    /// TOML file of settings (keys as the flags, with underscores: arc_max = "1GiB").
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// `arc_max`: DRAM for cached records (default 1GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub arc_max: Option<u64>,
+    /// ARC shards (locks); default 4 per core.
+    #[arg(long)]
+    pub arc_shards: Option<usize>,
+    /// `recordsize`: cache granularity, a power of two from 4K to 1M (default 128K for mount, 64K for serve-nbd).
+    #[arg(long, value_parser = parse_size)]
+    pub recordsize: Option<u64>,
+    /// `primarycache`: all or none.
+    #[arg(long, value_parser = parse_cache_mode)]
+    pub primarycache: Option<CacheMode>,
+    /// `secondarycache`: all or none.
+    #[arg(long, value_parser = parse_cache_mode)]
+    pub secondarycache: Option<CacheMode>,
+    /// How records are stored on cache devices: lz4 (default), zstd or off.
+    #[arg(long, value_parser = parse_compression)]
+    pub compression: Option<Compression>,
+    /// L2ARC cache device (file or block device); repeatable.
+    #[arg(long)]
+    pub cache: Vec<PathBuf>,
+    /// Size of a cache file created when a --cache path does not exist (default 1GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// `l2arc_write_max`: most bytes per feed (0 = no cap).
+    #[arg(long, value_parser = parse_size)]
+    pub l2arc_write_max: Option<u64>,
+    /// `l2arc_headroom`: feeder scan depth in multiples of the write size.
+    #[arg(long)]
+    pub l2arc_headroom: Option<u32>,
+    /// `l2arc_noprefetch`: do not write read-ahead records to the L2ARC (default true).
+    #[arg(long)]
+    pub l2arc_noprefetch: Option<bool>,
+    /// `l2arc_mfuonly`: write only MFU records to the L2ARC.
+    #[arg(long)]
+    pub l2arc_mfuonly: Option<bool>,
+    /// `l2arc_rebuild_enabled`: restore the L2ARC index from the devices at start (default true).
+    #[arg(long)]
+    pub l2arc_rebuild_enabled: Option<bool>,
+    /// `l2arc_dwpd`: device writes per day budget (0 = unlimited).
+    #[arg(long)]
+    pub l2arc_dwpd: Option<f64>,
+    /// Make the primary behave like an HDD array (benchmarks): number of spindles; 0 = off.
+    #[arg(long)]
+    pub emulate_hdd_spindles: Option<usize>,
+    /// Emulated HDD positioning time range, ms (default 4 to 12).
+    #[arg(long)]
+    pub emulate_hdd_seek_ms_min: Option<f64>,
+    #[arg(long)]
+    pub emulate_hdd_seek_ms_max: Option<f64>,
+}
+
+/// The same settings as read from a TOML file.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileOptions {
+    arc_max: Option<SizeValue>,
+    arc_shards: Option<usize>,
+    recordsize: Option<SizeValue>,
+    primarycache: Option<String>,
+    secondarycache: Option<String>,
+    compression: Option<String>,
+    #[serde(default)]
+    cache: Vec<PathBuf>,
+    cache_size: Option<SizeValue>,
+    l2arc_write_max: Option<SizeValue>,
+    l2arc_headroom: Option<u32>,
+    l2arc_noprefetch: Option<bool>,
+    l2arc_mfuonly: Option<bool>,
+    l2arc_rebuild_enabled: Option<bool>,
+    l2arc_dwpd: Option<f64>,
+    emulate_hdd_spindles: Option<usize>,
+    emulate_hdd_seek_ms_min: Option<f64>,
+    emulate_hdd_seek_ms_max: Option<f64>,
+}
+
+/// A size in a config file: a number of bytes or a string such as "1GiB".
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, key: &str) -> Result<u64> {
+        match self {
+            SizeValue::Bytes(b) => Ok(*b),
+            SizeValue::Text(s) => parse_size(s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
+        }
+    }
+}
+
+/// Everything a service needs to build its cache.
+#[derive(Clone, Debug)]
+pub struct ResolvedOptions {
+    pub cache_config: CacheConfig,
+    pub dataset_config: DatasetConfig,
+    pub cache_devices: Vec<PathBuf>,
+    pub cache_size_bytes: u64,
+    /// Some: wrap the primary in an emulated HDD array.
+    pub emulate_hdd: Option<HddConfig>,
+}
+
+impl CacheOptions {
+    /// Merges flags over the config file over defaults, and checks the result.
+    /// `default_recordsize_bytes` differs by front end (files vs a block image).
+    pub fn resolve(&self, default_recordsize_bytes: u64) -> Result<ResolvedOptions> {
+        let file = match &self.config {
+            Some(path) => read_config_file(path)?,
+            None => FileOptions::default(),
+        };
+        let size =
+            |flag: Option<u64>, key: &str, value: &Option<SizeValue>| -> Result<Option<u64>> {
+                match flag {
+                    Some(v) => Ok(Some(v)),
+                    None => value.as_ref().map(|v| v.bytes(key)).transpose(),
+                }
+            };
+        let mode = |flag: Option<CacheMode>,
+                    key: &str,
+                    value: &Option<String>|
+         -> Result<CacheMode> {
+            match (flag, value) {
+                (Some(m), _) => Ok(m),
+                (None, Some(s)) => parse_cache_mode(s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
+                (None, None) => Ok(CacheMode::All),
+            }
+        };
+
+        let mut cache_config = CacheConfig::default();
+        if let Some(v) = size(self.arc_max, "arc_max", &file.arc_max)? {
+            cache_config.arc_max_bytes = v;
+        }
+        if let Some(v) = self.arc_shards.or(file.arc_shards) {
+            cache_config.arc_shards = v;
+        }
+        let l2 = &mut cache_config.l2arc;
+        if let Some(v) = size(
+            self.l2arc_write_max,
+            "l2arc_write_max",
+            &file.l2arc_write_max,
+        )? {
+            l2.l2arc_write_max_bytes = v;
+        }
+        if let Some(v) = self.l2arc_headroom.or(file.l2arc_headroom) {
+            if v == 0 {
+                bail!("l2arc_headroom must be at least 1");
+            }
+            l2.l2arc_headroom = v;
+        }
+        if let Some(v) = self.l2arc_noprefetch.or(file.l2arc_noprefetch) {
+            l2.l2arc_noprefetch = v;
+        }
+        if let Some(v) = self.l2arc_mfuonly.or(file.l2arc_mfuonly) {
+            l2.l2arc_mfuonly = v;
+        }
+        if let Some(v) = self.l2arc_rebuild_enabled.or(file.l2arc_rebuild_enabled) {
+            l2.l2arc_rebuild_enabled = v;
+        }
+        if let Some(v) = self.l2arc_dwpd.or(file.l2arc_dwpd) {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("l2arc_dwpd must be a number of at least 0, not {v}");
+            }
+            l2.l2arc_dwpd = v;
+        }
+
+        let recordsize = size(self.recordsize, "recordsize", &file.recordsize)?
+            .unwrap_or(default_recordsize_bytes);
+        let compression = match (self.compression, &file.compression) {
+            (Some(c), _) => c,
+            (None, Some(s)) => {
+                parse_compression(s).map_err(|e| anyhow::anyhow!("compression: {e}"))?
+            }
+            (None, None) => Compression::Lz4,
+        };
+        let dataset_config = DatasetConfig {
+            recordsize_bytes: l2arc::read_path::validate_recordsize(recordsize)?,
+            primarycache: mode(self.primarycache, "primarycache", &file.primarycache)?,
+            secondarycache: mode(self.secondarycache, "secondarycache", &file.secondarycache)?,
+            compression,
+        };
+
+        let mut cache_devices = self.cache.clone();
+        if cache_devices.is_empty() {
+            cache_devices = file.cache.clone();
+        }
+        let cache_size_bytes =
+            size(self.cache_size, "cache_size", &file.cache_size)?.unwrap_or(1 << 30);
+
+        let spindles = self
+            .emulate_hdd_spindles
+            .or(file.emulate_hdd_spindles)
+            .unwrap_or(0);
+        let emulate_hdd = if spindles == 0 {
+            None
+        } else {
+            let mut hdd = HddConfig {
+                spindles,
+                ..HddConfig::default()
+            };
+            if let Some(v) = self
+                .emulate_hdd_seek_ms_min
+                .or(file.emulate_hdd_seek_ms_min)
+            {
+                hdd.seek_ms_min = v;
+            }
+            if let Some(v) = self
+                .emulate_hdd_seek_ms_max
+                .or(file.emulate_hdd_seek_ms_max)
+            {
+                hdd.seek_ms_max = v;
+            }
+            hdd.validate()?;
+            Some(hdd)
+        };
+
+        Ok(ResolvedOptions {
+            cache_config,
+            dataset_config,
+            cache_devices,
+            cache_size_bytes,
+            emulate_hdd,
+        })
+    }
+}
+
+impl ResolvedOptions {
+    /// Builds the cache and attaches the cache devices (rebuilding their
+    /// index in the background).
+    pub fn build_cache(&self) -> Result<Arc<Cache>> {
+        let cache = Cache::new(self.cache_config.clone())?;
+        for path in &self.cache_devices {
+            cache
+                .add_cache_path(path, Some(self.cache_size_bytes))
+                .with_context(|| format!("cache device {}", path.display()))?;
+        }
+        Ok(cache)
+    }
+
+    /// Wraps `primary` in the emulated HDD when asked to.
+    pub fn wrap_primary(
+        &self,
+        primary: Arc<dyn l2arc::primary::Primary>,
+    ) -> Result<Arc<dyn l2arc::primary::Primary>> {
+        Ok(match &self.emulate_hdd {
+            Some(hdd) => Arc::new(l2arc::primary::emulated_hdd::EmulatedHdd::new(
+                primary,
+                hdd.clone(),
+            )?),
+            None => primary,
+        })
+    }
+}
+
+fn read_config_file(path: &Path) -> Result<FileOptions> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("config file {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    l2arc_sim::parse_size(s)
+}
+
+fn parse_compression(s: &str) -> Result<Compression, String> {
+    s.parse()
+        .map_err(|e: l2arc::l2arc::format::FormatError| e.to_string())
+}
+
+fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
+    match s {
+        "all" => Ok(CacheMode::All),
+        "none" => Ok(CacheMode::None),
+        _ => Err(format!("`{s}` is not a cache mode: expected all or none")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve_file(text: &str, flags: CacheOptions) -> Result<ResolvedOptions> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("l2arc.toml");
+        std::fs::write(&path, text)?;
+        CacheOptions {
+            config: Some(path),
+            ..flags
+        }
+        .resolve(128 << 10)
+    }
+
+    #[test]
+    fn file_settings_apply_and_flags_win() {
+        let r = resolve_file(
+            "arc_max = \"256MiB\"\nrecordsize = 16384\ncompression = \"zstd\"\ncache = [\"/tmp/x\"]\nl2arc_noprefetch = false\nsecondarycache = \"none\"\n",
+            CacheOptions {
+                arc_max: Some(64 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, 64 << 20);
+        assert_eq!(r.dataset_config.recordsize_bytes, 16384);
+        assert_eq!(r.dataset_config.compression, Compression::Zstd);
+        assert_eq!(r.dataset_config.secondarycache, CacheMode::None);
+        assert!(!r.cache_config.l2arc.l2arc_noprefetch);
+        assert_eq!(r.cache_devices, vec![PathBuf::from("/tmp/x")]);
+    }
+
+    #[test]
+    fn bad_settings_are_one_clear_error() {
+        let unknown = resolve_file("arc_maximum = 5\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{unknown:#}").contains("arc_maximum"),
+            "{unknown:#}"
+        );
+        let size = resolve_file("arc_max = \"lots\"\n", CacheOptions::default()).unwrap_err();
+        assert!(format!("{size:#}").contains("arc_max"), "{size:#}");
+        let rs = resolve_file("recordsize = 3000\n", CacheOptions::default()).unwrap_err();
+        assert!(format!("{rs:#}").contains("recordsize"), "{rs:#}");
+        let mode = resolve_file("primarycache = \"some\"\n", CacheOptions::default()).unwrap_err();
+        assert!(format!("{mode:#}").contains("primarycache"), "{mode:#}");
+        let missing = CacheOptions {
+            config: Some(PathBuf::from("/nonexistent/l2arc.toml")),
+            ..Default::default()
+        }
+        .resolve(4096)
+        .unwrap_err();
+        assert!(format!("{missing:#}").contains("/nonexistent/l2arc.toml"));
+    }
+
+    #[test]
+    fn defaults_without_file() {
+        let r = CacheOptions::default().resolve(64 << 10).unwrap();
+        assert_eq!(r.dataset_config.recordsize_bytes, 64 << 10);
+        assert_eq!(r.dataset_config.compression, Compression::Lz4);
+        assert!(r.cache_devices.is_empty());
+        assert!(r.emulate_hdd.is_none());
+    }
+}

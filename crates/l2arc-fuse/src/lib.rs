@@ -1,0 +1,1 @@
+//! FUSE front end (being built).

@@ -1,0 +1,1 @@
+//! NBD front end (being built).
