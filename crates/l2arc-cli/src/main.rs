@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod control;
 mod mount_cmd;
 mod nbd_cmd;
 mod service;
@@ -36,6 +37,8 @@ enum Command {
     Mount(mount_cmd::MountArgs),
     /// Export an image file or block device through the cache over NBD.
     ServeNbd(nbd_cmd::ServeNbdArgs),
+    /// Talk to a running mount or serve-nbd through its --control socket: stats, cache devices.
+    Ctl(control::CtlArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Mount(args) => mount_cmd::run(args),
         Command::ServeNbd(args) => nbd_cmd::run(args),
+        Command::Ctl(args) => control::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,6 +25,9 @@ pub struct CacheOptions {
     /// TOML file of settings (keys as the flags, with underscores: arc_max = "1GiB").
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Unix socket for `l2arc ctl` (stats, adding and removing cache devices while running).
+    #[arg(long)]
+    pub control: Option<PathBuf>,
     /// `arc_max`: DRAM for cached records (default 1GiB).
     #[arg(long, value_parser = parse_size)]
     pub arc_max: Option<u64>,
@@ -87,6 +90,7 @@ struct FileOptions {
     primarycache: Option<String>,
     secondarycache: Option<String>,
     compression: Option<String>,
+    control: Option<PathBuf>,
     #[serde(default)]
     cache: Vec<PathBuf>,
     cache_size: Option<SizeValue>,
@@ -125,6 +129,8 @@ pub struct ResolvedOptions {
     pub dataset_config: DatasetConfig,
     pub cache_devices: Vec<PathBuf>,
     pub cache_size_bytes: u64,
+    /// Where to listen for `l2arc ctl`.
+    pub control_socket: Option<PathBuf>,
     /// Some: wrap the primary in an emulated HDD array.
     pub emulate_hdd: Option<HddConfig>,
 }
@@ -247,6 +253,7 @@ impl CacheOptions {
             dataset_config,
             cache_devices,
             cache_size_bytes,
+            control_socket: self.control.clone().or(file.control),
             emulate_hdd,
         })
     }
@@ -263,6 +270,18 @@ impl ResolvedOptions {
                 .with_context(|| format!("cache device {}", path.display()))?;
         }
         Ok(cache)
+    }
+
+    /// Starts the control socket when one was asked for; keep the result
+    /// alive for as long as the service runs.
+    pub fn start_control(
+        &self,
+        cache: &Arc<Cache>,
+    ) -> Result<Option<crate::control::ControlServer>> {
+        self.control_socket
+            .as_ref()
+            .map(|path| crate::control::ControlServer::start(Arc::clone(cache), path))
+            .transpose()
     }
 
     /// Wraps `primary` in the emulated HDD when asked to.

@@ -1,0 +1,319 @@
+//! The control socket of a running service, and `l2arc ctl` that talks to it.
+//!
+//! A cache in front of production storage runs for months; an operator must
+//! be able to look at it (the arcstats counters) and to swap a cache device
+//! (a worn SSD out, a new one in) without restarting it, which would drop
+//! the DRAM tier and every client's connection. ZFS does this with
+//! `zpool add/remove` and kstat files; a standalone daemon has neither, so it
+//! listens on a Unix socket (mode 0600: only its owner may reconfigure it).
+//!
+//! The protocol is one text command per connection, one answer, then close:
+//! trivially scriptable (`socat`, `nc -U`), nothing to keep in sync. The
+//! answer's first line is `ok` or `error: <why>`. A command line is at most
+//! `COMMAND_BYTES_MAX` bytes and must arrive within `COMMAND_TIMEOUT`; the
+//! listener serves one connection at a time, so a stuck client delays other
+//! control clients by at most that long and never touches the data path.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use l2arc::Cache;
+
+const COMMAND_BYTES_MAX: u64 = 4096;
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default size of a cache file that `add-cache` creates.
+const ADD_CACHE_DEFAULT_BYTES: u64 = 1 << 30;
+
+/// A listening control socket; stops and removes the socket file on drop.
+pub struct ControlServer {
+    path: PathBuf,
+    stopping: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listens on `path` (an existing socket file there is replaced only if
+    /// nothing answers on it: two services must not share one).
+    pub fn start(cache: Arc<Cache>, path: &Path) -> Result<Self> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                bail!(
+                    "control socket {}: another service is listening there",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("control socket {}", path.display()))?;
+        }
+        let listener = UnixListener::bind(path)
+            .with_context(|| format!("control socket {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&stopping);
+        let thread = std::thread::Builder::new()
+            .name("l2arc-control".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            // Errors concern one client only: its answer is lost.
+                            let _ = serve_one(&cache, stream);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                    }
+                }
+            })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            stopping,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve_one(cache: &Arc<Cache>, stream: UnixStream) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(COMMAND_TIMEOUT))?;
+    stream.set_write_timeout(Some(COMMAND_TIMEOUT))?;
+    let mut line = String::new();
+    let read = BufReader::new((&stream).take(COMMAND_BYTES_MAX)).read_line(&mut line);
+    let answer = match read {
+        Ok(_) if !line.ends_with('\n') => {
+            format!("error: a command is one line of at most {COMMAND_BYTES_MAX} bytes\n")
+        }
+        Ok(_) => match execute(cache, line.trim_end()) {
+            Ok(body) => format!("ok\n{body}"),
+            Err(e) => format!("error: {e:#}\n"),
+        },
+        Err(e) => format!("error: {e}\n"),
+    };
+    (&stream).write_all(answer.as_bytes())
+}
+
+/// Runs one command and returns the answer's body.
+fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        ["stats"] => {
+            let mut out = String::new();
+            for (name, value) in cache.stats().kstats() {
+                out.push_str(&format!("{name} {value}\n"));
+            }
+            Ok(out)
+        }
+        ["devices"] => Ok(devices(cache)),
+        ["add-cache", path] | ["add-cache", path, _] => {
+            let size_bytes = match words.get(2) {
+                Some(s) => l2arc_sim::parse_size(s).map_err(anyhow::Error::msg)?,
+                None => ADD_CACHE_DEFAULT_BYTES,
+            };
+            let (slot, open) = cache
+                .add_cache_path(path, Some(size_bytes))
+                .with_context(|| format!("cache device {path}"))?;
+            Ok(format!("slot {slot} {open:?}\n"))
+        }
+        ["remove-cache", slot] => {
+            let slot: u8 = slot
+                .parse()
+                .map_err(|_| anyhow::anyhow!("`{slot}` is not a device slot (see `devices`)"))?;
+            cache.remove_cache_device(slot)?;
+            Ok(String::new())
+        }
+        _ => bail!(
+            "unknown command `{line}`: expected stats, devices, add-cache PATH [SIZE] or remove-cache SLOT"
+        ),
+    }
+}
+
+fn devices(cache: &Cache) -> String {
+    let mut out = String::new();
+    if let Some(l2) = cache.l2arc() {
+        for d in l2.stats().devices {
+            let get = |name: &str| {
+                d.kstats
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(0, |(_, v)| *v)
+            };
+            out.push_str(&format!(
+                "{} {} size_bytes={} l2_asize={} l2_hits={} {}\n",
+                d.slot,
+                d.state,
+                d.size_bytes,
+                get("l2_asize"),
+                get("l2_hits"),
+                d.description
+            ));
+        }
+    }
+    out
+}
+
+/// Sends one command and returns the answer's body, or the service's error.
+pub fn request(socket: &Path, command: &str) -> Result<String> {
+    assert!(!command.contains('\n'), "one command per line");
+    let mut stream = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "control socket {}: is the service running with --control?",
+            socket.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    stream.write_all(format!("{command}\n").as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    match answer.split_once('\n') {
+        Some(("ok", body)) => Ok(body.to_string()),
+        Some((first, _)) if first.starts_with("error: ") => {
+            bail!("{}", &first["error: ".len()..])
+        }
+        _ => bail!("control socket {}: malformed answer", socket.display()),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The service's control socket (its --control PATH).
+    #[arg(long)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// Print the counters (arcstats names), one `name value` per line.
+    Stats,
+    /// List cache devices: slot, state, size, bytes held, hits, path.
+    Devices,
+    /// Add a cache device (a file is created with SIZE if missing; default 1GiB).
+    AddCache { path: PathBuf, size: Option<String> },
+    /// Remove a cache device by slot (waits for reads in flight on it).
+    RemoveCache { slot: u8 },
+}
+
+pub fn run(args: CtlArgs) -> Result<()> {
+    let command = match &args.command {
+        CtlCommand::Stats => "stats".to_string(),
+        CtlCommand::Devices => "devices".to_string(),
+        CtlCommand::AddCache { path, size } => {
+            let path = std::path::absolute(path)?;
+            let path = path
+                .to_str()
+                .filter(|p| !p.contains(char::is_whitespace))
+                .ok_or_else(|| anyhow::anyhow!("cache path must be UTF-8 without spaces"))?
+                .to_string();
+            match size {
+                Some(size) => format!("add-cache {path} {size}"),
+                None => format!("add-cache {path}"),
+            }
+        }
+        CtlCommand::RemoveCache { slot } => format!("remove-cache {slot}"),
+    };
+    print!("{}", request(&args.socket, &command)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use l2arc::CacheConfig;
+
+    fn cache() -> Arc<Cache> {
+        Cache::new(CacheConfig {
+            arc_max_bytes: 16 << 20,
+            arc_shards: 2,
+            ..CacheConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn stats_devices_add_and_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ctl.sock");
+        let server = ControlServer::start(cache(), &socket).unwrap();
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        let stats = request(&socket, "stats").unwrap();
+        assert!(
+            stats.lines().any(|l| l.starts_with("c_max 16777216")),
+            "{stats}"
+        );
+        assert_eq!(request(&socket, "devices").unwrap(), "");
+
+        let device = dir.path().join("l2.img");
+        let added = request(&socket, &format!("add-cache {} 64MiB", device.display())).unwrap();
+        assert!(added.starts_with("slot 0"), "{added}");
+        assert_eq!(std::fs::metadata(&device).unwrap().len(), 64 << 20);
+        let listed = request(&socket, "devices").unwrap();
+        assert!(listed.contains(&device.display().to_string()), "{listed}");
+        assert!(request(&socket, "stats").unwrap().contains("l2_devices 1"));
+
+        request(&socket, "remove-cache 0").unwrap();
+        assert!(request(&socket, "stats").unwrap().contains("l2_devices 0"));
+        drop(server);
+        assert!(!socket.exists(), "the socket file is removed on stop");
+    }
+
+    #[test]
+    fn bad_commands_get_errors_and_the_server_lives_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ctl.sock");
+        let _server = ControlServer::start(cache(), &socket).unwrap();
+        let unknown = request(&socket, "format-disk").unwrap_err();
+        assert!(
+            format!("{unknown}").contains("unknown command"),
+            "{unknown}"
+        );
+        let slot = request(&socket, "remove-cache seven").unwrap_err();
+        assert!(format!("{slot}").contains("not a device slot"), "{slot}");
+        let missing = request(&socket, "add-cache /nonexistent/dir/l2.img").unwrap_err();
+        assert!(format!("{missing:#}").contains("/nonexistent/dir/l2.img"));
+
+        // A line as long as allowed without its newline, then a silent client.
+        // (Bytes beyond the limit would stay unread: the close resets them.)
+        let mut long = UnixStream::connect(&socket).unwrap();
+        long.write_all(&vec![b'x'; COMMAND_BYTES_MAX as usize]).unwrap();
+        let mut answer = String::new();
+        long.read_to_string(&mut answer).unwrap();
+        assert!(
+            answer.starts_with("error: a command is one line"),
+            "{answer}"
+        );
+        let _silent = UnixStream::connect(&socket).unwrap();
+        // Served after the silent client times out.
+        assert!(request(&socket, "stats").unwrap().contains("c_max"));
+    }
+
+    #[test]
+    fn a_second_service_cannot_take_a_live_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ctl.sock");
+        let _first = ControlServer::start(cache(), &socket).unwrap();
+        let second = ControlServer::start(cache(), &socket).err().unwrap();
+        assert!(format!("{second}").contains("another service"), "{second}");
+    }
+}
