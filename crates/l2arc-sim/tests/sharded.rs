@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use l2arc::arc::{AccessKind, ArcConfig, LiveArc, Lookup, Record, RecordKey};
+use l2arc::arc::{AccessKind, ArcConfig, DramPolicy, LiveArc, Lookup, Record, RecordKey};
 use l2arc::buf::AlignedBuf;
 use l2arc_sim::{PolicyName, Request, TraceFormat, load_trace, replay};
 
@@ -50,6 +50,7 @@ fn live_hits(trace: &[Request], shards: usize) -> u64 {
     let arc = LiveArc::new(ArcConfig {
         arc_max_bytes: PAGES * PAGE_BYTES,
         shards,
+        dram_policy: DramPolicy::Arc,
     });
     let mut hits = 0u64;
     for r in trace {

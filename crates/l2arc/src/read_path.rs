@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use crate::arc::live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
-use crate::arc::policy::{AccessKind, ListId};
+use crate::arc::policy::{AccessKind, DramPolicy, ListId};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
 use crate::l2arc::device::{DeviceIo, FileDevice};
@@ -127,6 +127,8 @@ pub struct CacheConfig {
     pub arc_max_bytes: u64,
     /// Independent ARC shards (locks). Default: 4 per core, at least 1.
     pub arc_shards: usize,
+    /// DRAM replacement: ARC (default), or LRU as a benchmark baseline.
+    pub dram_policy: DramPolicy,
     /// L2ARC tunables, used once a cache device is added.
     pub l2arc: L2ArcConfig,
 }
@@ -137,6 +139,7 @@ impl Default for CacheConfig {
         Self {
             arc_max_bytes: 1 << 30,
             arc_shards: (cores * 4).clamp(1, 1024),
+            dram_policy: DramPolicy::Arc,
             l2arc: L2ArcConfig::default(),
         }
     }
@@ -296,6 +299,7 @@ impl Cache {
             arc: LiveArc::new(ArcConfig {
                 arc_max_bytes: config.arc_max_bytes,
                 shards: config.arc_shards,
+                dram_policy: config.dram_policy,
             }),
             config,
             datasets: RwLock::new(Vec::new()),
@@ -753,15 +757,57 @@ impl Cache {
             self.invalidate_object(handle);
             return Err(e);
         }
+        self.drop_changed_range(handle, offset, data.len() as u64, old_size_bytes)?;
+        self.counters.writes.add(1);
+        self.counters.write_bytes.add(data.len() as u64);
+        Ok(())
+    }
+
+    /// Punches a hole in primary storage (TRIM, discard: the range then
+    /// reads as zeros, the size stays), then drops every cached record the
+    /// hole touched, exactly as [`Self::write`] does. A primary that cannot
+    /// punch holes returns `ErrorKind::Unsupported` and nothing changes.
+    pub fn discard(&self, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if offset.checked_add(len).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("discard {offset}+{len} is beyond the largest offset"),
+            ));
+        }
+        let old_size_bytes = handle.size_bytes();
+        if let Err(e) = handle.object.punch_hole(offset, len) {
+            if e.kind() != io::ErrorKind::Unsupported {
+                // Part of the range may be gone already: trust no record.
+                self.invalidate_object(handle);
+            }
+            return Err(e);
+        }
+        self.drop_changed_range(handle, offset, len, old_size_bytes)
+    }
+
+    /// After primary storage changed `len` bytes at `offset` (a write or a
+    /// hole; `len` > 0): drops the records that cover them from both tiers
+    /// and adopts the object's new generation without a new token.
+    fn drop_changed_range(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: u64,
+        old_size_bytes: u64,
+    ) -> io::Result<()> {
+        debug_assert!(len > 0);
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        let end = offset.saturating_add(len);
         let first = offset / recordsize;
-        let last = (offset + data.len() as u64 - 1) / recordsize;
+        let last = (end - 1) / recordsize;
         // A short old last record grows with a write past the old end: its
         // cached copies are wrong then. Records beyond the old end were
         // never cached.
-        let old_last = (offset + data.len() as u64 > old_size_bytes
-            && !old_size_bytes.is_multiple_of(recordsize))
-        .then(|| old_size_bytes / recordsize);
+        let old_last = (end > old_size_bytes && !old_size_bytes.is_multiple_of(recordsize))
+            .then(|| old_size_bytes / recordsize);
         let token = handle.state.token.load(Ordering::Acquire);
         {
             // Under the lock a feed holds while it indexes a batch: a feed
@@ -775,8 +821,6 @@ impl Cache {
         }
         let info = handle.object.info()?;
         self.adopt(handle, info, false);
-        self.counters.writes.add(1);
-        self.counters.write_bytes.add(data.len() as u64);
         Ok(())
     }
 

@@ -136,6 +136,7 @@ fn open_cache(dir: &Path, passive: bool) -> (Arc<Cache>, l2arc::DatasetId) {
         arc_max_bytes: ARC_BYTES,
         arc_shards: 2,
         l2arc,
+        ..CacheConfig::default()
     })
     .unwrap();
     let ds = cache

@@ -29,7 +29,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::policy::{AccessKind, ArcPolicy, Evicted, InsertOutcome, ListId};
+use super::policy::{AccessKind, ArcPolicy, DramPolicy, Evicted, InsertOutcome, ListId};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
 
@@ -63,6 +63,8 @@ pub struct ArcConfig {
     pub arc_max_bytes: u64,
     /// Independent ARCs the key space is split into (1 for exact replay).
     pub shards: usize,
+    /// ARC, or plain LRU as a benchmark baseline (see `policy`).
+    pub dram_policy: DramPolicy,
 }
 
 /// The error a failed fill hands to every reader waiting on it.
@@ -276,7 +278,7 @@ impl LiveArc {
         let shards = (0..config.shards)
             .map(|_| {
                 PaddedShard(Mutex::new(Shard {
-                    policy: ArcPolicy::new(shard_bytes),
+                    policy: ArcPolicy::with_policy(shard_bytes, config.dram_policy),
                     fills: FastHashMap::default(),
                     evicted: Vec::with_capacity(16),
                     stats: ArcStats::default(),
@@ -515,6 +517,7 @@ mod tests {
         let arc = LiveArc::new(ArcConfig {
             arc_max_bytes: 1 << 20,
             shards: 4,
+            dram_policy: DramPolicy::Arc,
         });
         fill(&arc, key(1), 7, 0xaa);
         match arc.lookup(key(1), 7, AccessKind::Demand) {
@@ -531,6 +534,7 @@ mod tests {
         let arc = LiveArc::new(ArcConfig {
             arc_max_bytes: 1 << 20,
             shards: 1,
+            dram_policy: DramPolicy::Arc,
         });
         fill(&arc, key(1), 7, 1);
         assert!(matches!(
@@ -545,6 +549,7 @@ mod tests {
         let arc = LiveArc::new(ArcConfig {
             arc_max_bytes: 1 << 20,
             shards: 1,
+            dram_policy: DramPolicy::Arc,
         });
         let Lookup::Claimed(claim) = arc.lookup(key(5), 1, AccessKind::Demand) else {
             panic!("first lookup must claim");
@@ -573,6 +578,7 @@ mod tests {
         let arc = LiveArc::new(ArcConfig {
             arc_max_bytes: 1 << 20,
             shards: 1,
+            dram_policy: DramPolicy::Arc,
         });
         let Lookup::Claimed(claim) = arc.lookup(key(5), 1, AccessKind::Demand) else {
             panic!("first lookup must claim");
@@ -595,6 +601,7 @@ mod tests {
         let arc = LiveArc::new(ArcConfig {
             arc_max_bytes: 1 << 20,
             shards: 1,
+            dram_policy: DramPolicy::Arc,
         });
         let claim = arc.lookup(key(1), 1, AccessKind::Demand);
         let Lookup::InFlight(fill) = arc.lookup(key(1), 1, AccessKind::Demand) else {
@@ -609,6 +616,7 @@ mod tests {
         let arc = LiveArc::new(ArcConfig {
             arc_max_bytes: 4 * 4096,
             shards: 1,
+            dram_policy: DramPolicy::Arc,
         });
         let held: Vec<_> = (0..4).map(|i| fill(&arc, key(i), 1, i as u8)).collect();
         // Every buffer is referenced: a fifth record cannot get in.

@@ -8,4 +8,4 @@ pub mod live;
 pub mod policy;
 
 pub use live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
-pub use policy::{AccessKind, ArcPolicy, ListId};
+pub use policy::{AccessKind, ArcPolicy, DramPolicy, ListId};

@@ -25,6 +25,15 @@
 //!   which records are evictable; eviction skips the rest (a bounded scan), and
 //!   an insert that cannot make room is refused rather than overshooting `c`.
 //!
+//! An LRU mode exists for one reason: to measure what ARC itself buys. The
+//! benchmarks run the same live cache, the same L2ARC and the same feeder with
+//! only the DRAM replacement switched to plain LRU, so any difference in the
+//! figures is the policy's. In LRU mode every resident record stays on the
+//! MRU list, a hit moves it to the head, eviction takes the tail, and no ghost
+//! is kept; byte accounting, the prefetch flag (which the L2ARC feeder reads)
+//! and the rule that referenced records are never evicted all stay. The ARC
+//! path pays one predictable branch for it.
+//!
 //! The policy holds no I/O and no data of its own: the value `V` is opaque
 //! (a buffer in the live cache, `()` in trace replay), so the same code runs
 //! live and in replay. Entries live in a slab with intrusive `u32` links, so
@@ -39,6 +48,17 @@ const NIL: u32 = u32::MAX;
 /// How many entries eviction looks past at the cold end of a list when the
 /// coldest ones are referenced by readers, before trying the other list.
 pub const EVICT_SCAN_MAX: usize = 64;
+
+/// How the DRAM tier chooses what to evict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DramPolicy {
+    /// The adaptive replacement cache (the default, and what ZFS runs).
+    #[default]
+    Arc,
+    /// Plain least-recently-used with byte accounting: a baseline for
+    /// benchmarks. Only the MRU list is used and no ghosts are kept.
+    Lru,
+}
 
 /// The four lists of the ARC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -140,11 +160,19 @@ pub struct ArcPolicy<K, V> {
     /// Target size of the MRU list in bytes. A real number as in the paper:
     /// ghost-hit deltas are ratios, and rounding them would bias adaptation.
     target_mru_bytes: f64,
+    /// `true` in [`DramPolicy::Lru`] mode: one flag, tested where ARC and
+    /// LRU differ (promotion on a hit, eviction on an insert).
+    lru: bool,
 }
 
 impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
     /// An empty cache of `capacity_bytes` (the paper's `c`).
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_policy(capacity_bytes, DramPolicy::Arc)
+    }
+
+    /// An empty cache of `capacity_bytes` run as ARC or as plain LRU.
+    pub fn with_policy(capacity_bytes: u64, policy: DramPolicy) -> Self {
         assert!(capacity_bytes > 0, "ARC capacity must be positive");
         Self {
             entries: Vec::new(),
@@ -153,6 +181,16 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
             lists: [List::EMPTY; 4],
             capacity_bytes,
             target_mru_bytes: 0.0,
+            lru: policy == DramPolicy::Lru,
+        }
+    }
+
+    /// The replacement policy this cache runs.
+    pub fn policy(&self) -> DramPolicy {
+        if self.lru {
+            DramPolicy::Lru
+        } else {
+            DramPolicy::Arc
         }
     }
 
@@ -207,8 +245,9 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
             return None;
         }
         let was_prefetched = entry.prefetched;
-        let destination = if was_prefetched || kind == AccessKind::Prefetch {
-            // Read-ahead is not evidence of reuse: refresh in place.
+        let destination = if was_prefetched || kind == AccessKind::Prefetch || self.lru {
+            // Read-ahead is not evidence of reuse: refresh in place. (In LRU
+            // mode every hit refreshes in place: `list` is always MRU.)
             list
         } else {
             ListId::Mfu
@@ -289,6 +328,7 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
                 self.remove_slot(slot);
                 made_room
             }
+            None if self.lru => self.evict_lru(size_bytes, &mut evictable, evicted),
             None => self.make_room_for_new(size_bytes, &mut evictable, evicted),
         };
         if !room {
@@ -344,6 +384,23 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
             }
             None
         })
+    }
+
+    /// LRU mode: evict from the MRU tail, leaving no ghost, until
+    /// `size_bytes` fits.
+    fn evict_lru(
+        &mut self,
+        size_bytes: u64,
+        evictable: &mut impl FnMut(&K, &V) -> bool,
+        evicted: &mut Vec<Evicted<K, V>>,
+    ) -> bool {
+        while self.resident_bytes() + size_bytes > self.capacity_bytes {
+            let Some(slot) = self.find_victim(ListId::Mru, evictable) else {
+                return false;
+            };
+            self.evict_slot(slot, false, evicted);
+        }
+        true
     }
 
     /// Case IV of the paper: a key seen in no list.
@@ -583,6 +640,13 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
             "p {} outside [0, {c}]",
             self.target_mru_bytes
         );
+        if self.lru {
+            assert_eq!(
+                total,
+                self.list_bytes(ListId::Mru),
+                "LRU mode holds records outside the MRU list"
+            );
+        }
     }
 
     /// Walks every list and checks links, sizes and the index against each
@@ -815,8 +879,13 @@ mod tests {
         /// and removals keep every ARC bound and the lists consistent, and
         /// never evict a pinned record.
         #[test]
-        fn bounds_hold_under_any_sequence(c in 1u64..2000, ops in prop::collection::vec(op(), 1..400)) {
-            let mut arc: ArcPolicy<u8, bool> = ArcPolicy::new(c);
+        fn bounds_hold_under_any_sequence(
+            c in 1u64..2000,
+            lru in any::<bool>(),
+            ops in prop::collection::vec(op(), 1..400),
+        ) {
+            let policy = if lru { DramPolicy::Lru } else { DramPolicy::Arc };
+            let mut arc: ArcPolicy<u8, bool> = ArcPolicy::with_policy(c, policy);
             let mut evicted = Vec::new();
             for op in ops {
                 match op {
@@ -855,5 +924,79 @@ mod tests {
             }
             arc.assert_consistent();
         }
+
+        /// LRU mode is LRU: against a model (a deque, most recent first) on
+        /// any sequence of unit-size accesses.
+        #[test]
+        fn lru_mode_matches_a_model_lru(c in 1u64..32, keys in prop::collection::vec(0u64..64, 1..1000)) {
+            let mut arc: ArcPolicy<u64, ()> = ArcPolicy::with_policy(c, DramPolicy::Lru);
+            let mut model: std::collections::VecDeque<u64> = Default::default();
+            for k in keys {
+                let model_hit = match model.iter().position(|&m| m == k) {
+                    Some(i) => { model.remove(i); true }
+                    None => { if model.len() as u64 == c { model.pop_back(); } false }
+                };
+                model.push_front(k);
+                prop_assert_eq!(arc.access(k, 1), model_hit);
+                let resident: Vec<u64> = arc.iter_from_cold_end(ListId::Mru).map(|(k, ..)| *k).collect();
+                let expected: Vec<u64> = model.iter().rev().copied().collect();
+                prop_assert_eq!(resident, expected);
+            }
+            arc.assert_consistent();
+        }
+    }
+
+    #[test]
+    fn lru_mode_hit_refreshes_in_mru_and_evicts_the_tail() {
+        let mut lru: ArcPolicy<u64, ()> = ArcPolicy::with_policy(3, DramPolicy::Lru);
+        assert_eq!(lru.policy(), DramPolicy::Lru);
+        for k in 0..3 {
+            assert!(!lru.access(k, 1));
+        }
+        assert!(lru.access(0, 1));
+        assert!(lru.access(0, 1));
+        assert_eq!(
+            lru.list_of(&0),
+            Some(ListId::Mru),
+            "LRU mode never promotes"
+        );
+        assert!(!lru.access(3, 1)); // evicts 1, the least recent
+        assert_eq!(lru.list_of(&1), None, "LRU mode keeps no ghost");
+        assert!(lru.peek(&0).is_some() && lru.peek(&2).is_some());
+        assert_eq!(lru.list_len(ListId::Mfu), 0);
+        assert_eq!(lru.target_mru_bytes(), 0);
+        lru.assert_consistent();
+        // A one-time scan flushes LRU (the weakness ARC exists to fix).
+        for k in 100..103 {
+            lru.access(k, 1);
+        }
+        assert_eq!(lru.peek(&0), None);
+    }
+
+    #[test]
+    fn lru_mode_keeps_the_prefetch_flag_and_pins() {
+        let mut lru: ArcPolicy<u64, bool> = ArcPolicy::with_policy(3, DramPolicy::Lru);
+        let mut ev = Vec::new();
+        lru.insert(1, 1, true, AccessKind::Prefetch, |_, &p| !p, &mut ev);
+        let flags: Vec<bool> = lru
+            .iter_from_cold_end(ListId::Mru)
+            .map(|(_, _, _, prefetched)| prefetched)
+            .collect();
+        assert_eq!(flags, [true]);
+        let (_, hit) = lru.get(&1, AccessKind::Demand).unwrap();
+        assert!(hit.was_prefetched);
+        let (_, hit) = lru.get(&1, AccessKind::Demand).unwrap();
+        assert!(!hit.was_prefetched, "the demand read cleared the flag");
+        // 1 is pinned (value true) and the coldest: eviction skips it.
+        lru.insert(2, 1, false, AccessKind::Demand, |_, &p| !p, &mut ev);
+        lru.insert(3, 1, false, AccessKind::Demand, |_, &p| !p, &mut ev);
+        lru.get(&2, AccessKind::Demand);
+        lru.get(&3, AccessKind::Demand);
+        let outcome = lru.insert(4, 1, false, AccessKind::Demand, |_, &p| !p, &mut ev);
+        assert_eq!(outcome, InsertOutcome::Inserted { ghost: None });
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].key, 2);
+        assert!(lru.peek(&1).is_some(), "pinned record evicted");
+        lru.assert_consistent();
     }
 }

@@ -185,6 +185,44 @@ impl DirPrimary {
         Ok(file)
     }
 
+    /// Opens `name` (a relative path; `""` or `"."` is the root) beneath the
+    /// root with open(2) `flags`, resolved like object names: no step may
+    /// leave the root, whatever symlinks or renames race with it. Front ends
+    /// use it for a parent directory's descriptor, then act on a leaf name
+    /// relative to it (mkdirat, unlinkat, renameat, ...), so that namespace
+    /// operations are confined to the tree too. O_CLOEXEC is always added.
+    /// Without openat2 (the by-hand walk), a symlink as the last component
+    /// is not followed: with O_DIRECTORY that is ENOTDIR.
+    pub fn open_fd_beneath(&self, name: &str, flags: i32) -> io::Result<OwnedFd> {
+        let name = if name.is_empty() { "." } else { name };
+        if name.as_bytes().contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("name {name:?} contains a NUL byte"),
+            ));
+        }
+        if Path::new(name).is_absolute() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "name {name:?} is absolute; names are relative to {}",
+                    self.root.display()
+                ),
+            ));
+        }
+        let flags = flags | libc::O_CLOEXEC;
+        if self.use_fallback.load(Ordering::Relaxed) {
+            return self.open_walk(name, flags);
+        }
+        match self.open_openat2(name, flags) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                self.use_fallback.store(true, Ordering::Relaxed);
+                self.open_walk(name, flags)
+            }
+            other => other,
+        }
+    }
+
     fn open_openat2(&self, name: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
         let c_name = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: open_how is plain data; zero is a valid value of every field.
@@ -665,6 +703,36 @@ mod tests {
                 assert_eq!(obj.read_at(0, &mut buf).unwrap(), 11, "{name}");
                 assert_eq!(&buf, b"hello world", "{name}");
             }
+        });
+    }
+
+    #[test]
+    fn open_fd_beneath_confines_directories() {
+        both(|p, root| {
+            symlink("../..", root.join("a/up2")).unwrap();
+            let dir_flags = libc::O_PATH | libc::O_DIRECTORY;
+            for name in ["", ".", "a", "a/b", "a/b/.."] {
+                let fd = p
+                    .open_fd_beneath(name, dir_flags)
+                    .unwrap_or_else(|e| panic!("{name:?}: {e}"));
+                assert!(fstat(fd.as_raw_fd()).unwrap().st_mode & libc::S_IFMT == libc::S_IFDIR);
+            }
+            for name in ["..", "a/../..", "a/up2/outside"] {
+                let e = p.open_fd_beneath(name, dir_flags).expect_err(name);
+                assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{name}: {e}");
+            }
+            // A symlink as the last component: refused (the by-hand walk
+            // opens it O_NOFOLLOW, so O_DIRECTORY says ENOTDIR), never followed.
+            let e = p.open_fd_beneath("a/up2", dir_flags).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::NotADirectory
+                ),
+                "{e}"
+            );
+            let e = p.open_fd_beneath("/etc", dir_flags).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         });
     }
 

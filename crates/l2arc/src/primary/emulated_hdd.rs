@@ -5,9 +5,13 @@
 //! primary into a small RAID-0 of hard disks: each request waits for its
 //! disk (one request at a time per spindle), then pays a random positioning
 //! time (seek plus rotation, uniform between the configured bounds) and a
-//! transfer time at the media rate. Queueing falls out of the per-spindle
-//! mutex, so a burst of misses behaves like a burst against real disks:
-//! concurrency helps up to the number of spindles and no further.
+//! transfer time at the media rate. Each spindle has a FIFO queue (a ticket
+//! lock), so a burst of misses behaves like a burst against real disks:
+//! concurrency helps up to the number of spindles and no further, and a
+//! request waits for exactly the requests that arrived before it. (A plain
+//! mutex would let a thread that just finished jump the queue ahead of
+//! sleeping waiters, inflating tail latency in a way no disk does, and
+//! unevenly between systems under test whose threads arrive differently.)
 //!
 //! Placement is RAID-0: stripe `offset / stripe_bytes` of an object lives on
 //! spindle `(hash(id) + stripe) % spindles`, so consecutive stripes go to
@@ -31,7 +35,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::dir::splitmix64;
@@ -139,10 +143,15 @@ impl EmulatedHdd {
         config.validate()?;
         let spindles = (0..config.spindles)
             .map(|i| {
-                Mutex::new(Spindle {
-                    rng: splitmix64(config.seed ^ splitmix64(i as u64)),
-                    late_ns: 0,
-                })
+                (
+                    Mutex::new(Spindle {
+                        next_ticket: 0,
+                        serving_ticket: 0,
+                        rng: splitmix64(config.seed ^ splitmix64(i as u64)),
+                        late_ns: 0,
+                    }),
+                    Condvar::new(),
+                )
             })
             .collect();
         Ok(Self {
@@ -201,6 +210,9 @@ impl Primary for EmulatedHdd {
 }
 
 struct Spindle {
+    /// Ticket of the next request to arrive, and of the one being served.
+    next_ticket: u64,
+    serving_ticket: u64,
     /// splitmix64 state for positioning times.
     rng: u64,
     /// How far past their deadlines earlier requests ran, still to be paid
@@ -219,9 +231,25 @@ impl Spindle {
     }
 }
 
+/// Serves the next ticket of a spindle's queue when dropped.
+struct PassTurn<'a> {
+    lock: &'a Mutex<Spindle>,
+    turn: &'a Condvar,
+}
+
+impl Drop for PassTurn<'_> {
+    fn drop(&mut self) {
+        let mut spindle = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        debug_assert!(spindle.serving_ticket < spindle.next_ticket);
+        spindle.serving_ticket += 1;
+        drop(spindle);
+        self.turn.notify_all();
+    }
+}
+
 struct Array {
     config: HddConfig,
-    spindles: Box<[Mutex<Spindle>]>,
+    spindles: Box<[(Mutex<Spindle>, Condvar)]>,
     reads: AtomicU64,
     writes: AtomicU64,
     bytes_read: AtomicU64,
@@ -245,23 +273,38 @@ impl Array {
         offset: u64,
         op: impl FnOnce() -> (io::Result<T>, usize),
     ) -> (io::Result<T>, usize) {
-        let mut spindle = self.spindles[self.spindle_of(id, offset)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let (lock, turn) = &self.spindles[self.spindle_of(id, offset)];
+        let relock =
+            || -> MutexGuard<'_, Spindle> { lock.lock().unwrap_or_else(|p| p.into_inner()) };
+        // Take a ticket and wait for it to be served: FIFO, like a disk queue.
+        let (seek_unit, late_ns) = {
+            let mut spindle = relock();
+            let ticket = spindle.next_ticket;
+            spindle.next_ticket += 1;
+            while spindle.serving_ticket != ticket {
+                spindle = turn.wait(spindle).unwrap_or_else(|p| p.into_inner());
+            }
+            (spindle.next_unit(), spindle.late_ns)
+        };
+        // The spindle is ours until `_turn` passes it on (also on a panic in
+        // `op`, or the queue behind us would wait forever).
+        let _turn = PassTurn { lock, turn };
         let start = Instant::now();
         let c = &self.config;
-        let seek_ms = c.seek_ms_min + (c.seek_ms_max - c.seek_ms_min) * spindle.next_unit();
+        let seek_ms = c.seek_ms_min + (c.seek_ms_max - c.seek_ms_min) * seek_unit;
         let (result, bytes) = op();
         let transfer_s = bytes as f64 / (c.transfer_mib_per_sec * MIB);
         // Clamped so an absurd rate cannot overflow the deadline.
         let service_ns = ((seek_ms / 1e3 + transfer_s) * 1e9).min(MAX_SERVICE_NS as f64) as u64;
-        let credit_ns = spindle.late_ns.min(service_ns);
+        let credit_ns = late_ns.min(service_ns);
         let target_ns = service_ns - credit_ns;
         self.wait_until(start + Duration::from_nanos(target_ns));
         let busy_ns = start.elapsed().as_nanos() as u64;
-        let late_ns = spindle.late_ns - credit_ns + busy_ns.saturating_sub(target_ns);
-        spindle.late_ns = late_ns.min(MAX_LATE_NS);
-        drop(spindle);
+        {
+            let mut spindle = relock();
+            let late_ns = late_ns - credit_ns + busy_ns.saturating_sub(target_ns);
+            spindle.late_ns = late_ns.min(MAX_LATE_NS);
+        }
         self.busy_ns.fetch_add(busy_ns, Ordering::Relaxed);
         (result, bytes)
     }
@@ -333,6 +376,11 @@ impl PrimaryObject for HddObject {
 
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
+    }
+
+    /// Passed through uncharged, like `sync`: a discard moves no data.
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.punch_hole(offset, len)
     }
 
     fn read_alignment_bytes(&self) -> usize {

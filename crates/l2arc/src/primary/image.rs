@@ -438,6 +438,64 @@ impl PrimaryObject for ImageObject {
             .map_err(|e| io::Error::new(e.kind(), format!("sync image {}: {e}", self.path)))
     }
 
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)` on files; block devices (where
+    /// BLKDISCARD would be the tool) and file systems without hole punching
+    /// say `Unsupported`. Under `write_lock`: a direct read-modify-write of
+    /// a block the hole covers must not write the old bytes back over it.
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("image {} was opened read-only", self.path),
+            ));
+        }
+        if self.block_device {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("image {}: no hole punching on block devices", self.path),
+            ));
+        }
+        let too_far = || {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("range {offset}+{len} is beyond the largest file offset"),
+            )
+        };
+        let end = offset.checked_add(len).ok_or_else(too_far)?;
+        if end > i64::MAX as u64 {
+            return Err(too_far());
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let _guard = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            // SAFETY: fallocate on an fd we own; both values fit in off_t (checked above).
+            let ret = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            };
+            if ret == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("image {}: hole punching: {e}", self.path),
+                    ));
+                }
+                _ => return Err(self.ctx("punch hole in", offset)(e)),
+            }
+        }
+    }
+
     fn read_alignment_bytes(&self) -> usize {
         if self.direct { DIRECT_ALIGN_BYTES } else { 1 }
     }

@@ -72,6 +72,18 @@ pub trait PrimaryObject: Send + Sync + 'static {
     /// Makes written data durable (fsync / fdatasync).
     fn sync(&self) -> io::Result<()>;
 
+    /// Deallocates `len` bytes at `offset` (TRIM, discard): afterwards the
+    /// range reads as zeros and the object keeps its size. Advisory: a
+    /// primary that cannot punch holes returns `ErrorKind::Unsupported` and
+    /// changes nothing.
+    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this primary cannot punch holes",
+        ))
+    }
+
     /// Alignment of offset, length and buffer address that `read_at` needs:
     /// 4096 with O_DIRECT, 1 otherwise. The read path reads whole records
     /// into page-aligned buffers, so it always honours 4096.

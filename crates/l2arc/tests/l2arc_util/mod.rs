@@ -136,6 +136,7 @@ pub fn new_cache(src: &Path, compression: Compression, l2: L2ArcConfig) -> (Arc<
         arc_max_bytes: 1 << 20,
         arc_shards: 2,
         l2arc: l2,
+        ..CacheConfig::default()
     })
     .unwrap();
     let ds = cache
