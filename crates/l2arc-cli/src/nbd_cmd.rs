@@ -1,9 +1,21 @@
-//! `l2arc serve-nbd IMAGE` (being built).
+//! `l2arc serve-nbd IMAGE`: export an image file or block device through
+//! the cache over NBD.
+//!
+//! Runs in the foreground until SIGINT or SIGTERM, like any service a unit
+//! file starts. It listens on loopback (or a Unix socket) unless told
+//! otherwise: NBD has no authentication, so exposing a disk to the network
+//! must be a deliberate choice (`--allow-remote`). Once it accepts clients
+//! it prints `l2arc: serving IMAGE on ADDR` to stderr (scripts and tests
+//! wait for that line); on exit it prints the cache's statistics under
+//! their arcstats names.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use l2arc::primary::image::ImagePrimary;
+use l2arc_nbd::{ListenAddr, Listener, Server, ServerConfig};
 
 use crate::service::CacheOptions;
 
@@ -11,11 +23,82 @@ use crate::service::CacheOptions;
 pub struct ServeNbdArgs {
     /// Image file or block device to export.
     pub image: PathBuf,
+    /// Where to listen: unix:PATH or HOST:PORT (loopback only without --allow-remote).
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub listen: ListenAddr,
+    /// Allow listening on a non-loopback address (NBD has no authentication).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Export read-only: writes, trims and zeroing are refused (EPERM).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Name of the export (NBD_OPT_LIST shows it; other names are refused).
+    #[arg(long, default_value = "")]
+    pub export_name: String,
+    /// Most client connections at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_connections: usize,
+    /// Worker threads per connection (requests served in parallel on one connection).
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
     #[command(flatten)]
     pub cache: CacheOptions,
 }
 
 pub fn run(args: ServeNbdArgs) -> Result<()> {
-    let _ = args.cache.resolve(64 << 10)?;
-    bail!("serve-nbd is not built yet")
+    let resolved = args.cache.resolve(64 << 10)?;
+    if let ListenAddr::Tcp(addr) = &args.listen
+        && !addr.ip().is_loopback()
+        && !args.allow_remote
+    {
+        bail!(
+            "--listen {addr} is not a loopback address: NBD has no authentication; add --allow-remote to export {} to the network",
+            args.image.display()
+        );
+    }
+    if args.export_name.len() > l2arc_nbd::protocol::NAME_MAX_BYTES {
+        bail!("--export-name is longer than 4096 bytes");
+    }
+    let writable = !args.read_only;
+    let image = ImagePrimary::open(&args.image, writable)?;
+    let primary = resolved.wrap_primary(Arc::new(image))?;
+    let cache = resolved.build_cache()?;
+    let _control = resolved.start_control(&cache)?;
+    let dataset = cache.add_dataset("nbd", primary, resolved.dataset_config)?;
+    let handle = cache
+        .open(dataset, "", writable)
+        .with_context(|| format!("open {}", args.image.display()))?;
+    let server = Server::new(
+        Arc::clone(&cache),
+        handle,
+        ServerConfig {
+            export_name: args.export_name.clone(),
+            read_only: args.read_only,
+            max_connections: args.max_connections,
+            workers_per_connection: args.workers.clamp(1, 256),
+            ..ServerConfig::default()
+        },
+    )?;
+    let stop = server.stop_flag();
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let listener =
+        Listener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    eprintln!("l2arc: serving {} on {addr}", args.image.display());
+    server.serve(listener)?;
+    let s = server.stats();
+    eprintln!(
+        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors), {} protocol errors",
+        s.connections_accepted,
+        s.connections_refused,
+        s.requests,
+        s.request_errors,
+        s.protocol_errors
+    );
+    for (name, value) in cache.stats().kstats() {
+        eprintln!("{name:<28} {value}");
+    }
+    Ok(())
 }

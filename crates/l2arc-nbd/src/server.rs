@@ -1,0 +1,851 @@
+//! The NBD server: listener, connections, request dispatch onto the cache.
+//!
+//! Why threads. The engine is synchronous: a read that misses blocks its
+//! thread on primary storage (milliseconds on a disk). An NBD client such
+//! as QEMU or fio keeps many requests in flight on one connection (queue
+//! depth 32 is common) and expects them served in parallel, in any order.
+//! So each connection gets one reader thread, which only decodes requests
+//! (`protocol.rs`) and queues them, and a small pool of worker threads,
+//! which call the cache and write each reply whole under the connection's
+//! writer mutex (replies of different requests never interleave on the
+//! wire, and the client matches them by cookie). Every connection shares
+//! the one `Cache` and the one object handle, so a record one client warmed
+//! is a hit for all (and `NBD_FLAG_CAN_MULTI_CONN` is honest: a write,
+//! trim or flush on one connection is visible to reads on every other,
+//! because all of them go through the same write-through cache).
+//!
+//! Bounds. A hostile or broken client must not take the server down,
+//! stall the other clients, or make the server allocate without limit:
+//! - connections: at most `max_connections` at once; more are closed at
+//!   accept;
+//! - the handshake has a deadline (`handshake_timeout`) and the protocol
+//!   module bounds option sizes and counts;
+//! - per connection at most `max_in_flight_requests` queued requests and
+//!   `max_in_flight_bytes` of payload and read buffers; past that the
+//!   reader stops reading the socket (TCP flow control pushes back on the
+//!   client), so the memory of N connections is at most N times that;
+//! - request lengths are capped at `max_payload_bytes` (EOVERFLOW for
+//!   reads, EINVAL for writes, whose data is read and dropped);
+//! - ranges are checked against the export size before the cache sees
+//!   them (EINVAL for reads, ENOSPC for writes): nothing outside the image
+//!   is ever read or written.
+//!
+//! A framing error (bad request magic) disconnects that client only; a
+//! stop (SIGTERM in the CLI) shuts every socket down, lets the workers
+//! finish the requests they hold, and joins every thread.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use l2arc::{Cache, ObjectHandle};
+
+use crate::protocol::{
+    self, Command, Decoded, ExportInfo, Handshake, HandshakeStatus, NBD_CMD_FLAG_FUA,
+    NBD_CMD_FLAG_NO_HOLE, NBD_EINVAL, NBD_ESHUTDOWN, PAYLOAD_MAX_BYTES_DEFAULT, Request,
+    RequestDecoder, SIMPLE_REPLY_BYTES,
+};
+
+/// Bytes read from a socket at a time.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Largest write of zeros for `NBD_CMD_WRITE_ZEROES` when no hole is punched.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// How often the accept loop looks at the stop flag.
+const ACCEPT_POLL_MS: i32 = 100;
+
+/// Where to listen: `unix:PATH` or `HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path (unix:/run/l2arc.sock)".into());
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        use std::net::ToSocketAddrs;
+        let addr = s
+            .to_socket_addrs()
+            .map_err(|e| format!("`{s}` is not unix:PATH or HOST:PORT: {e}"))?
+            .next()
+            .ok_or_else(|| format!("`{s}` resolves to no address"))?;
+        Ok(ListenAddr::Tcp(addr))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// A bound listening socket.
+pub enum Listener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Binds `addr`. A Unix socket path that exists is replaced only if it
+    /// is a socket nobody listens on (left behind by a crash).
+    pub fn bind(addr: &ListenAddr) -> io::Result<Self> {
+        match addr {
+            ListenAddr::Unix(path) => {
+                if let Ok(meta) = std::fs::symlink_metadata(path)
+                    && meta.file_type().is_socket()
+                    && UnixStream::connect(path).is_err()
+                {
+                    std::fs::remove_file(path)?;
+                }
+                Ok(Listener::Unix(UnixListener::bind(path)?, path.clone()))
+            }
+            ListenAddr::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a)?)),
+        }
+    }
+
+    /// The address actually bound (a TCP port 0 becomes the real port).
+    pub fn local_addr(&self) -> io::Result<ListenAddr> {
+        match self {
+            Listener::Unix(_, p) => Ok(ListenAddr::Unix(p.clone())),
+            Listener::Tcp(l) => Ok(ListenAddr::Tcp(l.local_addr()?)),
+        }
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Listener::Unix(l, _) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    fn accept(&self) -> io::Result<Conn> {
+        match self {
+            Listener::Unix(l, _) => Ok(Conn::Unix(l.accept()?.0)),
+            Listener::Tcp(l) => {
+                let s = l.accept()?.0;
+                s.set_nodelay(true)?;
+                Ok(Conn::Tcp(s))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// One client socket.
+enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn try_clone(&self) -> io::Result<Conn> {
+        Ok(match self {
+            Conn::Unix(s) => Conn::Unix(s.try_clone()?),
+            Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Conn::Unix(s) => s.shutdown(Shutdown::Both),
+            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
+    fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Conn::Unix(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+            Conn::Tcp(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read(buf),
+            Conn::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write(buf),
+            Conn::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Server settings; every bound has a default.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The one export's name ("" is the default export).
+    pub export_name: String,
+    /// Refuse writes, trims and zeroing (EPERM); advertise NBD_FLAG_READ_ONLY.
+    pub read_only: bool,
+    pub max_connections: usize,
+    pub workers_per_connection: usize,
+    pub max_in_flight_requests: usize,
+    pub max_in_flight_bytes: u64,
+    /// Longest read or write request.
+    pub max_payload_bytes: u32,
+    /// The whole handshake must finish within this.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            export_name: String::new(),
+            read_only: false,
+            max_connections: 64,
+            workers_per_connection: 8,
+            max_in_flight_requests: 64,
+            max_in_flight_bytes: 64 << 20,
+            max_payload_bytes: PAYLOAD_MAX_BYTES_DEFAULT,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> io::Result<()> {
+        let bad = |what: &str| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                what.to_string(),
+            ))
+        };
+        if self.export_name.len() > protocol::NAME_MAX_BYTES {
+            return bad("export name is longer than 4096 bytes");
+        }
+        if self.max_connections == 0 || self.workers_per_connection == 0 {
+            return bad("max_connections and workers_per_connection must be at least 1");
+        }
+        if self.max_in_flight_requests == 0 {
+            return bad("max_in_flight_requests must be at least 1");
+        }
+        if self.max_payload_bytes < 4096
+            || self.max_in_flight_bytes < u64::from(self.max_payload_bytes)
+        {
+            return bad("max_payload_bytes must be 4096 to max_in_flight_bytes");
+        }
+        Ok(())
+    }
+}
+
+/// Counters of what the server did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    pub connections_accepted: u64,
+    pub connections_refused: u64,
+    pub protocol_errors: u64,
+    pub requests: u64,
+    pub request_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections_accepted: AtomicU64,
+    connections_refused: AtomicU64,
+    protocol_errors: AtomicU64,
+    requests: AtomicU64,
+    request_errors: AtomicU64,
+}
+
+struct Shared {
+    cache: Arc<Cache>,
+    handle: ObjectHandle,
+    config: ServerConfig,
+    export: ExportInfo,
+    stop: Arc<AtomicBool>,
+    /// Clones of every open client socket, to shut them down on stop.
+    open: Mutex<HashMap<u64, Conn>>,
+    active: AtomicUsize,
+    counters: Counters,
+}
+
+/// An NBD server exporting one object of the cache.
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// A server for `handle` (opened writable unless `config.read_only`).
+    /// The export's size is the object's size now.
+    pub fn new(cache: Arc<Cache>, handle: ObjectHandle, config: ServerConfig) -> io::Result<Self> {
+        config.validate()?;
+        let size_bytes = handle.size_bytes();
+        let export = ExportInfo {
+            name: config.export_name.clone(),
+            description: "l2arc".to_string(),
+            size_bytes,
+            transmission_flags: ExportInfo::flags_for(config.read_only),
+            block_size_min_bytes: 1,
+            block_size_preferred_bytes: 4096,
+            block_size_max_bytes: config.max_payload_bytes,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                cache,
+                handle,
+                config,
+                export,
+                stop: Arc::new(AtomicBool::new(false)),
+                open: Mutex::new(HashMap::new()),
+                active: AtomicUsize::new(0),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// Set to true to stop [`Self::serve`] (signal handlers may set it).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.shared.stop)
+    }
+
+    pub fn export_size_bytes(&self) -> u64 {
+        self.shared.export.size_bytes
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.shared.counters;
+        ServerStats {
+            connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
+            connections_refused: c.connections_refused.load(Ordering::Relaxed),
+            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            request_errors: c.request_errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Accepts clients until the stop flag is set, then disconnects them
+    /// all, waits for their threads, and flushes the image.
+    pub fn serve(&self, listener: Listener) -> io::Result<()> {
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_id = 0u64;
+        let result = loop {
+            if self.shared.stop.load(Ordering::SeqCst) {
+                break Ok(());
+            }
+            threads.retain(|t| !t.is_finished());
+            let mut pfd = libc::pollfd {
+                fd: listener.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
+            if ready < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                break Err(e);
+            }
+            if ready == 0 {
+                continue;
+            }
+            let conn = match listener.accept() {
+                Ok(c) => c,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted
+                            | io::ErrorKind::WouldBlock
+                            | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                    // Out of descriptors: wait for connections to close.
+                    std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
+                    continue;
+                }
+                Err(e) => break Err(e),
+            };
+            let shared = &self.shared;
+            if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections {
+                shared
+                    .counters
+                    .connections_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                conn.shutdown();
+                continue;
+            }
+            let Ok(clone) = conn.try_clone() else {
+                continue;
+            };
+            let id = next_id;
+            next_id += 1;
+            shared.active.fetch_add(1, Ordering::SeqCst);
+            shared
+                .counters
+                .connections_accepted
+                .fetch_add(1, Ordering::Relaxed);
+            shared
+                .open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, clone);
+            let for_thread = Arc::clone(shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-conn-{id}"))
+                .spawn(move || {
+                    connection(&for_thread, conn);
+                    for_thread
+                        .open
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                    for_thread.active.fetch_sub(1, Ordering::SeqCst);
+                });
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(_) => {
+                    if let Some(c) = shared
+                        .open
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id)
+                    {
+                        c.shutdown();
+                    }
+                    shared.active.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        };
+        drop(listener);
+        for conn in self
+            .shared
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            conn.shutdown();
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        if !self.shared.config.read_only {
+            self.shared.cache.sync(&self.shared.handle)?;
+        }
+        result
+    }
+}
+
+/// One client, from greeting to close.
+fn connection(shared: &Arc<Shared>, mut conn: Conn) {
+    match handshake(shared, &mut conn) {
+        Ok(Some(leftover)) => transmission(shared, conn, leftover),
+        Ok(None) => conn.shutdown(),
+        Err(_) => {
+            shared
+                .counters
+                .protocol_errors
+                .fetch_add(1, Ordering::Relaxed);
+            conn.shutdown();
+        }
+    }
+}
+
+/// Runs the handshake. `Some(bytes)`: in transmission, with the request
+/// bytes that arrived behind the last option; `None`: the client aborted
+/// or went away.
+fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Vec<u8>>> {
+    let deadline = std::time::Instant::now() + shared.config.handshake_timeout;
+    let mut hs = Handshake::new(shared.export.clone());
+    conn.set_timeouts(Some(shared.config.handshake_timeout))?;
+    conn.write_all(&hs.greeting())?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Vec::new();
+    loop {
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake took too long",
+            ));
+        }
+        let n = match conn.read(&mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let mut at = 0;
+        while at < n {
+            let (used, status) = hs
+                .push(&buf[at..n], &mut out)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            at += used;
+            conn.write_all(&out)?;
+            out.clear();
+            match status {
+                HandshakeStatus::Negotiating => {}
+                HandshakeStatus::Aborted => return Ok(None),
+                HandshakeStatus::Transmission => {
+                    conn.set_timeouts(None)?;
+                    return Ok(Some(buf[at..n].to_vec()));
+                }
+            }
+        }
+    }
+}
+
+/// A counting limit on bytes in flight on one connection.
+struct Budget {
+    used_bytes: Mutex<u64>,
+    freed: Condvar,
+    max_bytes: u64,
+}
+
+impl Budget {
+    /// Waits until `bytes` fit (or nothing is in flight: one request of the
+    /// largest size must always be able to go).
+    fn acquire(&self, bytes: u64) {
+        let mut used = self.used_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        while *used > 0 && *used + bytes > self.max_bytes {
+            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+        }
+        *used += bytes;
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut used = self.used_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(*used >= bytes, "budget released more than it holds");
+        *used -= bytes;
+        self.freed.notify_all();
+    }
+}
+
+struct Job {
+    request: Request,
+    command: Command,
+    payload: Vec<u8>,
+    cost_bytes: u64,
+}
+
+/// The connection's reply side: each reply written whole under the mutex.
+struct Replier {
+    conn: Mutex<Conn>,
+    /// Set after a write fails: the connection is going away.
+    broken: AtomicBool,
+}
+
+impl Replier {
+    fn send(&self, bytes: &[u8]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if conn.write_all(bytes).is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            conn.shutdown();
+        }
+    }
+
+    fn reply(&self, cookie: u64, error: u32) {
+        self.send(&protocol::simple_reply(cookie, error));
+    }
+}
+
+fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>) {
+    let replier = match conn.try_clone() {
+        Ok(c) => Arc::new(Replier {
+            conn: Mutex::new(c),
+            broken: AtomicBool::new(false),
+        }),
+        Err(_) => {
+            conn.shutdown();
+            return;
+        }
+    };
+    let budget = Arc::new(Budget {
+        used_bytes: Mutex::new(0),
+        freed: Condvar::new(),
+        max_bytes: shared.config.max_in_flight_bytes,
+    });
+    let (tx, rx) = sync_channel::<Job>(shared.config.max_in_flight_requests);
+    let rx = Arc::new(Mutex::new(rx));
+    let mut workers = Vec::with_capacity(shared.config.workers_per_connection);
+    for i in 0..shared.config.workers_per_connection {
+        let (shared, rx, replier, budget) = (
+            Arc::clone(shared),
+            Arc::clone(&rx),
+            Arc::clone(&replier),
+            Arc::clone(&budget),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-worker-{i}"))
+            .spawn(move || worker(&shared, &rx, &replier, &budget));
+        if let Ok(t) = spawned {
+            workers.push(t);
+        }
+    }
+    if workers.is_empty() {
+        conn.shutdown();
+        return;
+    }
+    let result = reader(shared, &mut conn, leftover, &tx, &replier, &budget);
+    if result.is_err() {
+        shared
+            .counters
+            .protocol_errors
+            .fetch_add(1, Ordering::Relaxed);
+        // Broken framing: the client is gone for us; do not finish its work.
+        conn.shutdown();
+    }
+    drop(tx);
+    for w in workers {
+        let _ = w.join();
+    }
+    conn.shutdown();
+}
+
+/// Decodes requests and queues them. `Err`: a protocol violation.
+fn reader(
+    shared: &Shared,
+    conn: &mut Conn,
+    leftover: Vec<u8>,
+    tx: &SyncSender<Job>,
+    replier: &Replier,
+    budget: &Budget,
+) -> Result<(), protocol::ProtocolError> {
+    let mut decoder = RequestDecoder::new(shared.config.max_payload_bytes);
+    // Bytes that arrived behind the handshake's last option come first.
+    if !dispatch(shared, &mut decoder, &leftover, tx, replier, budget)? {
+        return Ok(());
+    }
+    drop(leftover);
+    let mut buf = vec![0u8; READ_CHUNK_BYTES];
+    loop {
+        let n = match conn.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return Ok(()),
+        };
+        if !dispatch(shared, &mut decoder, &buf[..n], tx, replier, budget)? {
+            return Ok(());
+        }
+    }
+}
+
+/// Decodes `bytes` into requests: errors are answered here, valid requests
+/// go to the workers. `Ok(false)`: the client disconnected (NBD_CMD_DISC).
+fn dispatch(
+    shared: &Shared,
+    decoder: &mut RequestDecoder,
+    bytes: &[u8],
+    tx: &SyncSender<Job>,
+    replier: &Replier,
+    budget: &Budget,
+) -> Result<bool, protocol::ProtocolError> {
+    let config = &shared.config;
+    let mut at = 0;
+    while at < bytes.len() {
+        let (used, decoded) = decoder.push(&bytes[at..])?;
+        at += used;
+        let Some(decoded) = decoded else { continue };
+        shared.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let (request, payload) = match decoded {
+            Decoded::Request { request, payload } => (request, payload),
+            Decoded::Oversized(request) => {
+                shared
+                    .counters
+                    .request_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                replier.reply(request.cookie, NBD_EINVAL);
+                continue;
+            }
+        };
+        let command = match protocol::check_request(
+            &request,
+            shared.export.size_bytes,
+            config.read_only,
+            config.max_payload_bytes,
+        ) {
+            Ok(Command::Disconnect) => return Ok(false),
+            Ok(c) => c,
+            Err(errno) => {
+                shared
+                    .counters
+                    .request_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                replier.reply(request.cookie, errno);
+                continue;
+            }
+        };
+        if shared.stop.load(Ordering::Relaxed) {
+            replier.reply(request.cookie, NBD_ESHUTDOWN);
+            continue;
+        }
+        let cost_bytes = match command {
+            Command::Read => u64::from(request.length_bytes),
+            _ => payload.len() as u64,
+        };
+        budget.acquire(cost_bytes);
+        let job = Job {
+            request,
+            command,
+            payload,
+            cost_bytes,
+        };
+        if tx.send(job).is_err() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>, replier: &Replier, budget: &Budget) {
+    loop {
+        let job = {
+            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+            match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        };
+        let cost_bytes = job.cost_bytes;
+        serve_request(shared, replier, job);
+        budget.release(cost_bytes);
+    }
+}
+
+/// Runs one checked request against the cache and sends its reply.
+fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
+    let Job {
+        request,
+        command,
+        payload,
+        ..
+    } = job;
+    let cache = &shared.cache;
+    let handle = &shared.handle;
+    let offset_bytes = request.offset_bytes;
+    let length_bytes = u64::from(request.length_bytes);
+    debug_assert!(
+        command == Command::Flush
+            || offset_bytes.saturating_add(length_bytes) <= shared.export.size_bytes
+    );
+    let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
+    let then_sync = |r: io::Result<()>| {
+        if r.is_ok() && fua {
+            cache.sync(handle)
+        } else {
+            r
+        }
+    };
+    let result = match command {
+        Command::Read => {
+            let mut reply = vec![0u8; SIMPLE_REPLY_BYTES + request.length_bytes as usize];
+            match cache.read(handle, offset_bytes, &mut reply[SIMPLE_REPLY_BYTES..]) {
+                Ok(_) => {
+                    // Short only if the image shrank behind us: the tail
+                    // stays zero, as a hole would read.
+                    reply[..SIMPLE_REPLY_BYTES]
+                        .copy_from_slice(&protocol::simple_reply(request.cookie, 0));
+                    replier.send(&reply);
+                    return;
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Command::Write => {
+            debug_assert_eq!(payload.len() as u64, length_bytes);
+            then_sync(cache.write(handle, offset_bytes, &payload))
+        }
+        Command::Flush => cache.sync(handle),
+        Command::Trim => match cache.discard(handle, offset_bytes, length_bytes) {
+            // TRIM is advisory: an image that cannot punch holes ignores it.
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
+            r => then_sync(r),
+        },
+        Command::WriteZeroes => {
+            let punched = request.flags & NBD_CMD_FLAG_NO_HOLE == 0
+                && cache.discard(handle, offset_bytes, length_bytes).is_ok();
+            if punched {
+                then_sync(Ok(()))
+            } else {
+                then_sync(write_zeroes(cache, handle, offset_bytes, length_bytes))
+            }
+        }
+        Command::Cache => {
+            let mut at = offset_bytes;
+            let end = offset_bytes + length_bytes;
+            let mut r = Ok(());
+            while at < end && r.is_ok() {
+                let n = (end - at).min(ZERO_CHUNK_BYTES as u64);
+                r = cache.prefetch(handle, at, n as usize);
+                at += n;
+            }
+            r
+        }
+        Command::Disconnect => unreachable!("the reader handles NBD_CMD_DISC"),
+    };
+    let error = match &result {
+        Ok(()) => 0,
+        Err(e) => {
+            shared
+                .counters
+                .request_errors
+                .fetch_add(1, Ordering::Relaxed);
+            protocol::errno_of(e)
+        }
+    };
+    replier.reply(request.cookie, error);
+}
+
+fn write_zeroes(cache: &Cache, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {
+    let zeros = vec![0u8; (len.min(ZERO_CHUNK_BYTES as u64)) as usize];
+    let mut at = offset;
+    let end = offset + len;
+    while at < end {
+        let n = (end - at).min(zeros.len() as u64) as usize;
+        cache.write(handle, at, &zeros[..n])?;
+        at += n as u64;
+    }
+    Ok(())
+}

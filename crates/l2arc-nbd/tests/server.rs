@@ -1,0 +1,480 @@
+//! The server over a Unix socket with an in-process client: handshake
+//! variants, I/O through the cache, errors that keep the connection, and
+//! hostile clients that lose only their own connection.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use l2arc::primary::image::ImagePrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig};
+use l2arc_nbd::protocol::*;
+use l2arc_nbd::{ListenAddr, Listener, Server, ServerConfig};
+
+const IMAGE_BYTES: usize = 4 << 20;
+
+struct Running {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    image: PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+    server: Arc<Server>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap().unwrap();
+        }
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[2])
+        .collect()
+}
+
+fn start(config: ServerConfig) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    std::fs::write(&image, pattern(IMAGE_BYTES)).unwrap();
+    let socket = dir.path().join("nbd.sock");
+    let writable = !config.read_only;
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: 8 << 20,
+        arc_shards: 4,
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    let ds = cache
+        .add_dataset(
+            "nbd",
+            Arc::new(ImagePrimary::open(&image, writable).unwrap()),
+            DatasetConfig {
+                recordsize_bytes: 64 << 10,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    let handle = cache.open(ds, "", writable).unwrap();
+    let server = Arc::new(Server::new(cache, handle, config).unwrap());
+    let listener = Listener::bind(&ListenAddr::Unix(socket.clone())).unwrap();
+    let stop = server.stop_flag();
+    let s = Arc::clone(&server);
+    let thread = std::thread::spawn(move || s.serve(listener));
+    Running {
+        _dir: dir,
+        socket,
+        image,
+        stop,
+        thread: Some(thread),
+        server,
+    }
+}
+
+struct Client {
+    s: UnixStream,
+}
+
+fn opt(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&option.to_be_bytes());
+    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+fn info(name: &str) -> Vec<u8> {
+    let mut v = (name.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(name.as_bytes());
+    v.extend_from_slice(&1u16.to_be_bytes());
+    v.extend_from_slice(&NBD_INFO_BLOCK_SIZE.to_be_bytes());
+    v
+}
+
+impl Client {
+    fn connect(path: &Path) -> Client {
+        let s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut c = Client { s };
+        let mut greeting = [0u8; 18];
+        c.s.read_exact(&mut greeting).unwrap();
+        assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
+        c.s.write_all(&3u32.to_be_bytes()).unwrap();
+        c
+    }
+
+    /// One option reply: (type, data).
+    fn option_reply(&mut self, option: u32) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(
+            u64::from_be_bytes(h[0..8].try_into().unwrap()),
+            OPTION_REPLY_MAGIC
+        );
+        assert_eq!(u32::from_be_bytes(h[8..12].try_into().unwrap()), option);
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        self.s.read_exact(&mut data).unwrap();
+        (u32::from_be_bytes(h[12..16].try_into().unwrap()), data)
+    }
+
+    /// GO with `name`: returns (size, flags) or the error reply type.
+    fn go(&mut self, name: &str) -> Result<(u64, u16), u32> {
+        self.s.write_all(&opt(NBD_OPT_GO, &info(name))).unwrap();
+        let mut export = None;
+        loop {
+            let (ty, data) = self.option_reply(NBD_OPT_GO);
+            match ty {
+                NBD_REP_INFO if data[0..2] == NBD_INFO_EXPORT.to_be_bytes() => {
+                    export = Some((
+                        u64::from_be_bytes(data[2..10].try_into().unwrap()),
+                        u16::from_be_bytes([data[10], data[11]]),
+                    ));
+                }
+                NBD_REP_INFO => {}
+                NBD_REP_ACK => return Ok(export.expect("NBD_INFO_EXPORT before ACK")),
+                e => return Err(e),
+            }
+        }
+    }
+
+    fn open(path: &Path) -> Client {
+        let mut c = Client::connect(path);
+        let (size, _) = c.go("").unwrap();
+        assert_eq!(size, IMAGE_BYTES as u64);
+        c
+    }
+
+    fn send(
+        &mut self,
+        command: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        length: u32,
+        payload: &[u8],
+    ) {
+        let r = Request {
+            flags,
+            command,
+            cookie,
+            offset_bytes: offset,
+            length_bytes: length,
+        };
+        let mut v = r.encode().to_vec();
+        v.extend_from_slice(payload);
+        self.s.write_all(&v).unwrap();
+    }
+
+    /// A simple reply: (cookie, error).
+    fn reply(&mut self) -> (u64, u32) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(h[0..4].try_into().unwrap()),
+            SIMPLE_REPLY_MAGIC
+        );
+        (
+            u64::from_be_bytes(h[8..16].try_into().unwrap()),
+            u32::from_be_bytes(h[4..8].try_into().unwrap()),
+        )
+    }
+
+    fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
+        self.send(NBD_CMD_READ, 0, 7, offset, len, &[]);
+        let (cookie, error) = self.reply();
+        assert_eq!(cookie, 7);
+        if error != 0 {
+            return Err(error);
+        }
+        let mut data = vec![0u8; len as usize];
+        self.s.read_exact(&mut data).unwrap();
+        Ok(data)
+    }
+
+    fn command(&mut self, command: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) -> u32 {
+        self.send(command, flags, 9, offset, len, payload);
+        let (cookie, error) = self.reply();
+        assert_eq!(cookie, 9);
+        error
+    }
+
+    /// True if the server closed the connection.
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+#[test]
+fn handshake_variants() {
+    let srv = start(ServerConfig {
+        export_name: "disk".into(),
+        ..ServerConfig::default()
+    });
+    // LIST names the export; unknown options are refused and haggling goes on.
+    let mut c = Client::connect(&srv.socket);
+    c.s.write_all(&opt(NBD_OPT_LIST, &[])).unwrap();
+    let (ty, data) = c.option_reply(NBD_OPT_LIST);
+    assert_eq!((ty, &data[4..]), (NBD_REP_SERVER, &b"disk"[..]));
+    assert_eq!(c.option_reply(NBD_OPT_LIST).0, NBD_REP_ACK);
+    c.s.write_all(&opt(NBD_OPT_STRUCTURED_REPLY, &[])).unwrap();
+    assert_eq!(
+        c.option_reply(NBD_OPT_STRUCTURED_REPLY).0,
+        NBD_REP_ERR_UNSUP
+    );
+    c.s.write_all(&opt(NBD_OPT_INFO, &info("disk"))).unwrap();
+    let mut saw_block_size = false;
+    loop {
+        let (ty, data) = c.option_reply(NBD_OPT_INFO);
+        if ty == NBD_REP_ACK {
+            break;
+        }
+        if data[0..2] == NBD_INFO_BLOCK_SIZE.to_be_bytes() {
+            let v: Vec<u32> = data[2..]
+                .chunks(4)
+                .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(v, vec![1, 4096, PAYLOAD_MAX_BYTES_DEFAULT]);
+            saw_block_size = true;
+        }
+    }
+    assert!(saw_block_size);
+    assert_eq!(c.go("other"), Err(NBD_REP_ERR_UNKNOWN));
+    let (size, flags) = c.go("disk").unwrap();
+    assert_eq!(size, IMAGE_BYTES as u64);
+    assert_ne!(flags & NBD_FLAG_CAN_MULTI_CONN, 0);
+    assert_eq!(flags & NBD_FLAG_READ_ONLY, 0);
+    assert_eq!(c.read(0, 4096).unwrap(), pattern(4096));
+
+    // EXPORT_NAME (old style entry), without zeroes.
+    let mut c = Client::connect(&srv.socket);
+    c.s.write_all(&opt(NBD_OPT_EXPORT_NAME, b"disk")).unwrap();
+    let mut reply = [0u8; 10];
+    c.s.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        u64::from_be_bytes(reply[0..8].try_into().unwrap()),
+        IMAGE_BYTES as u64
+    );
+    assert_eq!(c.read(4096, 100).unwrap(), pattern(4196)[4096..]);
+    // EXPORT_NAME of an unknown export: the session ends.
+    let mut c = Client::connect(&srv.socket);
+    c.s.write_all(&opt(NBD_OPT_EXPORT_NAME, b"nope")).unwrap();
+    assert!(c.closed());
+    // ABORT is acknowledged, then the connection closes.
+    let mut c = Client::connect(&srv.socket);
+    c.s.write_all(&opt(NBD_OPT_ABORT, &[])).unwrap();
+    assert_eq!(c.option_reply(NBD_OPT_ABORT).0, NBD_REP_ACK);
+    assert!(c.closed());
+}
+
+#[test]
+fn reads_writes_trim_and_zeroes_go_through_the_cache() {
+    let srv = start(ServerConfig::default());
+    let mut a = Client::open(&srv.socket);
+    let mut b = Client::open(&srv.socket);
+    let image = pattern(IMAGE_BYTES);
+    assert_eq!(a.read(100_000, 200_000).unwrap(), image[100_000..300_000]);
+    // A write on one connection is seen by a read on another (multi-conn).
+    let data = vec![0xabu8; 10_000];
+    assert_eq!(
+        a.command(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 123_456, 10_000, &data),
+        0
+    );
+    assert_eq!(b.read(123_456, 10_000).unwrap(), data);
+    assert_eq!(b.command(NBD_CMD_FLUSH, 0, 0, 0, &[]), 0);
+    let on_disk = std::fs::read(&srv.image).unwrap();
+    assert_eq!(on_disk[123_456..133_456], data[..]);
+    // TRIM then reads zeros (the image file is on a file system that punches holes).
+    assert_eq!(
+        a.read(1 << 20, 65536).unwrap(),
+        image[1 << 20..(1 << 20) + 65536]
+    );
+    assert_eq!(a.command(NBD_CMD_TRIM, 0, 1 << 20, 65536, &[]), 0);
+    assert_eq!(b.read(1 << 20, 65536).unwrap(), vec![0u8; 65536]);
+    // WRITE_ZEROES with and without NO_HOLE.
+    for (flags, at) in [(0, 2 << 20), (NBD_CMD_FLAG_NO_HOLE, 3 << 20)] {
+        assert_eq!(
+            a.read(at, 5000).unwrap(),
+            image[at as usize..at as usize + 5000]
+        );
+        assert_eq!(a.command(NBD_CMD_WRITE_ZEROES, flags, at, 5000, &[]), 0);
+        assert_eq!(
+            b.read(at - 10, 5020).unwrap()[10..5010],
+            vec![0u8; 5000][..]
+        );
+    }
+    // CACHE (prefetch) is accepted.
+    assert_eq!(a.command(NBD_CMD_CACHE, 0, 0, 1 << 20, &[]), 0);
+    // Pipelined requests come back, each whole, matched by cookie.
+    for i in 0..32u64 {
+        a.send(NBD_CMD_READ, 0, 1000 + i, i * 65536, 4096, &[]);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..32 {
+        let (cookie, error) = a.reply();
+        assert_eq!(error, 0);
+        let mut d = vec![0u8; 4096];
+        a.s.read_exact(&mut d).unwrap();
+        let i = (cookie - 1000) as usize;
+        assert!(seen.insert(i));
+        let now = std::fs::read(&srv.image).unwrap();
+        assert_eq!(d, now[i * 65536..i * 65536 + 4096]);
+    }
+    a.send(NBD_CMD_DISC, 0, 0, 0, 0, &[]);
+    assert!(a.closed());
+}
+
+#[test]
+fn out_of_range_requests_get_errors_and_others_keep_working() {
+    let srv = start(ServerConfig {
+        max_payload_bytes: 1 << 20,
+        max_in_flight_bytes: 4 << 20,
+        ..ServerConfig::default()
+    });
+    let mut bad = Client::open(&srv.socket);
+    let mut good = Client::open(&srv.socket);
+    let size = IMAGE_BYTES as u64;
+    assert_eq!(bad.read(size - 10, 20), Err(NBD_EINVAL));
+    assert_eq!(bad.read(u64::MAX - 5, 20), Err(NBD_EINVAL));
+    assert_eq!(bad.read(0, (1 << 20) + 1), Err(NBD_EOVERFLOW));
+    assert_eq!(
+        bad.command(NBD_CMD_WRITE, 0, size - 1, 2, b"xy"),
+        NBD_ENOSPC
+    );
+    assert_eq!(bad.command(NBD_CMD_TRIM, 0, size, 1, &[]), NBD_ENOSPC);
+    assert_eq!(
+        bad.command(NBD_CMD_WRITE_ZEROES, 0, 1, u32::MAX, &[]),
+        NBD_ENOSPC
+    );
+    assert_eq!(bad.command(77, 0, 0, 0, &[]), NBD_EINVAL);
+    assert_eq!(bad.command(NBD_CMD_READ, 0xff00, 0, 1, &[]), NBD_EINVAL);
+    // An oversized write: its payload is skipped, the stream stays in step.
+    let big = vec![1u8; (1 << 20) + 4096];
+    assert_eq!(
+        bad.command(NBD_CMD_WRITE, 0, 0, big.len() as u32, &big),
+        NBD_EINVAL
+    );
+    assert_eq!(good.read(0, 4096).unwrap(), pattern(4096));
+    assert_eq!(
+        bad.read(size - 4096, 4096).unwrap(),
+        pattern(IMAGE_BYTES)[IMAGE_BYTES - 4096..]
+    );
+    assert_eq!(
+        std::fs::read(&srv.image).unwrap(),
+        pattern(IMAGE_BYTES),
+        "nothing was written"
+    );
+}
+
+#[test]
+fn garbage_disconnects_only_that_client() {
+    let srv = start(ServerConfig::default());
+    let mut good = Client::open(&srv.socket);
+    let mut bad = Client::open(&srv.socket);
+    bad.s
+        .write_all(b"this is not an NBD request, not at all")
+        .unwrap();
+    assert!(bad.closed());
+    assert_eq!(good.read(8192, 4096).unwrap(), pattern(12288)[8192..]);
+    // A client that connects and says nothing does not hold up anyone.
+    let _silent = UnixStream::connect(&srv.socket).unwrap();
+    let mut late = Client::open(&srv.socket);
+    assert_eq!(late.read(0, 10).unwrap(), pattern(10));
+    assert!(srv.server.stats().protocol_errors >= 1);
+}
+
+#[test]
+fn read_only_refuses_changes() {
+    let srv = start(ServerConfig {
+        read_only: true,
+        ..ServerConfig::default()
+    });
+    let mut c = Client::connect(&srv.socket);
+    let (_, flags) = c.go("").unwrap();
+    assert_ne!(flags & NBD_FLAG_READ_ONLY, 0);
+    assert_eq!(flags & NBD_FLAG_SEND_TRIM, 0);
+    assert_eq!(c.command(NBD_CMD_WRITE, 0, 0, 3, b"abc"), NBD_EPERM);
+    assert_eq!(c.command(NBD_CMD_TRIM, 0, 0, 4096, &[]), NBD_EPERM);
+    assert_eq!(c.command(NBD_CMD_WRITE_ZEROES, 0, 0, 4096, &[]), NBD_EPERM);
+    assert_eq!(c.command(NBD_CMD_FLUSH, 0, 0, 0, &[]), 0);
+    assert_eq!(c.read(0, 3).unwrap(), pattern(3));
+    assert_eq!(std::fs::read(&srv.image).unwrap(), pattern(IMAGE_BYTES));
+}
+
+#[test]
+fn connection_limit_holds() {
+    let srv = start(ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    });
+    let mut a = Client::open(&srv.socket);
+    let _b = Client::open(&srv.socket);
+    let mut third = UnixStream::connect(&srv.socket).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = [0u8; 18];
+    assert!(
+        matches!(third.read(&mut buf), Ok(0) | Err(_)),
+        "a third connection is refused"
+    );
+    assert_eq!(a.read(0, 10).unwrap(), pattern(10));
+    drop(a);
+    // A slot frees once a client leaves.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = UnixStream::connect(&srv.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut g = [0u8; 18];
+        if (&s).read_exact(&mut g).is_ok() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "slot never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn corpus_against_a_live_server() {
+    let srv = start(ServerConfig {
+        handshake_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    });
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10);
+    for path in files {
+        let bytes = std::fs::read(&path).unwrap();
+        let mut s = UnixStream::connect(&srv.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut greeting = [0u8; 18];
+        s.read_exact(&mut greeting).unwrap();
+        let _ = s.write_all(&bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        // Whatever the server answers, it ends the connection (EOF from us,
+        // a protocol error, or the handshake deadline).
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+        let mut c = Client::open(&srv.socket);
+        assert_eq!(
+            c.read(0, 64).unwrap(),
+            pattern(64),
+            "after {}",
+            path.display()
+        );
+    }
+    assert_eq!(std::fs::read(&srv.image).unwrap().len(), IMAGE_BYTES);
+}
