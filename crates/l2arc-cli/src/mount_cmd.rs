@@ -1,9 +1,24 @@
-//! `l2arc mount SRC MNT` (being built).
+//! `l2arc mount SRC MNT`: serve the directory tree SRC at MNT through the
+//! cache (FUSE).
+//!
+//! Runs in the foreground until SIGINT or SIGTERM, like any service a unit
+//! file starts, and then unmounts. The mount also asks for fusermount3's
+//! auto_unmount, which releases it if this process is killed where the
+//! watcher survives; if a mount is ever left behind ("Transport endpoint is
+//! not connected"), `fusermount3 -u MNT` or `umount -l MNT` removes it. Once the mount is
+//! ready it prints `l2arc: mounted SRC at MNT` to stderr (scripts and tests
+//! wait for that line); on exit it prints the cache's statistics under
+//! their arcstats names.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use l2arc::primary::dir::DirPrimary;
+use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 
 use crate::service::CacheOptions;
 
@@ -13,11 +28,120 @@ pub struct MountArgs {
     pub src: PathBuf,
     /// Mount point.
     pub mnt: PathBuf,
+    /// Seconds the kernel may cache attributes and names (and the longest an
+    /// open file may go without noticing a change made behind the mount).
+    #[arg(long, default_value_t = 1.0)]
+    pub attr_timeout: f64,
+    /// Largest read-ahead window for sequential readers, in records (0 = off).
+    #[arg(long, default_value_t = 8)]
+    pub readahead_records: u32,
+    /// Threads serving FUSE requests.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Let every user use the mount (allow_other), with the kernel checking
+    /// permissions (default_permissions). Default: root and the mounting user only.
+    #[arg(long)]
+    pub allow_other: bool,
     #[command(flatten)]
     pub cache: CacheOptions,
 }
 
 pub fn run(args: MountArgs) -> Result<()> {
-    let _ = args.cache.resolve(128 << 10)?;
-    bail!("mount is not built yet")
+    let resolved = args.cache.resolve(128 << 10)?;
+    if !(args.attr_timeout.is_finite() && (0.0..=3600.0).contains(&args.attr_timeout)) {
+        bail!(
+            "--attr-timeout must be between 0 and 3600 seconds, not {}",
+            args.attr_timeout
+        );
+    }
+    if !(1..=64).contains(&args.threads) {
+        bail!("--threads must be between 1 and 64, not {}", args.threads);
+    }
+    let mnt_meta = std::fs::metadata(&args.mnt)
+        .with_context(|| format!("mount point {}", args.mnt.display()))?;
+    if !mnt_meta.is_dir() {
+        bail!("mount point {} is not a directory", args.mnt.display());
+    }
+    // A mount point inside the tree would make our own lookups of it
+    // re-enter the mount (and wait on themselves).
+    if let (Ok(src), Ok(mnt)) = (args.src.canonicalize(), args.mnt.canonicalize())
+        && mnt.starts_with(&src)
+    {
+        bail!(
+            "mount point {} is inside the source tree {}: choose a mount point outside it",
+            args.mnt.display(),
+            args.src.display()
+        );
+    }
+    let primary = Arc::new(DirPrimary::new(&args.src)?);
+    let cache = resolved.build_cache()?;
+    // `l2arc ctl` (stats, cache devices) when --control is given.
+    let _control = resolved.start_control(&cache)?;
+    let dataset = cache.add_dataset(
+        "mount",
+        resolved.wrap_primary(Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>)?,
+        resolved.dataset_config,
+    )?;
+    let fs = CachedFs::new(
+        Arc::clone(&cache),
+        dataset,
+        primary,
+        FsOptions {
+            attr_timeout: Duration::from_secs_f64(args.attr_timeout),
+            readahead_max_records: args.readahead_records,
+            ..FsOptions::default()
+        },
+    );
+
+    // Signals first: a SIGTERM right after the ready line must unmount.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let session = l2arc_fuse::mount(
+        fs,
+        &args.mnt,
+        &MountOptions {
+            allow_other: args.allow_other,
+            threads: args.threads,
+        },
+    )
+    .with_context(|| {
+        format!(
+            "mount {} at {} (is fusermount3 installed? scripts/setup.sh installs it)",
+            args.src.display(),
+            args.mnt.display()
+        )
+    })?;
+    eprintln!(
+        "l2arc: mounted {} at {}",
+        args.src.display(),
+        args.mnt.display()
+    );
+
+    while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !session.guard.is_finished()
+        && let Err(e) = l2arc_fuse::unmount(&args.mnt)
+    {
+        // Busy (a process still has its cwd or a file there): detach it so
+        // the name is free now and the kernel lets go when it is idle.
+        eprintln!("l2arc: unmount {}: {e}; detaching it", args.mnt.display());
+        if let Err(e) = l2arc_fuse::detach_mount(&args.mnt) {
+            bail!(
+                "could not unmount {}: {e}; run `fusermount3 -u {0}` or `umount -l {0}`",
+                args.mnt.display()
+            );
+        }
+    }
+    // Unmounted (by us or from outside): the session's threads end.
+    if let Err(e) = session.join() {
+        eprintln!("l2arc: FUSE session ended with an error: {e}");
+    }
+    eprintln!("l2arc: unmounted {}", args.mnt.display());
+    for (name, value) in cache.stats().kstats() {
+        eprintln!("{name:<28} {value}");
+    }
+    Ok(())
 }

@@ -1,0 +1,691 @@
+//! `l2arc mount`: the FUSE front end driven by real programs (fio, cp, tar,
+//! diff) and by changes made to the source behind the mount's back.
+//!
+//! Every test mounts its own temporary tree and unmounts it in a Drop guard,
+//! even when an assertion fails, so no mount outlives a test. A missing tool
+//! is a failure that says to run scripts/setup.sh, never a skip.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+const ATTR_TIMEOUT_SECS: f64 = 0.2;
+
+fn need(tool: &str) {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "`{tool}` is missing or broken: run scripts/setup.sh");
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
+    let mnt = mnt.to_str().expect("utf-8 path");
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(mnt))
+}
+
+/// A running `l2arc mount`, unmounted and reaped on drop.
+struct Mount {
+    child: Option<Child>,
+    mnt: PathBuf,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Mount {
+    fn start(src: &Path, mnt: &Path, extra: &[&str]) -> Mount {
+        need("fusermount3");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_l2arc"));
+        cmd.arg("mount")
+            .arg(src)
+            .arg(mnt)
+            .args(["--arc-max", "64MiB"]);
+        if !extra.contains(&"--attr-timeout") {
+            cmd.args(["--attr-timeout", &ATTR_TIMEOUT_SECS.to_string()]);
+        }
+        let mut child = cmd
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn l2arc mount");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let pipe = child.stderr.take().expect("piped");
+        let log = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("l2arc: mounted ") {
+                    let _ = tx.send(());
+                }
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut mount = Mount {
+            child: Some(child),
+            mnt: mnt.to_path_buf(),
+            stderr,
+        };
+        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+            let status = mount.child.as_mut().unwrap().try_wait();
+            panic!(
+                "no `l2arc: mounted` line within 20 s (exit: {status:?}); stderr:\n{}",
+                mount.stderr.lock().unwrap()
+            );
+        }
+        assert!(
+            is_mounted(mnt),
+            "ready line printed but {mnt:?} is not mounted"
+        );
+        mount
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    fn signal(&self, signal: &str) {
+        run(Command::new("kill").args([signal, &self.pid().to_string()]));
+    }
+
+    /// Waits for the process to exit (at most `limit`).
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "l2arc mount did not exit within {limit:?}; stderr:\n{}",
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(mut self) -> (ExitStatus, String) {
+        self.signal("-TERM");
+        let status = self.wait(Duration::from_secs(15));
+        // Let the reader thread drain the last lines.
+        std::thread::sleep(Duration::from_millis(100));
+        let log = self.stderr.lock().unwrap().clone();
+        (status, log)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .status();
+        }
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// A temporary directory holding `src` and `mnt`.
+fn tree() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().canonicalize().unwrap();
+    let src = root.join("src");
+    let mnt = root.join("mnt");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    (dir, src, mnt)
+}
+
+/// Deterministic bytes: `len` bytes of a stream keyed by `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn settle() {
+    // Past the attribute TTL the kernel asks us again.
+    std::thread::sleep(Duration::from_secs_f64(ATTR_TIMEOUT_SECS * 1.5));
+}
+
+#[test]
+fn fio_write_then_verify_through_the_mount() {
+    need("fio");
+    let (_dir, src, mnt) = tree();
+    let m = Mount::start(&src, &mnt, &[]);
+    for (rw, bs, size) in [("randwrite", "4k", "8M"), ("write", "128k", "16M")] {
+        run(Command::new("fio")
+            .arg(format!("--name=v-{rw}"))
+            .arg(format!("--directory={}", mnt.display()))
+            .current_dir(src.parent().unwrap())
+            .args(["--ioengine=psync", "--fallocate=none", "--verify=crc32c"])
+            .arg("--verify_state_save=0")
+            .arg(format!("--rw={rw}"))
+            .arg(format!("--bs={bs}"))
+            .arg(format!("--size={size}"))
+            .args(["--numjobs=2", "--do_verify=1", "--verify_fatal=1"]));
+        // Verify again from fresh opens: reads come through our cache, not
+        // from pages the writer left in the kernel.
+        run(Command::new("fio")
+            .arg(format!("--name=v-{rw}"))
+            .arg(format!("--directory={}", mnt.display()))
+            .current_dir(src.parent().unwrap())
+            .args(["--ioengine=psync", "--fallocate=none", "--verify=crc32c"])
+            .arg("--verify_state_save=0")
+            .arg(format!("--rw={rw}"))
+            .arg(format!("--bs={bs}"))
+            .arg(format!("--size={size}"))
+            .args(["--numjobs=2", "--verify_only", "--verify_fatal=1"]));
+    }
+    let mut files = 0;
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        let through = std::fs::read(mnt.join(&name)).unwrap();
+        assert!(std::fs::read(&path).unwrap() == through, "{name:?} differs");
+        files += 1;
+    }
+    assert_eq!(files, 4, "two jobs of two runs, each a file in SRC");
+    let (status, log) = m.stop();
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("\nhits "), "stats on exit: {log}");
+}
+
+/// Builds a varied tree: nested dirs, odd sizes, empty file, symlink, modes.
+fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    let sizes = [0usize, 1, 4095, 4096, 4097, 131_072, 131_073, 1_048_583];
+    for (i, size) in sizes.iter().enumerate() {
+        let dir = ["", "a", "a/b", "a/b/c"][i % 4];
+        std::fs::write(
+            root.join(dir).join(format!("f{i}")),
+            pattern(i as u64, *size),
+        )
+        .unwrap();
+    }
+    std::fs::set_permissions(root.join("a/f1"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(root.join("f0"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("b/c/f3", root.join("a/link")).unwrap();
+}
+
+#[test]
+fn cp_diff_and_tar_match_the_source() {
+    need("cp");
+    need("diff");
+    need("tar");
+    let (dir, src, mnt) = tree();
+    let orig = dir.path().join("orig");
+    make_tree(&orig);
+    let m = Mount::start(&src, &mnt, &[]);
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", orig.display()))
+        .arg(mnt.join("copy")));
+    run(Command::new("diff")
+        .args(["-r", "--no-dereference"])
+        .arg(&orig)
+        .arg(mnt.join("copy")));
+    run(Command::new("diff")
+        .args(["-r", "--no-dereference"])
+        .arg(&orig)
+        .arg(src.join("copy")));
+    assert_eq!(
+        std::fs::metadata(src.join("copy/a/f1")).unwrap().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::read_link(mnt.join("copy/a/link")).unwrap(),
+        Path::new("b/c/f3")
+    );
+    let tar = |root: &Path| {
+        let out = Command::new("tar")
+            .args(["--sort=name", "--numeric-owner", "-cf", "-", "-C"])
+            .arg(root)
+            .arg("copy")
+            .output()
+            .expect("tar");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let through = tar(&mnt);
+    let direct = tar(&src);
+    assert!(through.len() > 1 << 20);
+    assert!(through == direct, "tar of MNT differs from tar of SRC");
+    drop(m);
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn changes_behind_the_mount_are_seen() {
+    let (_dir, src, mnt) = tree();
+    let path = src.join("f");
+    let a = pattern(1, 300_000);
+    std::fs::write(&path, &a).unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    assert!(std::fs::read(mnt.join("f")).unwrap() == a);
+    assert!(std::fs::read(mnt.join("f")).unwrap() == a, "a hit");
+
+    // Rewritten in place, same size.
+    std::thread::sleep(Duration::from_millis(50));
+    let b = pattern(2, 300_000);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .write_all_at(&b, 0)
+        .unwrap();
+    settle();
+    assert!(
+        std::fs::read(mnt.join("f")).unwrap() == b,
+        "same-size rewrite"
+    );
+
+    // Rewritten with another size (shorter, then longer).
+    std::thread::sleep(Duration::from_millis(50));
+    let c = pattern(3, 100_001);
+    std::fs::write(&path, &c).unwrap();
+    settle();
+    assert!(
+        std::fs::read(mnt.join("f")).unwrap() == c,
+        "shorter rewrite"
+    );
+    let c2 = pattern(4, 700_000);
+    std::fs::write(&path, &c2).unwrap();
+    settle();
+    assert!(
+        std::fs::read(mnt.join("f")).unwrap() == c2,
+        "longer rewrite"
+    );
+
+    // Replaced by rename (a new inode under the name).
+    let d = pattern(5, 700_000);
+    std::fs::write(src.join("f.tmp"), &d).unwrap();
+    std::fs::rename(src.join("f.tmp"), &path).unwrap();
+    settle();
+    assert!(
+        std::fs::read(mnt.join("f")).unwrap() == d,
+        "replaced by rename"
+    );
+
+    // New and removed names behind the mount.
+    std::fs::write(src.join("new"), b"new").unwrap();
+    settle();
+    assert_eq!(std::fs::read(mnt.join("new")).unwrap(), b"new");
+    std::fs::remove_file(src.join("new")).unwrap();
+    settle();
+    assert!(!mnt.join("new").exists());
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+const BLOCK: usize = 4096;
+const BLOCKS: usize = 512; // 2 MiB
+const VERSIONS: u32 = 3;
+
+fn block(index: usize, version: u32) -> Vec<u8> {
+    let word = ((index as u64) << 32 | u64::from(version)).to_le_bytes();
+    word.iter().copied().cycle().take(BLOCK).collect()
+}
+
+fn check_block(data: &[u8], index: usize) -> u32 {
+    let version = u32::from_le_bytes(data[..4].try_into().unwrap());
+    assert!(version <= VERSIONS, "block {index}: version {version}");
+    assert!(
+        data == block(index, version).as_slice(),
+        "block {index} is not one whole version"
+    );
+    version
+}
+
+#[test]
+fn concurrent_readers_and_a_writer_see_whole_blocks() {
+    let (_dir, src, mnt) = tree();
+    let initial: Vec<u8> = (0..BLOCKS).flat_map(|i| block(i, 0)).collect();
+    std::fs::write(src.join("shared"), &initial).unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    let file = mnt.join("shared");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|r| {
+            let file = file.clone();
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                let mut checked = 0usize;
+                let mut x = 0x1234_5678u64 + r;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) || checked == 0 {
+                    let f = std::fs::File::open(&file).unwrap();
+                    for _ in 0..64 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let first = (x as usize) % BLOCKS;
+                        let count = 1 + (x >> 40) as usize % 16;
+                        let count = count.min(BLOCKS - first);
+                        let mut buf = vec![0u8; count * BLOCK];
+                        f.read_exact_at(&mut buf, (first * BLOCK) as u64).unwrap();
+                        for (k, chunk) in buf.chunks(BLOCK).enumerate() {
+                            check_block(chunk, first + k);
+                            checked += 1;
+                        }
+                    }
+                }
+                checked
+            })
+        })
+        .collect();
+    let writer = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    for version in 1..=VERSIONS {
+        for step in 0..BLOCKS {
+            let index = (step * 97 + version as usize) % BLOCKS; // all blocks, scattered
+            writer
+                .write_all_at(&block(index, version), (index * BLOCK) as u64)
+                .unwrap();
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().expect("reader panicked") > 0);
+    }
+    drop(writer);
+    let mut through = Vec::new();
+    std::fs::File::open(&file)
+        .unwrap()
+        .read_to_end(&mut through)
+        .unwrap();
+    let direct = std::fs::read(src.join("shared")).unwrap();
+    assert_eq!(through.len(), BLOCKS * BLOCK);
+    for (i, chunk) in through.chunks(BLOCK).enumerate() {
+        assert_eq!(
+            check_block(chunk, i),
+            VERSIONS,
+            "block {i} after the writer"
+        );
+    }
+    assert!(through == direct);
+    drop(m);
+}
+
+#[test]
+fn nothing_outside_the_source_is_reachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    // src and mnt in different parents, so that host `..` differ too.
+    let src = root.join("s/src");
+    let mnt = root.join("m/mnt");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(root.join("s/outside"), b"SECRET").unwrap();
+    std::fs::create_dir(root.join("s/outdir")).unwrap();
+    std::fs::write(root.join("s/outdir/f"), b"SECRET").unwrap();
+    std::os::unix::fs::symlink("../outside", src.join("up")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", src.join("abs")).unwrap();
+    std::fs::create_dir(src.join("d")).unwrap();
+    std::fs::write(src.join("d/f"), b"inside").unwrap();
+    std::fs::create_dir(src.join("e")).unwrap();
+    std::fs::write(src.join("e/f"), b"inside too").unwrap();
+    // A long TTL keeps the kernel's names cached while we swap the tree.
+    let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
+
+    // Symlinks are passed through as links, never followed by us.
+    assert_eq!(
+        std::fs::read_link(mnt.join("up")).unwrap(),
+        Path::new("../outside")
+    );
+    assert_eq!(
+        std::fs::read_link(mnt.join("abs")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert!(
+        std::fs::symlink_metadata(mnt.join("up"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    // The kernel resolves `up` against the mount: MNT/../outside does not exist.
+    assert!(std::fs::read(mnt.join("up")).is_err());
+    // `..` at the mount root is the mount point's parent, never SRC's.
+    assert!(std::fs::read(mnt.join("../outside")).is_err());
+    assert_eq!(mnt.join("..").canonicalize().unwrap(), root.join("m"));
+
+    // Race: the kernel still holds names under `d` and `e`; behind the
+    // mount they become symlinks out of the tree (relative and absolute).
+    assert_eq!(std::fs::read(mnt.join("d/f")).unwrap(), b"inside");
+    assert_eq!(std::fs::read(mnt.join("e/f")).unwrap(), b"inside too");
+    std::fs::rename(src.join("d"), src.join("d.old")).unwrap();
+    std::os::unix::fs::symlink("../outdir", src.join("d")).unwrap();
+    std::fs::rename(src.join("e"), src.join("e.old")).unwrap();
+    std::os::unix::fs::symlink(root.join("s/outdir"), src.join("e")).unwrap();
+    for name in ["d/f", "e/f"] {
+        // Our lookups and opens resolve beneath SRC: the stale name fails.
+        match std::fs::read(mnt.join(name)) {
+            Ok(bytes) => panic!(
+                "{name} read {:?} from outside the source",
+                String::from_utf8_lossy(&bytes)
+            ),
+            Err(e) => assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied,
+                "{name}: {e}"
+            ),
+        }
+        // Writing, creating, listing through the stale names stay inside too.
+        let _ = std::fs::write(mnt.join(name), b"overwritten");
+        let _ = std::fs::write(mnt.join(name).with_file_name("created"), b"x");
+        if let Ok(list) = std::fs::read_dir(mnt.join(name).parent().unwrap()) {
+            for entry in list.flatten() {
+                assert_ne!(entry.file_name(), "outside", "listed a directory outside");
+            }
+        }
+    }
+    assert_eq!(std::fs::read(root.join("s/outdir/f")).unwrap(), b"SECRET");
+    assert!(!root.join("s/outdir/created").exists());
+    assert_eq!(std::fs::read(root.join("s/outside")).unwrap(), b"SECRET");
+    drop(m);
+}
+
+#[test]
+fn namespace_operations_reach_the_source() {
+    let (_dir, src, mnt) = tree();
+    let m = Mount::start(&src, &mnt, &[]);
+    std::fs::create_dir(mnt.join("n")).unwrap();
+    assert!(src.join("n").is_dir());
+    let data = pattern(7, 300_000);
+    std::fs::write(mnt.join("n/a"), &data).unwrap();
+    assert!(std::fs::read(src.join("n/a")).unwrap() == data);
+    assert!(
+        std::fs::read(mnt.join("n/a")).unwrap() == data,
+        "cached now"
+    );
+
+    std::fs::rename(mnt.join("n/a"), mnt.join("n/b")).unwrap();
+    assert!(!src.join("n/a").exists());
+    assert!(std::fs::read(mnt.join("n/b")).unwrap() == data);
+
+    std::fs::set_permissions(mnt.join("n/b"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(
+        std::fs::metadata(src.join("n/b")).unwrap().mode() & 0o7777,
+        0o640
+    );
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(mnt.join("n/b"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(src.join("n/b")).unwrap().mtime(),
+        1_000_000_000
+    );
+    assert_eq!(
+        std::fs::metadata(mnt.join("n/b")).unwrap().mtime(),
+        1_000_000_000
+    );
+
+    // Truncate, then grow again: the cached records must not come back.
+    let f = std::fs::File::options()
+        .write(true)
+        .open(mnt.join("n/b"))
+        .unwrap();
+    f.set_len(1000).unwrap();
+    assert_eq!(std::fs::metadata(src.join("n/b")).unwrap().len(), 1000);
+    f.set_len(300_000).unwrap();
+    drop(f);
+    let back = std::fs::read(mnt.join("n/b")).unwrap();
+    assert_eq!(back.len(), 300_000);
+    assert!(back[..1000] == data[..1000]);
+    assert!(
+        back[1000..].iter().all(|&b| b == 0),
+        "old bytes after truncate"
+    );
+    // Truncated by open(O_TRUNC) too.
+    std::fs::write(mnt.join("n/b"), b"short").unwrap();
+    assert_eq!(std::fs::read(mnt.join("n/b")).unwrap(), b"short");
+
+    std::os::unix::fs::symlink("b", mnt.join("n/l")).unwrap();
+    assert_eq!(std::fs::read_link(src.join("n/l")).unwrap(), Path::new("b"));
+    assert_eq!(std::fs::read(mnt.join("n/l")).unwrap(), b"short");
+    std::fs::hard_link(mnt.join("n/b"), mnt.join("n/h")).unwrap();
+    assert_eq!(std::fs::metadata(src.join("n/b")).unwrap().nlink(), 2);
+
+    // A directory renamed with names cached below it.
+    std::fs::create_dir_all(mnt.join("r/x")).unwrap();
+    std::fs::write(mnt.join("r/x/f"), b"deep").unwrap();
+    assert_eq!(std::fs::read(mnt.join("r/x/f")).unwrap(), b"deep");
+    std::fs::rename(mnt.join("r"), mnt.join("r2")).unwrap();
+    assert_eq!(std::fs::read(mnt.join("r2/x/f")).unwrap(), b"deep");
+    assert_eq!(std::fs::read(src.join("r2/x/f")).unwrap(), b"deep");
+    assert!(!mnt.join("r").exists());
+
+    let mut names: Vec<_> = std::fs::read_dir(mnt.join("n"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b", "h", "l"]);
+
+    for name in ["n/b", "n/h", "n/l"] {
+        std::fs::remove_file(mnt.join(name)).unwrap();
+        assert!(std::fs::symlink_metadata(src.join(name)).is_err(), "{name}");
+    }
+    std::fs::remove_dir(mnt.join("n")).unwrap();
+    assert!(!src.join("n").exists());
+    assert!(std::fs::remove_dir(mnt.join("r2")).is_err(), "not empty");
+
+    let df = run(Command::new("stat").args(["-f", "-c", "%b %S"]).arg(&mnt));
+    let blocks: u64 = df.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(blocks > 0, "statfs passes through: {df}");
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("f"), b"hello").unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"hello");
+    let (status, log) = m.stop();
+    assert!(status.success(), "exit {status}: {log}");
+    assert!(!is_mounted(&mnt), "still mounted after SIGTERM");
+    assert!(log.contains("l2arc: unmounted"), "{log}");
+    assert!(log.contains("\nmisses "), "arcstats on exit: {log}");
+    assert!(
+        std::fs::read_dir(&mnt).unwrap().next().is_none(),
+        "the bare mount point again"
+    );
+}
+
+#[test]
+fn sigkill_then_fusermount_recovers() {
+    need("fusermount3");
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("f"), b"hello").unwrap();
+    let mut m = Mount::start(&src, &mnt, &[]);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"hello");
+    m.signal("-KILL");
+    let status = m.wait(Duration::from_secs(10));
+    assert!(!status.success());
+    // auto_unmount may already have released it; otherwise this must.
+    std::thread::sleep(Duration::from_millis(200));
+    if is_mounted(&mnt) {
+        run(Command::new("fusermount3").arg("-u").arg(&mnt));
+    }
+    assert!(!is_mounted(&mnt), "still mounted after fusermount3 -u");
+    // The mount point is usable again.
+    let m = Mount::start(&src, &mnt, &[]);
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"hello");
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn refuses_a_mount_point_inside_the_source() {
+    let (_dir, src, _mnt) = tree();
+    std::fs::create_dir(src.join("inner")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc"))
+        .arg("mount")
+        .arg(&src)
+        .arg(src.join("inner"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("inside the source tree"), "{stderr}");
+    assert!(!is_mounted(&src.join("inner")));
+}

@@ -1,0 +1,331 @@
+//! Thin wrappers over the `*at` system calls the file system passes through.
+//!
+//! Every namespace operation acts on a *leaf name relative to a directory
+//! descriptor* that was opened beneath the source root (see
+//! `DirPrimary::open_fd_beneath`). A leaf is one path component, never `..`
+//! and never containing `/`, so the only directory an operation can touch
+//! is the one we vetted; the leaf itself is never followed when it is a
+//! symlink (AT_SYMLINK_NOFOLLOW, O_NOFOLLOW), so a symlink planted in the
+//! tree cannot redirect a chmod, truncate or open to a file outside it.
+
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+/// Checks a leaf name from the kernel and makes it a C string.
+pub fn leaf(name: &OsStr) -> io::Result<CString> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Retries a call interrupted by a signal.
+fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other,
+        }
+    }
+}
+
+/// `fstatat(dir, leaf, AT_SYMLINK_NOFOLLOW)`; an empty leaf stats `dir` itself.
+pub fn stat_at(dir: RawFd, leaf: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let flags = if leaf.is_empty() {
+        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW
+    } else {
+        libc::AT_SYMLINK_NOFOLLOW
+    };
+    // SAFETY: valid dirfd, C string and writable stat.
+    check(unsafe { libc::fstatat(dir, leaf.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+/// `openat(dir, leaf, flags | O_NOFOLLOW | O_CLOEXEC, mode)`.
+pub fn open_at(dir: RawFd, leaf: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    retry(|| {
+        // SAFETY: valid dirfd and C string; the result is checked.
+        let fd = unsafe {
+            libc::openat(
+                dir,
+                leaf.as_ptr(),
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    })
+}
+
+pub fn mkdir_at(dir: RawFd, leaf: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid dirfd and C string.
+    check(unsafe { libc::mkdirat(dir, leaf.as_ptr(), mode as libc::mode_t) })
+}
+
+pub fn mknod_at(dir: RawFd, leaf: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+    // SAFETY: valid dirfd and C string.
+    check(unsafe { libc::mknodat(dir, leaf.as_ptr(), mode as libc::mode_t, rdev) })
+}
+
+pub fn unlink_at(dir: RawFd, leaf: &CStr, is_dir: bool) -> io::Result<()> {
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid dirfd and C string.
+    check(unsafe { libc::unlinkat(dir, leaf.as_ptr(), flags) })
+}
+
+/// `renameat2`; `flags` are RENAME_NOREPLACE / RENAME_EXCHANGE as given by the kernel.
+pub fn rename_at(
+    from_dir: RawFd,
+    from: &CStr,
+    to_dir: RawFd,
+    to: &CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: valid dirfds and C strings.
+    check(unsafe {
+        libc::renameat2(
+            from_dir,
+            from.as_ptr(),
+            to_dir,
+            to.as_ptr(),
+            flags as libc::c_uint,
+        )
+    })
+}
+
+pub fn link_at(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+    // SAFETY: valid dirfds and C strings; flags 0 = do not follow `from`.
+    check(unsafe { libc::linkat(from_dir, from.as_ptr(), to_dir, to.as_ptr(), 0) })
+}
+
+pub fn symlink_at(target: &OsStr, dir: RawFd, leaf: &CStr) -> io::Result<()> {
+    let target =
+        CString::new(target.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C strings and dirfd.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir, leaf.as_ptr()) })
+}
+
+pub fn readlink_at(dir: RawFd, leaf: &CStr) -> io::Result<OsString> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buf is writable for its length.
+    let n = unsafe { libc::readlinkat(dir, leaf.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(OsString::from_vec(buf))
+}
+
+/// chmod of the leaf itself, never of a symlink's target: the leaf is pinned
+/// with an O_PATH|O_NOFOLLOW descriptor and changed through /proc/self/fd,
+/// which names exactly that inode (Linux has no lchmod before fchmodat2).
+pub fn chmod_at(dir: RawFd, leaf: &CStr, mode: u32) -> io::Result<()> {
+    let fd = open_at(dir, leaf, libc::O_PATH, 0)?;
+    let st = stat_at(fd.as_raw_fd(), c"")?;
+    if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+    // SAFETY: valid C string.
+    check(unsafe { libc::chmod(path.as_ptr(), (mode & 0o7777) as libc::mode_t) })
+}
+
+pub fn chown_at(dir: RawFd, leaf: &CStr, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    // -1 (as unsigned) leaves an id unchanged.
+    let uid = uid.unwrap_or(u32::MAX);
+    let gid = gid.unwrap_or(u32::MAX);
+    // SAFETY: valid dirfd and C string.
+    check(unsafe { libc::fchownat(dir, leaf.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
+}
+
+/// One timestamp for utimensat: None = leave it (UTIME_OMIT).
+pub enum Time {
+    Omit,
+    Now,
+    At(std::time::SystemTime),
+}
+
+fn timespec(t: &Time) -> libc::timespec {
+    match t {
+        Time::Omit => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Time::Now => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Time::At(at) => {
+            let (sec, nsec) = match at.duration_since(std::time::UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, i64::from(d.subsec_nanos())),
+                Err(e) => {
+                    // Before 1970: negative seconds, non-negative nanoseconds.
+                    let d = e.duration();
+                    let mut sec = -(d.as_secs() as i64);
+                    let mut nsec = i64::from(d.subsec_nanos());
+                    if nsec > 0 {
+                        sec -= 1;
+                        nsec = 1_000_000_000 - nsec;
+                    }
+                    (sec, nsec)
+                }
+            };
+            libc::timespec {
+                tv_sec: sec,
+                tv_nsec: nsec,
+            }
+        }
+    }
+}
+
+pub fn utimens_at(dir: RawFd, leaf: &CStr, atime: &Time, mtime: &Time) -> io::Result<()> {
+    let times = [timespec(atime), timespec(mtime)];
+    // SAFETY: valid dirfd, C string and two timespecs.
+    check(unsafe {
+        libc::utimensat(
+            dir,
+            leaf.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+}
+
+pub fn ftruncate(fd: RawFd, size_bytes: u64) -> io::Result<()> {
+    let size =
+        libc::off_t::try_from(size_bytes).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    retry(|| {
+        // SAFETY: an open descriptor.
+        check(unsafe { libc::ftruncate(fd, size) })
+    })
+}
+
+pub fn fstatvfs(fd: RawFd) -> io::Result<libc::statvfs> {
+    // SAFETY: plain data.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: an open descriptor and a writable struct.
+    check(unsafe { libc::fstatvfs(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// One directory entry: name, d_type (DT_*), inode number in the source.
+pub struct RawDirEntry {
+    pub name: OsString,
+    pub d_type: u8,
+    pub ino: u64,
+}
+
+/// Reads a whole directory from a descriptor opened with O_RDONLY|O_DIRECTORY,
+/// at most `max_entries` entries (more is an error: the listing is held in
+/// memory for the life of the directory handle).
+pub fn read_dir(fd: OwnedFd, max_entries: usize) -> io::Result<Vec<RawDirEntry>> {
+    // fdopendir takes ownership of the descriptor; closedir closes it.
+    let raw = fd.as_raw_fd();
+    // SAFETY: raw is an open directory descriptor.
+    let dirp = unsafe { libc::fdopendir(raw) };
+    if dirp.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    std::mem::forget(fd);
+    struct Closer(*mut libc::DIR);
+    impl Drop for Closer {
+        fn drop(&mut self) {
+            // SAFETY: a DIR we opened and close once.
+            unsafe { libc::closedir(self.0) };
+        }
+    }
+    let closer = Closer(dirp);
+    let mut out = Vec::new();
+    loop {
+        // errno distinguishes the end (unchanged) from an error.
+        // SAFETY: errno location is thread-local.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: a valid DIR.
+        let ent = unsafe { libc::readdir64(closer.0) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error().unwrap_or(0) != 0 {
+                return Err(e);
+            }
+            return Ok(out);
+        }
+        // SAFETY: readdir returned a valid entry, d_name NUL terminated.
+        let (name, d_type, ino) = unsafe {
+            let ent = &*ent;
+            (
+                CStr::from_ptr(ent.d_name.as_ptr()).to_bytes().to_vec(),
+                ent.d_type,
+                ent.d_ino,
+            )
+        };
+        if out.len() >= max_entries {
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        }
+        out.push(RawDirEntry {
+            name: OsString::from_vec(name),
+            d_type,
+            ino,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leaf_names_are_one_component() {
+        for bad in ["", ".", "..", "a/b", "/", "../x"] {
+            assert!(leaf(OsStr::new(bad)).is_err(), "{bad:?}");
+        }
+        assert!(leaf(OsStr::from_bytes(b"a\0b")).is_err());
+        assert_eq!(leaf(OsStr::new("..a")).unwrap().as_bytes(), b"..a");
+    }
+
+    #[test]
+    fn chmod_never_follows_a_symlink_leaf() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"x").unwrap();
+        let inner = tmp.path().join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        std::os::unix::fs::symlink(&victim, inner.join("link")).unwrap();
+        let dir = std::fs::File::open(&inner).unwrap();
+        let before = std::fs::metadata(&victim).unwrap();
+        let e = chmod_at(dir.as_raw_fd(), c"link", 0o777).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
+        assert_eq!(
+            std::fs::metadata(&victim).unwrap().permissions(),
+            before.permissions()
+        );
+        // open_at refuses to follow the link too.
+        let e = open_at(dir.as_raw_fd(), c"link", libc::O_RDONLY, 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        // A listing sees the link as a link.
+        let fd = open_at(dir.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0);
+        let names: Vec<_> = read_dir(fd.unwrap(), 16)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.name != "." && e.name != "..")
+            .map(|e| (e.name, e.d_type))
+            .collect();
+        assert_eq!(names, vec![(OsString::from("link"), libc::DT_LNK)]);
+    }
+}
