@@ -296,7 +296,8 @@ mod tests {
         // A line as long as allowed without its newline, then a silent client.
         // (Bytes beyond the limit would stay unread: the close resets them.)
         let mut long = UnixStream::connect(&socket).unwrap();
-        long.write_all(&vec![b'x'; COMMAND_BYTES_MAX as usize]).unwrap();
+        long.write_all(&vec![b'x'; COMMAND_BYTES_MAX as usize])
+            .unwrap();
         let mut answer = String::new();
         long.read_to_string(&mut answer).unwrap();
         assert!(

@@ -11,12 +11,21 @@ use clap::{Args, ValueEnum};
 
 mod dataset;
 mod demo;
+mod fuse;
 mod hit_path;
 mod l2_hit;
 mod l2_index;
 mod l2_rebuild;
+mod latency;
+mod nbd;
+mod peers;
+mod report;
 mod runner;
 mod target;
+mod targets;
+mod throughput;
+mod warmup;
+mod workload;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -30,6 +39,18 @@ pub enum Scenario {
     L2Index,
     /// Index rebuild from a warm device: records restored per second.
     L2Rebuild,
+    /// FUSE mount overhead on ARC hits: fio through the mount vs the source (page cache dropped, warm).
+    Fuse,
+    /// NBD export: l2arc serve-nbd against nbdkit's cache filter over the same delayed image (needs fio, nbdkit).
+    Nbd,
+    /// Issue 4: 50 threads of eight 128 KiB reads, datasets 0.5x to 3x the L2ARC: no_l2arc, l2arc, l2arc_lz4.
+    Throughput,
+    /// Issue 4: 20 clients of random 8 KiB reads over a working set between ARC and L2ARC: cold vs warm.
+    Latency,
+    /// Issue 4: random 4 KiB reads at queue depth 32: IOPS and L2ARC fill per interval.
+    Warmup,
+    /// Issue 4: throughput, latency and warmup in one run.
+    All,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -45,7 +66,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     pub files: u32,
     /// `arc_max`: DRAM for cached records (default 8 MiB with --scenario l2-hit, so that reads reach the L2ARC).
-    #[arg(long, default_value = "64MiB", default_value_if("scenario", "l2-hit", "8MiB"), value_parser = parse_size)]
+    #[arg(long, default_value = "64MiB", default_value_ifs = ISSUE4_ARC_MAX, value_parser = parse_size)]
     pub arc_max: u64,
     /// ARC shards (locks); default: 4 per core.
     #[arg(long)]
@@ -89,7 +110,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub cache: Vec<PathBuf>,
     /// Size of the cache file made when --cache is not given (or does not exist); 1 GiB with --scenario l2-hit.
-    #[arg(long, default_value = "512MiB", default_value_if("scenario", "l2-hit", "1GiB"), value_parser = parse_size)]
+    #[arg(long, default_value = "512MiB", default_value_ifs = ISSUE4_CACHE_SIZE, value_parser = parse_size)]
     pub cache_size: u64,
     /// How records are stored on the L2ARC: lz4, zstd or off.
     #[arg(long, default_value = "lz4", value_parser = parse_compression)]
@@ -98,7 +119,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Dataset content: random (incompressible) or mixed (about 2:1 with LZ4: text lines and random bytes).
-    #[arg(long, value_enum, default_value = "random")]
+    #[arg(long, value_enum, default_value = "random", default_value_ifs = ISSUE4_CONTENT)]
     pub content: dataset::Content,
     /// Record counts, comma-separated (k, M, G are powers of 1000). --scenario l2-index: index sizes (default 1M,10M); --scenario l2-rebuild: records per warm device (default 262144: a 1 GiB device of 4 KiB records and a 2 GiB one of 8 KiB records).
     #[arg(long, value_parser = parse_count, value_delimiter = ',')]
@@ -106,7 +127,50 @@ pub struct BenchArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Throughput scenario: dataset sizes as multiples of --cache-size, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,1,1.5,2,3")]
+    pub multiples: Vec<f64>,
+    /// Where throughput/latency/warmup write their JSON and HTML reports.
+    #[arg(long, default_value = "bench-reports")]
+    pub report_dir: PathBuf,
+    /// Also measure the peers (foyer, l2arc_lru) in throughput/latency/warmup.
+    #[arg(long)]
+    pub peers: bool,
+    /// Measured seconds per cell in throughput/latency/warmup (default per scenario).
+    #[arg(long)]
+    pub measure_secs: Option<f64>,
+    /// Longest warm-up per cell in throughput/latency, seconds (default per scenario).
+    #[arg(long)]
+    pub warm_secs: Option<f64>,
+    /// Mixed-size datasets (throughput/latency/warmup): smallest and largest file.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub min_file_size: u64,
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub max_file_size: u64,
 }
+
+/// Defaults of the issue 4 scenarios: a deliberately small ARC, an L2ARC the
+/// datasets are sized against, content that LZ4 halves (like Silesia).
+const ISSUE4_ARC_MAX: [(&str, &str, &str); 5] = [
+    ("scenario", "l2-hit", "8MiB"),
+    ("scenario", "throughput", "16MiB"),
+    ("scenario", "latency", "16MiB"),
+    ("scenario", "warmup", "16MiB"),
+    ("scenario", "all", "16MiB"),
+];
+const ISSUE4_CACHE_SIZE: [(&str, &str, &str); 5] = [
+    ("scenario", "l2-hit", "1GiB"),
+    ("scenario", "throughput", "128MiB"),
+    ("scenario", "latency", "128MiB"),
+    ("scenario", "warmup", "128MiB"),
+    ("scenario", "all", "128MiB"),
+];
+const ISSUE4_CONTENT: [(&str, &str, &str); 4] = [
+    ("scenario", "throughput", "mixed"),
+    ("scenario", "latency", "mixed"),
+    ("scenario", "warmup", "mixed"),
+    ("scenario", "all", "mixed"),
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -192,5 +256,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::L2Hit => l2_hit::run(&args),
         Scenario::L2Index => l2_index::run(&args),
         Scenario::L2Rebuild => l2_rebuild::run(&args),
+        Scenario::Fuse => fuse::run(&args),
+        Scenario::Nbd => nbd::run(&args),
+        Scenario::Throughput => throughput::run(&args),
+        Scenario::Latency => latency::run(&args),
+        Scenario::Warmup => warmup::run(&args),
+        Scenario::All => {
+            throughput::run(&args)?;
+            latency::run(&args)?;
+            warmup::run(&args)
+        }
     }
 }

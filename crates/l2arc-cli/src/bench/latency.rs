@@ -1,0 +1,502 @@
+//! Latency cold and warm: the second workload of the seed articles.
+//!
+//! 20 clients issue random 8 KiB reads over a working set larger than the
+//! ARC and smaller than the L2ARC (three quarters of the cache file by
+//! default). The seed reported that once the L2ARC was warm, IOPS rose 8.3×
+//! and latency fell 20× (9–10 ms from the disks, 0.4–0.6 ms from the SSDs).
+//! Here one target runs three phases back to back: cold (the first seconds
+//! from an empty cache: reads go to the emulated disks), a warm-up that ends
+//! when the L2ARC stops growing, and warm. The report gives IOPS and
+//! latency percentiles of the cold and warm phases, the ARC and L2ARC hit
+//! rates of the warm phase, the factors set against the seed's, the time the
+//! warm-up took, and a heatmap of every read's latency over the whole run,
+//! where the move from the disks' band (milliseconds) to the cache file's
+//! (tenths of a millisecond) is visible. `no_cache` runs one phase as the
+//! baseline.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::BenchArgs;
+use super::report::{self, Series};
+use super::runner::Rng;
+use super::target::{ReadTarget, TargetCounters};
+use super::targets::{Bench, TargetKind, TargetSpec, build};
+use super::workload::{self, HEATMAP_BUCKETS, PhaseRun, Sample, bucket_lower_ns};
+
+const CLIENTS: usize = 20;
+const READ_BYTES: u64 = 8 << 10;
+/// recordsize of the dataset: the read size, as ZFS advises for databases
+/// (a miss then costs one 8 KiB disk read, and warming takes one disk read
+/// per 8 KiB of working set, so the cold phase stays cold).
+const RECORDSIZE_BYTES: u32 = 8 << 10;
+/// Working set in multiples of `arc_max`: over the ARC, within the L2ARC.
+const WORKING_SET_OF_ARC: u64 = 5;
+const DEFAULT_MEASURE_SECS: f64 = 6.0;
+const DEFAULT_WARM_SECS: f64 = 60.0;
+/// The seed's factors: warm / cold IOPS, cold / warm latency.
+const SEED_IOPS_FACTOR: f64 = 8.3;
+const SEED_LATENCY_FACTOR: f64 = 20.0;
+
+#[derive(Serialize, Clone)]
+pub struct Phase {
+    pub name: String,
+    pub seconds: f64,
+    pub ios: u64,
+    pub iops: f64,
+    pub latency_us_p50: f64,
+    pub latency_us_p90: f64,
+    pub latency_us_p99: f64,
+    pub latency_us_p999: f64,
+    pub latency_us_max: f64,
+    /// Counters over the phase (sizes at its end).
+    pub counters: TargetCounters,
+    /// DRAM hits over all reads of records.
+    pub arc_hit_ratio: f64,
+    /// Flash hits over the reads that missed DRAM.
+    pub l2arc_hit_ratio: f64,
+}
+
+#[derive(Serialize)]
+pub struct TargetRun {
+    pub target: String,
+    pub cold: Phase,
+    pub warm: Option<Phase>,
+    pub warmup_secs: f64,
+    /// End of the first warm-up second at 90% of the warm IOPS.
+    pub secs_to_90pct_of_warm: Option<f64>,
+    pub iops_factor: Option<f64>,
+    pub latency_p50_factor: Option<f64>,
+    /// Every second of the run: cold, warm-up, warm.
+    pub samples: Vec<Sample>,
+}
+
+#[derive(Serialize)]
+pub struct LatencyReport {
+    pub scenario: &'static str,
+    pub clients: usize,
+    pub read_bytes: u64,
+    pub working_set_bytes: u64,
+    pub arc_max_bytes: u64,
+    pub cache_size_bytes: u64,
+    pub recordsize_bytes: u64,
+    pub compression: bool,
+    pub hdd: String,
+    pub hdd_service_ms_record: f64,
+    pub content: String,
+    pub dataset_lz4_ratio: f64,
+    pub seed_iops_factor: f64,
+    pub seed_latency_factor: f64,
+    pub heatmap_bucket_lower_us: Vec<f64>,
+    pub runs: Vec<TargetRun>,
+    pub bytes_verified: u64,
+    pub elapsed_secs: f64,
+}
+
+fn phase(name: &str, run: &PhaseRun, before: &TargetCounters) -> Phase {
+    let counters = run
+        .samples
+        .last()
+        .map(|s| s.counters)
+        .unwrap_or_default()
+        .since(before);
+    let total = counters.dram_hits + counters.flash_hits + counters.misses;
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    Phase {
+        name: name.to_string(),
+        seconds: run.elapsed_secs,
+        ios: run.ios,
+        iops: run.iops(),
+        latency_us_p50: run.latency_us(0.5),
+        latency_us_p90: run.latency_us(0.9),
+        latency_us_p99: run.latency_us(0.99),
+        latency_us_p999: run.latency_us(0.999),
+        latency_us_max: run.latency_ns.max() as f64 / 1000.0,
+        arc_hit_ratio: ratio(counters.dram_hits, total),
+        l2arc_hit_ratio: ratio(counters.flash_hits, counters.flash_hits + counters.misses),
+        counters,
+    }
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let began = Instant::now();
+    let measure = Duration::from_secs_f64(args.measure_secs.unwrap_or(DEFAULT_MEASURE_SECS));
+    let warm_max = Duration::from_secs_f64(args.warm_secs.unwrap_or(DEFAULT_WARM_SECS));
+    let bench = Bench::prepare(args)?;
+    let files = bench.files_for(WORKING_SET_OF_ARC * args.arc_max);
+    let compression = args.compression != l2arc::l2arc::format::Compression::Off;
+    let spec = TargetSpec {
+        recordsize_bytes: RECORDSIZE_BYTES,
+        ..bench.spec(args, files, compression)
+    };
+    if spec.total_bytes() <= args.arc_max || spec.total_bytes() >= args.cache_size {
+        bail!(
+            "latency: the working set ({} MiB, about {WORKING_SET_OF_ARC}x --arc-max) must be larger than --arc-max ({} MiB) and smaller than --cache-size ({} MiB)",
+            spec.total_bytes() >> 20,
+            args.arc_max >> 20,
+            args.cache_size >> 20
+        );
+    }
+    let mut kinds = vec![TargetKind::NoCache, TargetKind::L2arc];
+    if args.peers {
+        kinds.extend([TargetKind::Foyer, TargetKind::L2arcLru]);
+    }
+    let mut runs = Vec::new();
+    let mut verified = 0u64;
+    for kind in kinds {
+        let target = build(kind, &spec)?;
+        let name = target.name().to_string();
+        let (run, bytes) = run_target(
+            args,
+            &bench,
+            &spec,
+            target.as_ref(),
+            kind,
+            measure,
+            warm_max,
+        )
+        .with_context(|| format!("latency: {name}"))?;
+        verified += bytes;
+        if !args.json {
+            eprintln!(
+                "{name:>12}: cold {:.0} IOPS p50 {:.0} us{}",
+                run.cold.iops,
+                run.cold.latency_us_p50,
+                run.warm.as_ref().map_or(String::new(), |w| format!(
+                    ", warm {:.0} IOPS p50 {:.0} us after {:.0} s of warm-up",
+                    w.iops, w.latency_us_p50, run.warmup_secs
+                ))
+            );
+        }
+        runs.push(run);
+        drop(target);
+        spec.remove_cache_file()?;
+    }
+    let report = LatencyReport {
+        scenario: "latency",
+        clients: CLIENTS,
+        read_bytes: READ_BYTES,
+        working_set_bytes: spec.total_bytes(),
+        arc_max_bytes: args.arc_max,
+        cache_size_bytes: args.cache_size,
+        recordsize_bytes: u64::from(RECORDSIZE_BYTES),
+        compression,
+        hdd: super::throughput::describe_hdd(&bench),
+        hdd_service_ms_record: super::throughput::hdd_service_ms(
+            &bench,
+            u64::from(RECORDSIZE_BYTES),
+        ),
+        content: format!("{:?}", args.content).to_lowercase(),
+        dataset_lz4_ratio: bench.lz4_ratio,
+        seed_iops_factor: SEED_IOPS_FACTOR,
+        seed_latency_factor: SEED_LATENCY_FACTOR,
+        heatmap_bucket_lower_us: (0..HEATMAP_BUCKETS)
+            .map(|i| bucket_lower_ns(i) / 1000.0)
+            .collect(),
+        runs,
+        bytes_verified: verified,
+        elapsed_secs: began.elapsed().as_secs_f64(),
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    let path = report::write_report(&args.report_dir, "latency", &json, &html(&report))?;
+    super::emit(args.json, &report, print_tables)?;
+    if !args.json {
+        println!("report: {}", path.display());
+    }
+    Ok(())
+}
+
+fn run_target(
+    args: &BenchArgs,
+    bench: &Bench,
+    spec: &TargetSpec,
+    target: &dyn ReadTarget,
+    kind: TargetKind,
+    measure: Duration,
+    warm_max: Duration,
+) -> Result<(TargetRun, u64)> {
+    let data = bench.dataset.spec();
+    let sizes = &spec.file_sizes_bytes;
+    // Uniform over the working set's bytes (not over files: a client of a
+    // database reads blocks, not files).
+    let blocks: Vec<u64> = sizes.iter().map(|s| s / READ_BYTES).collect();
+    let total_blocks: u64 = blocks.iter().sum();
+    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
+        let mut block = rng.below(total_blocks);
+        let mut file = 0usize;
+        while block >= blocks[file] {
+            block -= blocks[file];
+            file += 1;
+        }
+        reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
+    };
+    let interval = Duration::from_secs(1);
+    let cold_run = workload::run(
+        target,
+        &data,
+        CLIENTS,
+        measure,
+        interval,
+        args.seed,
+        |_| false,
+        op,
+    )?;
+    let cold = phase("cold", &cold_run, &TargetCounters::default());
+    let mut bytes = cold_run.bytes;
+    let mut samples = cold_run.samples.clone();
+    if !kind.has_flash() {
+        let run = TargetRun {
+            target: target.name().to_string(),
+            cold,
+            warm: None,
+            warmup_secs: 0.0,
+            secs_to_90pct_of_warm: None,
+            iops_factor: None,
+            latency_p50_factor: None,
+            samples,
+        };
+        return Ok((run, bytes));
+    }
+    let settle = workload::fill_settled(3, 3, (spec.cache_size_bytes / 200).max(1));
+    let warming = workload::run(
+        target,
+        &data,
+        CLIENTS,
+        warm_max,
+        interval,
+        args.seed ^ 1,
+        settle,
+        op,
+    )?;
+    bytes += warming.bytes;
+    let before = warming
+        .samples
+        .last()
+        .map(|s| s.counters)
+        .unwrap_or_default();
+    let warm_run = workload::run(
+        target,
+        &data,
+        CLIENTS,
+        measure,
+        interval,
+        args.seed ^ 2,
+        |_| false,
+        op,
+    )?;
+    bytes += warm_run.bytes;
+    let warm = phase("warm", &warm_run, &before);
+    let offset = cold_run.elapsed_secs;
+    let secs_to_90pct_of_warm = warming
+        .samples
+        .iter()
+        .find(|s| s.iops >= 0.9 * warm.iops)
+        .map(|s| s.end_secs);
+    for s in warming.samples.iter().chain(&warm_run.samples) {
+        let mut s = s.clone();
+        s.end_secs += if samples.len() < cold_run.samples.len() + warming.samples.len() {
+            offset
+        } else {
+            offset + warming.elapsed_secs
+        };
+        samples.push(s);
+    }
+    let run = TargetRun {
+        target: target.name().to_string(),
+        iops_factor: Some(warm.iops / cold.iops.max(1e-9)),
+        latency_p50_factor: Some(cold.latency_us_p50 / warm.latency_us_p50.max(1e-9)),
+        cold,
+        warm: Some(warm),
+        warmup_secs: warming.elapsed_secs,
+        secs_to_90pct_of_warm,
+        samples,
+    };
+    Ok((run, bytes))
+}
+
+fn print_tables(r: &LatencyReport) {
+    println!(
+        "latency: {} clients, random {} KiB reads over {} MiB; arc_max {} MiB, L2ARC {} MiB ({}), recordsize {} KiB; {} ({:.2} ms per record); content {} (LZ4 {:.2}:1)",
+        r.clients,
+        r.read_bytes >> 10,
+        r.working_set_bytes >> 20,
+        r.arc_max_bytes >> 20,
+        r.cache_size_bytes >> 20,
+        if r.compression { "lz4" } else { "off" },
+        r.recordsize_bytes >> 10,
+        r.hdd,
+        r.hdd_service_ms_record,
+        r.content,
+        r.dataset_lz4_ratio
+    );
+    println!();
+    println!(
+        "{:<12} {:<5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "target", "phase", "IOPS", "p50 us", "p90 us", "p99 us", "p99.9 us", "ARC hit", "L2 hit"
+    );
+    for run in &r.runs {
+        for p in std::iter::once(&run.cold).chain(run.warm.as_ref()) {
+            println!(
+                "{:<12} {:<5} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>7.1}% {:>7.1}%",
+                run.target,
+                p.name,
+                p.iops,
+                p.latency_us_p50,
+                p.latency_us_p90,
+                p.latency_us_p99,
+                p.latency_us_p999,
+                100.0 * p.arc_hit_ratio,
+                100.0 * p.l2arc_hit_ratio
+            );
+        }
+    }
+    println!();
+    for run in r.runs.iter().filter(|x| x.warm.is_some()) {
+        println!(
+            "{}: warm/cold IOPS {:.1}x (seed {:.1}x), cold/warm p50 latency {:.1}x (seed {:.0}x); warm-up {:.0} s{}",
+            run.target,
+            run.iops_factor.unwrap_or(0.0),
+            r.seed_iops_factor,
+            run.latency_p50_factor.unwrap_or(0.0),
+            r.seed_latency_factor,
+            run.warmup_secs,
+            run.secs_to_90pct_of_warm.map_or(String::new(), |s| format!(
+                ", 90% of the warm IOPS after {s:.0} s of it"
+            ))
+        );
+    }
+    println!(
+        "every byte checked: {} MiB read, all matching the dataset; {:.0} s",
+        r.bytes_verified >> 20,
+        r.elapsed_secs
+    );
+}
+
+fn html(r: &LatencyReport) -> String {
+    let mut rows = Vec::new();
+    for run in &r.runs {
+        for p in std::iter::once(&run.cold).chain(run.warm.as_ref()) {
+            rows.push(vec![
+                run.target.clone(),
+                p.name.clone(),
+                format!("{:.0}", p.iops),
+                format!("{:.0}", p.latency_us_p50),
+                format!("{:.0}", p.latency_us_p90),
+                format!("{:.0}", p.latency_us_p99),
+                format!("{:.0}", p.latency_us_p999),
+                format!("{:.1}%", 100.0 * p.arc_hit_ratio),
+                format!("{:.1}%", 100.0 * p.l2arc_hit_ratio),
+            ]);
+        }
+    }
+    let mut sections = vec![(
+        "Cold and warm".to_string(),
+        report::table(
+            &[
+                "target",
+                "phase",
+                "IOPS",
+                "p50 us",
+                "p90 us",
+                "p99 us",
+                "p99.9 us",
+                "ARC hit",
+                "L2ARC hit",
+            ],
+            &rows,
+        ),
+    )];
+    let factors: Vec<Vec<String>> = r
+        .runs
+        .iter()
+        .filter(|x| x.warm.is_some())
+        .map(|x| {
+            vec![
+                x.target.clone(),
+                format!("{:.1}x", x.iops_factor.unwrap_or(0.0)),
+                format!("{:.1}x", r.seed_iops_factor),
+                format!("{:.1}x", x.latency_p50_factor.unwrap_or(0.0)),
+                format!("{:.0}x", r.seed_latency_factor),
+                format!("{:.0}", x.warmup_secs),
+            ]
+        })
+        .collect();
+    sections.push((
+        "Improvement once warm, against the seed".to_string(),
+        report::table(
+            &[
+                "target",
+                "warm/cold IOPS",
+                "seed",
+                "cold/warm p50",
+                "seed",
+                "warm-up s",
+            ],
+            &factors,
+        ),
+    ));
+    for run in r.runs.iter().filter(|x| x.warm.is_some()) {
+        let x: Vec<f64> = run.samples.iter().map(|s| s.end_secs).collect();
+        let counts: Vec<Vec<u64>> = run
+            .samples
+            .iter()
+            .map(|s| s.latency_buckets.clone())
+            .collect();
+        sections.push((
+            format!("Latency heatmap, {}", run.target),
+            report::heatmap(
+                &format!(
+                    "{}: read latency per second (cold, warm-up, warm)",
+                    run.target
+                ),
+                &x,
+                "seconds",
+                &r.heatmap_bucket_lower_us,
+                &counts,
+                &[
+                    (run.cold.seconds, "warm-up".to_string()),
+                    (run.cold.seconds + run.warmup_secs, "warm".to_string()),
+                ],
+            ),
+        ));
+        sections.push((
+            format!("IOPS and L2ARC fill, {}", run.target),
+            report::line_chart_two_axes(
+                &format!("{}: IOPS and L2ARC fill", run.target),
+                &x,
+                "seconds",
+                &[Series::new(
+                    "IOPS",
+                    run.samples.iter().map(|s| s.iops).collect(),
+                )],
+                "IOPS",
+                &[Series::new(
+                    "L2ARC fill, MiB",
+                    run.samples
+                        .iter()
+                        .map(|s| s.counters.flash_bytes as f64 / (1 << 20) as f64)
+                        .collect(),
+                )],
+                "L2ARC MiB",
+            ),
+        ));
+    }
+    report::page(
+        "l2arc bench: latency cold and warm",
+        &format!(
+            "{} clients, random {} KiB reads over a {} MiB working set; arc_max {} MiB, L2ARC {} MiB; {}. Seed: {:.1}x IOPS, {:.0}x latency once warm. Every byte verified ({} MiB).",
+            r.clients,
+            r.read_bytes >> 10,
+            r.working_set_bytes >> 20,
+            r.arc_max_bytes >> 20,
+            r.cache_size_bytes >> 20,
+            r.hdd,
+            r.seed_iops_factor,
+            r.seed_latency_factor,
+            r.bytes_verified >> 20
+        ),
+        &sections,
+    )
+}

@@ -1,0 +1,515 @@
+//! `l2arc bench --scenario nbd`: our NBD export against nbdkit's cache
+//! filter, side by side, over the same image and the same slow disk.
+//!
+//! Both servers export one image (random content) to fio's nbd engine,
+//! which reads random 4 KiB blocks (the demo's skew: by default 80% of the
+//! reads go to 20% of the image, fio's `zoned` distribution), first cold
+//! and then warm, for `--seconds` each, with the same random seeds on both
+//! sides. Reported: IOPS and p50/p99 latency of each phase, and ours over
+//! nbdkit.
+//!
+//! The same slow disk on both sides:
+//! - nbdkit: `--filter=cache --filter=delay file IMAGE delay-read=X`: the
+//!   cache filter sits above the delay filter (the first filter named is the
+//!   outermost), so only its misses pay the delay; `cache-on-read=true`
+//!   (it caches only writes otherwise), `cache-min-block-size=4K` (it reads
+//!   4 KiB from below per miss, as we do with `recordsize=4K`), and
+//!   `cache-max-size` = our `arc_max` + cache file size, the same capacity.
+//!   Its cache is a temporary file in `$TMPDIR`, which we point at the
+//!   bench directory, the disk our cache file is on (that file goes through
+//!   the page cache, ours uses O_DIRECT: a difference of design, not set-up).
+//! - ours: `--emulate-hdd-seek-ms-min X --emulate-hdd-seek-ms-max X` (a
+//!   fixed X ms per primary read, the delay filter's model) plus the
+//!   emulated media transfer at 150 MiB/s (26 µs per 4 KiB, 0.3% of 8 ms).
+//!   The emulator serialises requests per spindle, which nbdkit's delay
+//!   filter does not: we give it one spindle per 1 MiB stripe of the image,
+//!   so two reads share a disk only when they fall in the same MiB.
+//! - parallelism: fio keeps `--threads` requests in flight on one
+//!   connection; nbdkit runs `--threads` worker threads and ours as many
+//!   workers per connection.
+//!
+//! `X` is the middle of `--seek-ms-min` and `--seek-ms-max` (8 ms by
+//! default).
+//!
+//! A third measurement, nbdkit with the delay filter alone (no cache, one
+//! cold phase), is the disk's own parallel rate: it shows what the cache
+//! adds on each side. (nbdkit's cache filter serialises requests under one
+//! lock, so with it a queue of misses is served one delay at a time; that
+//! is most of the cold-phase difference, and it is nbdkit's design, not
+//! this set-up: the delay filter alone serves the queue in parallel.)
+//! The default run takes about 5 × `--seconds` plus set-up.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use super::{BenchArgs, emit};
+
+const BLOCK_BYTES: u64 = 4096;
+const STRIPE_BYTES: u64 = 1 << 20;
+
+#[derive(Serialize, Clone, Copy, Debug)]
+struct Phase {
+    iops: f64,
+    latency_us_p50: f64,
+    latency_us_p99: f64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    phase: &'static str,
+    ours: Phase,
+    nbdkit: Phase,
+    iops_ratio: f64,
+    p50_ratio: f64,
+    p99_ratio: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    scenario: &'static str,
+    image_bytes: u64,
+    block_bytes: u64,
+    delay_ms: f64,
+    queue_depth: usize,
+    seconds_per_phase: f64,
+    arc_max_bytes: u64,
+    cache_bytes: u64,
+    distribution: String,
+    ours_command: String,
+    nbdkit_command: String,
+    fio_command: String,
+    rows: Vec<Row>,
+    /// nbdkit with the delay filter only: the uncached disk, for reference.
+    nbdkit_no_cache: Phase,
+    /// Our cache's statistics after the run (arcstats names).
+    ours_stats: Vec<(String, u64)>,
+}
+
+fn require(tool: &str) -> Result<()> {
+    match Command::new(tool).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => bail!(
+            "{tool} --version failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(_) => bail!(
+            "{tool} is not installed: --scenario nbd needs fio and nbdkit (scripts/setup.sh installs them)"
+        ),
+    }
+}
+
+/// The image: reused when `--data DIR` holds one of the right size.
+fn make_image(path: &Path, size_bytes: u64, seed: u64) -> Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == size_bytes) {
+        return Ok(());
+    }
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
+    );
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    while written < size_bytes {
+        for word in chunk.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = (size_bytes - written).min(chunk.len() as u64) as usize;
+        file.write_all(&chunk[..n])?;
+        written += n as u64;
+    }
+    file.flush()?;
+    Ok(())
+}
+
+/// A server process, killed on drop.
+struct ServerProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ServerProcess {
+    /// Stops with SIGTERM (ours prints its statistics then).
+    fn stop(mut self) -> Vec<String> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        self.lines.try_iter().collect()
+    }
+}
+
+fn spawn(mut cmd: Command) -> Result<ServerProcess> {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {cmd:?}"))?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(ServerProcess { child, lines: rx })
+}
+
+/// Waits until something accepts connections on `socket`.
+fn wait_for_socket(server: &mut ServerProcess, socket: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Ok(());
+        }
+        if let Some(status) = server.child.try_wait()? {
+            let lines: Vec<String> = server.lines.try_iter().collect();
+            bail!("server exited ({status}): {}", lines.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("no server on {} after 30 s", socket.display())
+}
+
+struct Fio {
+    size_bytes: u64,
+    queue_depth: usize,
+    secs: f64,
+    distribution: String,
+}
+
+impl Fio {
+    fn args(&self, uri: &str, seed: u64) -> Vec<String> {
+        vec![
+            "--name=nbd".into(),
+            "--ioengine=nbd".into(),
+            format!("--uri={uri}"),
+            "--rw=randread".into(),
+            format!("--bs={BLOCK_BYTES}"),
+            format!("--size={}", self.size_bytes),
+            format!("--iodepth={}", self.queue_depth),
+            format!("--random_distribution={}", self.distribution),
+            "--time_based".into(),
+            format!("--runtime={}", self.secs.ceil().max(1.0) as u64),
+            "--norandommap".into(),
+            format!("--randseed={seed}"),
+            "--lat_percentiles=1".into(),
+            "--output-format=json".into(),
+        ]
+    }
+
+    fn run(&self, dir: &Path, uri: &str, seed: u64) -> Result<Phase> {
+        let args = self.args(uri, seed);
+        let out = Command::new("fio")
+            .current_dir(dir)
+            .args(&args)
+            .output()
+            .context("cannot run fio")?;
+        if !out.status.success() {
+            bail!(
+                "fio {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let json = &text[text.find('{').context("fio printed no JSON")?..];
+        let doc: serde_json::Value = serde_json::from_str(json).context("fio's JSON")?;
+        let read = &doc["jobs"][0]["read"];
+        let percentile = |q: &str| -> Result<f64> {
+            read["lat_ns"]["percentile"][q]
+                .as_f64()
+                .map(|ns| ns / 1000.0)
+                .with_context(|| format!("fio's JSON has no read.lat_ns percentile {q}"))
+        };
+        Ok(Phase {
+            iops: read["iops"]
+                .as_f64()
+                .context("fio's JSON has no read.iops")?,
+            latency_us_p50: percentile("50.000000")?,
+            latency_us_p99: percentile("99.000000")?,
+        })
+    }
+}
+
+fn shell_words(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    require("fio")?;
+    require("nbdkit")?;
+    let delay_ms = (args.seek_ms_min + args.seek_ms_max) / 2.0;
+    if !(delay_ms.is_finite() && delay_ms >= 0.0) {
+        bail!("--seek-ms-min/--seek-ms-max must give a delay of at least 0 ms");
+    }
+    let image_bytes = args.dataset_size / BLOCK_BYTES * BLOCK_BYTES;
+    if image_bytes < 16 * STRIPE_BYTES {
+        bail!("--dataset-size must be at least 16 MiB for --scenario nbd");
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("l2arc-bench-nbd")
+        .tempdir()?;
+    let image: PathBuf = match &args.data {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            dir.join("nbd-bench.img")
+        }
+        None => tmp.path().join("nbd-bench.img"),
+    };
+    eprintln!(
+        "l2arc bench nbd: image {} ({} MiB)",
+        image.display(),
+        image_bytes >> 20
+    );
+    make_image(&image, image_bytes, args.seed)?;
+    let cache_file = match args.cache.first() {
+        Some(p) => p.clone(),
+        None => tmp.path().join("l2arc-cache.bin"),
+    };
+    let queue_depth = args.threads;
+    let hot_read = (args.hot_read_fraction * 100.0).round() as u32;
+    let hot_data = (args.hot_data_fraction * 100.0).round() as u32;
+    let distribution = if hot_read == 0 || hot_data == 0 || hot_read >= 100 || hot_data >= 100 {
+        "random".to_string()
+    } else {
+        format!(
+            "zoned:{hot_read}/{hot_data}:{}/{}",
+            100 - hot_read,
+            100 - hot_data
+        )
+    };
+    let fio = Fio {
+        size_bytes: image_bytes,
+        queue_depth,
+        secs: args.seconds,
+        distribution: distribution.clone(),
+    };
+    let spindles = (image_bytes / STRIPE_BYTES).clamp(1, 65_536);
+    let seeds = [args.seed, args.seed.wrapping_add(1)];
+
+    // Ours.
+    let ours_socket = tmp.path().join("l2arc.sock");
+    let mut ours_cmd = Command::new(std::env::current_exe()?);
+    ours_cmd
+        .arg("serve-nbd")
+        .arg(&image)
+        .arg("--listen")
+        .arg(format!("unix:{}", ours_socket.display()))
+        .args(["--recordsize", "4K"])
+        .arg(format!("--arc-max={}", args.arc_max))
+        .arg(format!("--cache={}", cache_file.display()))
+        .arg(format!("--cache-size={}", args.cache_size))
+        .arg(format!("--compression={}", args.compression))
+        .arg(format!("--workers={queue_depth}"))
+        .arg(format!("--emulate-hdd-spindles={spindles}"))
+        .arg(format!("--emulate-hdd-seek-ms-min={delay_ms}"))
+        .arg(format!("--emulate-hdd-seek-ms-max={delay_ms}"));
+    if let Some(shards) = args.arc_shards {
+        ours_cmd.arg(format!("--arc-shards={shards}"));
+    }
+    let ours_command = shell_words(&ours_cmd);
+    let mut ours_server = spawn(ours_cmd)?;
+    wait_for_socket(&mut ours_server, &ours_socket)?;
+    let ours_uri = format!("nbd+unix:///?socket={}", ours_socket.display());
+    eprintln!("l2arc bench nbd: ours, cold ({} s)", args.seconds);
+    let ours_cold = fio.run(tmp.path(), &ours_uri, seeds[0])?;
+    eprintln!("l2arc bench nbd: ours, warm ({} s)", args.seconds);
+    let ours_warm = fio.run(tmp.path(), &ours_uri, seeds[1])?;
+    let ours_lines = ours_server.stop();
+    let ours_stats: Vec<(String, u64)> = ours_lines
+        .iter()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (name, value) = (it.next()?, it.next()?);
+            if it.next().is_some() || name.starts_with("l2arc:") {
+                return None;
+            }
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect();
+    if args.cache.is_empty() {
+        let _ = std::fs::remove_file(&cache_file);
+    }
+
+    // nbdkit.
+    let kit_socket = tmp.path().join("nbdkit.sock");
+    let kit_tmp = tmp.path().join("nbdkit-tmp");
+    std::fs::create_dir_all(&kit_tmp)?;
+    let delay_arg = if delay_ms.fract() == 0.0 {
+        format!("delay-read={}ms", delay_ms as u64)
+    } else {
+        format!("delay-read={}", delay_ms / 1000.0)
+    };
+    let mut kit_cmd = Command::new("nbdkit");
+    kit_cmd
+        .env("TMPDIR", &kit_tmp)
+        .args(["-f", "-U"])
+        .arg(&kit_socket)
+        .arg(format!("--threads={queue_depth}"))
+        .args(["--filter=cache", "--filter=delay", "file"])
+        .arg(format!("file={}", image.display()))
+        .arg("cache-on-read=true")
+        .arg(format!("cache-min-block-size={BLOCK_BYTES}"))
+        .arg(format!("cache-max-size={}", args.arc_max + args.cache_size))
+        .arg(delay_arg);
+    let nbdkit_command = shell_words(&kit_cmd);
+    let mut kit_server = spawn(kit_cmd)?;
+    wait_for_socket(&mut kit_server, &kit_socket)?;
+    let kit_uri = format!("nbd+unix:///?socket={}", kit_socket.display());
+    eprintln!("l2arc bench nbd: nbdkit, cold ({} s)", args.seconds);
+    let kit_cold = fio.run(tmp.path(), &kit_uri, seeds[0])?;
+    eprintln!("l2arc bench nbd: nbdkit, warm ({} s)", args.seconds);
+    let kit_warm = fio.run(tmp.path(), &kit_uri, seeds[1])?;
+    kit_server.stop();
+
+    // nbdkit without its cache: the delayed disk alone.
+    let plain_socket = tmp.path().join("nbdkit-plain.sock");
+    let mut plain_cmd = Command::new("nbdkit");
+    plain_cmd
+        .args(["-f", "-U"])
+        .arg(&plain_socket)
+        .arg(format!("--threads={queue_depth}"))
+        .args(["--filter=delay", "file"])
+        .arg(format!("file={}", image.display()))
+        .arg(if delay_ms.fract() == 0.0 {
+            format!("delay-read={}ms", delay_ms as u64)
+        } else {
+            format!("delay-read={}", delay_ms / 1000.0)
+        });
+    let mut plain_server = spawn(plain_cmd)?;
+    wait_for_socket(&mut plain_server, &plain_socket)?;
+    eprintln!("l2arc bench nbd: nbdkit without cache ({} s)", args.seconds);
+    let nbdkit_no_cache = fio.run(
+        tmp.path(),
+        &format!("nbd+unix:///?socket={}", plain_socket.display()),
+        seeds[0],
+    )?;
+    plain_server.stop();
+
+    let row = |phase, ours: Phase, nbdkit: Phase| Row {
+        phase,
+        ours,
+        nbdkit,
+        iops_ratio: ours.iops / nbdkit.iops.max(f64::MIN_POSITIVE),
+        p50_ratio: ours.latency_us_p50 / nbdkit.latency_us_p50.max(f64::MIN_POSITIVE),
+        p99_ratio: ours.latency_us_p99 / nbdkit.latency_us_p99.max(f64::MIN_POSITIVE),
+    };
+    let report = Report {
+        scenario: "nbd",
+        image_bytes,
+        block_bytes: BLOCK_BYTES,
+        delay_ms,
+        queue_depth,
+        seconds_per_phase: args.seconds,
+        arc_max_bytes: args.arc_max,
+        cache_bytes: args.cache_size,
+        distribution,
+        ours_command,
+        nbdkit_command,
+        fio_command: format!("fio {}", fio.args("URI", seeds[0]).join(" ")),
+        rows: vec![
+            row("cold", ours_cold, kit_cold),
+            row("warm", ours_warm, kit_warm),
+        ],
+        nbdkit_no_cache,
+        ours_stats,
+    };
+    emit(args.json, &report, print_report)
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "NBD export: l2arc serve-nbd vs nbdkit --filter=cache --filter=delay; {} MiB image, random {} KiB reads ({}), queue depth {}, {} ms per disk read, {} s per phase",
+        r.image_bytes >> 20,
+        r.block_bytes >> 10,
+        r.distribution,
+        r.queue_depth,
+        r.delay_ms,
+        r.seconds_per_phase
+    );
+    println!(
+        "cache: ARC {} MiB + cache file {} MiB (nbdkit: cache-max-size {} MiB)",
+        r.arc_max_bytes >> 20,
+        r.cache_bytes >> 20,
+        (r.arc_max_bytes + r.cache_bytes) >> 20
+    );
+    println!();
+    println!(
+        "{:<6} {:>10} {:>10} {:>7}   {:>9} {:>9} {:>7}   {:>9} {:>9} {:>7}",
+        "phase",
+        "ours IOPS",
+        "nbdkit",
+        "ratio",
+        "ours p50",
+        "nbdkit",
+        "ratio",
+        "ours p99",
+        "nbdkit",
+        "ratio"
+    );
+    for row in &r.rows {
+        println!(
+            "{:<6} {:>10.0} {:>10.0} {:>6.2}x   {:>7.0}us {:>7.0}us {:>6.2}x   {:>7.0}us {:>7.0}us {:>6.2}x",
+            row.phase,
+            row.ours.iops,
+            row.nbdkit.iops,
+            row.iops_ratio,
+            row.ours.latency_us_p50,
+            row.nbdkit.latency_us_p50,
+            row.p50_ratio,
+            row.ours.latency_us_p99,
+            row.nbdkit.latency_us_p99,
+            row.p99_ratio
+        );
+    }
+    let stat = |name: &str| {
+        r.ours_stats
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    println!(
+        "uncached disk (nbdkit --filter=delay alone): {:.0} IOPS, p50 {:.0}us, p99 {:.0}us",
+        r.nbdkit_no_cache.iops, r.nbdkit_no_cache.latency_us_p50, r.nbdkit_no_cache.latency_us_p99
+    );
+    println!();
+    println!(
+        "ours: arc hits {} misses {}, l2 hits {} misses {}",
+        stat("hits"),
+        stat("misses"),
+        stat("l2_hits"),
+        stat("l2_misses")
+    );
+    println!("ours:   {}", r.ours_command);
+    println!("nbdkit: {}", r.nbdkit_command);
+    println!("fio:    {}", r.fio_command);
+}

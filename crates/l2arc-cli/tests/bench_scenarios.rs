@@ -1,0 +1,139 @@
+//! Each issue 4 scenario runs end to end through the `l2arc` binary at a
+//! tiny size and writes its JSON and HTML report with sane values.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Runs `l2arc bench --scenario NAME` at tiny sizes; returns the JSON report.
+fn run(scenario: &str, extra: &[&str], dir: &Path) -> Value {
+    let reports = dir.join("reports");
+    let data = dir.join("data");
+    let mut args: Vec<String> = [
+        "bench",
+        "--scenario",
+        scenario,
+        "--json",
+        "--cache-size",
+        "32MiB",
+        "--arc-max",
+        "4MiB",
+        "--max-file-size",
+        "2MiB",
+        "--multiples",
+        "0.5",
+        "--seed",
+        "3",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push("--data".into());
+    args.push(data.display().to_string());
+    args.push("--report-dir".into());
+    args.push(reports.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc"))
+        .args(&args)
+        .output()
+        .expect("run l2arc");
+    assert!(
+        out.status.success(),
+        "l2arc {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let file = std::fs::read_to_string(reports.join(format!("{scenario}.json"))).unwrap();
+    let saved: Value = serde_json::from_str(&file).unwrap();
+    assert_eq!(saved["scenario"], stdout["scenario"]);
+    let html = std::fs::read_to_string(reports.join(format!("{scenario}.html"))).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"));
+    assert!(!html.contains("<script"), "no scripts in reports");
+    assert!(!html.contains("NaN"), "no NaN in charts");
+    saved
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn throughput_l2arc_beats_no_l2arc_when_the_dataset_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        "throughput",
+        &["--measure-secs", "2", "--warm-secs", "4"],
+        dir.path(),
+    );
+    let ratio = f(&r["dataset_lz4_ratio"]);
+    assert!((1.8..=2.2).contains(&ratio), "LZ4 ratio {ratio}");
+    let cells = r["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 3, "no_l2arc, l2arc, l2arc_lz4 at 0.5x");
+    let mib = |s: &str| f(&cells.iter().find(|c| c["setting"] == s).unwrap()["mib_per_sec"]);
+    for c in cells {
+        assert!(f(&c["iops"]) > 0.0 && f(&c["mib_per_sec"]) > 0.0);
+        assert!(!c["samples"].as_array().unwrap().is_empty());
+    }
+    assert!(
+        mib("l2arc") > 2.0 * mib("no_l2arc"),
+        "l2arc {} vs no_l2arc {} MiB/s",
+        mib("l2arc"),
+        mib("no_l2arc")
+    );
+    let ratios = &r["ratios"][0];
+    assert!(f(&ratios["l2arc_over_no_l2arc"]) > 2.0);
+    assert!(f(&ratios["l2arc_lz4_over_l2arc"]) > 0.0);
+    let floor = &r["floor"];
+    assert!(f(&floor["hdd_service_ms_128k"]) > 8.0 && f(&floor["ratio"]) > 1.0);
+    assert!(f(&r["bytes_verified"]) > 0.0);
+}
+
+#[test]
+fn latency_warm_beats_cold() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        "latency",
+        &["--measure-secs", "2", "--warm-secs", "15"],
+        dir.path(),
+    );
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs[0]["target"], "no_cache");
+    let ours = runs.iter().find(|x| x["warm"].is_object()).unwrap();
+    let (cold, warm) = (&ours["cold"], &ours["warm"]);
+    assert!(
+        f(&warm["iops"]) > f(&cold["iops"]),
+        "warm {warm} cold {cold}"
+    );
+    assert!(f(&warm["latency_us_p50"]) < f(&cold["latency_us_p50"]));
+    for key in [
+        "latency_us_p50",
+        "latency_us_p90",
+        "latency_us_p99",
+        "latency_us_p999",
+    ] {
+        assert!(f(&warm[key]) > 0.0, "{key}");
+    }
+    assert!(f(&warm["l2arc_hit_ratio"]) > 0.5, "{warm}");
+    assert!(f(&ours["iops_factor"]) > 1.0);
+    assert_eq!(f(&r["seed_iops_factor"]), 8.3);
+    let samples = ours["samples"].as_array().unwrap();
+    assert_eq!(
+        samples[0]["latency_buckets"].as_array().unwrap().len(),
+        r["heatmap_bucket_lower_us"].as_array().unwrap().len()
+    );
+}
+
+#[test]
+fn warmup_draws_the_fill_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run("warmup", &["--measure-secs", "4"], dir.path());
+    let runs = r["runs"].as_array().unwrap();
+    let ours = runs.iter().find(|x| x["target"] != "no_cache").unwrap();
+    let samples = ours["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 4, "one sample per second");
+    let fill = |s: &Value| f(&s["counters"]["flash_bytes"]);
+    assert!(fill(&samples[3]) > 0.0, "the L2ARC filled");
+    assert!(fill(&samples[3]) >= fill(&samples[0]));
+    assert!(f(&ours["final_iops"]) > f(&r["no_cache_iops"]));
+    assert!(f(&r["no_cache_iops"]) > 0.0);
+}
