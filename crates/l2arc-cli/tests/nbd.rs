@@ -349,3 +349,76 @@ fn tcp_on_loopback() {
     run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
     assert!(child.wait().unwrap().success());
 }
+
+fn ctl(socket: &std::path::Path, args: &[&str]) -> String {
+    let out = run(Command::new(env!("CARGO_BIN_EXE_l2arc"))
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn kstat(stats: &str, name: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in:\n{stats}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Settings from a TOML file, then cache devices added and removed through
+/// `l2arc ctl` while a client reads: the export keeps serving right bytes.
+#[test]
+fn config_file_and_ctl_change_cache_devices_while_serving() {
+    let conf_dir = tempfile::tempdir().unwrap();
+    let config = conf_dir.path().join("l2arc.toml");
+    let control = conf_dir.path().join("ctl.sock");
+    std::fs::write(
+        &config,
+        format!(
+            "arc_max = \"8MiB\"\nrecordsize = \"16K\"\ncompression = \"off\"\ncontrol = \"{}\"\n",
+            control.display()
+        ),
+    )
+    .unwrap();
+    let mut served = Served::start(&["--config", config.to_str().unwrap()]);
+    let stats = ctl(&control, &["stats"]);
+    // The flag (--arc-max 16MiB in Served::start) wins over the file's 8MiB.
+    assert_eq!(kstat(&stats, "c_max"), 16 << 20);
+    assert_eq!(ctl(&control, &["devices"]), "");
+
+    let device = served.dir.path().join("l2.img");
+    let added = ctl(&control, &["add-cache", device.to_str().unwrap(), "128MiB"]);
+    assert!(added.starts_with("slot 0"), "{added}");
+    let expected = pattern(IMAGE_BYTES, 1);
+    let copy = served.dir.path().join("copy.img");
+    for _ in 0..3 {
+        run(tool("nbdcopy").arg(served.uri()).arg(&copy));
+        assert!(std::fs::read(&copy).unwrap() == expected, "bytes differ");
+    }
+    // The whole image is 4x the ARC: the feeder must have put records on flash.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while kstat(&ctl(&control, &["stats"]), "l2_size") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing reached the L2ARC"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let listed = ctl(&control, &["devices"]);
+    assert!(listed.starts_with("0 online"), "{listed}");
+    ctl(&control, &["remove-cache", "0"]);
+    assert_eq!(kstat(&ctl(&control, &["stats"]), "l2_devices"), 0);
+    run(tool("nbdcopy").arg(served.uri()).arg(&copy));
+    assert!(
+        std::fs::read(&copy).unwrap() == expected,
+        "bytes differ after removal"
+    );
+
+    let (status, _) = served.stop();
+    assert!(status.success());
+    assert!(!control.exists(), "the control socket is removed at exit");
+}

@@ -6,7 +6,7 @@
 //! and latency fell 20× (9–10 ms from the disks, 0.4–0.6 ms from the SSDs).
 //! Here one target runs three phases back to back: cold (the first seconds
 //! from an empty cache: reads go to the emulated disks), a warm-up that ends
-//! when the L2ARC stops growing, and warm. The report gives IOPS and
+//! when the share of reads that reach the disks stops falling, and warm. The report gives IOPS and
 //! latency percentiles of the cold and warm phases, the ARC and L2ARC hit
 //! rates of the warm phase, the factors set against the seed's, the time the
 //! warm-up took, and a heatmap of every read's latency over the whole run,
@@ -259,7 +259,7 @@ fn run_target(
         };
         return Ok((run, bytes));
     }
-    let settle = workload::fill_settled(3, 3, (spec.cache_size_bytes / 200).max(1));
+    let settle = workload::misses_settled(6, 3, 0.05);
     let warming = workload::run(
         target,
         &data,

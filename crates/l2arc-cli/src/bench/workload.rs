@@ -253,25 +253,79 @@ where
     })
 }
 
-/// A `stop` predicate: the flash tier's fill grew by less than
-/// `min_growth_bytes` over the last `window` intervals, after `min_intervals`.
-pub fn fill_settled(
+/// A `stop` predicate that treats every system alike: the share of reads
+/// that went to the disk stopped falling. It compares the miss ratio over
+/// the last `window` intervals with the `window` before, and stops once it
+/// fell by less than `min_relative_drop` (0.05: by less than 5%), after
+/// `min_intervals`. A rule on the flash fill would not do: peers count
+/// their fill differently (foyer reports bytes written, capped at its
+/// capacity), and a full cache can still be improving its hit ratio.
+pub fn misses_settled(
     min_intervals: usize,
     window: usize,
-    min_growth_bytes: u64,
+    min_relative_drop: f64,
 ) -> impl FnMut(&[Sample]) -> bool {
     assert!(window > 0);
+    assert!((0.0..1.0).contains(&min_relative_drop));
     move |samples: &[Sample]| {
         let n = samples.len();
-        n >= min_intervals.max(window + 1)
-            && samples[n - 1].counters.flash_bytes
-                < samples[n - 1 - window].counters.flash_bytes + min_growth_bytes
+        if n < min_intervals.max(2 * window + 1) {
+            return false;
+        }
+        let ratio = |from: &Sample, to: &Sample| {
+            let d = to.counters.since(&from.counters);
+            let total = d.dram_hits + d.flash_hits + d.misses;
+            (total > 0).then(|| d.misses as f64 / total as f64)
+        };
+        let last = ratio(&samples[n - 1 - window], &samples[n - 1]);
+        let before = ratio(&samples[n - 1 - 2 * window], &samples[n - 1 - window]);
+        match (before, last) {
+            (Some(before), Some(last)) => last >= before * (1.0 - min_relative_drop),
+            _ => false,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(dram_hits: u64, misses: u64) -> Sample {
+        Sample {
+            end_secs: 0.0,
+            ios: 0,
+            bytes: 0,
+            iops: 0.0,
+            mib_per_sec: 0.0,
+            counters: TargetCounters {
+                dram_hits,
+                misses,
+                ..TargetCounters::default()
+            },
+            latency_buckets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn misses_settled_waits_until_the_miss_ratio_stops_falling() {
+        let mut stop = misses_settled(4, 2, 0.05);
+        // Hits grow faster each interval, misses steady: still warming.
+        let mut samples = vec![sample(0, 0)];
+        let (mut hits, mut misses) = (0, 0);
+        for step in 1..=6u64 {
+            hits += 100 * step * step;
+            misses += 100;
+            samples.push(sample(hits, misses));
+            assert!(!stop(&samples), "stopped while warming at {step}");
+        }
+        // Now a steady state: same hits and misses per interval.
+        for _ in 0..5 {
+            hits += 5000;
+            misses += 100;
+            samples.push(sample(hits, misses));
+        }
+        assert!(stop(&samples));
+    }
 
     #[test]
     fn buckets_are_five_per_decade_from_ten_microseconds() {
