@@ -238,36 +238,12 @@ impl FioJob<'_> {
             "--lat_percentiles=1".into(),
             "--output-format=json".into(),
         ];
-        let out = Command::new("fio")
-            .args(&args)
-            .output()
-            .context("cannot run fio")?;
-        if !out.status.success() {
-            bail!(
-                "fio {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        // fio may print notes before the JSON document.
-        let text = String::from_utf8_lossy(&out.stdout);
-        let json = &text[text.find('{').context("fio printed no JSON")?..];
-        let doc: serde_json::Value = serde_json::from_str(json).context("fio's JSON")?;
-        let read = &doc["jobs"][0]["read"];
-        let iops = read["iops"]
-            .as_f64()
-            .context("fio's JSON has no read.iops")?;
-        let percentile = |q: &str| -> Result<f64> {
-            read["lat_ns"]["percentile"][q]
-                .as_f64()
-                .map(|ns| ns / 1000.0)
-                .with_context(|| format!("fio's JSON has no read.lat_ns percentile {q}"))
-        };
+        let read = super::fio::run_json(None, &args)?;
         Ok(Side {
-            iops,
-            mib_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
-            latency_us_p50: percentile("50.000000")?,
-            latency_us_p99: percentile("99.000000")?,
+            iops: read.iops,
+            mib_per_sec: read.mib_per_sec,
+            latency_us_p50: read.latency_us_p50,
+            latency_us_p99: read.latency_us_p99,
         })
     }
 }

@@ -367,6 +367,19 @@ fn print_tables(r: &LatencyReport) {
             ))
         );
     }
+    // Runs are no_cache, ours, then the peers.
+    let ours = r.runs.get(1).and_then(|x| x.warm.as_ref());
+    for peer in r.runs.iter().skip(2) {
+        if let (Some(o), Some(p)) = (ours, peer.warm.as_ref()) {
+            println!(
+                "ours/{}, warm: IOPS {:.2}x, hit ratio {:.3}x, p99 latency {:.2}x lower",
+                peer.target,
+                o.iops / p.iops,
+                o.counters.hit_ratio() / p.counters.hit_ratio().max(f64::MIN_POSITIVE),
+                p.latency_us_p99 / o.latency_us_p99.max(f64::MIN_POSITIVE)
+            );
+        }
+    }
     println!(
         "every byte checked: {} MiB read, all matching the dataset; {:.0} s",
         r.bytes_verified >> 20,

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 
 mod dataset;
 mod demo;
+mod fio;
 mod fuse;
 mod hit_path;
 mod l2_hit;

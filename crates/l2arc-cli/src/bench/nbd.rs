@@ -224,34 +224,11 @@ impl Fio {
 
     fn run(&self, dir: &Path, uri: &str, seed: u64) -> Result<Phase> {
         let args = self.args(uri, seed);
-        let out = Command::new("fio")
-            .current_dir(dir)
-            .args(&args)
-            .output()
-            .context("cannot run fio")?;
-        if !out.status.success() {
-            bail!(
-                "fio {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let json = &text[text.find('{').context("fio printed no JSON")?..];
-        let doc: serde_json::Value = serde_json::from_str(json).context("fio's JSON")?;
-        let read = &doc["jobs"][0]["read"];
-        let percentile = |q: &str| -> Result<f64> {
-            read["lat_ns"]["percentile"][q]
-                .as_f64()
-                .map(|ns| ns / 1000.0)
-                .with_context(|| format!("fio's JSON has no read.lat_ns percentile {q}"))
-        };
+        let read = super::fio::run_json(Some(dir), &args)?;
         Ok(Phase {
-            iops: read["iops"]
-                .as_f64()
-                .context("fio's JSON has no read.iops")?,
-            latency_us_p50: percentile("50.000000")?,
-            latency_us_p99: percentile("99.000000")?,
+            iops: read.iops,
+            latency_us_p50: read.latency_us_p50,
+            latency_us_p99: read.latency_us_p99,
         })
     }
 }

@@ -126,7 +126,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(String::from)
         .to_vec();
     if args.peers {
-        settings.extend(["foyer", "l2arc_lru"].map(String::from));
+        settings.extend(["foyer", "foyer_lz4", "l2arc_lru"].map(String::from));
     }
     let mut cells = Vec::new();
     let mut floor = None;
@@ -136,7 +136,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .dataset
             .prefix_files((multiple * args.cache_size as f64) as u64);
         for setting in &settings {
-            let spec = bench.spec(args, files, setting == "l2arc_lz4");
+            let spec = bench.spec(args, files, setting.ends_with("_lz4"));
             let target = make_target(setting, &spec)?;
             let label = format!("{multiple}x {setting}");
             let (warm, run) = warm_then_measure(
@@ -257,7 +257,7 @@ fn make_target(setting: &str, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> 
             Ok(Box::new(L2arcTarget::with_name(&spec, "no_l2arc")?))
         }
         "l2arc" | "l2arc_lz4" => build(TargetKind::L2arc, spec),
-        "foyer" => build(TargetKind::Foyer, spec),
+        "foyer" | "foyer_lz4" => build(TargetKind::Foyer, spec),
         "l2arc_lru" => build(TargetKind::L2arcLru, spec),
         other => bail!("unknown setting {other}"),
     }
@@ -409,6 +409,22 @@ fn print_tables(r: &ThroughputReport) {
             ratio.l2arc_lz4_over_l2arc,
             ratio.l2arc_over_no_l2arc
         );
+    }
+    for (ours, peer) in [
+        ("l2arc", "foyer"),
+        ("l2arc_lz4", "foyer_lz4"),
+        ("l2arc", "l2arc_lru"),
+    ] {
+        for &m in &r.multiples {
+            if let (Some(o), Some(p)) = (r.cell(m, ours), r.cell(m, peer)) {
+                println!(
+                    "{ours}/{peer} at {m}x: throughput {:.2}x, hit ratio {:.3}x, p99 latency {:.2}x lower",
+                    o.mib_per_sec / p.mib_per_sec,
+                    o.hit_ratio / p.hit_ratio.max(f64::MIN_POSITIVE),
+                    p.latency_us_p99 / o.latency_us_p99.max(f64::MIN_POSITIVE)
+                );
+            }
+        }
     }
     if let Some(f) = &r.floor {
         println!();

@@ -1,0 +1,57 @@
+//! Running fio and reading its JSON: the yardstick several scenarios
+//! measure against (the bare cache file, the FUSE mount's source, nbdkit).
+//! One place parses fio's output, so every scenario reads the same fields
+//! the same way (fio prints notes before its JSON document at times).
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+/// The read side of one fio job (or of a group, with `--group_reporting`).
+#[derive(Clone, Debug, Serialize)]
+pub struct FioRead {
+    pub iops: f64,
+    pub mib_per_sec: f64,
+    pub latency_us_p50: f64,
+    pub latency_us_p99: f64,
+}
+
+/// Runs fio with `args` (which must include `--output-format=json` and
+/// `--lat_percentiles=1`) in `dir` and returns its first job's reads.
+pub fn run_json(dir: Option<&Path>, args: &[String]) -> Result<FioRead> {
+    let mut command = Command::new("fio");
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    let out = command
+        .args(args)
+        .output()
+        .context("cannot run fio: install it (scripts/setup.sh does)")?;
+    if !out.status.success() {
+        bail!(
+            "fio {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = &text[text.find('{').context("fio printed no JSON")?..];
+    let doc: serde_json::Value = serde_json::from_str(json).context("fio's JSON")?;
+    let read = &doc["jobs"][0]["read"];
+    let percentile = |q: &str| -> Result<f64> {
+        read["lat_ns"]["percentile"][q]
+            .as_f64()
+            .map(|ns| ns / 1000.0)
+            .with_context(|| format!("fio's JSON has no read.lat_ns percentile {q}"))
+    };
+    Ok(FioRead {
+        iops: read["iops"]
+            .as_f64()
+            .context("fio's JSON has no read.iops")?,
+        mib_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+        latency_us_p50: percentile("50.000000")?,
+        latency_us_p99: percentile("99.000000")?,
+    })
+}
