@@ -24,7 +24,7 @@ use super::report::{self, Series};
 use super::runner::Rng;
 use super::target::{ReadTarget, TargetCounters};
 use super::targets::{Bench, TargetKind, TargetSpec, build};
-use super::workload::{self, HEATMAP_BUCKETS, PhaseRun, Sample, bucket_lower_ns};
+use super::workload::{self, PhaseRun, Sample, Setup};
 
 const CLIENTS: usize = 20;
 const READ_BYTES: u64 = 8 << 10;
@@ -76,20 +76,12 @@ pub struct TargetRun {
 #[derive(Serialize)]
 pub struct LatencyReport {
     pub scenario: &'static str,
+    #[serde(flatten)]
+    pub setup: Setup,
     pub clients: usize,
-    pub read_bytes: u64,
-    pub working_set_bytes: u64,
-    pub arc_max_bytes: u64,
-    pub cache_size_bytes: u64,
-    pub recordsize_bytes: u64,
-    pub compression: bool,
-    pub hdd: String,
     pub hdd_service_ms_record: f64,
-    pub content: String,
-    pub dataset_lz4_ratio: f64,
     pub seed_iops_factor: f64,
     pub seed_latency_factor: f64,
-    pub heatmap_bucket_lower_us: Vec<f64>,
     pub runs: Vec<TargetRun>,
     pub bytes_verified: u64,
     pub elapsed_secs: f64,
@@ -139,10 +131,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             args.cache_size >> 20
         );
     }
-    let mut kinds = vec![TargetKind::NoCache, TargetKind::L2arc];
-    if args.peers {
-        kinds.extend([TargetKind::Foyer, TargetKind::L2arcLru]);
-    }
+    let kinds = TargetKind::in_run(args.peers);
     let mut runs = Vec::new();
     let mut verified = 0u64;
     for kind in kinds {
@@ -176,36 +165,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let report = LatencyReport {
         scenario: "latency",
+        setup: Setup::new(args, &bench, &spec, READ_BYTES),
         clients: CLIENTS,
-        read_bytes: READ_BYTES,
-        working_set_bytes: spec.total_bytes(),
-        arc_max_bytes: args.arc_max,
-        cache_size_bytes: args.cache_size,
-        recordsize_bytes: u64::from(RECORDSIZE_BYTES),
-        compression,
-        hdd: super::throughput::describe_hdd(&bench),
         hdd_service_ms_record: super::throughput::hdd_service_ms(
             &bench,
             u64::from(RECORDSIZE_BYTES),
         ),
-        content: format!("{:?}", args.content).to_lowercase(),
-        dataset_lz4_ratio: bench.lz4_ratio,
         seed_iops_factor: SEED_IOPS_FACTOR,
         seed_latency_factor: SEED_LATENCY_FACTOR,
-        heatmap_bucket_lower_us: (0..HEATMAP_BUCKETS)
-            .map(|i| bucket_lower_ns(i) / 1000.0)
-            .collect(),
         runs,
         bytes_verified: verified,
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
-    let json = serde_json::to_string_pretty(&report)?;
-    let path = report::write_report(&args.report_dir, "latency", &json, &html(&report))?;
-    super::emit(args.json, &report, print_tables)?;
-    if !args.json {
-        println!("report: {}", path.display());
-    }
-    Ok(())
+    super::emit_with_report(args, "latency", &report, &html(&report), print_tables)
 }
 
 fn run_target(
@@ -259,7 +231,7 @@ fn run_target(
         };
         return Ok((run, bytes));
     }
-    let settle = workload::misses_settled(6, 3, 0.05);
+    let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
     let warming = workload::run(
         target,
         &data,
@@ -320,16 +292,16 @@ fn print_tables(r: &LatencyReport) {
     println!(
         "latency: {} clients, random {} KiB reads over {} MiB; arc_max {} MiB, L2ARC {} MiB ({}), recordsize {} KiB; {} ({:.2} ms per record); content {} (LZ4 {:.2}:1)",
         r.clients,
-        r.read_bytes >> 10,
-        r.working_set_bytes >> 20,
-        r.arc_max_bytes >> 20,
-        r.cache_size_bytes >> 20,
-        if r.compression { "lz4" } else { "off" },
-        r.recordsize_bytes >> 10,
-        r.hdd,
+        r.setup.read_bytes >> 10,
+        r.setup.working_set_bytes >> 20,
+        r.setup.arc_max_bytes >> 20,
+        r.setup.cache_size_bytes >> 20,
+        if r.setup.compression { "lz4" } else { "off" },
+        r.setup.recordsize_bytes >> 10,
+        r.setup.hdd,
         r.hdd_service_ms_record,
-        r.content,
-        r.dataset_lz4_ratio
+        r.setup.content,
+        r.setup.dataset_lz4_ratio
     );
     println!();
     println!(
@@ -466,7 +438,7 @@ fn html(r: &LatencyReport) -> String {
                 ),
                 &x,
                 "seconds",
-                &r.heatmap_bucket_lower_us,
+                &r.setup.heatmap_bucket_lower_us,
                 &counts,
                 &[
                     (run.cold.seconds, "warm-up".to_string()),
@@ -501,11 +473,11 @@ fn html(r: &LatencyReport) -> String {
         &format!(
             "{} clients, random {} KiB reads over a {} MiB working set; arc_max {} MiB, L2ARC {} MiB; {}. Seed: {:.1}x IOPS, {:.0}x latency once warm. Every byte verified ({} MiB).",
             r.clients,
-            r.read_bytes >> 10,
-            r.working_set_bytes >> 20,
-            r.arc_max_bytes >> 20,
-            r.cache_size_bytes >> 20,
-            r.hdd,
+            r.setup.read_bytes >> 10,
+            r.setup.working_set_bytes >> 20,
+            r.setup.arc_max_bytes >> 20,
+            r.setup.cache_size_bytes >> 20,
+            r.setup.hdd,
             r.seed_iops_factor,
             r.seed_latency_factor,
             r.bytes_verified >> 20

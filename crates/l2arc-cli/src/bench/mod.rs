@@ -194,6 +194,24 @@ fn emit<T: serde::Serialize>(json: bool, report: &T, print_table: impl FnOnce(&T
     Ok(())
 }
 
+/// Writes a scenario's JSON and HTML report into `--report-dir`, then
+/// prints it (JSON or table) and where the report went.
+fn emit_with_report<T: serde::Serialize>(
+    args: &BenchArgs,
+    name: &str,
+    report: &T,
+    html: &str,
+    print_table: impl FnOnce(&T),
+) -> Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
+    let path = report::write_report(&args.report_dir, name, &json, html)?;
+    emit(args.json, report, print_table)?;
+    if !args.json {
+        println!("report: {}", path.display());
+    }
+    Ok(())
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }

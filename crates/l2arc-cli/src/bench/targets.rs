@@ -45,6 +45,16 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
+    /// The baseline, ours, and with `--peers` the peers: the systems a
+    /// scenario runs, in report order (no_cache first, ours second).
+    pub fn in_run(peers: bool) -> Vec<TargetKind> {
+        let mut kinds = vec![TargetKind::NoCache, TargetKind::L2arc];
+        if peers {
+            kinds.extend([TargetKind::Foyer, TargetKind::L2arcLru]);
+        }
+        kinds
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             TargetKind::NoCache => "no_cache",

@@ -6,7 +6,7 @@
 //! the bytes are made once); at each size three settings run from cold:
 //! `no_l2arc` (the ARC alone, deliberately small), `l2arc` (records stored as
 //! they are) and `l2arc_lz4` (compressed about 2:1, so the cache holds about
-//! twice the data). Each cell warms until its miss ratio stops falling (or a time
+//! twice the data). Each cell warms until its miss ratio stops falling and its flash tier stops filling (or a time
 //! limit), then is measured. The tables are the seed's two: aggregate MiB/s
 //! and aggregate 128 KiB reads per second.
 //!
@@ -222,14 +222,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         })
         .collect();
     report.elapsed_secs = began.elapsed().as_secs_f64();
-    let json = serde_json::to_string_pretty(&report)?;
-    let html = html(&report);
-    let path = report::write_report(&args.report_dir, "throughput", &json, &html)?;
-    super::emit(args.json, &report, print_tables)?;
-    if !args.json {
-        println!("report: {}", path.display());
-    }
-    Ok(())
+    super::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
 }
 
 pub fn describe_hdd(bench: &Bench) -> String {
@@ -263,7 +256,7 @@ fn make_target(setting: &str, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> 
     }
 }
 
-/// Warms `target` until its miss ratio stops falling (or `warm_max`), then
+/// Warms `target` until its miss ratio and flash fill settle (or `warm_max`), then
 /// measures for `measure`.
 fn warm_then_measure(
     args: &BenchArgs,
@@ -287,7 +280,7 @@ fn warm_then_measure(
         Ok(())
     };
     let interval = Duration::from_secs(1);
-    let settle = workload::misses_settled(6, 3, 0.05);
+    let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
     let warm = workload::run(
         target, &data, THREADS, warm_max, interval, args.seed, settle, op,
     )

@@ -21,7 +21,7 @@ use super::BenchArgs;
 use super::report::{self, Series};
 use super::runner::Rng;
 use super::targets::{Bench, TargetKind, TargetSpec, build};
-use super::workload::{self, HEATMAP_BUCKETS, Sample, bucket_lower_ns};
+use super::workload::{self, Sample, Setup};
 
 const QUEUE_DEPTH: usize = 32;
 const READ_BYTES: u64 = 4 << 10;
@@ -51,20 +51,12 @@ pub struct WarmupRun {
 #[derive(Serialize)]
 pub struct WarmupReport {
     pub scenario: &'static str,
+    #[serde(flatten)]
+    pub setup: Setup,
     pub queue_depth: usize,
-    pub read_bytes: u64,
-    pub working_set_bytes: u64,
-    pub arc_max_bytes: u64,
-    pub cache_size_bytes: u64,
-    pub recordsize_bytes: u64,
-    pub compression: bool,
-    pub hdd: String,
     /// The working set read once from the emulated disks in whole records.
     pub one_pass_secs: f64,
-    pub content: String,
-    pub dataset_lz4_ratio: f64,
     pub no_cache_iops: f64,
-    pub heatmap_bucket_lower_us: Vec<f64>,
     pub runs: Vec<WarmupRun>,
     pub bytes_verified: u64,
     pub elapsed_secs: f64,
@@ -96,10 +88,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
     };
-    let mut kinds = vec![TargetKind::NoCache, TargetKind::L2arc];
-    if args.peers {
-        kinds.extend([TargetKind::Foyer, TargetKind::L2arcLru]);
-    }
+    let kinds = TargetKind::in_run(args.peers);
     let mut runs = Vec::new();
     let mut verified = 0u64;
     let mut no_cache_iops = 0.0;
@@ -163,50 +152,33 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .sum::<u64>();
     let report = WarmupReport {
         scenario: "warmup",
+        setup: Setup::new(args, &bench, &spec, READ_BYTES),
         queue_depth: QUEUE_DEPTH,
-        read_bytes: READ_BYTES,
-        working_set_bytes: spec.total_bytes(),
-        arc_max_bytes: args.arc_max,
-        cache_size_bytes: args.cache_size,
-        recordsize_bytes: u64::from(RECORDSIZE_BYTES),
-        compression,
-        hdd: super::throughput::describe_hdd(&bench),
         one_pass_secs: records as f64
             * super::throughput::hdd_service_ms(&bench, u64::from(RECORDSIZE_BYTES))
             / 1000.0
             / bench.hdd.spindles as f64,
-        content: format!("{:?}", args.content).to_lowercase(),
-        dataset_lz4_ratio: bench.lz4_ratio,
         no_cache_iops,
-        heatmap_bucket_lower_us: (0..HEATMAP_BUCKETS)
-            .map(|i| bucket_lower_ns(i) / 1000.0)
-            .collect(),
         runs,
         bytes_verified: verified,
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
-    let json = serde_json::to_string_pretty(&report)?;
-    let path = report::write_report(&args.report_dir, "warmup", &json, &html(&report))?;
-    super::emit(args.json, &report, print_tables)?;
-    if !args.json {
-        println!("report: {}", path.display());
-    }
-    Ok(())
+    super::emit_with_report(args, "warmup", &report, &html(&report), print_tables)
 }
 
 fn print_tables(r: &WarmupReport) {
     println!(
         "warmup: random {} KiB reads at queue depth {} over {} MiB; arc_max {} MiB, L2ARC {} MiB ({}), recordsize {} KiB; {}; content {} (LZ4 {:.2}:1)",
-        r.read_bytes >> 10,
+        r.setup.read_bytes >> 10,
         r.queue_depth,
-        r.working_set_bytes >> 20,
-        r.arc_max_bytes >> 20,
-        r.cache_size_bytes >> 20,
-        if r.compression { "lz4" } else { "off" },
-        r.recordsize_bytes >> 10,
-        r.hdd,
-        r.content,
-        r.dataset_lz4_ratio
+        r.setup.working_set_bytes >> 20,
+        r.setup.arc_max_bytes >> 20,
+        r.setup.cache_size_bytes >> 20,
+        if r.setup.compression { "lz4" } else { "off" },
+        r.setup.recordsize_bytes >> 10,
+        r.setup.hdd,
+        r.setup.content,
+        r.setup.dataset_lz4_ratio
     );
     for run in r.runs.iter().filter(|x| x.target != "no_cache") {
         println!();
@@ -326,7 +298,7 @@ fn html(r: &WarmupReport) -> String {
                 &format!("{}: 4 KiB read latency per second", run.target),
                 &x,
                 "seconds",
-                &r.heatmap_bucket_lower_us,
+                &r.setup.heatmap_bucket_lower_us,
                 &counts,
                 &[],
             ),
@@ -336,12 +308,12 @@ fn html(r: &WarmupReport) -> String {
         "l2arc bench: warm-up curve",
         &format!(
             "Random {} KiB reads at queue depth {} over {} MiB; arc_max {} MiB, L2ARC {} MiB; {}. Every byte verified ({} MiB).",
-            r.read_bytes >> 10,
+            r.setup.read_bytes >> 10,
             r.queue_depth,
-            r.working_set_bytes >> 20,
-            r.arc_max_bytes >> 20,
-            r.cache_size_bytes >> 20,
-            r.hdd,
+            r.setup.working_set_bytes >> 20,
+            r.setup.arc_max_bytes >> 20,
+            r.setup.cache_size_bytes >> 20,
+            r.setup.hdd,
             r.bytes_verified >> 20
         ),
         &sections,

@@ -66,6 +66,46 @@ pub struct Sample {
     pub latency_buckets: Vec<u64>,
 }
 
+/// What every closed-loop scenario report says about its set-up (flattened
+/// into the report's JSON, so the fields sit beside the scenario's own).
+#[derive(Serialize)]
+pub struct Setup {
+    pub read_bytes: u64,
+    pub working_set_bytes: u64,
+    pub arc_max_bytes: u64,
+    pub cache_size_bytes: u64,
+    pub recordsize_bytes: u64,
+    pub compression: bool,
+    pub hdd: String,
+    pub content: String,
+    pub dataset_lz4_ratio: f64,
+    pub heatmap_bucket_lower_us: Vec<f64>,
+}
+
+impl Setup {
+    pub fn new(
+        args: &super::BenchArgs,
+        bench: &super::targets::Bench,
+        spec: &super::targets::TargetSpec,
+        read_bytes: u64,
+    ) -> Setup {
+        Setup {
+            read_bytes,
+            working_set_bytes: spec.total_bytes(),
+            arc_max_bytes: args.arc_max,
+            cache_size_bytes: args.cache_size,
+            recordsize_bytes: u64::from(spec.recordsize_bytes),
+            compression: spec.compression,
+            hdd: super::throughput::describe_hdd(bench),
+            content: format!("{:?}", args.content).to_lowercase(),
+            dataset_lz4_ratio: bench.lz4_ratio,
+            heatmap_bucket_lower_us: (0..HEATMAP_BUCKETS)
+                .map(|i| bucket_lower_ns(i) / 1000.0)
+                .collect(),
+        }
+    }
+}
+
 pub struct PhaseRun {
     pub ios: u64,
     pub bytes: u64,
@@ -254,16 +294,20 @@ where
 }
 
 /// A `stop` predicate that treats every system alike: the share of reads
-/// that went to the disk stopped falling. It compares the miss ratio over
-/// the last `window` intervals with the `window` before, and stops once it
-/// fell by less than `min_relative_drop` (0.05: by less than 5%), after
-/// `min_intervals`. A rule on the flash fill would not do: peers count
-/// their fill differently (foyer reports bytes written, capped at its
-/// capacity), and a full cache can still be improving its hit ratio.
+/// that went to the disk stopped falling, and the flash tier stopped
+/// filling. It compares the miss ratio over the last `window` intervals
+/// with the `window` before (settled: it fell by less than
+/// `min_relative_drop`, 0.05 = 5%) and requires the fill to have grown by
+/// less than `min_fill_growth_bytes` over the last window, after
+/// `min_intervals`. Neither rule alone will do: at the start the miss ratio
+/// sits near 100% while the flash tier is still being written, and peers
+/// count their fill differently (foyer reports bytes written, capped at its
+/// capacity), so a full cache may still be improving its hit ratio.
 pub fn misses_settled(
     min_intervals: usize,
     window: usize,
     min_relative_drop: f64,
+    min_fill_growth_bytes: u64,
 ) -> impl FnMut(&[Sample]) -> bool {
     assert!(window > 0);
     assert!((0.0..1.0).contains(&min_relative_drop));
@@ -277,6 +321,11 @@ pub fn misses_settled(
             let total = d.dram_hits + d.flash_hits + d.misses;
             (total > 0).then(|| d.misses as f64 / total as f64)
         };
+        let filling = samples[n - 1].counters.flash_bytes
+            >= samples[n - 1 - window].counters.flash_bytes + min_fill_growth_bytes;
+        if filling {
+            return false;
+        }
         let last = ratio(&samples[n - 1 - window], &samples[n - 1]);
         let before = ratio(&samples[n - 1 - 2 * window], &samples[n - 1 - window]);
         match (before, last) {
@@ -308,7 +357,7 @@ mod tests {
 
     #[test]
     fn misses_settled_waits_until_the_miss_ratio_stops_falling() {
-        let mut stop = misses_settled(4, 2, 0.05);
+        let mut stop = misses_settled(4, 2, 0.05, 1);
         // Hits grow faster each interval, misses steady: still warming.
         let mut samples = vec![sample(0, 0)];
         let (mut hits, mut misses) = (0, 0);
@@ -325,6 +374,10 @@ mod tests {
             samples.push(sample(hits, misses));
         }
         assert!(stop(&samples));
+        // The same, but the flash tier still filling: not settled.
+        let last = samples.last_mut().unwrap();
+        last.counters.flash_bytes += 1 << 20;
+        assert!(!stop(&samples));
     }
 
     #[test]
