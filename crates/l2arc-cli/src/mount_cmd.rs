@@ -91,7 +91,8 @@ pub fn run(args: MountArgs) -> Result<()> {
             readahead_max_records: args.readahead_records,
             ..FsOptions::default()
         },
-    );
+    )
+    .with_context(|| format!("source {}", args.src.display()))?;
 
     // Signals first: a SIGTERM right after the ready line must unmount.
     let stop = Arc::new(AtomicBool::new(false));

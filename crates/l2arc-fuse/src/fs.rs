@@ -1,5 +1,5 @@
 //! The FUSE operations: reads through the cache, everything else through to
-//! the source, confined beneath its root.
+//! the source, each acting on a descriptor of the inode it concerns.
 //!
 //! Reads are the point of the mount: `read` asks the cache (ARC, then
 //! L2ARC, then the source) and, for a sequential reader, starts read-ahead
@@ -9,15 +9,32 @@
 //! stale: `Cache::write` is write-through and invalidates the records it
 //! touched, and a truncate or fallocate invalidates the whole object.
 //!
-//! Changes made behind the mount are caught by the object generation
-//! (inode, size, mtime): `Cache::open` compares it at every open, and an
-//! open file is revalidated on `getattr` and at least once per attribute
-//! timeout while it is read, so a long-lived reader sees a rewritten file
-//! within that bound. Files are opened without FOPEN_KEEP_CACHE, so the
-//! kernel drops its own page cache of a file at each open and cannot serve
-//! bytes we would no longer serve.
+//! Coherence with the kernel's page cache. Files are opened with
+//! FOPEN_KEEP_CACHE when nothing changed since the kernel's pages were
+//! filled, so a hot file is served by the page cache at memory speed and
+//! its pages survive close and reopen. They are dropped exactly when the
+//! source changes behind the mount:
 //!
-//! Open files and directory listings live in two tables bounded by
+//! - each inode remembers the generation (inode, size, mtime, ctime) its
+//!   pages reflect (`Inode::page_generation`);
+//! - the kernel asks for attributes at least once per attribute timeout
+//!   while a file is read (FUSE_AUTO_INVAL_DATA), and at every lookup and
+//!   stat; whenever the generation we then see differs, we revalidate the
+//!   cache's records and tell the kernel to drop the inode's pages and
+//!   attributes (`notify_inval_inode`) before answering;
+//! - an open whose generation differs is answered without KEEP_CACHE, which
+//!   drops the pages too.
+//!
+//! The kernel's own check on attribute change compares only size and mtime;
+//! ctime is what catches a same-size rewrite whose mtime was set back
+//! (`cp -p`, rsync, tar). A change is therefore seen within one attribute
+//! timeout by a reader holding the file open, and at once by a new open.
+//!
+//! The invalidation runs on a thread of its own and the request waits for
+//! it only a bounded time: the kernel may need one of our threads to
+//! finish a read before it can drop a page that read holds locked.
+//!
+//! Open files and directory listings live in one table bounded by
 //! `FsOptions`; past the bound an open fails with EMFILE.
 
 use std::collections::HashMap;
@@ -28,19 +45,22 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use l2arc::arc::AccessKind;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, DatasetId, ObjectHandle};
 
-use crate::inodes::{InodeTable, ROOT_ID, child_path, split_path};
+use crate::creds;
+use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID};
+use crate::locks::LockTable;
 use crate::readahead::ReadAhead;
 use crate::sys;
 
@@ -48,13 +68,16 @@ use crate::sys;
 #[derive(Clone, Debug)]
 pub struct FsOptions {
     /// How long the kernel may trust attributes and names we returned, and
-    /// how stale an open file's view of a change behind the mount may get.
+    /// how long a reader holding a file open may go without noticing a
+    /// change made behind the mount.
     pub attr_timeout: Duration,
     /// Largest read-ahead window, in records (0 = no read-ahead).
     pub readahead_max_records: u32,
-    /// Bound of the inode table (nodes the kernel holds).
+    /// Bound of the inode table (nodes the kernel holds); also limited to
+    /// half the descriptors the process may open.
     pub max_nodes: usize,
-    /// Bound of open files plus open directories.
+    /// Bound of open files plus open directories; also limited to a
+    /// quarter of the descriptors the process may open.
     pub max_open_handles: usize,
     /// Largest directory listed (entries held per open directory).
     pub max_dir_entries: usize,
@@ -67,7 +90,7 @@ impl Default for FsOptions {
         Self {
             attr_timeout: Duration::from_secs(1),
             readahead_max_records: 8,
-            max_nodes: 1 << 20,
+            max_nodes: 1 << 19,
             max_open_handles: 1 << 16,
             max_dir_entries: 1 << 20,
             prefetch_threads: 2,
@@ -78,9 +101,17 @@ impl Default for FsOptions {
 /// Read-ahead requests waiting for a thread; more are dropped, not queued:
 /// read-ahead is a hint and must never hold up demand reads.
 const PREFETCH_QUEUE_LEN: usize = 64;
+/// Kernel invalidations waiting for the notifier thread.
+const INVALIDATE_QUEUE_LEN: usize = 1024;
+/// Longest a request waits for the kernel to drop an inode's pages.
+const INVALIDATE_WAIT_MAX: Duration = Duration::from_millis(500);
+/// Descriptors kept free for everything that is not a node or a handle.
+const FD_RESERVE: u64 = 256;
 
-struct OpenFile {
+/// One open of a regular file.
+pub struct OpenFile {
     handle: ObjectHandle,
+    writable: bool,
     readahead: Mutex<ReadAhead>,
     last_revalidate: Mutex<Instant>,
 }
@@ -107,17 +138,23 @@ struct SetAttr {
 }
 
 type PrefetchJob = (Arc<OpenFile>, u64, u64);
+type InvalidateJob = (u64, SyncSender<()>);
+
+/// The kernel side of the mount, known once it is mounted (`crate::mount`).
+pub(crate) type NotifierSlot = Arc<OnceLock<fuser::Notifier>>;
 
 /// A directory tree served through the cache.
 pub struct CachedFs {
     cache: Arc<Cache>,
     dataset: DatasetId,
-    primary: Arc<DirPrimary>,
     options: FsOptions,
     inodes: Mutex<InodeTable>,
     handles: Mutex<HashMap<u64, Handle>>,
+    locks: LockTable,
     next_fh: AtomicU64,
     prefetch: Option<SyncSender<PrefetchJob>>,
+    invalidate: SyncSender<InvalidateJob>,
+    pub(crate) notifier: NotifierSlot,
 }
 
 fn errno(e: &io::Error) -> Errno {
@@ -138,13 +175,17 @@ fn errno(e: &io::Error) -> Errno {
         K::StorageFull => libc::ENOSPC,
         K::ReadOnlyFilesystem => libc::EROFS,
         K::OutOfMemory => libc::ENOMEM,
+        K::Unsupported => libc::EOPNOTSUPP,
         _ => libc::EIO,
     })
 }
 
-fn name_str(name: &OsStr) -> Result<&str, Errno> {
-    sys::leaf(name).map_err(|e| errno(&e))?;
-    name.to_str().ok_or(Errno::EINVAL)
+fn err(e: io::Error) -> Errno {
+    errno(&e)
+}
+
+fn leaf(name: &OsStr) -> Result<CString, Errno> {
+    sys::leaf(name).map_err(err)
 }
 
 fn system_time(sec: i64, nsec: i64) -> SystemTime {
@@ -199,6 +240,14 @@ fn to_attr(ino: u64, st: &libc::stat) -> FileAttr {
     }
 }
 
+fn time(t: Option<TimeOrNow>) -> sys::Time {
+    match t {
+        None => sys::Time::Omit,
+        Some(TimeOrNow::Now) => sys::Time::Now,
+        Some(TimeOrNow::SpecificTime(at)) => sys::Time::At(at),
+    }
+}
+
 impl CachedFs {
     /// `dataset` must be a dataset of `cache` whose primary serves the same
     /// tree as `primary` (possibly wrapped, e.g. in an emulated HDD).
@@ -207,8 +256,19 @@ impl CachedFs {
         dataset: DatasetId,
         primary: Arc<DirPrimary>,
         options: FsOptions,
-    ) -> Self {
+    ) -> io::Result<Self> {
         assert!(options.max_open_handles > 0 && options.max_dir_entries > 0);
+        let mut options = options;
+        // Every node and every open file holds a descriptor.
+        let wanted = (options.max_nodes + options.max_open_handles) as u64 + FD_RESERVE;
+        let fd_limit = sys::raise_nofile_limit(wanted).saturating_sub(FD_RESERVE);
+        options.max_nodes = options.max_nodes.min((fd_limit / 2) as usize).max(2);
+        options.max_open_handles = options.max_open_handles.min((fd_limit / 4) as usize).max(1);
+
+        let root_fd = primary.open_fd_beneath("", libc::O_PATH | libc::O_DIRECTORY)?;
+        let root = sys::stat_at(root_fd.as_raw_fd(), c"")?;
+        let inodes = InodeTable::new(root_fd, root.st_dev, root.st_ino, options.max_nodes);
+
         let prefetch =
             (options.readahead_max_records > 0 && options.prefetch_threads > 0).then(|| {
                 let (tx, rx) = sync_channel::<PrefetchJob>(PREFETCH_QUEUE_LEN);
@@ -223,70 +283,95 @@ impl CachedFs {
                 }
                 tx
             });
-        Self {
+        let notifier: NotifierSlot = Arc::new(OnceLock::new());
+        let (invalidate, jobs) = sync_channel::<InvalidateJob>(INVALIDATE_QUEUE_LEN);
+        {
+            let notifier = Arc::clone(&notifier);
+            std::thread::Builder::new()
+                .name("l2arc-fuse-inval".into())
+                .spawn(move || invalidate_worker(&notifier, &jobs))?;
+        }
+        Ok(Self {
             cache,
             dataset,
-            primary,
-            inodes: Mutex::new(InodeTable::new(options.max_nodes)),
+            inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
+            locks: LockTable::new(options.max_open_handles),
             next_fh: AtomicU64::new(1),
             prefetch,
+            invalidate,
+            notifier,
             options,
-        }
+        })
     }
 
     fn ttl(&self) -> Duration {
         self.options.attr_timeout
     }
 
-    fn path_of(&self, ino: INodeNo) -> Result<String, Errno> {
+    fn inode(&self, ino: INodeNo) -> Result<Arc<Inode>, Errno> {
         self.inodes
             .lock()
             .expect("inode table poisoned")
-            .path(ino.0)
+            .get(ino.0)
             .ok_or(Errno::ENOENT)
     }
 
-    /// A descriptor of directory `dir` (a path beneath the root).
-    fn dir_fd(&self, dir: &str) -> Result<OwnedFd, Errno> {
-        self.primary
-            .open_fd_beneath(dir, libc::O_PATH | libc::O_DIRECTORY)
-            .map_err(|e| errno(&e))
+    fn stat(inode: &Inode) -> Result<libc::stat, Errno> {
+        sys::stat_at(inode.fd(), c"").map_err(err)
     }
 
-    /// The parent's descriptor and leaf of `path` ("." for the root itself).
-    fn locate(&self, path: &str) -> Result<(OwnedFd, CString), Errno> {
-        if path.is_empty() {
-            return Ok((self.dir_fd("")?, c".".to_owned()));
-        }
-        let (dir, leaf) = split_path(path);
-        let leaf = CString::new(leaf).map_err(|_| Errno::EINVAL)?;
-        Ok((self.dir_fd(dir)?, leaf))
+    /// The node of `name` in `parent` (one lookup reference), with its
+    /// attributes; notices a change behind the mount.
+    fn lookup_child(&self, parent: &Inode, name: &OsStr) -> Result<FileAttr, Errno> {
+        let leaf = leaf(name)?;
+        let fd = sys::open_at(parent.fd(), &leaf, libc::O_PATH, 0).map_err(err)?;
+        self.adopt_node(fd)
     }
 
-    fn stat_path(&self, path: &str) -> Result<libc::stat, Errno> {
-        let (dir, leaf) = self.locate(path)?;
-        sys::stat_at(dir.as_raw_fd(), &leaf).map_err(|e| errno(&e))
-    }
-
-    /// A new or known node for `path`, with its attributes (one lookup reference).
-    fn entry(&self, path: &str) -> Result<FileAttr, Errno> {
-        let st = self.stat_path(path)?;
-        let ino = self
+    /// Registers the inode `fd` pins (an O_PATH descriptor) as a node.
+    fn adopt_node(&self, fd: OwnedFd) -> Result<FileAttr, Errno> {
+        let st = sys::stat_at(fd.as_raw_fd(), c"").map_err(err)?;
+        let inode = self
             .inodes
             .lock()
             .expect("inode table poisoned")
-            .lookup(path)
+            .lookup(fd, st.st_dev, st.st_ino, st.st_mode)
             .ok_or(Errno::ENFILE)?;
-        Ok(to_attr(ino, &st))
+        self.notice_change(&inode, &st, None);
+        Ok(to_attr(inode.id, &st))
     }
 
-    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<(String, OwnedFd, CString), Errno> {
-        let name = name_str(name)?;
-        let dir = self.path_of(parent)?;
-        let fd = self.dir_fd(&dir)?;
-        let leaf = CString::new(name).map_err(|_| Errno::EINVAL)?;
-        Ok((child_path(&dir, name), fd, leaf))
+    /// Compares a regular file's generation with the one its kernel pages
+    /// reflect; on a difference, revalidates the cache's records and drops
+    /// the kernel's pages and attributes (see the module comment).
+    fn notice_change(&self, inode: &Inode, st: &libc::stat, open: Option<&OpenFile>) {
+        if inode.kind != Kind::Regular {
+            return;
+        }
+        let now = l2arc::primary::Generation::of_stat(st);
+        {
+            let mut seen = inode.page_generation.lock().expect("poisoned");
+            match *seen {
+                Some(old) if old != now => *seen = Some(now),
+                _ => return,
+            }
+        }
+        let weak = inode.open_file.lock().expect("poisoned").upgrade();
+        if let Some(file) = open.or(weak.as_deref()) {
+            // Handles share the object's state: this revalidates them all.
+            let _ = self.cache.revalidate(&file.handle);
+        }
+        self.invalidate_kernel(inode.id);
+    }
+
+    /// Tells the kernel to drop its pages and attributes of `ino`, waiting
+    /// a bounded time for it to have done so.
+    fn invalidate_kernel(&self, ino: u64) {
+        let (done, wait) = sync_channel(1);
+        if self.invalidate.try_send((ino, done)).is_ok() {
+            let _ = wait.recv_timeout(INVALIDATE_WAIT_MAX);
+        }
     }
 
     fn add_handle(&self, handle: Handle) -> Result<u64, Errno> {
@@ -312,26 +397,57 @@ impl CachedFs {
         }
     }
 
-    fn open_file(&self, path: &str, writable: bool) -> Result<u64, Errno> {
+    /// Registers an open regular file (`fd` opened with `flags`) and says
+    /// whether the kernel may keep its pages of it.
+    fn register_open(
+        &self,
+        inode: Arc<Inode>,
+        fd: OwnedFd,
+        flags: i32,
+    ) -> Result<(u64, FopenFlags), Errno> {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let st = sys::stat_at(fd.as_raw_fd(), c"").map_err(err)?;
+        let now = l2arc::primary::Generation::of_stat(&st);
+        let keep = {
+            let mut seen = inode.page_generation.lock().expect("poisoned");
+            let keep = *seen == Some(now);
+            *seen = Some(now);
+            keep
+        };
         let handle = self
             .cache
-            .open(self.dataset, path, writable)
-            .map_err(|e| errno(&e))?;
-        self.add_handle(Handle::File(Arc::new(OpenFile {
+            .open_file(self.dataset, std::fs::File::from(fd), writable)
+            .map_err(err)?;
+        let file = Arc::new(OpenFile {
             handle,
+            writable,
             readahead: Mutex::new(ReadAhead::new(self.options.readahead_max_records)),
             last_revalidate: Mutex::new(Instant::now()),
-        })))
+        });
+        *inode.open_file.lock().expect("poisoned") = Arc::downgrade(&file);
+        let fh = self.add_handle(Handle::File(file))?;
+        let flags = if keep {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        Ok((fh, flags))
     }
 
-    /// Drops every cached record of the file at `path` (its content changed
-    /// by another path than `Cache::write`), through an open handle if the
-    /// caller has one.
-    fn invalidate(&self, path: &str, fh: Option<FileHandle>) {
-        if let Some(file) = fh.and_then(|fh| self.file(fh).ok()) {
+    /// Drops every cached record of `inode` (its content changed by another
+    /// path than `Cache::write`), through `fh` if the caller has one.
+    fn invalidate_records(&self, inode: &Inode, fh: Option<FileHandle>) {
+        let file = fh
+            .and_then(|fh| self.file(fh).ok())
+            .or_else(|| inode.open_file.lock().expect("poisoned").upgrade());
+        if let Some(file) = file {
             self.cache.invalidate_object(&file.handle);
             let _ = self.cache.revalidate(&file.handle);
-        } else if let Ok(handle) = self.cache.open(self.dataset, path, false) {
+        } else if let Ok(fd) = sys::reopen(inode.fd(), libc::O_RDONLY)
+            && let Ok(handle) = self
+                .cache
+                .open_file(self.dataset, std::fs::File::from(fd), false)
+        {
             // Handles share the object's state: this drops it for all of them.
             self.cache.invalidate_object(&handle);
         }
@@ -354,82 +470,87 @@ impl CachedFs {
         change: SetAttr,
         fh: Option<FileHandle>,
     ) -> Result<FileAttr, Errno> {
-        let SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-        } = change;
-        let path = self.path_of(ino)?;
-        let (dir, leaf) = self.locate(&path)?;
-        let dir = dir.as_raw_fd();
-        let err = |e: io::Error| errno(&e);
-        if let Some(mode) = mode {
-            sys::chmod_at(dir, &leaf, mode).map_err(err)?;
+        let inode = self.inode(ino)?;
+        let fd = inode.fd();
+        if let Some(mode) = change.mode {
+            sys::chmod_fd(fd, mode).map_err(err)?;
         }
-        if uid.is_some() || gid.is_some() {
-            sys::chown_at(dir, &leaf, uid, gid).map_err(err)?;
+        if change.uid.is_some() || change.gid.is_some() {
+            sys::chown_fd(fd, change.uid, change.gid).map_err(err)?;
         }
-        if let Some(size) = size {
-            let fd = sys::open_at(dir, &leaf, libc::O_WRONLY | libc::O_NONBLOCK, 0).map_err(err)?;
-            let result = sys::ftruncate(fd.as_raw_fd(), size);
-            self.invalidate(&path, fh);
+        if let Some(size) = change.size {
+            let file = sys::reopen(fd, libc::O_WRONLY | libc::O_NONBLOCK).map_err(err)?;
+            let result = sys::ftruncate(file.as_raw_fd(), size);
+            self.invalidate_records(&inode, fh);
             result.map_err(err)?;
         }
-        if atime.is_some() || mtime.is_some() {
-            let t = |t: Option<TimeOrNow>| match t {
-                None => sys::Time::Omit,
-                Some(TimeOrNow::Now) => sys::Time::Now,
-                Some(TimeOrNow::SpecificTime(at)) => sys::Time::At(at),
-            };
-            sys::utimens_at(dir, &leaf, &t(atime), &t(mtime)).map_err(err)?;
+        if change.atime.is_some() || change.mtime.is_some() {
+            sys::utimens_fd(fd, &time(change.atime), &time(change.mtime)).map_err(err)?;
         }
-        let st = sys::stat_at(dir, &leaf).map_err(err)?;
-        Ok(to_attr(ino.0, &st))
+        let st = Self::stat(&inode)?;
+        Ok(to_attr(inode.id, &st))
     }
 
     fn do_create(
         &self,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         flags: i32,
-    ) -> Result<(FileAttr, u64), Errno> {
-        let (path, dir, leaf) = self.child(parent, name)?;
-        let keep = libc::O_ACCMODE | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND;
-        let fd = sys::open_at(
-            dir.as_raw_fd(),
-            &leaf,
-            (flags & keep) | libc::O_CREAT | libc::O_NONBLOCK,
-            mode & !umask & 0o7777,
-        )
-        .map_err(|e| errno(&e))?;
-        drop(fd);
-        let writable = OpenFlags(flags).acc_mode() != OpenAccMode::O_RDONLY;
-        let fh = self.open_file(&path, writable)?;
+    ) -> Result<(FileAttr, u64, FopenFlags), Errno> {
+        let parent = self.inode(parent)?;
+        let leaf = leaf(name)?;
+        // O_APPEND stays with the kernel: our writes come with offsets.
+        let flags = flags & (libc::O_ACCMODE | libc::O_EXCL | libc::O_TRUNC);
+        let fd = {
+            let _as = creds::as_caller(req.uid(), req.gid());
+            sys::open_at(
+                parent.fd(),
+                &leaf,
+                flags | libc::O_CREAT | libc::O_NONBLOCK,
+                mode & !umask & 0o7777,
+            )
+            .map_err(err)?
+        };
+        let path_fd = sys::reopen(fd.as_raw_fd(), libc::O_PATH).map_err(err)?;
+        let attr = self.adopt_node(path_fd)?;
+        let inode = self.inode(attr.ino)?;
         if flags & libc::O_TRUNC != 0 {
-            self.invalidate(&path, Some(FileHandle(fh)));
+            self.invalidate_records(&inode, None);
         }
-        match self.entry(&path) {
-            Ok(attr) => Ok((attr, fh)),
+        match self.register_open(inode, fd, flags) {
+            Ok((fh, open_flags)) => Ok((attr, fh, open_flags)),
             Err(e) => {
-                self.handles.lock().expect("poisoned").remove(&fh);
+                // The kernel never learns of the node: give its reference back.
+                self.inodes.lock().expect("poisoned").forget(attr.ino.0, 1);
                 Err(e)
             }
         }
     }
 
+    fn do_open(&self, ino: INodeNo, flags: OpenFlags) -> Result<(u64, FopenFlags), Errno> {
+        let inode = self.inode(ino)?;
+        if inode.kind != Kind::Regular {
+            return Err(Errno::EINVAL);
+        }
+        let flags = flags.0 & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC);
+        let fd = sys::reopen(inode.fd(), flags | libc::O_NONBLOCK).map_err(err)?;
+        self.register_open(inode, fd, flags)
+    }
+
     fn do_opendir(&self, ino: INodeNo) -> Result<u64, Errno> {
-        let path = self.path_of(ino)?;
-        let fd = self
-            .primary
-            .open_fd_beneath(&path, libc::O_RDONLY | libc::O_DIRECTORY)
-            .map_err(|e| errno(&e))?;
+        let inode = self.inode(ino)?;
+        let fd = sys::open_at(
+            inode.fd(),
+            c".",
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK,
+            0,
+        )
+        .map_err(err)?;
         let entries = sys::read_dir(fd, self.options.max_dir_entries)
-            .map_err(|e| errno(&e))?
+            .map_err(err)?
             .into_iter()
             .map(|e| DirEntry {
                 name: e.name,
@@ -483,6 +604,72 @@ impl CachedFs {
             }
         }
     }
+
+    /// Creates a node under `parent` as the caller, then looks it up.
+    fn make_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        make: impl FnOnce(i32, &CString) -> io::Result<()>,
+    ) -> Result<FileAttr, Errno> {
+        let parent = self.inode(parent)?;
+        let leaf = leaf(name)?;
+        {
+            let _as = creds::as_caller(req.uid(), req.gid());
+            make(parent.fd(), &leaf).map_err(err)?;
+        }
+        let fd = sys::open_at(parent.fd(), &leaf, libc::O_PATH, 0).map_err(err)?;
+        self.adopt_node(fd)
+    }
+
+    fn remove(&self, parent: INodeNo, name: &OsStr, is_dir: bool) -> Result<(), Errno> {
+        let parent = self.inode(parent)?;
+        let leaf = leaf(name)?;
+        sys::unlink_at(parent.fd(), &leaf, is_dir).map_err(err)
+    }
+
+    fn do_xattr(
+        &self,
+        ino: INodeNo,
+        size: u32,
+        call: impl Fn(i32, &mut [u8]) -> io::Result<usize>,
+        reply: ReplyXattr,
+    ) {
+        let result = self.inode(ino).and_then(|inode| {
+            if inode.kind == Kind::Symlink {
+                // No race-free way to reach a symlink's own xattrs by descriptor.
+                return Err(Errno::EOPNOTSUPP);
+            }
+            if size == 0 {
+                return call(inode.fd(), &mut [])
+                    .map(|n| (n, Vec::new()))
+                    .map_err(err);
+            }
+            let mut buf = vec![0u8; size as usize];
+            let n = call(inode.fd(), &mut buf).map_err(err)?;
+            buf.truncate(n);
+            Ok((n, buf))
+        });
+        match result {
+            Ok((n, _)) if size == 0 => reply.size(n as u32),
+            Ok((_, data)) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Nodes in the inode table (tests, statistics).
+    pub fn nodes(&self) -> usize {
+        self.inodes.lock().expect("inode table poisoned").len()
+    }
+
+    /// Checks the tables' invariants (tests).
+    pub fn assert_consistent(&self) {
+        let inodes = self.inodes.lock().expect("inode table poisoned");
+        inodes.assert_consistent();
+        assert!(self.handles.lock().expect("poisoned").len() <= self.options.max_open_handles);
+        assert!(inodes.get(ROOT_ID).is_some());
+    }
 }
 
 fn prefetch_worker(cache: &Cache, jobs: &Mutex<Receiver<PrefetchJob>>) {
@@ -496,17 +683,49 @@ fn prefetch_worker(cache: &Cache, jobs: &Mutex<Receiver<PrefetchJob>>) {
     }
 }
 
-impl Filesystem for CachedFs {
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let result = (|| {
-            let name = name_str(name)?;
-            let dir = self.path_of(parent)?;
-            self.entry(&child_path(&dir, name))
-        })();
-        match result {
-            Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
+fn invalidate_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<InvalidateJob>) {
+    while let Ok((ino, done)) = jobs.recv() {
+        if let Some(notifier) = notifier.get() {
+            // ENOENT: the kernel already forgot the inode; nothing to drop.
+            let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
         }
+        let _ = done.try_send(());
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, ttl: &Duration, result: Result<FileAttr, Errno>) {
+    match result {
+        Ok(attr) => reply.entry(ttl, &attr, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+impl Filesystem for CachedFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        use fuser::InitFlags;
+        // Page-cache coherence (module comment) and locks on the source.
+        for flag in [
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let result = self
+            .inode(parent)
+            .and_then(|parent| self.lookup_child(&parent, name));
+        reply_entry(reply, &self.ttl(), result);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -517,13 +736,19 @@ impl Filesystem for CachedFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        if let Some(file) = fh.and_then(|fh| self.file(fh).ok()) {
-            // The kernel asks through an open file: notice changes behind us now.
-            let _ = self.cache.revalidate(&file.handle);
-            *file.last_revalidate.lock().expect("poisoned") = Instant::now();
-        }
-        match self.path_of(ino).and_then(|p| self.stat_path(&p)) {
-            Ok(st) => reply.attr(&self.ttl(), &to_attr(ino.0, &st)),
+        let result = self.inode(ino).and_then(|inode| {
+            let st = Self::stat(&inode)?;
+            let file = fh.and_then(|fh| self.file(fh).ok());
+            if let Some(file) = &file {
+                // The kernel asks through an open file: notice changes behind us now.
+                let _ = self.cache.revalidate(&file.handle);
+                *file.last_revalidate.lock().expect("poisoned") = Instant::now();
+            }
+            self.notice_change(&inode, &st, file.as_deref());
+            Ok(to_attr(inode.id, &st))
+        });
+        match result {
+            Ok(attr) => reply.attr(&self.ttl(), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -561,10 +786,9 @@ impl Filesystem for CachedFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let result = self.path_of(ino).and_then(|p| {
-            let (dir, leaf) = self.locate(&p)?;
-            sys::readlink_at(dir.as_raw_fd(), &leaf).map_err(|e| errno(&e))
-        });
+        let result = self
+            .inode(ino)
+            .and_then(|inode| sys::readlink_fd(inode.fd()).map_err(err));
         match result {
             Ok(target) => reply.data(target.as_bytes()),
             Err(e) => reply.error(e),
@@ -573,7 +797,7 @@ impl Filesystem for CachedFs {
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -581,62 +805,50 @@ impl Filesystem for CachedFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.child(parent, name).and_then(|(path, dir, leaf)| {
-            let mode = (mode & libc::S_IFMT) | (mode & !umask & 0o7777);
-            sys::mknod_at(dir.as_raw_fd(), &leaf, mode, u64::from(rdev)).map_err(|e| errno(&e))?;
-            self.entry(&path)
+        let mode = (mode & libc::S_IFMT) | (mode & !umask & 0o7777);
+        let result = self.make_node(req, parent, name, |dir, leaf| {
+            sys::mknod_at(dir, leaf, mode, u64::from(rdev))
         });
-        match result {
-            Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        reply_entry(reply, &self.ttl(), result);
     }
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.child(parent, name).and_then(|(path, dir, leaf)| {
-            sys::mkdir_at(dir.as_raw_fd(), &leaf, mode & !umask & 0o7777).map_err(|e| errno(&e))?;
-            self.entry(&path)
+        let result = self.make_node(req, parent, name, |dir, leaf| {
+            sys::mkdir_at(dir, leaf, mode & !umask & 0o7777)
         });
-        match result {
-            Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        reply_entry(reply, &self.ttl(), result);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.remove(parent, name, false, reply);
+        reply_empty(reply, self.remove(parent, name, false));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.remove(parent, name, true, reply);
+        reply_empty(reply, self.remove(parent, name, true));
     }
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
         reply: ReplyEntry,
     ) {
         // The target is stored as given: the kernel resolves it on the
-        // client side; our own opens never follow it out of the tree.
-        let result = self.child(parent, link_name).and_then(|(path, dir, leaf)| {
-            sys::symlink_at(target.as_os_str(), dir.as_raw_fd(), &leaf).map_err(|e| errno(&e))?;
-            self.entry(&path)
+        // client side; our own opens never follow it.
+        let result = self.make_node(req, parent, link_name, |dir, leaf| {
+            sys::symlink_at(target.as_os_str(), dir, leaf)
         });
-        match result {
-            Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        reply_entry(reply, &self.ttl(), result);
     }
 
     fn rename(
@@ -650,30 +862,11 @@ impl Filesystem for CachedFs {
         reply: ReplyEmpty,
     ) {
         let result = (|| {
-            let (from, from_dir, from_leaf) = self.child(parent, name)?;
-            let (to, to_dir, to_leaf) = self.child(newparent, newname)?;
-            // Hold the table across the rename so that a lookup cannot map
-            // a path between the source's change and ours.
-            let mut inodes = self.inodes.lock().expect("inode table poisoned");
-            sys::rename_at(
-                from_dir.as_raw_fd(),
-                &from_leaf,
-                to_dir.as_raw_fd(),
-                &to_leaf,
-                flags.bits(),
-            )
-            .map_err(|e| errno(&e))?;
-            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-                inodes.exchange(&from, &to);
-            } else {
-                inodes.rename(&from, &to);
-            }
-            Ok(())
+            let (from_dir, to_dir) = (self.inode(parent)?, self.inode(newparent)?);
+            let (from, to) = (leaf(name)?, leaf(newname)?);
+            sys::rename_at(from_dir.fd(), &from, to_dir.fd(), &to, flags.bits()).map_err(err)
         })();
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result);
     }
 
     fn link(
@@ -685,32 +878,18 @@ impl Filesystem for CachedFs {
         reply: ReplyEntry,
     ) {
         let result = (|| {
-            let from = self.path_of(ino)?;
-            let (from_dir, from_leaf) = self.locate(&from)?;
-            let (to, to_dir, to_leaf) = self.child(newparent, newname)?;
-            sys::link_at(
-                from_dir.as_raw_fd(),
-                &from_leaf,
-                to_dir.as_raw_fd(),
-                &to_leaf,
-            )
-            .map_err(|e| errno(&e))?;
-            self.entry(&to)
+            let (inode, dir) = (self.inode(ino)?, self.inode(newparent)?);
+            let to = leaf(newname)?;
+            sys::link_fd(inode.fd(), dir.fd(), &to).map_err(err)?;
+            let fd = sys::open_at(dir.fd(), &to, libc::O_PATH, 0).map_err(err)?;
+            self.adopt_node(fd)
         })();
-        match result {
-            Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        reply_entry(reply, &self.ttl(), result);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        match self
-            .path_of(ino)
-            .and_then(|path| self.open_file(&path, writable))
-        {
-            // No FOPEN_KEEP_CACHE: the kernel drops its pages of the file now.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        match self.do_open(ino, flags) {
+            Ok((fh, open_flags)) => reply.opened(FileHandle(fh), open_flags),
             Err(e) => reply.error(e),
         }
     }
@@ -742,6 +921,9 @@ impl Filesystem for CachedFs {
         reply: ReplyWrite,
     ) {
         let result = self.file(fh).and_then(|file| {
+            if !file.writable {
+                return Err(Errno::EBADF);
+            }
             self.cache
                 .write(&file.handle, offset, data)
                 .map_err(|e| errno(&e))
@@ -755,12 +937,14 @@ impl Filesystem for CachedFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes are write-through: nothing is buffered here.
+        // Writes are write-through: nothing is buffered here. A close drops
+        // the closing owner's POSIX locks, as on the source.
+        self.locks.release_owner(ino.0, lock_owner.0);
         reply.ok();
     }
 
@@ -786,13 +970,10 @@ impl Filesystem for CachedFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self
+        let result = self
             .file(fh)
-            .and_then(|f| self.cache.sync(&f.handle).map_err(|e| errno(&e)))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+            .and_then(|f| self.cache.sync(&f.handle).map_err(err));
+        reply_empty(reply, result);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -842,24 +1023,19 @@ impl Filesystem for CachedFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let result = self.path_of(ino).and_then(|p| {
-            let fd = self
-                .primary
-                .open_fd_beneath(&p, libc::O_RDONLY | libc::O_DIRECTORY)
-                .map_err(|e| errno(&e))?;
-            std::fs::File::from(fd).sync_all().map_err(|e| errno(&e))
+        let result = self.inode(ino).and_then(|inode| {
+            let fd = sys::open_at(inode.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .map_err(err)?;
+            std::fs::File::from(fd).sync_all().map_err(err)
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result);
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let result = self
-            .primary
-            .open_fd_beneath("", libc::O_RDONLY | libc::O_DIRECTORY)
-            .and_then(|fd| sys::fstatvfs(fd.as_raw_fd()));
+            .inode(ino)
+            .or_else(|_| self.inode(INodeNo(ROOT_ID)))
+            .and_then(|inode| sys::fstatvfs(inode.fd()).map_err(err));
         match result {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -871,22 +1047,66 @@ impl Filesystem for CachedFs {
                 s.f_namemax as u32,
                 s.f_frsize as u32,
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
         }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let result = (|| {
+            let inode = self.inode(ino)?;
+            if inode.kind == Kind::Symlink {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            let name = CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
+            sys::setxattr_fd(inode.fd(), &name, value, flags).map_err(err)
+        })();
+        reply_empty(reply, result);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let Ok(name) = CString::new(name.as_bytes()) else {
+            return reply.error(Errno::EINVAL);
+        };
+        self.do_xattr(ino, size, |fd, buf| sys::getxattr_fd(fd, &name, buf), reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.do_xattr(ino, size, sys::listxattr_fd, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = (|| {
+            let inode = self.inode(ino)?;
+            if inode.kind == Kind::Symlink {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            let name = CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
+            sys::removexattr_fd(inode.fd(), &name).map_err(err)
+        })();
+        reply_empty(reply, result);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         // Only the mounting user (root) reaches us without allow_other, and
         // with it the kernel checks permissions (default_permissions).
-        match self.path_of(ino).and_then(|p| self.stat_path(&p)) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let result = self
+            .inode(ino)
+            .and_then(|inode| Self::stat(&inode).map(drop));
+        reply_empty(reply, result);
     }
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -894,14 +1114,57 @@ impl Filesystem for CachedFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.do_create(parent, name, mode, umask, flags) {
-            Ok((attr, fh)) => reply.created(
+        match self.do_create(req, parent, name, mode, umask, flags) {
+            Ok((attr, fh, open_flags)) => reply.created(
                 &self.ttl(),
                 &attr,
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::empty(),
+                open_flags,
             ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let result = self
+            .inode(ino)
+            .and_then(|inode| self.locks.test(&inode, lock_owner.0, typ, start, end));
+        match result {
+            Ok(Some(lock)) => reply.locked(lock.start, lock.end, lock.typ, lock.pid),
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.inode(ino) {
+            Ok(inode) => self
+                .locks
+                .set(&inode, lock_owner.0, typ, start, end, sleep, reply),
             Err(e) => reply.error(e),
         }
     }
@@ -916,10 +1179,8 @@ impl Filesystem for CachedFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let result = self.path_of(ino).and_then(|path| {
-            let (dir, leaf) = self.locate(&path)?;
-            let fd = sys::open_at(dir.as_raw_fd(), &leaf, libc::O_WRONLY | libc::O_NONBLOCK, 0)
-                .map_err(|e| errno(&e))?;
+        let result = self.inode(ino).and_then(|inode| {
+            let fd = sys::reopen(inode.fd(), libc::O_WRONLY | libc::O_NONBLOCK).map_err(err)?;
             // SAFETY: an open descriptor.
             let ret = unsafe {
                 libc::fallocate(
@@ -935,40 +1196,35 @@ impl Filesystem for CachedFs {
                 Ok(())
             };
             // Punched holes and zeroed ranges change content: drop it all.
-            self.invalidate(&path, Some(fh));
+            self.invalidate_records(&inode, Some(fh));
             result
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, result);
     }
-}
 
-impl CachedFs {
-    fn remove(&self, parent: INodeNo, name: &OsStr, is_dir: bool, reply: ReplyEmpty) {
-        let result = self.child(parent, name).and_then(|(path, dir, leaf)| {
-            let mut inodes = self.inodes.lock().expect("inode table poisoned");
-            sys::unlink_at(dir.as_raw_fd(), &leaf, is_dir).map_err(|e| errno(&e))?;
-            inodes.detach(&path);
-            Ok(())
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // SEEK_DATA / SEEK_HOLE: ask the source where its holes are.
+        let result = self.inode(ino).and_then(|inode| {
+            let fd = sys::reopen(inode.fd(), libc::O_RDONLY | libc::O_NONBLOCK).map_err(err)?;
+            // SAFETY: an open descriptor.
+            let at = unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) };
+            if at < 0 {
+                Err(errno(&io::Error::last_os_error()))
+            } else {
+                Ok(at)
+            }
         });
         match result {
-            Ok(()) => reply.ok(),
+            Ok(at) => reply.offset(at),
             Err(e) => reply.error(e),
         }
-    }
-
-    /// Nodes in the inode table (tests, statistics).
-    pub fn nodes(&self) -> usize {
-        self.inodes.lock().expect("inode table poisoned").len()
-    }
-
-    /// Checks the tables' invariants (tests).
-    pub fn assert_consistent(&self) {
-        let inodes = self.inodes.lock().expect("inode table poisoned");
-        inodes.assert_consistent();
-        assert!(self.handles.lock().expect("poisoned").len() <= self.options.max_open_handles);
-        assert_eq!(inodes.path(ROOT_ID).as_deref(), Some(""));
     }
 }

@@ -1,76 +1,130 @@
-//! The inode table: FUSE node ids to paths beneath the source root.
+//! The inode table: FUSE node ids to source inodes, each pinned by an
+//! `O_PATH` descriptor.
 //!
-//! The kernel names files by node id; the source names them by path. We
-//! keep the mapping one way only that survives changes made behind the
-//! mount: a node is a *path*, not a source inode. When a file is replaced
-//! behind our back (a new inode under the same name) the node still names
-//! the same path and simply reaches the new file, whose new generation the
-//! cache then notices; a table keyed by source inode would hand out stale
-//! ids instead. Renames made through the mount move the paths of the node
-//! and everything below it; nodes whose name was unlinked or overwritten
-//! are detached (no path: every operation on them is ENOENT) and freed when
-//! the kernel forgets them.
+//! The kernel names files by node id and expects one id per file, however
+//! many names the file has: hard links share an id, a renamed file keeps
+//! its id, and an open file whose last name was unlinked is still its id
+//! until the kernel forgets it. So a node is a *source inode*, keyed by
+//! (st_dev, st_ino), and holds an `O_PATH | O_NOFOLLOW` descriptor of it
+//! (as libfuse's passthrough_ll does). Every operation acts on that
+//! descriptor, or on a leaf name relative to the parent's descriptor:
 //!
-//! Node ids are never reused (a 64-bit counter), so the FUSE generation is
-//! always 0. The table is bounded: past `max_nodes` a lookup fails with
-//! ENFILE rather than growing without limit; the kernel forgets nodes
-//! under memory pressure, so a full table drains.
+//! - no path is ever rebuilt, so a tree may be as deep as the source
+//!   allows (no PATH_MAX beneath the mount);
+//! - a rename anywhere (through the mount or behind it) needs no
+//!   bookkeeping: the descriptor follows the inode;
+//! - an unlinked but open file keeps working (fstat says nlink 0,
+//!   ftruncate and I/O go on), as on the source;
+//! - the descriptor holds a reference to the inode, so its number cannot
+//!   be reused by a new file while the kernel still knows the node: the
+//!   (dev, ino) key never names two files at once.
+//!
+//! Node ids are the source's inode numbers where they can be (the kernel
+//! reports the node id as `st_ino`, so `ls -i`, `find -inum` and `cp -a`'s
+//! hard-link detection see the source's numbers); inodes of other file
+//! systems mounted inside the tree, and a source inode numbered 1 (the
+//! kernel's root id), get ids from a counter above 2^63 instead.
+//!
+//! The table is bounded (`max_nodes`): past it a lookup fails with ENFILE;
+//! the kernel forgets nodes under memory pressure, so a full table drains.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
+
+use l2arc::primary::Generation;
 
 /// The root's node id (FUSE_ROOT_ID).
 pub const ROOT_ID: u64 = 1;
 
-#[derive(Debug)]
-struct Node {
-    /// Relative path ("" = the root); None once unlinked or overwritten.
-    path: Option<String>,
+/// Ids handed out by counter (inodes whose own number cannot be the id).
+const SYNTHETIC_ID_BASE: u64 = 1 << 63;
+
+/// What kind of file an inode is (fixed for its life).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Directory,
+    Regular,
+    Symlink,
+    /// FIFOs, sockets, device nodes: metadata only.
+    Special,
+}
+
+impl Kind {
+    pub fn of_mode(mode: u32) -> Self {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Directory,
+            libc::S_IFREG => Kind::Regular,
+            libc::S_IFLNK => Kind::Symlink,
+            _ => Kind::Special,
+        }
+    }
+}
+
+/// One source inode the kernel holds.
+pub struct Inode {
+    pub id: u64,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the source inode.
+    fd: OwnedFd,
+    pub kind: Kind,
+    dev: u64,
+    ino: u64,
     /// Lookups the kernel holds (each entry reply is one; `forget` drops them).
-    nlookup: u64,
+    nlookup: Mutex<u64>,
+    /// The generation that the kernel's page cache of this file reflects
+    /// (what we last let it keep); None until the file is first opened.
+    pub page_generation: Mutex<Option<Generation>>,
+    /// An open file of this inode, if any: revalidates the cache's records
+    /// when a change is noticed by a getattr or lookup without a handle.
+    pub open_file: Mutex<Weak<crate::fs::OpenFile>>,
+}
+
+impl Inode {
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl std::fmt::Debug for Inode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inode")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("dev", &self.dev)
+            .field("ino", &self.ino)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
 pub struct InodeTable {
-    nodes: HashMap<u64, Node>,
-    by_path: HashMap<String, u64>,
-    next_id: u64,
+    nodes: HashMap<u64, Arc<Inode>>,
+    by_key: HashMap<(u64, u64), u64>,
+    root_dev: u64,
+    next_synthetic: u64,
     max_nodes: usize,
 }
 
-/// Joins a directory path and a leaf name.
-pub fn child_path(parent: &str, name: &str) -> String {
-    if parent.is_empty() {
-        name.to_string()
-    } else {
-        format!("{parent}/{name}")
-    }
-}
-
-/// Splits a path into its parent directory and leaf ("" for the root's children).
-pub fn split_path(path: &str) -> (&str, &str) {
-    match path.rfind('/') {
-        Some(i) => (&path[..i], &path[i + 1..]),
-        None => ("", path),
-    }
-}
-
 impl InodeTable {
-    pub fn new(max_nodes: usize) -> Self {
+    /// A table holding the root, whose descriptor is `root_fd` (an `O_PATH`
+    /// descriptor of the source root) with the given (dev, ino).
+    pub fn new(root_fd: OwnedFd, root_dev: u64, root_ino: u64, max_nodes: usize) -> Self {
         assert!(max_nodes >= 2, "the table must hold the root and one more");
-        let mut nodes = HashMap::new();
-        nodes.insert(
-            ROOT_ID,
-            Node {
-                path: Some(String::new()),
-                nlookup: 1,
-            },
-        );
-        let mut by_path = HashMap::new();
-        by_path.insert(String::new(), ROOT_ID);
+        let root = Arc::new(Inode {
+            id: ROOT_ID,
+            fd: root_fd,
+            kind: Kind::Directory,
+            dev: root_dev,
+            ino: root_ino,
+            nlookup: Mutex::new(1),
+            page_generation: Mutex::new(None),
+            open_file: Mutex::new(Weak::new()),
+        });
         Self {
-            nodes,
-            by_path,
-            next_id: ROOT_ID + 1,
+            nodes: HashMap::from([(ROOT_ID, root)]),
+            by_key: HashMap::from([((root_dev, root_ino), ROOT_ID)]),
+            root_dev,
+            next_synthetic: SYNTHETIC_ID_BASE,
             max_nodes,
         }
     }
@@ -83,112 +137,73 @@ impl InodeTable {
         self.nodes.is_empty()
     }
 
-    /// The path of a node, None if unknown or detached.
-    pub fn path(&self, id: u64) -> Option<String> {
-        self.nodes.get(&id).and_then(|n| n.path.clone())
+    /// The inode of a node id the kernel holds.
+    pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
+        self.nodes.get(&id).cloned()
     }
 
-    /// The node of a path, taking one lookup reference (an entry reply).
-    /// None when the table is full.
-    pub fn lookup(&mut self, path: &str) -> Option<u64> {
-        if let Some(&id) = self.by_path.get(path) {
-            let node = self.nodes.get_mut(&id).expect("by_path names a live node");
-            node.nlookup += 1;
-            return Some(id);
+    /// The node of the inode (dev, ino) that `fd` pins, taking one lookup
+    /// reference (an entry reply). A known inode keeps its descriptor and
+    /// `fd` is dropped. None when the table is full.
+    pub fn lookup(&mut self, fd: OwnedFd, dev: u64, ino: u64, mode: u32) -> Option<Arc<Inode>> {
+        if let Some(&id) = self.by_key.get(&(dev, ino)) {
+            let inode = Arc::clone(self.nodes.get(&id).expect("by_key names a live node"));
+            *inode.nlookup.lock().expect("poisoned") += 1;
+            return Some(inode);
         }
         if self.nodes.len() >= self.max_nodes {
             return None;
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.nodes.insert(
+        let id = if dev == self.root_dev && ino > ROOT_ID && ino < SYNTHETIC_ID_BASE {
+            ino
+        } else {
+            self.next_synthetic += 1;
+            self.next_synthetic
+        };
+        assert!(!self.nodes.contains_key(&id), "node id {id} in use twice");
+        let inode = Arc::new(Inode {
             id,
-            Node {
-                path: Some(path.to_string()),
-                nlookup: 1,
-            },
-        );
-        self.by_path.insert(path.to_string(), id);
-        Some(id)
+            fd,
+            kind: Kind::of_mode(mode),
+            dev,
+            ino,
+            nlookup: Mutex::new(1),
+            page_generation: Mutex::new(None),
+            open_file: Mutex::new(Weak::new()),
+        });
+        self.nodes.insert(id, Arc::clone(&inode));
+        self.by_key.insert((dev, ino), id);
+        Some(inode)
     }
 
-    /// The kernel dropped `count` references; the node goes at zero.
+    /// The kernel dropped `count` references; the node goes at zero (its
+    /// descriptor closes once no operation in flight holds it).
     pub fn forget(&mut self, id: u64, count: u64) {
         if id == ROOT_ID {
             return; // the root lives as long as the mount
         }
-        let Some(node) = self.nodes.get_mut(&id) else {
+        let Some(inode) = self.nodes.get(&id) else {
             return;
         };
-        node.nlookup = node.nlookup.saturating_sub(count);
-        if node.nlookup == 0 {
-            let node = self.nodes.remove(&id).expect("present");
-            if let Some(path) = node.path {
-                let removed = self.by_path.remove(&path);
-                assert_eq!(removed, Some(id), "by_path and nodes disagree on {path:?}");
-            }
-        }
-    }
-
-    /// `path` no longer names anything (unlink, rmdir): detach its node.
-    pub fn detach(&mut self, path: &str) {
-        if let Some(id) = self.by_path.remove(path) {
-            self.nodes.get_mut(&id).expect("live node").path = None;
-        }
-    }
-
-    /// A rename through the mount: `from` (and everything below it) is now
-    /// `to`; whatever `to` named before is gone.
-    pub fn rename(&mut self, from: &str, to: &str) {
-        assert!(
-            !from.is_empty() && !to.is_empty(),
-            "the root is never renamed"
-        );
-        self.detach_tree(to);
-        let prefix = format!("{from}/");
-        let moved: Vec<(String, u64)> = self
-            .by_path
-            .iter()
-            .filter(|(p, _)| p.as_str() == from || p.starts_with(&prefix))
-            .map(|(p, id)| (p.clone(), *id))
-            .collect();
-        for (old, id) in moved {
-            self.by_path.remove(&old);
-            let new = format!("{to}{}", &old[from.len()..]);
-            self.nodes.get_mut(&id).expect("live node").path = Some(new.clone());
-            self.by_path.insert(new, id);
-        }
-    }
-
-    /// Both names swapped places (RENAME_EXCHANGE).
-    pub fn exchange(&mut self, a: &str, b: &str) {
-        let tmp = format!("{a}\0exchange");
-        self.rename(a, &tmp);
-        self.rename(b, a);
-        self.rename(&tmp, b);
-    }
-
-    fn detach_tree(&mut self, path: &str) {
-        let prefix = format!("{path}/");
-        let gone: Vec<String> = self
-            .by_path
-            .keys()
-            .filter(|p| p.as_str() == path || p.starts_with(&prefix))
-            .cloned()
-            .collect();
-        for p in gone {
-            self.detach(&p);
+        let mut nlookup = inode.nlookup.lock().expect("poisoned");
+        *nlookup = nlookup.saturating_sub(count);
+        if *nlookup == 0 {
+            let key = (inode.dev, inode.ino);
+            drop(nlookup);
+            self.nodes.remove(&id);
+            let removed = self.by_key.remove(&key);
+            assert_eq!(removed, Some(id), "by_key and nodes disagree on {key:?}");
         }
     }
 
     /// Checks that the two maps agree (tests; O(nodes)).
     pub fn assert_consistent(&self) {
-        for (path, id) in &self.by_path {
-            let node = self.nodes.get(id).expect("by_path names a live node");
-            assert_eq!(node.path.as_deref(), Some(path.as_str()));
+        assert_eq!(self.nodes.len(), self.by_key.len());
+        for (key, id) in &self.by_key {
+            let inode = self.nodes.get(id).expect("by_key names a live node");
+            assert_eq!((inode.dev, inode.ino), *key);
+            assert_eq!(inode.id, *id);
         }
-        let attached = self.nodes.values().filter(|n| n.path.is_some()).count();
-        assert_eq!(attached, self.by_path.len());
         assert!(self.nodes.len() <= self.max_nodes);
         assert!(self.nodes.contains_key(&ROOT_ID));
     }
@@ -198,55 +213,57 @@ impl InodeTable {
 mod tests {
     use super::*;
 
+    fn path_fd(path: &std::path::Path) -> (OwnedFd, u64, u64, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        let fd = crate::sys::open_path(path).unwrap();
+        (fd, meta.dev(), meta.ino(), meta.mode())
+    }
+
     #[test]
-    fn lookup_forget_and_bound() {
-        let mut t = InodeTable::new(3);
-        let a = t.lookup("a").unwrap();
-        assert_eq!(t.lookup("a"), Some(a));
-        let b = t.lookup("a/b").unwrap();
-        assert_ne!(a, b);
-        assert_eq!(t.lookup("c"), None, "table full");
-        t.forget(b, 1);
-        let c = t.lookup("c").unwrap();
-        assert!(c > b, "ids are never reused");
-        t.forget(a, 1);
-        assert_eq!(t.path(a).as_deref(), Some("a"), "one reference left");
-        t.forget(a, 1);
-        assert_eq!(t.path(a), None);
+    fn one_node_per_inode_bounded_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"x").unwrap();
+        std::fs::hard_link(dir.path().join("a"), dir.path().join("b")).unwrap();
+        std::fs::write(dir.path().join("c"), b"y").unwrap();
+        let (root, dev, ino, _) = path_fd(dir.path());
+        let mut t = InodeTable::new(root, dev, ino, 3);
+
+        let (fd, dev, ino, mode) = path_fd(&dir.path().join("a"));
+        let a = t.lookup(fd, dev, ino, mode).unwrap();
+        assert_eq!(a.id, ino, "the node id is the source's inode number");
+        assert_eq!(a.kind, Kind::Regular);
+        let (fd, dev, ino, mode) = path_fd(&dir.path().join("b"));
+        let b = t.lookup(fd, dev, ino, mode).unwrap();
+        assert_eq!(a.id, b.id, "hard links share a node");
+        assert!(Arc::ptr_eq(&a, &b));
+        let (fd, dev, ino, mode) = path_fd(&dir.path().join("c"));
+        assert!(t.lookup(fd, dev, ino, mode).is_none(), "table full");
+        t.assert_consistent();
+
+        t.forget(a.id, 1);
+        assert!(t.get(a.id).is_some(), "one reference left");
+        t.forget(a.id, 1);
+        assert!(t.get(a.id).is_none());
         t.forget(ROOT_ID, 100);
-        assert_eq!(t.path(ROOT_ID).as_deref(), Some(""));
+        assert!(t.get(ROOT_ID).is_some(), "the root is never forgotten");
+        let (fd, dev, ino, mode) = path_fd(&dir.path().join("c"));
+        assert!(t.lookup(fd, dev, ino, mode).is_some(), "room again");
         t.assert_consistent();
     }
 
     #[test]
-    fn rename_moves_subtree_and_detaches_target() {
-        let mut t = InodeTable::new(100);
-        let d = t.lookup("d").unwrap();
-        let f = t.lookup("d/f").unwrap();
-        let dd = t.lookup("dd/x").unwrap();
-        let target = t.lookup("e").unwrap();
-        let below = t.lookup("e/old").unwrap();
-        t.rename("d", "e");
-        assert_eq!(t.path(d).as_deref(), Some("e"));
-        assert_eq!(t.path(f).as_deref(), Some("e/f"));
-        assert_eq!(
-            t.path(dd).as_deref(),
-            Some("dd/x"),
-            "prefix is per component"
-        );
-        assert_eq!(t.path(target), None);
-        assert_eq!(t.path(below), None);
+    fn other_devices_and_inode_one_get_synthetic_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"x").unwrap();
+        let (root, dev, ino, _) = path_fd(dir.path());
+        let mut t = InodeTable::new(root, dev, ino, 16);
+        let (fd, _, ino_a, mode) = path_fd(&dir.path().join("a"));
+        let other_dev = t.lookup(fd, dev + 1, ino_a, mode).unwrap();
+        assert!(other_dev.id > SYNTHETIC_ID_BASE);
+        let (fd, _, _, mode) = path_fd(&dir.path().join("a"));
+        let one = t.lookup(fd, dev, 1, mode).unwrap();
+        assert!(one.id > SYNTHETIC_ID_BASE && one.id != other_dev.id);
         t.assert_consistent();
-        t.exchange("e/f", "dd/x");
-        assert_eq!(t.path(f).as_deref(), Some("dd/x"));
-        assert_eq!(t.path(dd).as_deref(), Some("e/f"));
-        t.detach("dd/x");
-        assert_eq!(t.path(f), None);
-        t.forget(f, 1);
-        t.assert_consistent();
-        assert_eq!(split_path("a/b/c"), ("a/b", "c"));
-        assert_eq!(split_path("c"), ("", "c"));
-        assert_eq!(child_path("", "c"), "c");
-        assert_eq!(child_path("a", "c"), "a/c");
     }
 }

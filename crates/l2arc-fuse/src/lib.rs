@@ -5,35 +5,41 @@
 //! devices are attached); every other operation passes through to the
 //! source tree and drops what it made stale. The design, piece by piece:
 //!
-//! - **Inode table** (`inodes.rs`). The kernel names files by node id; we
-//!   map each id to a *path* beneath the source root, not to a source inode,
-//!   so a file replaced behind the mount is reached under its old node and
-//!   its new generation is noticed. Renames through the mount move paths;
-//!   the table is bounded (ENFILE past `FsOptions::max_nodes`).
+//! - **Inode table** (`inodes.rs`). The kernel names files by node id; each
+//!   node is a source inode, pinned by an `O_PATH` descriptor, with the
+//!   source's inode number as its id. Hard links share a node, renames
+//!   need no bookkeeping, open-unlinked files keep working, and no full
+//!   path is ever built (trees as deep as the source allows).
+//!
+//! - **Descriptors, not paths** (`sys.rs`). Every operation acts on a
+//!   node's descriptor or on one leaf name relative to its parent's, never
+//!   following the leaf if it is a symlink, so `..`, hostile symlinks and
+//!   renames racing a lookup cannot reach outside the source. (A directory
+//!   moved out of the tree behind the mount stays reachable through names
+//!   the kernel still caches, until they expire: as with any pass-through
+//!   file system, the descriptor follows the directory.) Names are bytes
+//!   end to end; they need not be UTF-8.
+//!
+//! - **Coherence** (`fs.rs`). Hot files stay in the kernel's page cache
+//!   across opens (FOPEN_KEEP_CACHE), and are dropped from it, and from the
+//!   ARC and L2ARC, when the source changes behind the mount: at once for a
+//!   new open, within the attribute timeout for a reader holding the file
+//!   open. The generation that decides it includes ctime, so a rewrite
+//!   whose mtime was set back is caught too.
 //!
 //! - **TTLs.** Attributes and names are returned with a short, documented
-//!   timeout (`FsOptions::attr_timeout`, `--attr-timeout`, default 1 s). The
-//!   kernel caches them that long, which saves a round trip per `stat` and
-//!   per path component, and bounds how long a change made behind the mount
-//!   (a new size, a new file under a name) can go unseen. Directory
-//!   listings are read whole at opendir and served from that snapshot.
+//!   timeout (`FsOptions::attr_timeout`, `--attr-timeout`, default 1 s).
+//!   Directory listings are read whole at opendir and served from that
+//!   snapshot.
 //!
-//! - **Generation checks.** The cache keys records by object and a
-//!   generation token from (inode, size, mtime). Every open compares the
-//!   generation (`Cache::open`); an open file is revalidated on getattr and
-//!   at least once per TTL while read. Files are opened without
-//!   FOPEN_KEEP_CACHE, so the kernel's page cache is dropped at each open:
-//!   no layer can serve bytes of an older version after a reopen.
+//! - **Callers' credentials** (`creds.rs`). Files, directories, nodes and
+//!   symlinks made through the mount belong to the caller; the mode is the
+//!   caller's, with the caller's umask (the daemon's own umask is 0).
 //!
-//! - **Descriptors beneath the root** (`sys.rs`). Names come from whoever
-//!   uses the mount, and the source tree may hold hostile symlinks or be
-//!   renamed under us, so no operation uses a full path: the parent
-//!   directory is opened with `openat2(RESOLVE_BENEATH)` relative to the
-//!   root (`DirPrimary::open_fd_beneath`), and the operation acts on a
-//!   single leaf name relative to it, never following the leaf if it is a
-//!   symlink. `..` and absolute symlink targets cannot take us outside the
-//!   root. Symlinks themselves are passed through as symlinks: the kernel
-//!   resolves them on the client side, as for any file system.
+//! - **Extended attributes and locks** pass through to the source
+//!   (`locks.rs`: POSIX record locks as open-file-description locks, one
+//!   descriptor per lock owner). flock(2) locks are the kernel's, local to
+//!   the mount.
 //!
 //! - **Read-ahead** (`readahead.rs`): sequential readers get a ramping,
 //!   bounded window of records prefetched in the background.
@@ -44,16 +50,14 @@
 //! we are killed; where that watcher does not survive (it did not in the
 //! container these tests run in), a dead mount ("Transport endpoint is not
 //! connected") is recovered with `fusermount3 -u MNT` or `umount -l MNT`.
-//!
-//! Limits: names must be UTF-8 (others are EINVAL: the engine names
-//! objects by `&str`); extended attributes, locks and lseek(SEEK_DATA)
-//! are left to the kernel's defaults (not supported / local only).
 
 use std::io;
 use std::path::Path;
 
+pub mod creds;
 pub mod fs;
 pub mod inodes;
+pub mod locks;
 pub mod readahead;
 pub mod sys;
 
@@ -84,6 +88,9 @@ impl Default for MountOptions {
 /// Mounts `fs` at `mountpoint` and serves it from background threads until
 /// the returned session is unmounted (`umount_and_join`) or dropped, or the
 /// mount is removed from outside (`fusermount3 -u`).
+///
+/// Sets the process's umask to 0: modes of files made through the mount
+/// are the callers' (the kernel already applied their umask), not ours.
 pub fn mount(
     fs: CachedFs,
     mountpoint: &Path,
@@ -109,7 +116,14 @@ pub fn mount(
     };
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = options.threads > 1;
-    fuser::spawn_mount(fs, mountpoint, &config)
+    // SAFETY: umask only sets the process's mask.
+    unsafe { libc::umask(0) };
+    // Before the session's threads start: they inherit it.
+    creds::keep_capabilities();
+    let notifier = std::sync::Arc::clone(&fs.notifier);
+    let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
+    Ok(session)
 }
 
 /// Lazily unmounts `mountpoint` (`umount -l`): the name is free at once and

@@ -110,16 +110,16 @@ pub fn rename_at(
     })
 }
 
-pub fn link_at(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
-    // SAFETY: valid dirfds and C strings; flags 0 = do not follow `from`.
-    check(unsafe { libc::linkat(from_dir, from.as_ptr(), to_dir, to.as_ptr(), 0) })
-}
-
 pub fn symlink_at(target: &OsStr, dir: RawFd, leaf: &CStr) -> io::Result<()> {
     let target =
         CString::new(target.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid C strings and dirfd.
     check(unsafe { libc::symlinkat(target.as_ptr(), dir, leaf.as_ptr()) })
+}
+
+/// The target of the symlink `fd` pins (an `O_PATH | O_NOFOLLOW` descriptor).
+pub fn readlink_fd(fd: RawFd) -> io::Result<OsString> {
+    readlink_at(fd, c"")
 }
 
 pub fn readlink_at(dir: RawFd, leaf: &CStr) -> io::Result<OsString> {
@@ -133,26 +133,191 @@ pub fn readlink_at(dir: RawFd, leaf: &CStr) -> io::Result<OsString> {
     Ok(OsString::from_vec(buf))
 }
 
-/// chmod of the leaf itself, never of a symlink's target: the leaf is pinned
-/// with an O_PATH|O_NOFOLLOW descriptor and changed through /proc/self/fd,
-/// which names exactly that inode (Linux has no lchmod before fchmodat2).
-pub fn chmod_at(dir: RawFd, leaf: &CStr, mode: u32) -> io::Result<()> {
-    let fd = open_at(dir, leaf, libc::O_PATH, 0)?;
-    let st = stat_at(fd.as_raw_fd(), c"")?;
+/// `/proc/self/fd/N`: names exactly the inode an `O_PATH` descriptor pins,
+/// for the calls that take no descriptor of that kind (open, chmod, xattrs,
+/// link). Following this magic link never resolves a name, so it cannot be
+/// redirected by a symlink or a rename.
+pub fn proc_path(fd: RawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL")
+}
+
+/// An `O_PATH | O_NOFOLLOW` descriptor of `path` (the root, tests).
+pub fn open_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    open_at(libc::AT_FDCWD, &c, libc::O_PATH, 0)
+}
+
+/// Opens the inode `fd` pins (an `O_PATH` descriptor) for I/O with `flags`,
+/// even when its last name is gone (an open, unlinked file). `flags` must
+/// not hold O_NOFOLLOW: that would open the /proc link itself.
+pub fn reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+    assert_eq!(
+        flags & libc::O_NOFOLLOW,
+        0,
+        "O_NOFOLLOW opens the magic link"
+    );
+    let path = proc_path(fd);
+    retry(|| {
+        // SAFETY: a valid C string; the result is checked.
+        let ret = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, 0) };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+    })
+}
+
+/// chmod of the inode itself, never of a symlink's target (Linux cannot
+/// change a symlink's mode: EOPNOTSUPP, as on the source).
+pub fn chmod_fd(fd: RawFd, mode: u32) -> io::Result<()> {
+    let st = stat_at(fd, c"")?;
     if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
-    let path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
     // SAFETY: valid C string.
-    check(unsafe { libc::chmod(path.as_ptr(), (mode & 0o7777) as libc::mode_t) })
+    check(unsafe { libc::chmod(proc_path(fd).as_ptr(), (mode & 0o7777) as libc::mode_t) })
 }
 
-pub fn chown_at(dir: RawFd, leaf: &CStr, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+/// chown of the inode itself (a symlink's own owner for a symlink).
+pub fn chown_fd(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     // -1 (as unsigned) leaves an id unchanged.
     let uid = uid.unwrap_or(u32::MAX);
     let gid = gid.unwrap_or(u32::MAX);
-    // SAFETY: valid dirfd and C string.
-    check(unsafe { libc::fchownat(dir, leaf.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) })
+    // SAFETY: valid descriptor and an empty C string with AT_EMPTY_PATH.
+    check(unsafe {
+        libc::fchownat(
+            fd,
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+}
+
+/// utimensat of the inode itself (works on symlinks too).
+pub fn utimens_fd(fd: RawFd, atime: &Time, mtime: &Time) -> io::Result<()> {
+    let times = [timespec(atime), timespec(mtime)];
+    // SAFETY: valid descriptor, empty C string with AT_EMPTY_PATH, two timespecs.
+    check(unsafe { libc::utimensat(fd, c"".as_ptr(), times.as_ptr(), libc::AT_EMPTY_PATH) })
+}
+
+/// A new name `to` in `to_dir` for the inode `fd` pins.
+pub fn link_fd(fd: RawFd, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings and dirfd; following the magic link reaches
+    // the pinned inode itself (a symlink stays a symlink).
+    check(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_path(fd).as_ptr(),
+            to_dir,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+}
+
+/// An xattr call's result: a size, or the error.
+fn xattr_result(n: isize) -> io::Result<usize> {
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// getxattr of the inode `fd` pins; `buf` empty asks for the size.
+pub fn getxattr_fd(fd: RawFd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: valid C strings; buf is writable for its length.
+    xattr_result(unsafe {
+        libc::getxattr(
+            proc_path(fd).as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    })
+}
+
+/// listxattr of the inode `fd` pins; `buf` empty asks for the size.
+pub fn listxattr_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: valid C string; buf is writable for its length.
+    xattr_result(unsafe {
+        libc::listxattr(proc_path(fd).as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+    })
+}
+
+pub fn setxattr_fd(fd: RawFd, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    // SAFETY: valid C strings; value is readable for its length.
+    check(unsafe {
+        libc::setxattr(
+            proc_path(fd).as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+}
+
+pub fn removexattr_fd(fd: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    check(unsafe { libc::removexattr(proc_path(fd).as_ptr(), name.as_ptr()) })
+}
+
+/// Raises the soft limit on open descriptors as far as allowed (the hard
+/// limit; as root, up to `wanted`), and returns the limit now in force.
+pub fn raise_nofile_limit(wanted: u64) -> u64 {
+    // SAFETY: plain data.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
+        return 1024;
+    }
+    if lim.rlim_cur >= wanted {
+        return lim.rlim_cur;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: wanted,
+        rlim_max: lim.rlim_max.max(wanted),
+    };
+    // SAFETY: a valid rlimit; fails without CAP_SYS_RESOURCE past the hard limit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        return wanted;
+    }
+    let soft = libc::rlimit {
+        rlim_cur: lim.rlim_max.min(wanted),
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: as above, within the hard limit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) } == 0 {
+        return soft.rlim_cur;
+    }
+    lim.rlim_cur
+}
+
+/// An open-file-description lock (F_OFD_*): owned by the descriptor, so it
+/// conflicts with every other descriptor's and every process's locks on the
+/// source, as the caller's POSIX lock would.
+pub fn ofd_lock(fd: RawFd, cmd: i32, typ: i32, start: u64, end: u64) -> io::Result<libc::flock> {
+    // SAFETY: plain data.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start.min(i64::MAX as u64) as libc::off_t;
+    // FUSE says "to end of file" with u64::MAX (OFFSET_MAX); flock says 0.
+    fl.l_len = if end >= i64::MAX as u64 {
+        0
+    } else {
+        (end - start + 1) as libc::off_t
+    };
+    retry(|| {
+        // SAFETY: an open descriptor and a valid flock.
+        check(unsafe { libc::fcntl(fd, cmd, &mut fl) })
+    })?;
+    Ok(fl)
 }
 
 /// One timestamp for utimensat: None = leave it (UTIME_OMIT).
@@ -193,19 +358,6 @@ fn timespec(t: &Time) -> libc::timespec {
             }
         }
     }
-}
-
-pub fn utimens_at(dir: RawFd, leaf: &CStr, atime: &Time, mtime: &Time) -> io::Result<()> {
-    let times = [timespec(atime), timespec(mtime)];
-    // SAFETY: valid dirfd, C string and two timespecs.
-    check(unsafe {
-        libc::utimensat(
-            dir,
-            leaf.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
 }
 
 pub fn ftruncate(fd: RawFd, size_bytes: u64) -> io::Result<()> {
@@ -309,7 +461,8 @@ mod tests {
         std::os::unix::fs::symlink(&victim, inner.join("link")).unwrap();
         let dir = std::fs::File::open(&inner).unwrap();
         let before = std::fs::metadata(&victim).unwrap();
-        let e = chmod_at(dir.as_raw_fd(), c"link", 0o777).unwrap_err();
+        let link = open_at(dir.as_raw_fd(), c"link", libc::O_PATH, 0).unwrap();
+        let e = chmod_fd(link.as_raw_fd(), 0o777).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
         assert_eq!(
             std::fs::metadata(&victim).unwrap().permissions(),

@@ -47,7 +47,7 @@ fn mount(options: FsOptions, populate: impl FnOnce(&Path)) -> Mounted {
             DatasetConfig::default(),
         )
         .unwrap();
-    let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, options);
+    let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, options).unwrap();
     let session = l2arc_fuse::mount(fs, &mnt, &MountOptions::default())
         .unwrap_or_else(|e| panic!("mount failed ({e}): run scripts/setup.sh (fuse3)"));
     Mounted {

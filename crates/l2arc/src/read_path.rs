@@ -173,6 +173,7 @@ fn generation_token(generation: &Generation, epoch: u64) -> u64 {
         generation.ino,
         generation.size_bytes,
         generation.mtime_ns,
+        generation.ctime_ns,
         epoch,
     ))
 }
@@ -501,6 +502,29 @@ impl Cache {
     ) -> io::Result<ObjectHandle> {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open(name, writable)?;
+        self.open_object(dataset_id, dataset, object)
+    }
+
+    /// Opens an object from a file the caller already opened in the
+    /// dataset's tree (`Primary::open_file`), and revalidates what the cache
+    /// knows of it. Hard links share one object: the identity is the inode.
+    pub fn open_file(
+        &self,
+        dataset_id: DatasetId,
+        file: std::fs::File,
+        writable: bool,
+    ) -> io::Result<ObjectHandle> {
+        let dataset = self.dataset(dataset_id)?;
+        let object = dataset.primary.open_file(file, writable)?;
+        self.open_object(dataset_id, dataset, object)
+    }
+
+    fn open_object(
+        &self,
+        dataset_id: DatasetId,
+        dataset: Arc<Dataset>,
+        object: Arc<dyn PrimaryObject>,
+    ) -> io::Result<ObjectHandle> {
         let info = object.info()?;
         let state = {
             let mut objects = self.objects.lock().expect("object table poisoned");

@@ -181,7 +181,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ..DatasetConfig::default()
         },
     )?;
-    let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, FsOptions::default());
+    let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, FsOptions::default())?;
     let session = l2arc_fuse::mount(fs, &mnt, &MountOptions::default())
         .context("mount (is fusermount3 installed? scripts/setup.sh installs it)")?;
     let mounted = Mounted {

@@ -376,6 +376,25 @@ impl Primary for DirPrimary {
     fn describe(&self) -> String {
         format!("dir {}", self.root.display())
     }
+
+    fn open_file(&self, file: File, _writable: bool) -> io::Result<Arc<dyn PrimaryObject>> {
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "inode {} under {} is not a regular file",
+                    meta.ino(),
+                    self.root.display()
+                ),
+            ));
+        }
+        Ok(Arc::new(DirObject {
+            path: format!("inode {} under {}", meta.ino(), self.root.display()),
+            id: self.object_id(meta.dev(), meta.ino()),
+            file,
+        }))
+    }
 }
 
 /// One open file of a [`DirPrimary`].
@@ -393,14 +412,7 @@ impl PrimaryObject for DirObject {
             .map_err(|e| io::Error::new(e.kind(), format!("fstat {}: {e}", self.path)))?;
         Ok(ObjectInfo {
             id: self.id,
-            generation: Generation {
-                ino: meta.ino(),
-                size_bytes: meta.size(),
-                mtime_ns: meta
-                    .mtime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.mtime_nsec()),
-            },
+            generation: Generation::of(&meta),
         })
     }
 

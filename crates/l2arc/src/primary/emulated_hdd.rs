@@ -196,6 +196,16 @@ impl Primary for EmulatedHdd {
         }))
     }
 
+    fn open_file(&self, file: std::fs::File, writable: bool) -> io::Result<Arc<dyn PrimaryObject>> {
+        let inner = self.inner.open_file(file, writable)?;
+        let id = inner.info()?.id;
+        Ok(Arc::new(HddObject {
+            inner,
+            array: self.array.clone(),
+            id,
+        }))
+    }
+
     fn describe(&self) -> String {
         let c = &self.array.config;
         format!(

@@ -387,12 +387,8 @@ impl PrimaryObject for ImageObject {
         Ok(ObjectInfo {
             id: meta.ino(),
             generation: Generation {
-                ino: meta.ino(),
                 size_bytes,
-                mtime_ns: meta
-                    .mtime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.mtime_nsec()),
+                ..Generation::of(&meta)
             },
         })
     }

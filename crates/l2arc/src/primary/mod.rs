@@ -23,13 +23,49 @@ pub mod dir;
 pub mod emulated_hdd;
 pub mod image;
 
-/// Which version of an object the cache saw: for a file, inode, size and
-/// modification time. Any difference means the cached bytes may be stale.
+/// Which version of an object the cache saw: for a file, inode, size,
+/// modification time and change time. Any difference means the cached bytes
+/// may be stale.
+///
+/// The change time is what makes the token exact: `touch -r`, `cp -p`,
+/// rsync and tar set a file's mtime back after rewriting it, but no user can
+/// set ctime, and every write, truncate or attribute change moves it. (Linux
+/// keeps its finer change counter, i_version, to itself: statx does not
+/// report it.) A ctime change that is not a content change (chmod, a new
+/// hard link) costs a needless miss, never a wrong hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Generation {
     pub ino: u64,
     pub size_bytes: u64,
     pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl Generation {
+    /// The generation of a file as `fstat` describes it.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            ino: meta.ino(),
+            size_bytes: meta.size(),
+            mtime_ns: nanos(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The same from a raw `struct stat` (front ends that call fstatat).
+    pub fn of_stat(st: &libc::stat) -> Self {
+        Self {
+            ino: st.st_ino,
+            size_bytes: st.st_size as u64,
+            mtime_ns: nanos(st.st_mtime, st.st_mtime_nsec),
+            ctime_ns: nanos(st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+}
+
+fn nanos(sec: i64, nsec: i64) -> i64 {
+    sec.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
 /// What `stat` says about an object now.
@@ -54,6 +90,18 @@ pub trait Primary: Send + Sync + 'static {
 
     /// One line for logs and error messages ("dir /srv/data", "image /dev/sdb").
     fn describe(&self) -> String;
+
+    /// Adopts a file that the caller already opened in this primary's tree
+    /// (a front end that resolves names itself, such as the FUSE mount,
+    /// which holds a descriptor per inode). `writable` says whether `file`
+    /// was opened for writing. Primaries that are not files refuse.
+    fn open_file(&self, file: std::fs::File, writable: bool) -> io::Result<Arc<dyn PrimaryObject>> {
+        let _ = (file, writable);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot adopt an open file", self.describe()),
+        ))
+    }
 }
 
 /// An open object of a [`Primary`]. Shared by every reader of that object.
