@@ -50,3 +50,11 @@ for component in rustfmt clippy; do
     command -v rustup >/dev/null 2>&1 && rustup component add "$component"
   fi
 done
+
+# pjdfstest (the Rust port of the POSIX file-system test suite) checks the
+# FUSE mount against its source in the test suite.
+PJDFSTEST_VERSION="0.2.2"
+if ! "$HOME/.cargo/bin/pjdfstest" -V 2>/dev/null | grep -q "$PJDFSTEST_VERSION"; then
+  echo "setup: installing pjdfstest $PJDFSTEST_VERSION with cargo" >&2
+  cargo install --quiet --locked pjdfstest --version "$PJDFSTEST_VERSION"
+fi

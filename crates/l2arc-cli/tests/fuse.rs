@@ -6,7 +6,8 @@
 //! is a failure that says to run scripts/setup.sh, never a skip.
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -510,15 +511,20 @@ fn nothing_outside_the_source_is_reachable() {
     std::fs::rename(src.join("e"), src.join("e.old")).unwrap();
     std::os::unix::fs::symlink(root.join("s/outdir"), src.join("e")).unwrap();
     for name in ["d/f", "e/f"] {
-        // Our lookups and opens resolve beneath SRC: the stale name fails.
+        // The kernel's cached name still leads to the directory it named,
+        // now `d.old` (inside SRC): its bytes or an error, never the
+        // symlink's target outside.
         match std::fs::read(mnt.join(name)) {
-            Ok(bytes) => panic!(
+            Ok(bytes) => assert!(
+                bytes.starts_with(b"inside"),
                 "{name} read {:?} from outside the source",
                 String::from_utf8_lossy(&bytes)
             ),
-            Err(e) => assert_eq!(
-                e.kind(),
-                std::io::ErrorKind::PermissionDenied,
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::NotFound
+                ),
                 "{name}: {e}"
             ),
         }
@@ -688,4 +694,440 @@ fn refuses_a_mount_point_inside_the_source() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("inside the source tree"), "{stderr}");
     assert!(!is_mounted(&src.join("inner")));
+}
+
+/// Reads all of `file` by pread (the same descriptor each time).
+fn pread_all(file: &std::fs::File, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match file.read_at(&mut buf[done..], done as u64).unwrap() {
+            0 => break,
+            n => done += n,
+        }
+    }
+    buf.truncate(done);
+    buf
+}
+
+#[test]
+fn open_files_see_changes_behind_the_mount() {
+    // A reader holds a file open on the mount while the source changes
+    // behind it; after the attribute timeout the same descriptor must read
+    // exactly what the source's own descriptor of that file reads: never
+    // old bytes, never a mix. Each check reads every block.
+    const LEN: usize = 1 << 20;
+    let (_dir, src, mnt) = tree();
+    let path = src.join("f");
+    std::fs::write(&path, pattern(1, LEN)).unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    let through = std::fs::File::open(mnt.join("f")).unwrap();
+    let direct = std::fs::File::open(&path).unwrap();
+    let check = |what: &str| {
+        settle();
+        let want = pread_all(&direct, 4 * LEN);
+        // Twice: the first read may fill the page cache, the second is served by it.
+        for round in 0..2 {
+            let got = pread_all(&through, 4 * LEN);
+            assert_eq!(got.len(), want.len(), "{what}: size (round {round})");
+            for (i, (g, w)) in got.chunks(4096).zip(want.chunks(4096)).enumerate() {
+                assert!(
+                    g == w,
+                    "{what}: block {i} differs from the source (round {round})"
+                );
+            }
+        }
+    };
+    check("initial");
+
+    // In place, same size, mtime set back (cp -p, rsync, tar do this).
+    let before = std::fs::metadata(&path).unwrap();
+    let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    writer.write_all_at(&pattern(2, 8192), 8192).unwrap();
+    writer
+        .set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(before.accessed().unwrap())
+                .set_modified(before.modified().unwrap()),
+        )
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().modified().unwrap(),
+        before.modified().unwrap()
+    );
+    check("same size, mtime restored");
+
+    // Grown and then truncated in place.
+    writer.write_all_at(&pattern(3, LEN), LEN as u64).unwrap();
+    check("grown");
+    writer.set_len(300_001).unwrap();
+    check("truncated");
+    drop(writer);
+
+    // Replaced by rename: the descriptor keeps the file it opened (now
+    // unlinked), exactly as a descriptor on the source does; a new open
+    // gets the new file.
+    std::fs::write(src.join("f.new"), pattern(4, LEN)).unwrap();
+    std::fs::rename(src.join("f.new"), &path).unwrap();
+    check("replaced by rename (held descriptor)");
+    assert!(
+        std::fs::read(mnt.join("f")).unwrap() == pattern(4, LEN),
+        "a new open after rename-replace"
+    );
+    drop(through);
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// Runs `f` in a child process as uid/gid 65534 (nobody) with umask 0;
+/// the child's exit code is `f`'s result (0 = ok).
+fn as_nobody(f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only makes system calls and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: plain system calls in the child.
+        unsafe {
+            libc::umask(0);
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                libc::_exit(100);
+            }
+        }
+        let code = f();
+        // SAFETY: leave the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status), "child died: {status}");
+    libc::WEXITSTATUS(status)
+}
+
+#[test]
+fn files_made_through_the_mount_belong_to_the_caller() {
+    let (dir, src, mnt) = tree();
+    // Let nobody reach and write the tree.
+    for p in [dir.path(), &src] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let m = Mount::start(&src, &mnt, &["--allow-other"]);
+    let code = as_nobody(|| {
+        let step = |ok: bool, code: i32| if ok { 0 } else { code };
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .mode(0o4777)
+            .open(mnt.join("file"));
+        let mut failed = step(f.is_ok(), 1);
+        failed |= step(
+            std::fs::DirBuilder::new()
+                .mode(0o777)
+                .create(mnt.join("dir"))
+                .is_ok(),
+            2,
+        );
+        failed |= step(
+            std::os::unix::fs::symlink("file", mnt.join("link")).is_ok(),
+            4,
+        );
+        // The owner may set the times of what it made.
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000);
+        let times = std::fs::FileTimes::new().set_modified(when);
+        failed |= step(f.is_ok_and(|f| f.set_times(times).is_ok()), 8);
+        failed
+    });
+    assert_eq!(code, 0, "nobody could not create through the mount");
+    for (name, mode) in [("file", 0o4777), ("dir", 0o777)] {
+        let meta = std::fs::symlink_metadata(src.join(name)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{name} owner");
+        assert_eq!(meta.mode() & 0o7777, mode, "{name} mode (umask 0)");
+    }
+    let link = std::fs::symlink_metadata(src.join("link")).unwrap();
+    assert_eq!((link.uid(), link.gid()), (65534, 65534), "symlink owner");
+    assert_eq!(
+        std::fs::metadata(src.join("file")).unwrap().mtime(),
+        2_000_000
+    );
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn inodes_links_unlinked_files_deep_trees_and_byte_names() {
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("a"), b"linked").unwrap();
+    let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
+
+    // Hard links: one st_ino (the source's), and a change through one name
+    // shows through the other at once, whatever the attribute timeout.
+    let src_ino = std::fs::metadata(src.join("a")).unwrap().ino();
+    std::fs::hard_link(mnt.join("a"), mnt.join("b")).unwrap();
+    let (a, b) = (
+        std::fs::metadata(mnt.join("a")).unwrap(),
+        std::fs::metadata(mnt.join("b")).unwrap(),
+    );
+    assert_eq!((a.ino(), b.ino()), (src_ino, src_ino));
+    assert_eq!(a.nlink(), 2);
+    std::fs::set_permissions(mnt.join("b"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        std::fs::metadata(mnt.join("a")).unwrap().mode() & 0o777,
+        0o600
+    );
+    std::fs::remove_file(mnt.join("b")).unwrap();
+    assert_eq!(std::fs::metadata(mnt.join("a")).unwrap().nlink(), 1);
+    // st_ino stays across a rename.
+    std::fs::rename(mnt.join("a"), mnt.join("a2")).unwrap();
+    assert_eq!(std::fs::metadata(mnt.join("a2")).unwrap().ino(), src_ino);
+
+    // An open file whose name is gone keeps working, as on ext4.
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .truncate(true)
+        .open(mnt.join("tmp"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"hello world").unwrap();
+    std::fs::remove_file(mnt.join("tmp")).unwrap();
+    let meta = f.metadata().unwrap();
+    assert_eq!((meta.nlink(), meta.len()), (0, 11));
+    f.set_len(5).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 5);
+    f.write_all_at(b"HELLO", 0).unwrap();
+    assert_eq!(pread_all(&f, 100), b"HELLO");
+    drop(f);
+
+    // A tree deeper than PATH_MAX below the source root.
+    let component = "d".repeat(200);
+    let mut dir = std::fs::File::open(&mnt).unwrap();
+    for _ in 0..40 {
+        let c = std::ffi::CString::new(component.as_str()).unwrap();
+        // SAFETY: valid descriptor and C string.
+        assert_eq!(
+            unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) },
+            0
+        );
+        // SAFETY: as above; the result is checked.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            )
+        };
+        assert!(
+            fd >= 0,
+            "openat at depth: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh descriptor we own.
+        dir = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    }
+    // SAFETY: valid descriptor and C string.
+    let leaf = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c"leaf".as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+        )
+    };
+    assert!(
+        leaf >= 0,
+        "create 8,000 characters deep: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: our descriptor.
+    unsafe { libc::close(leaf) };
+    drop(dir); // an open directory would keep the mount busy at stop
+
+    // Names are bytes: not UTF-8 is fine.
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    std::fs::write(mnt.join(name), b"latin-1").unwrap();
+    assert_eq!(std::fs::read(src.join(name)).unwrap(), b"latin-1");
+    assert!(
+        std::fs::read_dir(&mnt)
+            .unwrap()
+            .any(|e| e.unwrap().file_name() == name)
+    );
+
+    // Extended attributes pass through.
+    let c = |s: &str| std::ffi::CString::new(s).unwrap();
+    let (file, key) = (c(mnt.join("a2").to_str().unwrap()), c("user.l2arc"));
+    // SAFETY: valid C strings and buffer.
+    let set = unsafe { libc::setxattr(file.as_ptr(), key.as_ptr(), b"v1".as_ptr().cast(), 2, 0) };
+    assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
+    let on_src = c(src.join("a2").to_str().unwrap());
+    let mut buf = [0u8; 16];
+    // SAFETY: as above.
+    let n = unsafe { libc::getxattr(on_src.as_ptr(), key.as_ptr(), buf.as_mut_ptr().cast(), 16) };
+    assert_eq!(&buf[..n as usize], b"v1");
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn posix_locks_conflict_with_locks_on_the_source() {
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("f"), vec![0u8; 4096]).unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    let lock = |file: &std::fs::File, typ: i32| {
+        // SAFETY: plain data.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        // SAFETY: an open descriptor and a valid flock.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // Another process holds a write lock on the source itself.
+    // SAFETY: the child only makes system calls and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(src.join("f"))
+            .unwrap();
+        let code = if lock(&f, libc::F_WRLCK as i32).is_ok() {
+            0
+        } else {
+            1
+        };
+        std::thread::sleep(Duration::from_secs(3));
+        // SAFETY: leave the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let through = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("f"))
+        .unwrap();
+    let e = lock(&through, libc::F_WRLCK as i32).expect_err("the source's lock must conflict");
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)),
+        "{e}"
+    );
+    let mut status = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child could not lock the source"
+    );
+    // Free now: the mount's lock is taken, and it conflicts with the source.
+    lock(&through, libc::F_WRLCK as i32).expect("lock once the source's is gone");
+    let direct = std::fs::OpenOptions::new()
+        .write(true)
+        .open(src.join("f"))
+        .unwrap();
+    // SAFETY: see above.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = if lock(&direct, libc::F_WRLCK as i32).is_err() {
+            0
+        } else {
+            1
+        };
+        // SAFETY: leave the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the mount's lock did not reach the source"
+    );
+    // Closing the descriptor drops the lock, as on the source.
+    drop(through);
+    lock(&direct, libc::F_WRLCK as i32).expect("released at close");
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// pjdfstest's summary line: (failed, skipped, passed) and the names of
+/// the tests that did not pass.
+fn pjdfstest(dir: &Path) -> ((u64, u64, u64), Vec<String>) {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pjdfstest/linux.toml");
+    let out = Command::new("pjdfstest")
+        .arg("-c")
+        .arg(&config)
+        .arg("-p")
+        .arg(dir)
+        .output()
+        .expect("pjdfstest is missing: run scripts/setup.sh (cargo install pjdfstest)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("Summary:"))
+        .unwrap_or_else(|| panic!("no summary from pjdfstest on {dir:?}:\n{text}"));
+    let num = |word: &str| -> u64 {
+        let at = summary.find(word).unwrap_or_else(|| panic!("{summary}"));
+        summary[..at]
+            .trim_end()
+            .rsplit([' ', ','])
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let not_passed = text
+        .lines()
+        .filter(|l| l.trim_end().ends_with("skipped") || l.contains("FAILED"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    (
+        (num(" failed"), num(" skipped"), num(" passed")),
+        not_passed,
+    )
+}
+
+#[test]
+fn pjdfstest_fails_nothing_on_the_mount_that_the_source_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    // pjdfstest switches to unprivileged users: they must reach the trees.
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (bare, src, mnt) = (root.join("bare"), root.join("src"), root.join("mnt"));
+    for d in [&bare, &src, &mnt] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let (source, source_not_passed) = pjdfstest(&bare);
+    assert!(
+        source.2 > 300,
+        "pjdfstest ran too little on the source: {source:?}"
+    );
+    let m = Mount::start(&src, &mnt, &["--allow-other"]);
+    let (mount, mount_not_passed) = pjdfstest(&mnt);
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    eprintln!("pjdfstest (failed, skipped, passed): source {source:?}, mount {mount:?}");
+    // glibc's pathconf(LINK_MAX) knows no limit for FUSE, so pjdfstest
+    // skips that one test on any FUSE mount.
+    let fuse_skips = ["link::link_count_max"];
+    let extra: Vec<&String> = mount_not_passed
+        .iter()
+        .filter(|t| !source_not_passed.contains(t) && !fuse_skips.contains(&t.as_str()))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "not passed on the mount but passed on the source: {extra:?}"
+    );
+    assert!(
+        mount.0 <= source.0,
+        "failures: mount {mount:?}, source {source:?}"
+    );
+    assert!(
+        mount.2 + 1 >= source.2,
+        "passes: mount {mount:?}, source {source:?}"
+    );
 }

@@ -227,7 +227,7 @@ mod tests {
         std::fs::hard_link(dir.path().join("a"), dir.path().join("b")).unwrap();
         std::fs::write(dir.path().join("c"), b"y").unwrap();
         let (root, dev, ino, _) = path_fd(dir.path());
-        let mut t = InodeTable::new(root, dev, ino, 3);
+        let mut t = InodeTable::new(root, dev, ino, 2);
 
         let (fd, dev, ino, mode) = path_fd(&dir.path().join("a"));
         let a = t.lookup(fd, dev, ino, mode).unwrap();

@@ -159,3 +159,43 @@ fn inode_table_is_bounded() {
     let e = results[5].as_ref().unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENFILE), "{e}");
 }
+
+#[test]
+fn hot_files_are_served_by_the_page_cache_until_the_source_changes() {
+    const LEN: usize = 4 << 20;
+    let m = mount(FsOptions::default(), |src| {
+        std::fs::write(src.join("hot"), vec![1u8; LEN]).unwrap();
+    });
+    let src = m._dir.path().join("src/hot");
+    assert!(std::fs::read(m.mnt.join("hot")).unwrap() == vec![1u8; LEN]);
+    let reads = stat(&m.cache, "reads");
+    for _ in 0..3 {
+        // Each a new open: the kernel keeps its pages (FOPEN_KEEP_CACHE).
+        assert!(std::fs::read(m.mnt.join("hot")).unwrap() == vec![1u8; LEN]);
+    }
+    assert_eq!(
+        stat(&m.cache, "reads"),
+        reads,
+        "re-reading a hot file reached the daemon instead of the page cache"
+    );
+
+    // Rewritten behind the mount, same size, mtime set back: the next open
+    // must not keep the old pages.
+    use std::os::unix::fs::FileExt;
+    let before = std::fs::metadata(&src).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+    f.write_all_at(&vec![2u8; LEN], 0).unwrap();
+    f.set_times(
+        std::fs::FileTimes::new()
+            .set_accessed(before.accessed().unwrap())
+            .set_modified(before.modified().unwrap()),
+    )
+    .unwrap();
+    drop(f);
+    std::thread::sleep(std::time::Duration::from_millis(1200)); // the name's TTL
+    assert!(
+        std::fs::read(m.mnt.join("hot")).unwrap() == vec![2u8; LEN],
+        "old bytes from the page cache after a change behind the mount"
+    );
+    assert!(stat(&m.cache, "reads") > reads);
+}
