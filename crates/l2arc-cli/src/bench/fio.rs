@@ -55,3 +55,44 @@ pub fn run_json(dir: Option<&Path>, args: &[String]) -> Result<FioRead> {
         latency_us_p99: percentile("99.000000")?,
     })
 }
+
+/// IOPS in each whole second of a run, summed over its jobs, from the logs
+/// fio writes with `--write_iops_log=PREFIX --log_avg_msec=1000` (one file
+/// per job: PREFIX_iops.N.log, lines of `msec, iops, dir, bs, offset`).
+/// The last, partial second of each job is left out.
+pub fn iops_per_second(prefix: &Path) -> Result<Vec<f64>> {
+    let dir = prefix
+        .parent()
+        .context("iops log prefix has no directory")?;
+    let stem = prefix
+        .file_name()
+        .and_then(|s| s.to_str())
+        .context("iops log prefix")?;
+    let mut jobs: Vec<Vec<f64>> = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with(&format!("{stem}_iops.")) && name.ends_with(".log")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(dir.join(&*name))?;
+        jobs.push(
+            text.lines()
+                .filter_map(|l| l.split(',').nth(1)?.trim().parse().ok())
+                .collect(),
+        );
+    }
+    if jobs.is_empty() {
+        bail!("fio wrote no iops log under {}", prefix.display());
+    }
+    // Seconds every job covered in whole (each job's last one is partial).
+    let seconds = jobs
+        .iter()
+        .map(|j| j.len().saturating_sub(1))
+        .min()
+        .unwrap_or(0);
+    let totals = (0..seconds)
+        .map(|i| jobs.iter().map(|j| j[i]).sum())
+        .collect();
+    Ok(totals)
+}
