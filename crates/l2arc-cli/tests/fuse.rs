@@ -816,6 +816,7 @@ fn files_made_through_the_mount_belong_to_the_caller() {
         let step = |ok: bool, code: i32| if ok { 0 } else { code };
         let f = std::fs::OpenOptions::new()
             .create(true)
+            .truncate(false)
             .write(true)
             .mode(0o4777)
             .open(mnt.join("file"));
@@ -994,7 +995,7 @@ fn posix_locks_conflict_with_locks_on_the_source() {
             .write(true)
             .open(src.join("f"))
             .unwrap();
-        let code = if lock(&f, libc::F_WRLCK as i32).is_ok() {
+        let code = if lock(&f, libc::F_WRLCK).is_ok() {
             0
         } else {
             1
@@ -1008,7 +1009,7 @@ fn posix_locks_conflict_with_locks_on_the_source() {
         .write(true)
         .open(mnt.join("f"))
         .unwrap();
-    let e = lock(&through, libc::F_WRLCK as i32).expect_err("the source's lock must conflict");
+    let e = lock(&through, libc::F_WRLCK).expect_err("the source's lock must conflict");
     assert!(
         matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)),
         "{e}"
@@ -1022,7 +1023,7 @@ fn posix_locks_conflict_with_locks_on_the_source() {
         "the child could not lock the source"
     );
     // Free now: the mount's lock is taken, and it conflicts with the source.
-    lock(&through, libc::F_WRLCK as i32).expect("lock once the source's is gone");
+    lock(&through, libc::F_WRLCK).expect("lock once the source's is gone");
     let direct = std::fs::OpenOptions::new()
         .write(true)
         .open(src.join("f"))
@@ -1030,7 +1031,7 @@ fn posix_locks_conflict_with_locks_on_the_source() {
     // SAFETY: see above.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let code = if lock(&direct, libc::F_WRLCK as i32).is_err() {
+        let code = if lock(&direct, libc::F_WRLCK).is_err() {
             0
         } else {
             1
@@ -1047,7 +1048,7 @@ fn posix_locks_conflict_with_locks_on_the_source() {
     );
     // Closing the descriptor drops the lock, as on the source.
     drop(through);
-    lock(&direct, libc::F_WRLCK as i32).expect("released at close");
+    lock(&direct, libc::F_WRLCK).expect("released at close");
     let (status, log) = m.stop();
     assert!(status.success(), "{log}");
 }

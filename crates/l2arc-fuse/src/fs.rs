@@ -60,7 +60,7 @@ use l2arc::{Cache, DatasetId, ObjectHandle};
 
 use crate::creds;
 use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID};
-use crate::locks::LockTable;
+use crate::locks::{LockRange, LockTable};
 use crate::readahead::ReadAhead;
 use crate::sys;
 
@@ -1138,9 +1138,10 @@ impl Filesystem for CachedFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
-        let result = self
-            .inode(ino)
-            .and_then(|inode| self.locks.test(&inode, lock_owner.0, typ, start, end));
+        let result = self.inode(ino).and_then(|inode| {
+            self.locks
+                .test(&inode, lock_owner.0, LockRange { typ, start, end })
+        });
         match result {
             Ok(Some(lock)) => reply.locked(lock.start, lock.end, lock.typ, lock.pid),
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
@@ -1162,9 +1163,10 @@ impl Filesystem for CachedFs {
         reply: ReplyEmpty,
     ) {
         match self.inode(ino) {
-            Ok(inode) => self
-                .locks
-                .set(&inode, lock_owner.0, typ, start, end, sleep, reply),
+            Ok(inode) => {
+                let lock = LockRange { typ, start, end };
+                self.locks.set(&inode, lock_owner.0, lock, sleep, reply);
+            }
             Err(e) => reply.error(e),
         }
     }

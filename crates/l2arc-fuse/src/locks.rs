@@ -33,6 +33,15 @@ use crate::sys;
 /// Blocked lock requests waiting at once.
 const WAITERS_MAX: usize = 64;
 
+/// A lock request: its type (F_RDLCK, F_WRLCK, F_UNLCK) and byte range,
+/// `end` inclusive (u64::MAX or OFFSET_MAX: to the end of the file).
+#[derive(Clone, Copy, Debug)]
+pub struct LockRange {
+    pub typ: i32,
+    pub start: u64,
+    pub end: u64,
+}
+
 /// A lock that conflicts with a test (F_GETLK).
 pub struct Conflict {
     pub start: u64,
@@ -80,12 +89,10 @@ impl LockTable {
         &self,
         inode: &Inode,
         owner: u64,
-        typ: i32,
-        start: u64,
-        end: u64,
+        lock: LockRange,
     ) -> Result<Option<Conflict>, Errno> {
         let fd = self.owner_fd(inode, owner)?;
-        let fl = sys::ofd_lock(fd.as_raw_fd(), libc::F_OFD_GETLK, typ, start, end)
+        let fl = sys::ofd_lock(fd.as_raw_fd(), libc::F_OFD_GETLK, lock)
             .map_err(|e| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))?;
         if i32::from(fl.l_type) == libc::F_UNLCK {
             return Ok(None);
@@ -111,9 +118,7 @@ impl LockTable {
         &self,
         inode: &Inode,
         owner: u64,
-        typ: i32,
-        start: u64,
-        end: u64,
+        lock: LockRange,
         sleep: bool,
         reply: fuser::ReplyEmpty,
     ) {
@@ -122,9 +127,9 @@ impl LockTable {
             Err(e) => return reply.error(e),
         };
         let to_errno = |e: std::io::Error| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO));
-        match sys::ofd_lock(fd.as_raw_fd(), libc::F_OFD_SETLK, typ, start, end) {
+        match sys::ofd_lock(fd.as_raw_fd(), libc::F_OFD_SETLK, lock) {
             Ok(_) => return reply.ok(),
-            Err(e) if !sleep || typ == libc::F_UNLCK => return reply.error(to_errno(e)),
+            Err(e) if !sleep || lock.typ == libc::F_UNLCK => return reply.error(to_errno(e)),
             Err(e) if !matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
                 return reply.error(to_errno(e));
             }
@@ -138,7 +143,7 @@ impl LockTable {
         let spawned = std::thread::Builder::new()
             .name("l2arc-fuse-lockw".into())
             .spawn(move || {
-                match sys::ofd_lock(fd.as_raw_fd(), libc::F_OFD_SETLKW, typ, start, end) {
+                match sys::ofd_lock(fd.as_raw_fd(), libc::F_OFD_SETLKW, lock) {
                     Ok(_) => reply.ok(),
                     Err(e) => reply.error(to_errno(e)),
                 }

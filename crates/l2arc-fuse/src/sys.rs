@@ -301,7 +301,8 @@ pub fn raise_nofile_limit(wanted: u64) -> u64 {
 /// An open-file-description lock (F_OFD_*): owned by the descriptor, so it
 /// conflicts with every other descriptor's and every process's locks on the
 /// source, as the caller's POSIX lock would.
-pub fn ofd_lock(fd: RawFd, cmd: i32, typ: i32, start: u64, end: u64) -> io::Result<libc::flock> {
+pub fn ofd_lock(fd: RawFd, cmd: i32, lock: crate::locks::LockRange) -> io::Result<libc::flock> {
+    let crate::locks::LockRange { typ, start, end } = lock;
     // SAFETY: plain data.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = typ as libc::c_short;
