@@ -58,8 +58,9 @@ struct Row {
     source: Side,
     mount_over_source: f64,
     mount_over_source_min_1s: f64,
-    /// ARC hit ratio of the reads the daemon served during the mount's run.
-    mount_arc_hit_ratio: f64,
+    /// ARC hit ratio of the reads the daemon served during the mount's run
+    /// (None: none reached it, the page cache served them all).
+    mount_arc_hit_ratio: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -310,14 +311,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     super::emit(args.json, &report, print_table)
 }
 
-fn arc_hit_ratio(before: &l2arc::CacheStats, after: &l2arc::CacheStats) -> f64 {
+fn arc_hit_ratio(before: &l2arc::CacheStats, after: &l2arc::CacheStats) -> Option<f64> {
     let hits = after.arc.hits - before.arc.hits;
     let lookups = hits + (after.arc.misses - before.arc.misses);
-    if lookups == 0 {
-        0.0
-    } else {
-        hits as f64 / lookups as f64
-    }
+    (lookups > 0).then(|| hits as f64 / lookups as f64)
 }
 
 fn print_table(r: &Report) {
@@ -360,9 +357,13 @@ fn print_table(r: &Report) {
                 side.latency_us_p99
             );
         }
+        let daemon = match row.mount_arc_hit_ratio {
+            Some(ratio) => format!("ARC hit ratio of the daemon's reads {ratio:.4}"),
+            None => "no read reached the daemon".to_string(),
+        };
         println!(
-            "{:<36} mount/source {:.2}x (min 1s {:.2}x), ARC hit ratio of the daemon's reads {:.4}",
-            "", row.mount_over_source, row.mount_over_source_min_1s, row.mount_arc_hit_ratio
+            "{:<36} mount/source {:.2}x (min 1s {:.2}x), {daemon}",
+            "", row.mount_over_source, row.mount_over_source_min_1s
         );
     }
 }
