@@ -40,16 +40,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use smallvec::SmallVec;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::arc::live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
-use crate::arc::policy::{AccessKind, DramPolicy, ListId};
+use crate::arc::policy::{AccessKind, DramPolicy};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
 use crate::l2arc::device::{DeviceIo, FileDevice};
 use crate::l2arc::format::Compression;
-use crate::l2arc::{DeviceOpen, FeedRecord, L2Arc, L2ArcConfig};
+use crate::l2arc::{DeviceOpen, L2Arc, L2ArcConfig};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
 use crate::stats::{CacheStats, ReadPathCounters};
 
@@ -149,13 +148,13 @@ impl Default for CacheConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DatasetId(u32);
 
-struct Dataset {
+pub(crate) struct Dataset {
     name: String,
     /// Stable identity across restarts (name and primary), so that L2ARC
     /// records survive a restart and can never be matched to another store.
-    uid: u64,
+    pub(crate) uid: u64,
     primary: Arc<dyn Primary>,
-    config: DatasetConfig,
+    pub(crate) config: DatasetConfig,
 }
 
 /// What the cache remembers of an object, shared by all its handles.
@@ -237,9 +236,10 @@ const INVALIDATIONS_KEPT: usize = 4096;
 
 /// Recent writes, for feeds that raced with them (see the module comment).
 #[derive(Default)]
-struct Invalidations {
-    sequence: u64,
-    recent: VecDeque<(u64, u64)>,
+pub(crate) struct Invalidations {
+    pub(crate) sequence: u64,
+    /// (sequence, hash of (dataset, object)) of recent writes, oldest first.
+    pub(crate) recent: VecDeque<(u64, u64)>,
 }
 
 /// Logs a write to an object for feeds in flight (see `feed_l2arc`).
@@ -254,20 +254,20 @@ fn note_invalidation(invalidations: &mut Invalidations, handle: &ObjectHandle) {
 }
 
 /// The L2 identity of a record: dataset uid, object, record, generation.
-fn l2_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64) -> u64 {
+pub(crate) fn l2_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64) -> u64 {
     hash_one(&(dataset_uid, object, record, token)).max(1)
 }
 
 /// The cache: datasets over primary storage, with the ARC (and, once cache
 /// devices are added, the L2ARC) in front.
 pub struct Cache {
-    config: CacheConfig,
-    arc: LiveArc,
-    datasets: RwLock<Vec<Arc<Dataset>>>,
+    pub(crate) config: CacheConfig,
+    pub(crate) arc: LiveArc,
+    pub(crate) datasets: RwLock<Vec<Arc<Dataset>>>,
     objects: Mutex<FastHashMap<(u32, u64), Arc<ObjectState>>>,
     counters: ReadPathCounters,
-    l2: OnceLock<Arc<L2Arc>>,
-    invalidations: Mutex<Invalidations>,
+    pub(crate) l2: OnceLock<Arc<L2Arc>>,
+    pub(crate) invalidations: Mutex<Invalidations>,
     feeder_started: std::sync::atomic::AtomicBool,
 }
 
@@ -337,7 +337,7 @@ impl Cache {
             let weak = Arc::downgrade(self);
             std::thread::Builder::new()
                 .name("l2arc-feed".into())
-                .spawn(move || feeder_loop(weak))?;
+                .spawn(move || crate::l2arc::feeder::feeder_loop(weak))?;
         }
         Ok(added)
     }
@@ -358,107 +358,6 @@ impl Cache {
         match self.l2.get() {
             Some(l2) => l2.remove_device(slot),
             None => Err(io::Error::new(io::ErrorKind::NotFound, "no cache devices")),
-        }
-    }
-
-    /// One pass of the L2ARC feeder: copy eligible records from the cold
-    /// ends of the ARC (MFU first, then MRU) to the next cache device.
-    pub fn feed_l2arc(&self) -> FeedOutcome {
-        let Some(l2) = self.l2.get() else {
-            return FeedOutcome::default();
-        };
-        let budget_bytes = l2.feed_budget_bytes();
-        if budget_bytes == 0 {
-            return FeedOutcome::default();
-        }
-        let config = l2.config();
-        let start_sequence = self
-            .invalidations
-            .lock()
-            .expect("invalidations poisoned")
-            .sequence;
-        let scan_bytes = budget_bytes.saturating_mul(u64::from(config.l2arc_headroom.max(1)));
-        let per_shard = scan_bytes.div_ceil(self.config.arc_shards as u64).max(1);
-        let mut candidates = Vec::new();
-        self.arc
-            .feed_candidates(ListId::Mfu, per_shard, &mut candidates);
-        if !config.l2arc_mfuonly {
-            self.arc
-                .feed_candidates(ListId::Mru, per_shard, &mut candidates);
-        }
-        let datasets: Vec<Arc<Dataset>> =
-            self.datasets.read().expect("dataset lock poisoned").clone();
-        let mut selected = Vec::new();
-        let mut keys = Vec::new();
-        let mut batch_bytes = 0u64;
-        for (key, record, prefetched) in candidates {
-            if (prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
-                continue;
-            }
-            let Some(dataset) = datasets.get(key.dataset as usize) else {
-                continue;
-            };
-            if dataset.config.secondarycache == CacheMode::None {
-                continue;
-            }
-            let key_hash =
-                l2_key_hash(dataset.uid, key.object, key.record, record.generation_token);
-            if l2.contains(key_hash) {
-                continue;
-            }
-            batch_bytes += record.data.len() as u64;
-            selected.push((key_hash, record, dataset.config.compression));
-            keys.push(key);
-            if batch_bytes >= budget_bytes {
-                break;
-            }
-        }
-        // Copy the selected records out and let go of the buffers: a record
-        // this feed holds cannot be evicted, and the device write below is
-        // slow. (The candidates not selected were released above.)
-        let copies: Vec<(u64, Vec<u8>, Compression)> = selected
-            .into_iter()
-            .map(|(key_hash, record, compression)| (key_hash, record.data.to_vec(), compression))
-            .collect();
-        let batch: Vec<FeedRecord<'_>> = copies
-            .iter()
-            .map(|(key_hash, data, compression)| FeedRecord {
-                key_hash: *key_hash,
-                data,
-                compression: *compression,
-            })
-            .collect();
-        // Index the batch, but not what a write made stale while it was in
-        // flight: decided and done under the lock a write holds while it
-        // drops its records, so that no record copied before a write is
-        // findable once the write has returned.
-        let mut gate = |n: usize, index: &mut dyn FnMut(&[bool])| {
-            let invalidations = self.invalidations.lock().expect("invalidations poisoned");
-            let lost_track = invalidations
-                .recent
-                .front()
-                .is_some_and(|&(sequence, _)| sequence > start_sequence + 1);
-            let written: std::collections::HashSet<u64, crate::hash::FastBuildHasher> =
-                invalidations
-                    .recent
-                    .iter()
-                    .filter(|&&(sequence, _)| sequence > start_sequence)
-                    .map(|&(_, object_hash)| object_hash)
-                    .collect();
-            let keep: Vec<bool> = keys[..n]
-                .iter()
-                .map(|key| !(lost_track || written.contains(&hash_one(&(key.dataset, key.object)))))
-                .collect();
-            index(&keep);
-        };
-        let (bytes, records) = match l2.write_batch_gated(&batch, &mut gate) {
-            Ok(written) => written,
-            Err(_) => return FeedOutcome::default(),
-        };
-        FeedOutcome {
-            records,
-            bytes,
-            full: batch_bytes >= budget_bytes && records == batch.len(),
         }
     }
 
@@ -891,30 +790,5 @@ impl Cache {
     /// Checks the ARC's invariants (tests; O(entries)).
     pub fn assert_consistent(&self) {
         self.arc.assert_consistent();
-    }
-}
-
-/// The feeder thread: feeds while there is work, sleeps when there is none,
-/// and ends with the cache.
-fn feeder_loop(cache: Weak<Cache>) {
-    let mut pause = Duration::from_millis(10);
-    loop {
-        std::thread::sleep(pause);
-        let Some(cache) = cache.upgrade() else {
-            return;
-        };
-        let Some(l2) = cache.l2.get() else {
-            return;
-        };
-        let config = l2.config().clone();
-        let outcome = cache.feed_l2arc();
-        drop(cache);
-        pause = if outcome.full {
-            Duration::ZERO
-        } else if outcome.records > 0 {
-            Duration::from_millis(config.l2arc_feed_min_ms)
-        } else {
-            Duration::from_secs_f64(config.l2arc_feed_secs.clamp(0.001, 3600.0))
-        };
     }
 }

@@ -1,0 +1,219 @@
+//! One cache device's state: where its write hand is, its data area, its
+//! health, and its counters.
+//!
+//! The hand is published (`position`, lap and block in one atomic word)
+//! before a batch is written, so readers stop trusting the region ahead of
+//! it at once; `Geometry::holds` is the one rule that says whether a block
+//! is still intact for a given hand (docs/format.md, "Data area"). The
+//! writer's own state (the header as last written, the log sequence, the
+//! sweep mark) lives under the device's writer mutex.
+
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+use super::device::DeviceIo;
+use super::format::{BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, Location};
+use super::*;
+use crate::buf::AlignedBuf;
+
+/// Device states.
+pub(super) const STATE_REBUILDING: u8 = 0;
+pub(super) const STATE_ONLINE: u8 = 1;
+pub(super) const STATE_FAULTED: u8 = 2;
+pub(super) const STATE_REMOVED: u8 = 3;
+
+/// Counters of one device (ZFS's arcstats `l2_*` names).
+#[derive(Default)]
+pub struct DeviceCounters {
+    pub hits: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub writes_sent: AtomicU64,
+    pub writes_error: AtomicU64,
+    pub feeds: AtomicU64,
+    pub cksum_bad: AtomicU64,
+    pub io_error: AtomicU64,
+    pub evict_reading: AtomicU64,
+    /// Stored bytes of uncompressed records in the index.
+    pub asize_plain: AtomicU64,
+    /// Allocated bytes of compressed records in the index.
+    pub asize_compressed: AtomicU64,
+    /// Logical and allocated bytes of compressed records ever written
+    /// (their ratio estimates the logical size of compressed records).
+    pub compressed_lsize_written: AtomicU64,
+    pub compressed_asize_written: AtomicU64,
+    pub entries: AtomicU64,
+    pub rebuild_success: AtomicU64,
+    pub rebuild_bufs: AtomicU64,
+    pub rebuild_bufs_precached: AtomicU64,
+    pub rebuild_log_blks: AtomicU64,
+    pub rebuild_cksum_lb_errors: AtomicU64,
+    pub rebuild_io_errors: AtomicU64,
+    pub rebuild_dh_errors: AtomicU64,
+    pub rebuild_unsupported: AtomicU64,
+    pub rebuild_ns: AtomicU64,
+}
+
+/// The writer's side of a device, under its mutex.
+pub(super) struct WriterState {
+    pub(super) header: DeviceHeader,
+    /// Sequence of the newest log block written (0 = none).
+    pub(super) log_sequence: u64,
+    /// Lap fraction (in sixteenths) at which the index was last swept.
+    pub(super) swept_at: u64,
+}
+
+pub(crate) struct CacheDevice {
+    pub(super) slot: u8,
+    pub(super) io: Box<dyn DeviceIo>,
+    pub(super) guid: u128,
+    pub(super) start_block: u32,
+    pub(super) end_block: u32,
+    pub(super) batch_blocks_max: u32,
+    /// `lap << 32 | hand_block`, published before each batch is written.
+    pub(super) position: AtomicU64,
+    pub(super) writer: Mutex<WriterState>,
+    pub(super) state: AtomicU8,
+    pub(super) inflight_reads: AtomicU64,
+    pub(super) consecutive_errors: AtomicU32,
+    pub(super) counters: DeviceCounters,
+}
+
+impl CacheDevice {
+    pub(super) fn position(&self) -> (u32, u32) {
+        let p = self.position.load(Ordering::Acquire);
+        ((p >> 32) as u32, p as u32)
+    }
+
+    pub(super) fn geometry(&self) -> Geometry {
+        Geometry {
+            start_block: self.start_block,
+            end_block: self.end_block,
+            batch_blocks_max: self.batch_blocks_max,
+        }
+    }
+
+    /// Whether a block written in `lap_mod32` is still intact on the device.
+    pub(super) fn holds(&self, block: u32, lap_mod32: u32) -> bool {
+        let (lap, hand) = self.position();
+        self.geometry().holds(lap, hand, block, lap_mod32)
+    }
+
+    pub(super) fn holds_location(&self, location: Location) -> bool {
+        let last = location.block() + u32::from(location.asize_blocks()) - 1;
+        self.holds(location.block(), u32::from(location.lap_mod32()))
+            && self.holds(last, u32::from(location.lap_mod32()))
+    }
+
+    pub(super) fn is_online(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == STATE_ONLINE
+    }
+
+    /// Online or rebuilding: what the rebuild has restored may be read.
+    pub(super) fn is_readable(&self) -> bool {
+        matches!(
+            self.state.load(Ordering::SeqCst),
+            STATE_ONLINE | STATE_REBUILDING
+        )
+    }
+
+    pub(super) fn note_error(&self) -> bool {
+        let errors = self.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
+        if errors >= DEVICE_ERRORS_MAX {
+            return self
+                .state
+                .compare_exchange(
+                    STATE_ONLINE,
+                    STATE_FAULTED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok();
+        }
+        false
+    }
+
+    pub(super) fn note_success(&self) {
+        if self.consecutive_errors.load(Ordering::Relaxed) != 0 {
+            self.consecutive_errors.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn data_blocks(&self) -> u64 {
+        u64::from(self.end_block - self.start_block)
+    }
+
+    pub(super) fn write_header(&self, header: &DeviceHeader) -> io::Result<()> {
+        let mut block = AlignedBuf::zeroed(BLOCK_BYTES as usize);
+        let bytes: &mut [u8; 4096] = block
+            .as_mut_slice()
+            .try_into()
+            .expect("header block is 4096 bytes");
+        header.encode(bytes);
+        let copy = (header.sequence % 2) as usize;
+        self.io.write_at(HEADER_COPY_OFFSETS[copy], &block)
+    }
+}
+
+/// Where a device's data area lies and how far a batch may reach.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub start_block: u32,
+    pub end_block: u32,
+    pub batch_blocks_max: u32,
+}
+
+impl Geometry {
+    /// The geometry a device header implies. The largest batch is a
+    /// function of the data area alone, so it is the same after a restart.
+    pub fn of(header: &DeviceHeader) -> Geometry {
+        let data_blocks = ((header.data_end_bytes - header.data_start_bytes) / BLOCK_BYTES) as u32;
+        Geometry {
+            start_block: (header.data_start_bytes / BLOCK_BYTES) as u32,
+            end_block: (header.data_end_bytes / BLOCK_BYTES) as u32,
+            batch_blocks_max: ((BATCH_BYTES_MAX / BLOCK_BYTES) as u32).min(data_blocks / 4),
+        }
+    }
+
+    /// Whether a block written in lap `lap_mod32` is intact when the hand is
+    /// at `hand` in lap `lap` (docs/format.md, "Data area").
+    pub fn holds(&self, lap: u32, hand: u32, block: u32, lap_mod32: u32) -> bool {
+        if block < self.start_block || block >= self.end_block {
+            return false;
+        }
+        if lap_mod32 == lap % 32 {
+            block < hand
+        } else if lap_mod32 == lap.wrapping_sub(1) % 32 {
+            block >= hand.saturating_add(self.batch_blocks_max)
+        } else {
+            false
+        }
+    }
+}
+
+pub(super) fn account_insert(c: &DeviceCounters, location: Location) {
+    c.entries.fetch_add(1, Ordering::Relaxed);
+    if location.compression() == Some(Compression::Off) {
+        c.asize_plain
+            .fetch_add(location.stored_bytes() as u64, Ordering::Relaxed);
+    } else {
+        c.asize_compressed.fetch_add(
+            u64::from(location.asize_blocks()) * BLOCK_BYTES,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+pub(super) fn account_remove(c: &DeviceCounters, location: Location) {
+    c.entries.fetch_sub(1, Ordering::Relaxed);
+    if location.compression() == Some(Compression::Off) {
+        c.asize_plain
+            .fetch_sub(location.stored_bytes() as u64, Ordering::Relaxed);
+    } else {
+        c.asize_compressed.fetch_sub(
+            u64::from(location.asize_blocks()) * BLOCK_BYTES,
+            Ordering::Relaxed,
+        );
+    }
+}

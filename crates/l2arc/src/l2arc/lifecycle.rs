@@ -1,0 +1,205 @@
+//! Adding and removing cache devices.
+//!
+//! A device that holds an L2ARC log of ours is reused (and its index rebuilt
+//! in the background); a blank one, or one of ours whose headers are both
+//! unreadable, is initialised; one that holds anything else is refused
+//! untouched unless `force_init_foreign`. Removal takes the device out of
+//! the rotor and the read path first, waits for reads in flight on it, and
+//! only then drops its index entries and frees its slot.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::cache_device::*;
+use super::device::DeviceIo;
+use super::format::{self, BLOCK_BYTES, DATA_START_BYTES, DeviceHeader, Location};
+use super::*;
+use crate::buf::AlignedBuf;
+
+/// What happened when a device was opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceOpen {
+    /// The header was valid: the index is being rebuilt from the log.
+    Rebuilding,
+    /// The header was valid but rebuild is off: the device starts empty.
+    Reused,
+    /// Blank, or ours but unreadable: initialised empty.
+    Initialised,
+}
+
+impl L2Arc {
+    /// Adds a cache device: reuses and rebuilds it if it holds an L2ARC log,
+    /// initialises it if blank, refuses it if it holds something else (unless
+    /// `force_init_foreign`). Returns the device slot and what was done. The
+    /// rebuild, if any, runs in a background thread.
+    pub fn add_device(self: &Arc<Self>, io: Box<dyn DeviceIo>) -> io::Result<(u8, DeviceOpen)> {
+        let size_bytes = io.size_bytes();
+        let name = io.describe();
+        if size_bytes < DATA_START_BYTES + DEVICE_DATA_BYTES_MIN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "cache device {name}: {size_bytes} bytes is too small (at least {} MiB)",
+                    (DATA_START_BYTES + DEVICE_DATA_BYTES_MIN) >> 20
+                ),
+            ));
+        }
+        let mut headers = AlignedBuf::zeroed(2 * BLOCK_BYTES as usize);
+        io.read_at(0, headers.as_mut_slice()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cache device {name}: cannot read its header: {e}"),
+            )
+        })?;
+        let (a, b) = headers.split_at(BLOCK_BYTES as usize);
+        // A copy of a newer format (our magic, a good checksum, another
+        // version) means a newer build owns the device: never overwrite it,
+        // whatever the other copy holds.
+        let crc_at = format::DEVICE_HEADER_BYTES - 4;
+        for copy in [a, b] {
+            if let Err(e @ format::FormatError::UnsupportedVersion(_)) = DeviceHeader::decode(copy)
+                && copy[crc_at..crc_at + 4] == crc32c::crc32c(&copy[..crc_at]).to_le_bytes()
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("cache device {name}: {e}; refusing to overwrite a newer format"),
+                ));
+            }
+        }
+        let counters = DeviceCounters::default();
+        let (header, open) = match DeviceHeader::choose(a, b) {
+            Ok((header, _)) if header.device_size_bytes <= size_bytes => {
+                if self.config.l2arc_rebuild_enabled {
+                    (header, DeviceOpen::Rebuilding)
+                } else {
+                    (
+                        self.fresh_header(size_bytes, Some(header.sequence)),
+                        DeviceOpen::Reused,
+                    )
+                }
+            }
+            Ok(_) => {
+                // The device shrank: its log may point past the end.
+                counters.rebuild_dh_errors.fetch_add(1, Ordering::Relaxed);
+                (self.fresh_header(size_bytes, None), DeviceOpen::Initialised)
+            }
+            Err(e) => {
+                let ours = a.starts_with(b"L2ARCHDR") || b.starts_with(b"L2ARCHDR");
+                let blank = headers.iter().all(|&x| x == 0);
+                if ours {
+                    counters.rebuild_dh_errors.fetch_add(1, Ordering::Relaxed);
+                } else if !blank && !self.config.force_init_foreign {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "cache device {name} holds data that is not an l2arc cache ({e}); \
+                             refusing to overwrite it (force_init_foreign to use it anyway)"
+                        ),
+                    ));
+                }
+                (self.fresh_header(size_bytes, None), DeviceOpen::Initialised)
+            }
+        };
+
+        let mut devices = self.devices.write().expect("device list poisoned");
+        let slot = match devices.iter().position(Option::is_none) {
+            Some(slot) => slot,
+            None if devices.len() < DEVICES_MAX => {
+                devices.push(None);
+                devices.len() - 1
+            }
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("at most {DEVICES_MAX} cache devices"),
+                ));
+            }
+        };
+        let geometry = Geometry::of(&header);
+        let device = Arc::new(CacheDevice {
+            slot: slot as u8,
+            guid: header.device_guid,
+            start_block: geometry.start_block,
+            end_block: geometry.end_block,
+            batch_blocks_max: geometry.batch_blocks_max,
+            position: AtomicU64::new((u64::from(header.lap) << 32) | u64::from(header.hand_block)),
+            writer: Mutex::new(WriterState {
+                log_sequence: 0,
+                swept_at: 0,
+                header: header.clone(),
+            }),
+            state: AtomicU8::new(STATE_REBUILDING),
+            inflight_reads: AtomicU64::new(0),
+            consecutive_errors: AtomicU32::new(0),
+            counters,
+            io,
+        });
+        if open != DeviceOpen::Rebuilding {
+            device.write_header(&header).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cache device {name}: cannot write its header: {e}"),
+                )
+            })?;
+            device.io.sync()?;
+            device.state.store(STATE_ONLINE, Ordering::SeqCst);
+        }
+        devices[slot] = Some(Arc::clone(&device));
+        drop(devices);
+        if open == DeviceOpen::Rebuilding {
+            let l2 = Arc::clone(self);
+            std::thread::Builder::new()
+                .name(format!("l2arc-rebuild-{slot}"))
+                .spawn(move || l2.rebuild(&device))?;
+        }
+        Ok((slot as u8, open))
+    }
+
+    pub(super) fn fresh_header(&self, size_bytes: u64, old_sequence: Option<u64>) -> DeviceHeader {
+        let end = size_bytes / BLOCK_BYTES * BLOCK_BYTES;
+        DeviceHeader {
+            cache_guid: self.cache_guid,
+            device_guid: random_u128(),
+            device_size_bytes: size_bytes,
+            data_start_bytes: DATA_START_BYTES,
+            data_end_bytes: end,
+            sequence: old_sequence.map_or(1, |s| s + 1),
+            hand_block: (DATA_START_BYTES / BLOCK_BYTES) as u32,
+            lap: 0,
+            newest_log: None,
+        }
+    }
+
+    /// Takes a device out: new reads stop using it, reads in flight finish,
+    /// then its index entries are dropped and its slot is freed.
+    pub fn remove_device(&self, slot: u8) -> io::Result<()> {
+        let device = self.device(slot).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no cache device in slot {slot}"),
+            )
+        })?;
+        device.state.store(STATE_REMOVED, Ordering::SeqCst);
+        while device.inflight_reads.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        // The feeder may be mid-batch on it: wait for the writer to let go.
+        drop(device.writer.lock().expect("writer poisoned"));
+        self.forget_device(&device);
+        let mut devices = self.devices.write().expect("device list poisoned");
+        devices[slot as usize] = None;
+        Ok(())
+    }
+
+    pub(super) fn forget_device(&self, device: &CacheDevice) {
+        let slot = device.slot;
+        self.index.retain(|e| Location(e.location).device() != slot);
+        let c = &device.counters;
+        c.asize_plain.store(0, Ordering::Relaxed);
+        c.asize_compressed.store(0, Ordering::Relaxed);
+        c.entries.store(0, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,120 @@
+//! L2ARC statistics under ZFS's arcstats names (`l2_hits`, `l2_size`,
+//! `l2_asize`, `l2_rebuild_*`, ...), in total and per device.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::cache_device::*;
+use super::format::BLOCK_BYTES;
+use super::*;
+
+/// A snapshot of one device's statistics.
+#[derive(Clone, Debug)]
+pub struct DeviceStats {
+    pub slot: u8,
+    pub description: String,
+    pub state: &'static str,
+    pub size_bytes: u64,
+    pub kstats: Vec<(&'static str, u64)>,
+}
+
+/// L2ARC statistics, summed over devices, with ZFS's names.
+#[derive(Clone, Debug, Default)]
+pub struct L2Stats {
+    pub kstats: Vec<(&'static str, u64)>,
+    pub devices: Vec<DeviceStats>,
+}
+
+impl L2Stats {
+    pub fn get(&self, name: &str) -> u64 {
+        self.kstats
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+pub(super) fn device_kstats_names() -> Vec<&'static str> {
+    let dummy = DeviceCounters::default();
+    kstats_of(&dummy).into_iter().map(|(n, _)| n).collect()
+}
+
+pub(super) fn device_kstats(device: &CacheDevice) -> Vec<(&'static str, u64)> {
+    kstats_of(&device.counters)
+}
+
+pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let plain = get(&c.asize_plain);
+    let compressed = get(&c.asize_compressed);
+    let ratio = if get(&c.compressed_asize_written) == 0 {
+        1.0
+    } else {
+        get(&c.compressed_lsize_written) as f64 / get(&c.compressed_asize_written) as f64
+    };
+    vec![
+        ("l2_hits", get(&c.hits)),
+        ("l2_feeds", get(&c.feeds)),
+        ("l2_read_bytes", get(&c.read_bytes)),
+        ("l2_write_bytes", get(&c.write_bytes)),
+        ("l2_writes_sent", get(&c.writes_sent)),
+        ("l2_writes_error", get(&c.writes_error)),
+        ("l2_evict_reading", get(&c.evict_reading)),
+        ("l2_cksum_bad", get(&c.cksum_bad)),
+        ("l2_io_error", get(&c.io_error)),
+        ("l2_size", plain + (compressed as f64 * ratio) as u64),
+        ("l2_asize", plain + compressed),
+        ("l2_bufs", get(&c.entries)),
+        ("l2_rebuild_success", get(&c.rebuild_success)),
+        ("l2_rebuild_bufs", get(&c.rebuild_bufs)),
+        ("l2_rebuild_bufs_precached", get(&c.rebuild_bufs_precached)),
+        ("l2_rebuild_log_blks", get(&c.rebuild_log_blks)),
+        (
+            "l2_rebuild_cksum_lb_errors",
+            get(&c.rebuild_cksum_lb_errors),
+        ),
+        ("l2_rebuild_io_errors", get(&c.rebuild_io_errors)),
+        ("l2_rebuild_dh_errors", get(&c.rebuild_dh_errors)),
+        ("l2_rebuild_unsupported", get(&c.rebuild_unsupported)),
+        ("l2_rebuild_time_us", get(&c.rebuild_ns) / 1000),
+    ]
+}
+
+impl L2Arc {
+    /// Statistics, in total and per device.
+    pub fn stats(&self) -> L2Stats {
+        let mut devices = Vec::new();
+        let mut total: Vec<(&'static str, u64)> = Vec::new();
+        for device in self.all_devices() {
+            let kstats = device_kstats(&device);
+            if total.is_empty() {
+                total = kstats.iter().map(|&(n, _)| (n, 0)).collect();
+            }
+            for (t, (_, v)) in total.iter_mut().zip(&kstats) {
+                t.1 += v;
+            }
+            devices.push(DeviceStats {
+                slot: device.slot,
+                description: device.io.describe(),
+                state: match device.state.load(Ordering::SeqCst) {
+                    STATE_REBUILDING => "rebuilding",
+                    STATE_ONLINE => "online",
+                    STATE_FAULTED => "faulted",
+                    _ => "removed",
+                },
+                size_bytes: device.data_blocks() * BLOCK_BYTES,
+                kstats,
+            });
+        }
+        if total.is_empty() {
+            total = device_kstats_names().into_iter().map(|n| (n, 0)).collect();
+        }
+        let mut kstats = vec![
+            ("l2_hits", self.hits.load(Ordering::Relaxed)),
+            ("l2_misses", self.misses.load(Ordering::Relaxed)),
+            ("l2_hdr_size", self.index.memory_bytes() as u64),
+            ("l2_devices", devices.len() as u64),
+        ];
+        kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));
+        L2Stats { kstats, devices }
+    }
+}
