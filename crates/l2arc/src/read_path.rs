@@ -33,6 +33,30 @@
 //! under the lock the write holds while it drops its records, and leaves out
 //! what the write made stale, so a record copied before a write can never be
 //! found after it.
+//!
+//! Locking. What each lock protects, and the one order in which they nest
+//! (a thread holding a lock may take only locks below it in this list):
+//!
+//! 1. `CacheDevice::writer` (one per cache device): the device's header as
+//!    last written, its log sequence and sweep mark. Held by a feed for the
+//!    whole batch write; nothing else waits on it but removal.
+//! 2. `Cache::invalidations`: the log of recent writes. A write holds it
+//!    while it drops its records; a feed holds it while it decides which of
+//!    its batch to index and indexes them (`WriteGate`), so the two never
+//!    interleave.
+//! 3. `ObjectState::generation` (one per object): the last generation seen
+//!    and the invalidation epoch; the token is derived under it.
+//! 4. Leaves, each held alone and briefly: the L2ARC index shards, the ARC
+//!    shards (`LiveArc`), a fill's result slot, the L2ARC's device list
+//!    (read-locked to clone device handles out, at times under 1 and 2),
+//!    and the endurance budget.
+//!
+//! `Cache::datasets` (read-mostly) and `Cache::objects` (the object table)
+//! are taken alone, never around another lock. Waits are bounded:
+//! a single-flight waiter waits for a read below it that either finishes or
+//! fails (primary and device I/O have their own timeouts or none; a hung
+//! primary hangs its readers as it would without a cache), and device
+//! removal waits for reads in flight on that device only.
 
 use std::io;
 use std::ops::Range;

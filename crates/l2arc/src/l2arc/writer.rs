@@ -139,6 +139,8 @@ impl L2Arc {
         result
     }
 
+    /// Writes one batch to `device` (see the module comment for the order
+    /// of the steps and why).
     pub(super) fn write_batch_to(
         &self,
         device: &CacheDevice,
@@ -149,127 +151,66 @@ impl L2Arc {
         if !device.is_online() {
             return Ok((0, 0));
         }
-        // Lay the payloads out; compress where the dataset asks and it pays.
-        let mut payloads: Vec<(u64, Vec<u8>, Compression, usize)> =
-            Vec::with_capacity(records.len());
-        let mut compressed = Vec::new();
-        let mut blocks_total = 0u32;
-        let max_blocks = device.batch_blocks_max;
-        for record in records {
-            let (bytes, compression) = if record.compression != Compression::Off
-                && format::compress(record.data, record.compression, &mut compressed)
-            {
-                let mut framed = vec![0u8; compressed.len() + 8];
-                let n = format::encode_compressed_frame(
-                    record.data.len() as u32,
-                    &compressed,
-                    &mut framed,
-                );
-                framed.truncate(n);
-                (framed, record.compression)
-            } else {
-                (record.data.to_vec(), Compression::Off)
-            };
-            let asize_blocks = bytes.len().div_ceil(BLOCK_BYTES as usize).max(1) as u32;
-            let log_blocks =
-                format::log_block_size_bytes(payloads.len() + 1) as u32 / BLOCK_BYTES as u32;
-            if blocks_total + asize_blocks + log_blocks > max_blocks || asize_blocks > 511 {
-                break;
-            }
-            blocks_total += asize_blocks;
-            let logical = record.data.len();
-            payloads.push((record.key_hash, bytes, compression, logical));
-        }
+        let payloads = lay_out(records, device.batch_blocks_max);
         if payloads.is_empty() {
             return Ok((0, 0));
         }
+        let data_blocks: u32 = payloads.iter().map(Payload::asize_blocks).sum();
         let log_bytes = format::log_block_size_bytes(payloads.len());
-        let total_blocks = blocks_total + (log_bytes as u64 / BLOCK_BYTES) as u32;
+        let total_blocks = data_blocks + (log_bytes as u64 / BLOCK_BYTES) as u32;
         assert!(
-            total_blocks <= max_blocks,
-            "batch of {total_blocks} blocks over {max_blocks}"
+            total_blocks <= device.batch_blocks_max,
+            "batch of {total_blocks} blocks over {}",
+            device.batch_blocks_max
         );
+        let (lap, hand) = advance_hand(device, &mut writer, total_blocks)?;
+        let encoded = encode_batch(device, &writer, &payloads, lap, hand, total_blocks);
+        verify_batch(device, &encoded, hand);
 
-        // Advance the hand first: lookups stop trusting the region at once.
-        let (mut lap, mut hand) = device.position();
-        if hand + total_blocks > device.end_block {
-            lap = lap.wrapping_add(1);
-            hand = device.start_block;
-            // Publish the wrap on the device before writing over the start
-            // of the data area: until then the header's rule holds the
-            // records there valid, and a batch cut short by a crash would
-            // leave other bytes where a rebuild expects them. At (lap + 1,
-            // start) they fall in the margin ahead of the hand instead.
-            let mut header = writer.header.clone();
-            header.sequence += 1;
-            header.hand_block = hand;
-            header.lap = lap;
-            device.write_header(&header)?;
-            device.io.sync()?;
-            writer.header = header;
-        }
-        device.position.store(
-            (u64::from(lap) << 32) | u64::from(hand + total_blocks),
-            Ordering::Release,
-        );
-
-        let mut batch = AlignedBuf::zeroed(total_blocks as usize * BLOCK_BYTES as usize);
-        let mut entries = Vec::with_capacity(payloads.len());
-        let mut at_block = 0u32;
-        for (key_hash, bytes, compression, _) in &payloads {
-            let asize_blocks = bytes.len().div_ceil(BLOCK_BYTES as usize).max(1) as u16;
-            let tail_bytes =
-                (usize::from(asize_blocks) * BLOCK_BYTES as usize - bytes.len()) as u16;
-            let offset = at_block as usize * BLOCK_BYTES as usize;
-            batch.as_mut_slice()[offset..offset + bytes.len()].copy_from_slice(bytes);
-            let location = Location::new(
-                hand + at_block,
-                lap,
-                device.slot,
-                asize_blocks,
-                *compression,
-                tail_bytes,
-            );
-            let stored = &batch[offset..offset + location.stored_bytes()];
-            entries.push(LogEntry {
-                key_hash: *key_hash,
-                location,
-                checksum: format::record_checksum(*key_hash, stored),
-            });
-            at_block += u32::from(asize_blocks);
-        }
-        let log_header = LogBlockHeader {
-            device_guid: device.guid,
-            sequence: writer.log_sequence + 1,
-            lap,
-            first_block: hand,
-            prev: writer.header.newest_log,
-            entry_count: entries.len() as u32,
-            size_bytes: log_bytes as u32,
-        };
-        let log_offset = at_block as usize * BLOCK_BYTES as usize;
-        let log_crc = format::encode_log_block(
-            &log_header,
-            &entries,
-            &mut batch.as_mut_slice()[log_offset..log_offset + log_bytes],
-        );
         let c = &device.counters;
         c.writes_sent.fetch_add(1, Ordering::Relaxed);
-        device.io.write_at(u64::from(hand) * BLOCK_BYTES, &batch)?;
+        device
+            .io
+            .write_at(u64::from(hand) * BLOCK_BYTES, &encoded.batch)?;
         device.io.sync()?;
         let mut header = writer.header.clone();
         header.sequence += 1;
         header.hand_block = hand + total_blocks;
         header.lap = lap;
-        header.newest_log = Some(LogPointer {
-            offset_bytes: u64::from(hand + at_block) * BLOCK_BYTES,
-            size_bytes: log_bytes as u32,
-            crc: log_crc,
-        });
+        header.newest_log = Some(encoded.log_pointer);
         device.write_header(&header)?;
         writer.header = header;
         writer.log_sequence += 1;
 
+        self.index_batch(device, &encoded.entries, gate);
+        for (entry, payload) in encoded.entries.iter().zip(&payloads) {
+            if payload.compression != Compression::Off {
+                c.compressed_lsize_written
+                    .fetch_add(payload.logical_bytes as u64, Ordering::Relaxed);
+                c.compressed_asize_written.fetch_add(
+                    u64::from(entry.location.asize_blocks()) * BLOCK_BYTES,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        let bytes = u64::from(total_blocks) * BLOCK_BYTES;
+        c.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.feeds.fetch_add(1, Ordering::Relaxed);
+
+        // Every sixteenth of a lap, drop the entries the hand swept over.
+        let progress = u64::from(lap) * u64::from(SWEEPS_PER_LAP)
+            + u64::from(hand + total_blocks - device.start_block) * u64::from(SWEEPS_PER_LAP)
+                / device.data_blocks();
+        if progress > writer.swept_at {
+            writer.swept_at = progress;
+            drop(writer);
+            self.sweep(device);
+        }
+        Ok((bytes, payloads.len()))
+    }
+
+    /// Indexes the records of a batch on `device` that `gate` admits.
+    fn index_batch(&self, device: &CacheDevice, entries: &[LogEntry], gate: &mut dyn WriteGate) {
         let mut indexed = 0usize;
         gate.admit(entries.len(), &mut |flags| {
             assert_eq!(flags.len(), entries.len(), "one flag per record");
@@ -286,34 +227,194 @@ impl L2Arc {
                         account_remove(&old_device.counters, old_location);
                     }
                 }
-                account_insert(c, entry.location);
+                account_insert(&device.counters, entry.location);
             }
         });
         assert_eq!(indexed, 1, "a write gate must index its batch exactly once");
-        for (entry, (_, _, compression, logical)) in entries.iter().zip(&payloads) {
-            if *compression != Compression::Off {
-                c.compressed_lsize_written
-                    .fetch_add(*logical as u64, Ordering::Relaxed);
-                c.compressed_asize_written.fetch_add(
-                    u64::from(entry.location.asize_blocks()) * BLOCK_BYTES,
-                    Ordering::Relaxed,
-                );
-            }
-        }
-        let bytes = u64::from(total_blocks) * BLOCK_BYTES;
-        c.write_bytes.fetch_add(bytes, Ordering::Relaxed);
-        c.feeds.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
-        // Every sixteenth of a lap, drop the entries the hand swept over.
-        let data_blocks = device.data_blocks();
-        let progress = u64::from(lap) * u64::from(SWEEPS_PER_LAP)
-            + u64::from(hand + total_blocks - device.start_block) * u64::from(SWEEPS_PER_LAP)
-                / data_blocks;
-        if progress > writer.swept_at {
-            writer.swept_at = progress;
-            drop(writer);
-            self.sweep(device);
+/// One record as it will be stored: framed (compressed) or plain bytes.
+struct Payload {
+    key_hash: u64,
+    stored: Vec<u8>,
+    compression: Compression,
+    logical_bytes: usize,
+}
+
+impl Payload {
+    fn asize_blocks(&self) -> u32 {
+        self.stored.len().div_ceil(BLOCK_BYTES as usize).max(1) as u32
+    }
+}
+
+/// The largest prefix of `records` that fits a batch of `max_blocks`
+/// (with its log block), each compressed where its dataset asks and it pays.
+fn lay_out(records: &[FeedRecord<'_>], max_blocks: u32) -> Vec<Payload> {
+    let mut payloads: Vec<Payload> = Vec::with_capacity(records.len());
+    let mut compressed = Vec::new();
+    let mut blocks_total = 0u32;
+    for record in records {
+        let (stored, compression) = if record.compression != Compression::Off
+            && format::compress(record.data, record.compression, &mut compressed)
+        {
+            let mut framed = vec![0u8; compressed.len() + 8];
+            let n =
+                format::encode_compressed_frame(record.data.len() as u32, &compressed, &mut framed);
+            framed.truncate(n);
+            (framed, record.compression)
+        } else {
+            (record.data.to_vec(), Compression::Off)
+        };
+        let payload = Payload {
+            key_hash: record.key_hash,
+            stored,
+            compression,
+            logical_bytes: record.data.len(),
+        };
+        let asize_blocks = payload.asize_blocks();
+        let log_blocks =
+            format::log_block_size_bytes(payloads.len() + 1) as u32 / BLOCK_BYTES as u32;
+        if blocks_total + asize_blocks + log_blocks > max_blocks || asize_blocks > 511 {
+            break;
         }
-        Ok((bytes, payloads.len()))
+        blocks_total += asize_blocks;
+        payloads.push(payload);
+    }
+    payloads
+}
+
+/// Moves the write hand over the next `total_blocks` and publishes it
+/// before anything is written there, wrapping to the start of the data area
+/// when the batch does not fit before its end. Returns (lap, first block).
+fn advance_hand(
+    device: &CacheDevice,
+    writer: &mut WriterState,
+    total_blocks: u32,
+) -> io::Result<(u32, u32)> {
+    let (mut lap, mut hand) = device.position();
+    if hand + total_blocks > device.end_block {
+        lap = lap.wrapping_add(1);
+        hand = device.start_block;
+        // Publish the wrap on the device before writing over the start of
+        // the data area: until then the header's rule holds the records
+        // there valid, and a batch cut short by a crash would leave other
+        // bytes where a rebuild expects them. At (lap + 1, start) they fall
+        // in the margin ahead of the hand instead.
+        let mut header = writer.header.clone();
+        header.sequence += 1;
+        header.hand_block = hand;
+        header.lap = lap;
+        device.write_header(&header)?;
+        device.io.sync()?;
+        writer.header = header;
+    }
+    assert!(hand >= device.start_block && hand + total_blocks <= device.end_block);
+    device.position.store(
+        (u64::from(lap) << 32) | u64::from(hand + total_blocks),
+        Ordering::Release,
+    );
+    Ok((lap, hand))
+}
+
+/// A batch laid out for the device: records, then the log block.
+struct EncodedBatch {
+    batch: AlignedBuf,
+    entries: Vec<LogEntry>,
+    /// Where the log block lies, in blocks from the batch's start.
+    log_block: u32,
+    log_pointer: LogPointer,
+}
+
+fn encode_batch(
+    device: &CacheDevice,
+    writer: &WriterState,
+    payloads: &[Payload],
+    lap: u32,
+    hand: u32,
+    total_blocks: u32,
+) -> EncodedBatch {
+    let mut batch = AlignedBuf::zeroed(total_blocks as usize * BLOCK_BYTES as usize);
+    let mut entries = Vec::with_capacity(payloads.len());
+    let mut at_block = 0u32;
+    for payload in payloads {
+        let asize_blocks = payload.asize_blocks() as u16;
+        let tail_bytes =
+            (usize::from(asize_blocks) * BLOCK_BYTES as usize - payload.stored.len()) as u16;
+        let offset = at_block as usize * BLOCK_BYTES as usize;
+        batch.as_mut_slice()[offset..offset + payload.stored.len()]
+            .copy_from_slice(&payload.stored);
+        let location = Location::new(
+            hand + at_block,
+            lap,
+            device.slot,
+            asize_blocks,
+            payload.compression,
+            tail_bytes,
+        );
+        let stored = &batch[offset..offset + location.stored_bytes()];
+        entries.push(LogEntry {
+            key_hash: payload.key_hash,
+            location,
+            checksum: format::record_checksum(payload.key_hash, stored),
+        });
+        at_block += u32::from(asize_blocks);
+    }
+    let log_bytes = format::log_block_size_bytes(entries.len());
+    let log_header = LogBlockHeader {
+        device_guid: device.guid,
+        sequence: writer.log_sequence + 1,
+        lap,
+        first_block: hand,
+        prev: writer.header.newest_log,
+        entry_count: entries.len() as u32,
+        size_bytes: log_bytes as u32,
+    };
+    let log_offset = at_block as usize * BLOCK_BYTES as usize;
+    let crc = format::encode_log_block(
+        &log_header,
+        &entries,
+        &mut batch.as_mut_slice()[log_offset..log_offset + log_bytes],
+    );
+    EncodedBatch {
+        batch,
+        entries,
+        log_block: at_block,
+        log_pointer: LogPointer {
+            offset_bytes: u64::from(hand + at_block) * BLOCK_BYTES,
+            size_bytes: log_bytes as u32,
+            crc,
+        },
+    }
+}
+
+/// Checks a batch right before it is written (TigerBeetle's rule: assert
+/// data just before it leaves us): the log block decodes, with every check
+/// a rebuild will apply, back to exactly the entries we index, and every
+/// record's bytes match the checksum its entry carries. A failure here is a
+/// bug in the writer, never bad input.
+fn verify_batch(device: &CacheDevice, encoded: &EncodedBatch, hand: u32) {
+    let offset = encoded.log_block as usize * BLOCK_BYTES as usize;
+    let log = &encoded.batch[offset..offset + encoded.log_pointer.size_bytes as usize];
+    let (header, decoded) = format::decode_log_block(log, device.guid)
+        .unwrap_or_else(|e| panic!("the writer encoded a log block that does not decode: {e}"));
+    assert_eq!(header.first_block, hand);
+    assert_eq!(
+        format::log_block_content_crc(log),
+        encoded.log_pointer.crc,
+        "log block content CRC"
+    );
+    assert_eq!(decoded.len(), encoded.entries.len());
+    for (entry, back) in encoded.entries.iter().zip(&decoded) {
+        assert_eq!(entry.key_hash, back.key_hash);
+        assert_eq!(entry.location.0, back.location.0);
+        assert_eq!(entry.checksum, back.checksum);
+        let start = (entry.location.block() - hand) as usize * BLOCK_BYTES as usize;
+        let stored = &encoded.batch[start..start + entry.location.stored_bytes()];
+        assert_eq!(
+            format::record_checksum(entry.key_hash, stored),
+            entry.checksum,
+            "record bytes changed between encoding and writing"
+        );
     }
 }
