@@ -81,6 +81,35 @@ pub(crate) struct CacheDevice {
 }
 
 impl CacheDevice {
+    /// A device in `slot` laid out as `header` says, still rebuilding.
+    pub(super) fn new(
+        slot: u8,
+        io: Box<dyn super::device::DeviceIo>,
+        header: &DeviceHeader,
+        counters: DeviceCounters,
+    ) -> Self {
+        let geometry = Geometry::of(header);
+        assert!(geometry.start_block < geometry.end_block);
+        Self {
+            slot,
+            guid: header.device_guid,
+            start_block: geometry.start_block,
+            end_block: geometry.end_block,
+            batch_blocks_max: geometry.batch_blocks_max,
+            position: AtomicU64::new((u64::from(header.lap) << 32) | u64::from(header.hand_block)),
+            writer: Mutex::new(WriterState {
+                log_sequence: 0,
+                swept_at: 0,
+                header: header.clone(),
+            }),
+            state: AtomicU8::new(STATE_REBUILDING),
+            inflight_reads: AtomicU64::new(0),
+            consecutive_errors: AtomicU32::new(0),
+            counters,
+            io,
+        }
+    }
+
     pub(super) fn position(&self) -> (u32, u32) {
         let p = self.position.load(Ordering::Acquire);
         ((p >> 32) as u32, p as u32)

@@ -9,8 +9,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::cache_device::*;
@@ -30,12 +29,66 @@ pub enum DeviceOpen {
     Initialised,
 }
 
+/// The first free device slot, growing the list up to `DEVICES_MAX`.
+fn free_slot(devices: &mut Vec<Option<Arc<CacheDevice>>>) -> io::Result<u8> {
+    let slot = match devices.iter().position(Option::is_none) {
+        Some(slot) => slot,
+        None if devices.len() < DEVICES_MAX => {
+            devices.push(None);
+            devices.len() - 1
+        }
+        None => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("at most {DEVICES_MAX} cache devices"),
+            ));
+        }
+    };
+    assert!(slot < DEVICES_MAX);
+    Ok(slot as u8)
+}
+
 impl L2Arc {
     /// Adds a cache device: reuses and rebuilds it if it holds an L2ARC log,
     /// initialises it if blank, refuses it if it holds something else (unless
     /// `force_init_foreign`). Returns the device slot and what was done. The
     /// rebuild, if any, runs in a background thread.
     pub fn add_device(self: &Arc<Self>, io: Box<dyn DeviceIo>) -> io::Result<(u8, DeviceOpen)> {
+        let name = io.describe();
+        let counters = DeviceCounters::default();
+        let (header, open) = self.choose_header(io.as_ref(), &counters)?;
+        let mut devices = self.devices.write().expect("device list poisoned");
+        let slot = free_slot(&mut devices)?;
+        let device = Arc::new(CacheDevice::new(slot, io, &header, counters));
+        if open != DeviceOpen::Rebuilding {
+            device.write_header(&header).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cache device {name}: cannot write its header: {e}"),
+                )
+            })?;
+            device.io.sync()?;
+            device.state.store(STATE_ONLINE, Ordering::SeqCst);
+        }
+        devices[usize::from(slot)] = Some(Arc::clone(&device));
+        drop(devices);
+        if open == DeviceOpen::Rebuilding {
+            let l2 = Arc::clone(self);
+            std::thread::Builder::new()
+                .name(format!("l2arc-rebuild-{slot}"))
+                .spawn(move || l2.rebuild(&device))?;
+        }
+        Ok((slot, open))
+    }
+
+    /// Reads a device's two header copies and decides what to do with it:
+    /// rebuild from its log, reuse it empty, initialise it, or refuse it
+    /// (too small, a newer format, or someone else's data).
+    fn choose_header(
+        &self,
+        io: &dyn DeviceIo,
+        counters: &DeviceCounters,
+    ) -> io::Result<(DeviceHeader, DeviceOpen)> {
         let size_bytes = io.size_bytes();
         let name = io.describe();
         if size_bytes < DATA_START_BYTES + DEVICE_DATA_BYTES_MIN {
@@ -69,8 +122,7 @@ impl L2Arc {
                 ));
             }
         }
-        let counters = DeviceCounters::default();
-        let (header, open) = match DeviceHeader::choose(a, b) {
+        Ok(match DeviceHeader::choose(a, b) {
             Ok((header, _)) if header.device_size_bytes <= size_bytes => {
                 if self.config.l2arc_rebuild_enabled {
                     (header, DeviceOpen::Rebuilding)
@@ -102,60 +154,7 @@ impl L2Arc {
                 }
                 (self.fresh_header(size_bytes, None), DeviceOpen::Initialised)
             }
-        };
-
-        let mut devices = self.devices.write().expect("device list poisoned");
-        let slot = match devices.iter().position(Option::is_none) {
-            Some(slot) => slot,
-            None if devices.len() < DEVICES_MAX => {
-                devices.push(None);
-                devices.len() - 1
-            }
-            None => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("at most {DEVICES_MAX} cache devices"),
-                ));
-            }
-        };
-        let geometry = Geometry::of(&header);
-        let device = Arc::new(CacheDevice {
-            slot: slot as u8,
-            guid: header.device_guid,
-            start_block: geometry.start_block,
-            end_block: geometry.end_block,
-            batch_blocks_max: geometry.batch_blocks_max,
-            position: AtomicU64::new((u64::from(header.lap) << 32) | u64::from(header.hand_block)),
-            writer: Mutex::new(WriterState {
-                log_sequence: 0,
-                swept_at: 0,
-                header: header.clone(),
-            }),
-            state: AtomicU8::new(STATE_REBUILDING),
-            inflight_reads: AtomicU64::new(0),
-            consecutive_errors: AtomicU32::new(0),
-            counters,
-            io,
-        });
-        if open != DeviceOpen::Rebuilding {
-            device.write_header(&header).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cache device {name}: cannot write its header: {e}"),
-                )
-            })?;
-            device.io.sync()?;
-            device.state.store(STATE_ONLINE, Ordering::SeqCst);
-        }
-        devices[slot] = Some(Arc::clone(&device));
-        drop(devices);
-        if open == DeviceOpen::Rebuilding {
-            let l2 = Arc::clone(self);
-            std::thread::Builder::new()
-                .name(format!("l2arc-rebuild-{slot}"))
-                .spawn(move || l2.rebuild(&device))?;
-        }
-        Ok((slot as u8, open))
+        })
     }
 
     pub(super) fn fresh_header(&self, size_bytes: u64, old_sequence: Option<u64>) -> DeviceHeader {
