@@ -255,6 +255,10 @@ impl ReadView {
     }
 }
 
+/// Object states kept beyond those open handles hold: each is ~100 bytes,
+/// so the table stays under ~30 MiB however many objects pass through.
+pub const OBJECT_STATES_MAX: usize = 1 << 18;
+
 /// How many recent invalidations a feed can look back on.
 const INVALIDATIONS_KEPT: usize = 4096;
 
@@ -289,6 +293,11 @@ pub struct Cache {
     pub(crate) arc: LiveArc,
     pub(crate) datasets: RwLock<Vec<Arc<Dataset>>>,
     objects: Mutex<FastHashMap<(u32, u64), Arc<ObjectState>>>,
+    /// Set once unheld object states were dropped (see `object_state`).
+    object_states_dropped: std::sync::atomic::AtomicBool,
+    /// Blocks of 2^32 invalidation epochs handed to object states made
+    /// after a drop, so no state ever reuses an epoch of an earlier one.
+    next_epoch: AtomicU64,
     counters: ReadPathCounters,
     pub(crate) l2: OnceLock<Arc<L2Arc>>,
     pub(crate) invalidations: Mutex<Invalidations>,
@@ -329,6 +338,8 @@ impl Cache {
             config,
             datasets: RwLock::new(Vec::new()),
             objects: Mutex::new(FastHashMap::default()),
+            object_states_dropped: std::sync::atomic::AtomicBool::new(false),
+            next_epoch: AtomicU64::new(1),
             counters: ReadPathCounters::default(),
             l2: OnceLock::new(),
             invalidations: Mutex::new(Invalidations::default()),
@@ -449,17 +460,7 @@ impl Cache {
         object: Arc<dyn PrimaryObject>,
     ) -> io::Result<ObjectHandle> {
         let info = object.info()?;
-        let state = {
-            let mut objects = self.objects.lock().expect("object table poisoned");
-            Arc::clone(objects.entry((dataset_id.0, info.id)).or_insert_with(|| {
-                Arc::new(ObjectState {
-                    id: info.id,
-                    token: AtomicU64::new(generation_token(&info.generation, 0)),
-                    size_bytes: AtomicU64::new(info.size_bytes()),
-                    generation: Mutex::new((info.generation, 0)),
-                })
-            }))
-        };
+        let state = self.object_state(dataset_id, &info);
         let handle = ObjectHandle {
             dataset_id,
             dataset,
@@ -468,6 +469,46 @@ impl Cache {
         };
         self.adopt(&handle, info, true);
         Ok(handle)
+    }
+
+    /// The shared state of an object, made on its first open.
+    ///
+    /// The table is bounded: past `OBJECT_STATES_MAX` the states no handle
+    /// holds are dropped. A dropped state's invalidation epoch is lost, so
+    /// from the first drop on, new states start at an epoch never used
+    /// before (not 0): a record cached under an epoch that an invalidation
+    /// retired can never match again. The price is that objects first
+    /// opened after a drop miss their records from before it (and from
+    /// before a restart) once.
+    fn object_state(&self, dataset_id: DatasetId, info: &ObjectInfo) -> Arc<ObjectState> {
+        let mut objects = self.objects.lock().expect("object table poisoned");
+        if let Some(state) = objects.get(&(dataset_id.0, info.id)) {
+            return Arc::clone(state);
+        }
+        if objects.len() >= OBJECT_STATES_MAX {
+            objects.retain(|_, state| Arc::strong_count(state) > 1);
+            self.object_states_dropped.store(true, Ordering::Relaxed);
+        }
+        let epoch = if self.object_states_dropped.load(Ordering::Relaxed) {
+            // Each new state gets 2^32 epochs of its own for its invalidations.
+            self.next_epoch.fetch_add(1, Ordering::Relaxed) << 32
+        } else {
+            0
+        };
+        let state = Arc::new(ObjectState {
+            id: info.id,
+            token: AtomicU64::new(generation_token(&info.generation, epoch)),
+            size_bytes: AtomicU64::new(info.size_bytes()),
+            generation: Mutex::new((info.generation, epoch)),
+        });
+        objects.insert((dataset_id.0, info.id), Arc::clone(&state));
+        state
+    }
+
+    /// Objects whose state the cache holds (bounded by `OBJECT_STATES_MAX`
+    /// plus those open handles hold).
+    pub fn object_states(&self) -> usize {
+        self.objects.lock().expect("object table poisoned").len()
     }
 
     /// Re-reads the object's generation; if it changed behind the cache,

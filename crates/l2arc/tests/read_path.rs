@@ -1114,3 +1114,52 @@ fn writes_at_impossible_offsets_fail_cleanly() {
         assert_eq!(read_all(&c, &h, data.len()), data, "{name}");
     }
 }
+
+#[test]
+fn object_states_are_bounded_and_a_dropped_state_never_revives_stale_records() {
+    use l2arc::read_path::OBJECT_STATES_MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: 64 << 20,
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    std::fs::write(dir.path().join("victim"), vec![1u8; 8192]).unwrap();
+    let ds = cache
+        .add_dataset(
+            "t",
+            Arc::new(DirPrimary::new(dir.path()).unwrap()),
+            DatasetConfig {
+                recordsize_bytes: 4096,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    // Cache the victim's records, then invalidate them without changing the
+    // file (as a discard does): its token moves to a new epoch.
+    let victim = cache.open(ds, "victim", false).unwrap();
+    let mut buf = vec![0u8; 8192];
+    cache.read(&victim, 0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 1));
+    cache.invalidate_object(&victim);
+    drop(victim);
+    // Fill the table past its bound with other objects: the victim's state,
+    // held by nothing, is dropped.
+    let many = OBJECT_STATES_MAX + 10;
+    for i in 0..many {
+        let name = format!("o{i}");
+        std::fs::write(dir.path().join(&name), b"x").unwrap();
+        drop(cache.open(ds, &name, false).unwrap());
+    }
+    assert!(
+        cache.object_states() <= OBJECT_STATES_MAX + 1,
+        "{} object states",
+        cache.object_states()
+    );
+    // Reopened, the victim gets a fresh epoch: its records from before the
+    // invalidation are misses, never hits.
+    let before = cache.stats().arc.hits;
+    let victim = cache.open(ds, "victim", false).unwrap();
+    cache.read(&victim, 0, &mut buf).unwrap();
+    assert_eq!(cache.stats().arc.hits, before, "a retired record was hit");
+}
