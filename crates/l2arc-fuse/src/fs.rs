@@ -591,13 +591,9 @@ impl CachedFs {
                 }
             }
         }
-        match view.segments.len() {
-            0 => reply.data(&[]),
-            1 => {
-                let (record, range) = &view.segments[0];
-                reply.data(&record.data[range.clone()]);
-            }
-            _ => {
+        match view.as_single_slice() {
+            Some(bytes) => reply.data(bytes),
+            None => {
                 let mut buf = vec![0u8; view.len()];
                 view.copy_to(&mut buf);
                 reply.data(&buf);

@@ -243,6 +243,22 @@ impl ReadView {
         self.len() == 0
     }
 
+    /// The bytes of the view, one slice per record it spans, in order.
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.segments
+            .iter()
+            .map(|(record, range)| &record.data[range.clone()])
+    }
+
+    /// The view as one slice when it lies within one record (no copy).
+    pub fn as_single_slice(&self) -> Option<&[u8]> {
+        match self.segments.as_slice() {
+            [] => Some(&[]),
+            [(record, range)] => Some(&record.data[range.clone()]),
+            _ => None,
+        }
+    }
+
     /// Copies the view into `out` (which must be at least `len()` long).
     pub fn copy_to(&self, out: &mut [u8]) -> usize {
         let mut at = 0;
