@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --locked -p l2arc-cli
+cargo build --release --locked -p l2arc-cli -p l2arc-bench
 exec target/release/l2arc bench "$@"

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod bench;
 mod control;
 mod mount_cmd;
 mod nbd_cmd;
@@ -31,8 +30,13 @@ struct Cli {
 enum Command {
     /// Replay a block trace through ARC, LRU and Belady's MIN and print hit ratios.
     Trace(trace_cmd::TraceArgs),
-    /// Benchmark the cache against no cache over an emulated hard disk.
-    Bench(bench::BenchArgs),
+    /// Benchmarks, side by side with baselines and peers (runs the l2arc-bench binary beside this one; `l2arc bench --help` lists them).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Arguments for l2arc-bench.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Mount a directory tree through the cache (FUSE): reads cached, writes passed through.
     Mount(mount_cmd::MountArgs),
     /// Export an image file or block device through the cache over NBD.
@@ -41,11 +45,29 @@ enum Command {
     Ctl(control::CtlArgs),
 }
 
+/// `l2arc bench ARGS` is `l2arc-bench ARGS`: the benchmarks and their
+/// peers (foyer, its tokio runtime) live in their own crate and binary, so
+/// that this one does not carry them.
+fn run_bench(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()?;
+    let bench = exe.with_file_name("l2arc-bench");
+    if !bench.is_file() {
+        anyhow::bail!(
+            "bench needs the l2arc-bench binary beside this one ({}): cargo build --release -p l2arc-bench",
+            bench.display()
+        );
+    }
+    // exec only returns on failure.
+    let e = std::process::Command::new(&bench).args(args).exec();
+    Err(anyhow::anyhow!("cannot run {}: {e}", bench.display()))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Trace(args) => trace_cmd::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench { args } => run_bench(&args),
         Command::Mount(args) => mount_cmd::run(args),
         Command::ServeNbd(args) => nbd_cmd::run(args),
         Command::Ctl(args) => control::run(args),

@@ -21,7 +21,7 @@
 //!   position, so `verify` checks it the same way.
 //!
 //! Two layouts. `DatasetSpec` is `files` files of one size (the demo and the
-//! hit-path benchmarks). `MixedSizeDataset` (the scenarios of issue 4) is a
+//! hit-path benchmarks). `MixedSizeDataset` (the seed experiments' scenarios) is a
 //! spread of file sizes drawn log-uniformly from a range (1 MiB to 64 MiB by
 //! default) until they sum to the requested total, as a directory of real
 //! files would be: a few large files hold most of the bytes, many small ones

@@ -1,6 +1,6 @@
 //! The systems under test that are ours: no cache, and l2arc (ARC + L2ARC).
 //!
-//! Every scenario of issue 4 compares systems that see the same dataset, the
+//! Every seed-experiment scenario compares systems that see the same dataset, the
 //! same emulated disks, the same DRAM budget and the same cache file. That
 //! sameness lives in one value, [`TargetSpec`], from which each target is
 //! built: ours here, the peers (foyer's hybrid cache, our L2ARC under an LRU

@@ -173,10 +173,11 @@ fn measure(records: u64, build: Build) -> Result<Measured> {
 
 /// Runs one measurement in a fresh copy of this process.
 fn measure_in_child(records: u64, build: Build) -> Result<Measured> {
-    let exe = std::env::current_exe().context("cannot find the l2arc binary to re-execute")?;
+    let exe =
+        std::env::current_exe().context("cannot find the l2arc-bench binary to re-execute")?;
     let spec = serde_json::to_string(&(records, build))?;
     let out = Command::new(&exe)
-        .args(["bench", "--scenario", "l2-index"])
+        .args(["--scenario", "l2-index"])
         .env(CHILD_ENV, spec)
         .output()
         .with_context(|| format!("cannot run {}", exe.display()))?;
@@ -288,8 +289,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse_count;
     use super::*;
+    use crate::parse_count;
 
     #[test]
     fn record_counts_are_decimal() {

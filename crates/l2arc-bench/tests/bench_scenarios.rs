@@ -1,17 +1,16 @@
-//! Each issue 4 scenario runs end to end through the `l2arc` binary at a
-//! tiny size and writes its JSON and HTML report with sane values.
+//! Each seed-experiment scenario runs end to end through the `l2arc-bench`
+//! binary at a tiny size and writes its JSON and HTML report with sane values.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-/// Runs `l2arc bench --scenario NAME` at tiny sizes; returns the JSON report.
+/// Runs `l2arc-bench --scenario NAME` at tiny sizes; returns the JSON report.
 fn run(scenario: &str, extra: &[&str], dir: &Path) -> Value {
     let reports = dir.join("reports");
     let data = dir.join("data");
     let mut args: Vec<String> = [
-        "bench",
         "--scenario",
         scenario,
         "--json",
@@ -33,13 +32,13 @@ fn run(scenario: &str, extra: &[&str], dir: &Path) -> Value {
     args.push("--report-dir".into());
     args.push(reports.display().to_string());
     args.extend(extra.iter().map(|s| s.to_string()));
-    let out = Command::new(env!("CARGO_BIN_EXE_l2arc"))
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
         .args(&args)
         .output()
-        .expect("run l2arc");
+        .expect("run l2arc-bench");
     assert!(
         out.status.success(),
-        "l2arc {args:?} failed: {}",
+        "l2arc-bench {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");

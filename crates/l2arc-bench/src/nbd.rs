@@ -295,7 +295,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     // Ours.
     let ours_socket = tmp.path().join("l2arc.sock");
-    let mut ours_cmd = Command::new(std::env::current_exe()?);
+    let mut ours_cmd = Command::new(crate::sibling_binary("l2arc")?);
     ours_cmd
         .arg("serve-nbd")
         .arg(&image)

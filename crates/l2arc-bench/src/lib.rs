@@ -1,8 +1,23 @@
-//! `l2arc bench`: measured figures, always side by side in one run.
+//! The l2arc benchmarks (`l2arc-bench`, which `l2arc bench` runs): measured
+//! figures, always side by side in one run.
 //!
 //! The machine this runs on is shared and noisy, so no benchmark reports an
 //! absolute number alone: each one measures the cache and its baseline (no
-//! cache, or a plain locked hash map) in the same run and reports the ratio.
+//! cache, a plain locked hash map, fio on the same device, the page cache,
+//! foyer, nbdkit) in the same run and reports the ratio.
+//!
+//! Why a crate of its own: the peers (foyer and its tokio runtime) and the
+//! benchmark machinery (progress bars, histograms, report writers) are
+//! heavy and are nobody's business but the benchmarks'. The engine and the
+//! shipped `l2arc` binary do not link them; `l2arc bench` execs the
+//! `l2arc-bench` binary installed beside it.
+//!
+//! Layout: `lib.rs` the flags and the dispatch; one module per scenario
+//! (`demo`, `hit_path`, `l2_hit`, `l2_index`, `l2_rebuild`, `fuse`, `nbd`,
+//! `throughput`, `latency`, `warmup`); the systems under test behind one
+//! trait (`target`, `targets`, `peers`); the shared workload and phase
+//! runner (`workload`, `runner`), the generated datasets (`dataset`), fio
+//! (`fio`) and the report writers (`report`).
 
 use std::path::PathBuf;
 
@@ -40,17 +55,17 @@ pub enum Scenario {
     L2Index,
     /// Index rebuild from a warm device: records restored per second.
     L2Rebuild,
-    /// FUSE mount overhead on ARC hits: fio through the mount vs the source (page cache dropped, warm).
+    /// FUSE mount on hot files: fio through the mount vs the source in the page cache, and the daemon's hit path vs the uncached source.
     Fuse,
     /// NBD export: l2arc serve-nbd against nbdkit's cache filter over the same delayed image (needs fio, nbdkit).
     Nbd,
-    /// Issue 4: 50 threads of eight 128 KiB reads, datasets 0.5x to 3x the L2ARC: no_l2arc, l2arc, l2arc_lz4.
+    /// Seed experiment 1: 50 threads of eight 128 KiB reads, datasets 0.5x to 3x the L2ARC: no_l2arc, l2arc, l2arc_lz4.
     Throughput,
-    /// Issue 4: 20 clients of random 8 KiB reads over a working set between ARC and L2ARC: cold vs warm.
+    /// Seed experiment 2: 20 clients of random 8 KiB reads over a working set between ARC and L2ARC: cold vs warm.
     Latency,
-    /// Issue 4: random 4 KiB reads at queue depth 32: IOPS and L2ARC fill per interval.
+    /// Seed experiment 3: random 4 KiB reads at queue depth 32: IOPS and L2ARC fill per interval.
     Warmup,
-    /// Issue 4: throughput, latency and warmup in one run.
+    /// The three seed experiments (throughput, latency, warmup) in one run.
     All,
 }
 
@@ -67,7 +82,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     pub files: u32,
     /// `arc_max`: DRAM for cached records (default 8 MiB with --scenario l2-hit, so that reads reach the L2ARC).
-    #[arg(long, default_value = "64MiB", default_value_ifs = ISSUE4_ARC_MAX, value_parser = parse_size)]
+    #[arg(long, default_value = "64MiB", default_value_ifs = SEED_ARC_MAX, value_parser = parse_size)]
     pub arc_max: u64,
     /// ARC shards (locks); default: 4 per core.
     #[arg(long)]
@@ -111,7 +126,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub cache: Vec<PathBuf>,
     /// Size of the cache file made when --cache is not given (or does not exist); 1 GiB with --scenario l2-hit.
-    #[arg(long, default_value = "512MiB", default_value_ifs = ISSUE4_CACHE_SIZE, value_parser = parse_size)]
+    #[arg(long, default_value = "512MiB", default_value_ifs = SEED_CACHE_SIZE, value_parser = parse_size)]
     pub cache_size: u64,
     /// How records are stored on the L2ARC: lz4, zstd or off.
     #[arg(long, default_value = "lz4", value_parser = parse_compression)]
@@ -120,7 +135,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Dataset content: random (incompressible) or mixed (about 2:1 with LZ4: text lines and random bytes).
-    #[arg(long, value_enum, default_value = "random", default_value_ifs = ISSUE4_CONTENT)]
+    #[arg(long, value_enum, default_value = "random", default_value_ifs = SEED_CONTENT)]
     pub content: dataset::Content,
     /// Record counts, comma-separated (k, M, G are powers of 1000). --scenario l2-index: index sizes (default 1M,10M); --scenario l2-rebuild: records per warm device (default 262144: a 1 GiB device of 4 KiB records and a 2 GiB one of 8 KiB records).
     #[arg(long, value_parser = parse_count, value_delimiter = ',')]
@@ -150,23 +165,23 @@ pub struct BenchArgs {
     pub max_file_size: u64,
 }
 
-/// Defaults of the issue 4 scenarios: a deliberately small ARC, an L2ARC the
+/// Defaults of the seed experiments' scenarios: a deliberately small ARC, an L2ARC the
 /// datasets are sized against, content that LZ4 halves (like Silesia).
-const ISSUE4_ARC_MAX: [(&str, &str, &str); 5] = [
+const SEED_ARC_MAX: [(&str, &str, &str); 5] = [
     ("scenario", "l2-hit", "8MiB"),
     ("scenario", "throughput", "16MiB"),
     ("scenario", "latency", "16MiB"),
     ("scenario", "warmup", "16MiB"),
     ("scenario", "all", "16MiB"),
 ];
-const ISSUE4_CACHE_SIZE: [(&str, &str, &str); 5] = [
+const SEED_CACHE_SIZE: [(&str, &str, &str); 5] = [
     ("scenario", "l2-hit", "1GiB"),
     ("scenario", "throughput", "128MiB"),
     ("scenario", "latency", "128MiB"),
     ("scenario", "warmup", "128MiB"),
     ("scenario", "all", "128MiB"),
 ];
-const ISSUE4_CONTENT: [(&str, &str, &str); 4] = [
+const SEED_CONTENT: [(&str, &str, &str); 4] = [
     ("scenario", "throughput", "mixed"),
     ("scenario", "latency", "mixed"),
     ("scenario", "warmup", "mixed"),
@@ -212,12 +227,29 @@ fn emit_with_report<T: serde::Serialize>(
     Ok(())
 }
 
+/// A program built into the same directory as this one (the `l2arc`
+/// binary, whose `serve-nbd` the nbd scenario measures).
+pub(crate) fn sibling_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe
+        .parent()
+        .map(|dir| dir.join(name))
+        .filter(|p| p.is_file());
+    match path {
+        Some(path) => Ok(path),
+        None => bail!(
+            "the {name} binary is not beside {}: cargo build --release -p l2arc-cli",
+            exe.display()
+        ),
+    }
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }
 
 /// A positive count: digits with an optional k, M or G (powers of 1000).
-fn parse_count(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, multiplier) = match t.char_indices().last() {
         Some((i, 'k' | 'K')) => (&t[..i], 1_000),

@@ -1,6 +1,6 @@
 //! The emulated HDD delivers the service times it claims.
 //!
-//! Every figure of the issue 4 scenarios is a ratio against these disks, and
+//! Every figure of the seed-experiment scenarios is a ratio against these disks, and
 //! the throughput scenario's expected floor is computed from their
 //! configuration, so the emulation must really take (seek_min + seek_max) / 2
 //! plus size / transfer per request on average, alone and under load.

@@ -1,6 +1,6 @@
 //! Closed-loop reads through a `ReadTarget`, sampled per interval.
 //!
-//! The scenarios of issue 4 need more than `runner::run_phase` gives: each
+//! The seed experiments' scenarios need more than `runner::run_phase` gives: each
 //! interval's latency distribution (the heatmap), the target's counters per
 //! interval (the L2ARC fill curve), and phases that end when the cache stops
 //! warming rather than after a fixed time. So this runner

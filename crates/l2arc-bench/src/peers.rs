@@ -1,4 +1,4 @@
-//! The peers of issue 4: foyer's hybrid cache, and our L2ARC under an LRU
+//! The peers: foyer's hybrid cache, and our L2ARC under an LRU
 //! DRAM tier.
 //!
 //! A figure such as "l2arc serves N times the IOPS of X" is only worth
@@ -389,7 +389,7 @@ impl ReadTarget for FoyerTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::dataset::{Content, DatasetSpec};
+    use crate::dataset::{Content, DatasetSpec};
     use l2arc::primary::emulated_hdd::HddConfig;
 
     const RECORD_BYTES: u32 = 64 * 1024;

@@ -1,0 +1,201 @@
+//! The `l2arc-bench` binary as a user runs it: bad settings are one-line
+//! errors, and the quick scenarios run end to end and report both sides.
+
+use std::process::{Command, Output};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run the l2arc-bench binary")
+}
+
+/// A failing command prints exactly one line, prefixed `l2arc-bench:`, with
+/// no panic or backtrace, and exits nonzero.
+fn assert_one_line_error(out: &Output, must_contain: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "expected one line of error, got: {stderr:?}"
+    );
+    assert!(
+        stderr.starts_with("l2arc-bench: "),
+        "error not prefixed: {stderr:?}"
+    );
+    assert!(
+        stderr.contains(must_contain),
+        "error {stderr:?} lacks {must_contain:?}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_rejects_bad_settings() {
+    for (args, needle) in [
+        (vec!["--recordsize", "3000"], "recordsize"),
+        (vec!["--recordsize", "2M"], "recordsize"),
+        (vec!["--threads", "0"], "--threads"),
+        (
+            vec!["--data", "/nonexistent/l2arc/data"],
+            "/nonexistent/l2arc/data",
+        ),
+        (vec!["--hot-read-fraction", "1.5"], "--hot-read-fraction"),
+        (vec!["--arc-max", "100"], "arc_max"),
+        (
+            vec![
+                "--spindles",
+                "0",
+                "--seconds",
+                "1",
+                "--dataset-size",
+                "1MiB",
+            ],
+            "spindles",
+        ),
+    ] {
+        let out = bench(&args);
+        assert_one_line_error(&out, needle);
+    }
+}
+
+#[test]
+fn bench_demo_runs_and_checks_every_byte() {
+    let data = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--data",
+        data.path().to_str().unwrap(),
+        "--seconds",
+        "1.5",
+        "--dataset-size",
+        "8MiB",
+        "--files",
+        "4",
+        "--arc-max",
+        "2MiB",
+        "--threads",
+        "4",
+        "--seek-ms-min",
+        "1",
+        "--seek-ms-max",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let phases = report["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    assert_eq!(phases[0]["setting"], "no_cache");
+    assert_eq!(phases[0]["arc_hit_ratio"], 0.0);
+    assert_eq!(phases[1]["setting"], "arc_l2arc");
+    // The feeder copied records to the cache file during the run.
+    assert!(
+        phases[1]["l2_size_bytes"].as_u64().unwrap() > 0,
+        "{}",
+        phases[1]
+    );
+    for phase in phases {
+        assert!(phase["ops"].as_u64().unwrap() > 100, "{phase}");
+    }
+    let hit_ratio = phases[1]["arc_hit_ratio"].as_f64().unwrap();
+    assert!(
+        hit_ratio > 0.3,
+        "ARC hit ratio {hit_ratio} with 80% of reads to a hot set that fits"
+    );
+    assert!(report["bytes_verified"].as_u64().unwrap() > 0);
+    let arcstats = report["arcstats"].as_array().unwrap();
+    let size = arcstats.iter().find(|kv| kv[0] == "size").unwrap()[1]
+        .as_u64()
+        .unwrap();
+    assert!(size <= 2 << 20, "ARC size {size} above arc_max");
+    // The dataset stays for reuse.
+    assert!(data.path().join("l2arc-dataset.json").is_file());
+}
+
+#[test]
+fn bench_arc_hit_reports_both_sides() {
+    let out = bench(&["--scenario", "arc-hit", "--seconds", "0.3", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        assert!(row["arc_hits_per_sec"].as_f64().unwrap() > 1000.0, "{row}");
+        assert!(
+            row["mutex_hashmap_per_sec"].as_f64().unwrap() > 1000.0,
+            "{row}"
+        );
+    }
+}
+
+#[test]
+fn bench_l2_index_fits_the_dram_budget() {
+    let out = bench(&["--scenario", "l2-index", "--records", "1M", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["openzfs_l2only_header_bytes"], 96.0);
+    let rows = report["rows"].as_array().unwrap();
+    let builds: Vec<&str> = rows.iter().map(|r| r["build"].as_str().unwrap()).collect();
+    assert_eq!(builds, ["pre_sized", "grown_from_empty"]);
+    for row in rows {
+        assert_eq!(row["records"], 1_000_000);
+        let bytes = row["index_bytes_per_record"].as_f64().unwrap();
+        // A slot is 20 bytes; the budget is 32 per record, all overheads in.
+        assert!((20.0..=32.0).contains(&bytes), "{row}");
+        let rss = row["rss_delta_bytes_per_record"].as_f64().unwrap();
+        assert!(rss > 10.0 && rss < 2.0 * bytes + 8.0, "{row}");
+        assert_eq!(row["openzfs_bytes_per_record"], 96.0);
+        let ratio = row["openzfs_over_ours"].as_f64().unwrap();
+        assert!((ratio - 96.0 / bytes).abs() < 1e-9, "{row}");
+    }
+}
+
+#[test]
+fn bench_l2_rebuild_restores_every_record() {
+    let out = bench(&["--scenario", "l2-rebuild", "--records", "20k", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    // 4 KiB and 8 KiB records, each into a pre-sized and a growing index.
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        assert_eq!(row["records_written"], 20_000, "{row}");
+        assert_eq!(row["records_restored"], 20_000, "{row}");
+        // Batches of up to 16 MiB: at least 20,000 / 4,096 of them.
+        assert!(row["log_blocks"].as_u64().unwrap() >= 5, "{row}");
+        let secs = row["rebuild_secs"].as_f64().unwrap();
+        assert!(secs > 0.0 && secs < 30.0, "{row}");
+        let rate = row["records_per_sec"].as_f64().unwrap();
+        assert!((rate * secs - 20_000.0).abs() < 1.0, "{row}");
+        assert!(row["direct_io"].is_boolean(), "{row}");
+    }
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["record_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4096, 4096, 8192, 8192]);
+}
