@@ -96,3 +96,21 @@ pub fn iops_per_second(prefix: &Path) -> Result<Vec<f64>> {
         .collect();
     Ok(totals)
 }
+
+/// `fio --version`, or an error that says how to install fio.
+pub fn version() -> Result<String> {
+    match Command::new("fio").arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        Ok(out) => bail!(
+            "fio --version failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "fio is not installed: this scenario measures its baseline with fio; \
+             install it (scripts/setup.sh does, or: apt-get install fio)"
+        ),
+        Err(e) => bail!("cannot run fio: {e}"),
+    }
+}

@@ -160,10 +160,7 @@ impl Drop for Mounted {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let fio_version = match Command::new("fio").arg("--version").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        _ => bail!("fio is not installed: --scenario fuse measures with fio; run scripts/setup.sh"),
-    };
+    let fio_version = super::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     if !(secs > 0.0 && secs <= 3600.0) {
         bail!("--measure-secs must be from 0 to 3600, not {secs}");

@@ -40,7 +40,6 @@
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,23 +178,6 @@ fn file_system(dir: &Path) -> Option<(String, String)> {
         .map(|(_, fs, source)| (fs, source))
 }
 
-fn fio_version() -> Result<String> {
-    match Command::new("fio").arg("--version").output() {
-        Ok(out) if out.status.success() => {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        }
-        Ok(out) => bail!(
-            "fio --version failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "fio is not installed: --scenario l2-hit measures the cache file with fio as its \
-             baseline; install it (scripts/setup.sh does, or: apt-get install fio)"
-        ),
-        Err(e) => bail!("cannot run fio: {e}"),
-    }
-}
-
 struct FioJob<'a> {
     path: &'a Path,
     offset: u64,
@@ -249,7 +231,7 @@ impl FioJob<'_> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let fio_version = fio_version()?;
+    let fio_version = super::fio::version()?;
     if args.cache.len() > 1 {
         bail!(
             "--scenario l2-hit uses one cache file (--cache given {} times)",

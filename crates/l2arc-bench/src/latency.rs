@@ -22,8 +22,8 @@ use serde::Serialize;
 use super::BenchArgs;
 use super::report::{self, Series};
 use super::runner::Rng;
-use super::target::{ReadTarget, TargetCounters};
 use super::targets::{Bench, TargetKind, TargetSpec, build};
+use super::targets::{ReadTarget, TargetCounters};
 use super::workload::{self, PhaseRun, Sample, Setup};
 
 const CLIENTS: usize = 20;
@@ -167,10 +167,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         scenario: "latency",
         setup: Setup::new(args, &bench, &spec, READ_BYTES),
         clients: CLIENTS,
-        hdd_service_ms_record: super::throughput::hdd_service_ms(
-            &bench,
-            u64::from(RECORDSIZE_BYTES),
-        ),
+        hdd_service_ms_record: bench.hdd_service_ms(u64::from(RECORDSIZE_BYTES)),
         seed_iops_factor: SEED_IOPS_FACTOR,
         seed_latency_factor: SEED_LATENCY_FACTOR,
         runs,

@@ -34,10 +34,10 @@ mod l2_index;
 mod l2_rebuild;
 mod latency;
 mod nbd;
-mod peers;
+
 mod report;
 mod runner;
-mod target;
+
 mod targets;
 mod throughput;
 mod warmup;

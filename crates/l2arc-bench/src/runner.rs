@@ -14,8 +14,15 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-/// Latencies are recorded in nanoseconds from 100 ns to 60 s, 3 digits.
-const LATENCY_NS_MAX: u64 = 60_000_000_000;
+/// Latencies are recorded in nanoseconds from 100 ns to 60 s, 3 digits
+/// (every scenario's histograms: `latency_histogram`).
+pub(crate) const LATENCY_NS_MAX: u64 = 60_000_000_000;
+pub(crate) const LATENCY_NS_MIN: u64 = 100;
+
+/// An empty latency histogram with the bounds every scenario uses.
+pub(crate) fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(LATENCY_NS_MIN, LATENCY_NS_MAX, 3).expect("valid bounds")
+}
 
 /// A small, fast, seeded generator (splitmix64) for workload choices.
 pub struct Rng(u64);
@@ -121,8 +128,7 @@ where
                 let (ops, stop, op) = (&ops, &stop, &op);
                 scope.spawn(move || -> Result<(Histogram<u64>, u64)> {
                     let mut rng = Rng::new(seed ^ l2arc::hash::mix64(t as u64 + 1));
-                    let mut histogram = Histogram::new_with_bounds(100, LATENCY_NS_MAX, 3)
-                        .expect("valid histogram bounds");
+                    let mut histogram = latency_histogram();
                     let mut bytes = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let began = Instant::now();
@@ -134,7 +140,7 @@ where
                             }
                         }
                         let ns = began.elapsed().as_nanos() as u64;
-                        histogram.saturating_record(ns.clamp(100, LATENCY_NS_MAX));
+                        histogram.saturating_record(ns.clamp(LATENCY_NS_MIN, LATENCY_NS_MAX));
                         ops.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok((histogram, bytes))
@@ -169,7 +175,7 @@ where
     });
     let elapsed_secs = start.elapsed().as_secs_f64();
     progress.finish_and_clear();
-    let mut latency_ns = Histogram::new_with_bounds(100, LATENCY_NS_MAX, 3).expect("valid bounds");
+    let mut latency_ns = latency_histogram();
     let mut bytes = 0;
     for result in results {
         let (histogram, b) = result?;

@@ -33,8 +33,8 @@ use serde::Serialize;
 use super::BenchArgs;
 use super::report::{self, Series};
 use super::runner::Rng;
-use super::target::{ReadTarget, TargetCounters};
 use super::targets::{Bench, L2arcTarget, TargetKind, TargetSpec, build};
+use super::targets::{ReadTarget, TargetCounters};
 use super::workload::{self, PhaseRun, Sample};
 
 const THREADS: usize = 50;
@@ -198,7 +198,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         arc_max_bytes: args.arc_max,
         cache_size_bytes: args.cache_size,
         recordsize_bytes: args.recordsize,
-        hdd: describe_hdd(&bench),
+        hdd: bench.describe_hdd(),
         hdd_spindles: bench.hdd.spindles,
         content: format!("{:?}", args.content).to_lowercase(),
         dataset_lz4_ratio: bench.lz4_ratio,
@@ -223,21 +223,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .collect();
     report.elapsed_secs = began.elapsed().as_secs_f64();
     super::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
-}
-
-pub fn describe_hdd(bench: &Bench) -> String {
-    let c = &bench.hdd;
-    format!(
-        "emulated HDD: {} spindles, seek {}-{} ms, {} MiB/s",
-        c.spindles, c.seek_ms_min, c.seek_ms_max, c.transfer_mib_per_sec
-    )
-}
-
-/// The emulation's mean service time of a read of `bytes`, in ms.
-pub fn hdd_service_ms(bench: &Bench, bytes: u64) -> f64 {
-    let c = &bench.hdd;
-    (c.seek_ms_min + c.seek_ms_max) / 2.0
-        + bytes as f64 / (c.transfer_mib_per_sec * (1 << 20) as f64) * 1000.0
 }
 
 fn make_target(setting: &str, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
@@ -337,7 +322,7 @@ fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Flo
     let elapsed_secs = began.elapsed().as_secs_f64();
     let mib = |reads: f64| reads * IO_BYTES as f64 / (1 << 20) as f64;
     let cache_file_mib_per_sec = mib(reads as f64) / elapsed_secs;
-    let hdd_ms = hdd_service_ms(bench, IO_BYTES);
+    let hdd_ms = bench.hdd_service_ms(IO_BYTES);
     let hdd_mib_per_sec = mib(bench.hdd.spindles as f64 * 1000.0 / hdd_ms);
     Ok(Floor {
         hdd_service_ms_128k: hdd_ms,

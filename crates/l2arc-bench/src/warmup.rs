@@ -154,8 +154,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         scenario: "warmup",
         setup: Setup::new(args, &bench, &spec, READ_BYTES),
         queue_depth: QUEUE_DEPTH,
-        one_pass_secs: records as f64
-            * super::throughput::hdd_service_ms(&bench, u64::from(RECORDSIZE_BYTES))
+        one_pass_secs: records as f64 * bench.hdd_service_ms(u64::from(RECORDSIZE_BYTES))
             / 1000.0
             / bench.hdd.spindles as f64,
         no_cache_iops,

@@ -29,10 +29,9 @@ use serde::Serialize;
 
 use super::dataset::DatasetSpec;
 use super::runner::Rng;
-use super::target::{ReadTarget, TargetCounters};
+use super::targets::{ReadTarget, TargetCounters};
 
 /// Latencies are recorded in nanoseconds from 100 ns to 60 s, 3 digits.
-const LATENCY_NS_MAX: u64 = 60_000_000_000;
 /// Heatmap buckets: 5 per decade from 10 µs (bucket 0 also takes anything
 /// faster) to 10 s (the last also takes anything slower).
 pub const HEATMAP_BUCKETS: usize = 30;
@@ -96,7 +95,7 @@ impl Setup {
             cache_size_bytes: args.cache_size,
             recordsize_bytes: u64::from(spec.recordsize_bytes),
             compression: spec.compression,
-            hdd: super::throughput::describe_hdd(bench),
+            hdd: bench.describe_hdd(),
             content: format!("{:?}", args.content).to_lowercase(),
             dataset_lz4_ratio: bench.lz4_ratio,
             heatmap_bucket_lower_us: (0..HEATMAP_BUCKETS)
@@ -167,8 +166,9 @@ impl Reader<'_> {
             return Ok(());
         }
         let latency_ns = (ended - began).as_nanos() as u64;
-        self.histogram
-            .saturating_record(latency_ns.clamp(100, LATENCY_NS_MAX));
+        self.histogram.saturating_record(
+            latency_ns.clamp(super::runner::LATENCY_NS_MIN, super::runner::LATENCY_NS_MAX),
+        );
         let row =
             ((ended - self.shared.start).as_nanos() as u64 / self.shared.interval_ns) as usize;
         let row = row.min(self.shared.rows.len() - 1);
@@ -227,8 +227,7 @@ where
                         target,
                         dataset,
                         shared,
-                        histogram: Histogram::new_with_bounds(100, LATENCY_NS_MAX, 3)
-                            .expect("valid histogram bounds"),
+                        histogram: super::runner::latency_histogram(),
                         buf: Vec::new(),
                     };
                     while !shared.stop.load(Ordering::Relaxed) {
@@ -273,7 +272,7 @@ where
             .map(|w| w.join().expect("benchmark worker panicked"))
             .collect::<Vec<_>>()
     });
-    let mut latency_ns = Histogram::new_with_bounds(100, LATENCY_NS_MAX, 3).expect("valid bounds");
+    let mut latency_ns = super::runner::latency_histogram();
     for result in results {
         latency_ns.add(&result?).expect("same bounds");
     }

@@ -1,10 +1,18 @@
-//! The systems under test that are ours: no cache, and l2arc (ARC + L2ARC).
+//! What a benchmark reads through: our cache, or a peer, behind one trait.
+//!
+//! Side-by-side figures are only honest when every system sees the same
+//! workload, the same DRAM budget, the same cache file and the same emulated
+//! disk. So the scenarios never talk to a cache directly: they read files of
+//! the dataset through a `ReadTarget`, and each system (no cache, l2arc,
+//! l2arc with an LRU DRAM tier, foyer's hybrid cache) is one implementation.
+//! The scenario checks every byte it gets against the dataset's truth, so a
+//! fast peer that returns wrong bytes fails the run instead of winning it.
 //!
 //! Every seed-experiment scenario compares systems that see the same dataset, the
 //! same emulated disks, the same DRAM budget and the same cache file. That
 //! sameness lives in one value, [`TargetSpec`], from which each target is
-//! built: ours here, the peers (foyer's hybrid cache, our L2ARC under an LRU
-//! DRAM tier) in `peers.rs`. A scenario builds a fresh target per cell (a cold
+//! built: ours (no cache, l2arc) in `ours.rs`, the peers (foyer's hybrid cache,
+//! our L2ARC under an LRU DRAM tier) in `peers.rs`. A scenario builds a fresh target per cell (a cold
 //! cache, a new cache file, new disks) so that no cell inherits another's
 //! warmth.
 //!
@@ -18,18 +26,72 @@
 //! L2ARC from a device that holds one (that is the point of a persistent
 //! L2ARC), and a benchmark cell that started warm would measure nothing.
 
+mod ours;
+mod peers;
+
+pub use ours::L2arcTarget;
+
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use l2arc::l2arc::format::Compression;
+use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
-use l2arc::primary::{Primary, PrimaryObject};
-use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 
-use super::target::{ReadTarget, TargetCounters};
+use serde::Serialize;
+
+/// Cumulative counters of a target since it was built.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct TargetCounters {
+    /// Reads (of records, or of whatever unit the target caches) served from DRAM.
+    pub dram_hits: u64,
+    /// Served from the flash tier.
+    pub flash_hits: u64,
+    /// Went to the primary (the emulated HDD).
+    pub misses: u64,
+    /// Bytes of data the flash tier holds now (logical, before compression).
+    pub flash_bytes: u64,
+    /// Bytes of the cache device those occupy (after compression).
+    pub flash_alloc_bytes: u64,
+}
+
+impl TargetCounters {
+    /// Share of lookups served by either cache tier.
+    pub fn hit_ratio(&self) -> f64 {
+        let total = self.dram_hits + self.flash_hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            (self.dram_hits + self.flash_hits) as f64 / total as f64
+        }
+    }
+
+    /// Counters accumulated between `earlier` and `self` (sizes are taken from `self`).
+    pub fn since(&self, earlier: &TargetCounters) -> TargetCounters {
+        TargetCounters {
+            dram_hits: self.dram_hits - earlier.dram_hits,
+            flash_hits: self.flash_hits - earlier.flash_hits,
+            misses: self.misses - earlier.misses,
+            flash_bytes: self.flash_bytes,
+            flash_alloc_bytes: self.flash_alloc_bytes,
+        }
+    }
+}
+
+/// A system under test: reads bytes of dataset files, counts where they came from.
+pub trait ReadTarget: Send + Sync {
+    /// Short name used in tables and JSON (`no_cache`, `l2arc`, `foyer`, ...).
+    fn name(&self) -> &str;
+
+    /// Reads `buf.len()` bytes of dataset file `file` at `offset`; returns the
+    /// bytes read (fewer only at the end of the file).
+    fn read(&self, file: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Counters since the target was built.
+    fn counters(&self) -> TargetCounters;
+}
 
 /// Which system a scenario reads through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,145 +209,17 @@ impl TargetSpec {
 pub fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
     spec.check()?;
     match kind {
-        TargetKind::NoCache => Ok(Box::new(NoCacheTarget::new(spec)?)),
-        TargetKind::L2arc => Ok(Box::new(L2arcTarget::new(spec)?)),
+        TargetKind::NoCache => Ok(Box::new(ours::NoCacheTarget::new(spec)?)),
+        TargetKind::L2arc => Ok(Box::new(ours::L2arcTarget::new(spec)?)),
         // The peers live in peers.rs (foyer's HybridCache, l2arc under LRU).
-        TargetKind::Foyer | TargetKind::L2arcLru => super::peers::build(kind, spec),
-    }
-}
-
-/// The emulated disks with nothing in front.
-pub struct NoCacheTarget {
-    hdd: Arc<EmulatedHdd>,
-    objects: Vec<Arc<dyn PrimaryObject>>,
-}
-
-impl NoCacheTarget {
-    pub fn new(spec: &TargetSpec) -> Result<Self> {
-        let hdd = spec.hdd_primary()?;
-        let objects = spec
-            .file_names
-            .iter()
-            .map(|name| hdd.open(name, false))
-            .collect::<io::Result<_>>()?;
-        Ok(Self { hdd, objects })
-    }
-}
-
-impl ReadTarget for NoCacheTarget {
-    fn name(&self) -> &str {
-        "no_cache"
-    }
-
-    fn read(&self, file: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.objects[file as usize].read_at(offset, buf)
-    }
-
-    fn counters(&self) -> TargetCounters {
-        TargetCounters {
-            misses: self.hdd.stats().reads,
-            ..TargetCounters::default()
-        }
-    }
-}
-
-/// Our cache: the ARC in `dram_budget_bytes`, the L2ARC on the cache file.
-pub struct L2arcTarget {
-    name: &'static str,
-    // Handles before the cache: they hold records of it.
-    handles: Vec<ObjectHandle>,
-    cache: Arc<Cache>,
-    hdd: Arc<EmulatedHdd>,
-}
-
-impl L2arcTarget {
-    pub fn new(spec: &TargetSpec) -> Result<Self> {
-        Self::with_name(
-            spec,
-            if spec.compression {
-                "l2arc_lz4"
-            } else {
-                "l2arc"
-            },
-        )
-    }
-
-    /// `name` labels the target in tables (e.g. `l2arc_lz4`).
-    pub fn with_name(spec: &TargetSpec, name: &'static str) -> Result<Self> {
-        spec.check()?;
-        let hdd = spec.hdd_primary()?;
-        let mut config = CacheConfig {
-            arc_max_bytes: spec.dram_budget_bytes,
-            dram_policy: spec.dram_policy,
-            ..CacheConfig::default()
-        };
-        if let Some(shards) = spec.arc_shards {
-            config.arc_shards = shards;
-        }
-        let cache = Cache::new(config)?;
-        let dataset = cache.add_dataset(
-            "bench",
-            Arc::clone(&hdd) as Arc<dyn Primary>,
-            DatasetConfig {
-                recordsize_bytes: spec.recordsize_bytes,
-                primarycache: CacheMode::All,
-                secondarycache: CacheMode::All,
-                compression: if spec.compression {
-                    Compression::Lz4
-                } else {
-                    Compression::Off
-                },
-            },
-        )?;
-        // A cache size of 0 is the ARC alone (the `no_l2arc` setting).
-        if spec.cache_size_bytes > 0 {
-            spec.remove_cache_file()?;
-            cache
-                .add_cache_path(&spec.cache_path, Some(spec.cache_size_bytes))
-                .with_context(|| format!("cannot add cache file {}", spec.cache_path.display()))?;
-        }
-        let handles = spec
-            .file_names
-            .iter()
-            .map(|name| cache.open(dataset, name, false))
-            .collect::<io::Result<_>>()?;
-        Ok(Self {
-            name,
-            handles,
-            cache,
-            hdd,
-        })
-    }
-}
-
-impl ReadTarget for L2arcTarget {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn read(&self, file: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.cache.read(&self.handles[file as usize], offset, buf)
-    }
-
-    fn counters(&self) -> TargetCounters {
-        let stats = self.cache.stats();
-        let l2 = |name: &str| stats.l2.as_ref().map_or(0, |l2| l2.get(name));
-        TargetCounters {
-            // iohits waited for a fill in flight: served from DRAM.
-            dram_hits: stats.arc.hits + stats.arc.iohits,
-            flash_hits: l2("l2_hits"),
-            // Records read from the disks (ARC misses the L2ARC did not serve).
-            misses: self.hdd.stats().reads,
-            flash_bytes: l2("l2_size"),
-            flash_alloc_bytes: l2("l2_asize"),
-        }
+        TargetKind::Foyer | TargetKind::L2arcLru => peers::build(kind, spec),
     }
 }
 
 /// What the scenarios share: the dataset on disk and how to build targets over it.
 pub struct Bench {
     pub dir: PathBuf,
-    pub dataset: super::dataset::MixedSizeDataset,
+    pub dataset: crate::dataset::MixedSizeDataset,
     pub lz4_ratio: f64,
     pub hdd: HddConfig,
     // Keeps a temporary data directory alive for the run.
@@ -293,6 +227,22 @@ pub struct Bench {
 }
 
 impl Bench {
+    /// One line describing the emulated disks, for reports.
+    pub fn describe_hdd(&self) -> String {
+        let c = &self.hdd;
+        format!(
+            "emulated HDD: {} spindles, seek {}-{} ms, {} MiB/s",
+            c.spindles, c.seek_ms_min, c.seek_ms_max, c.transfer_mib_per_sec
+        )
+    }
+
+    /// The emulation's mean service time of a read of `bytes`, in ms.
+    pub fn hdd_service_ms(&self, bytes: u64) -> f64 {
+        let c = &self.hdd;
+        (c.seek_ms_min + c.seek_ms_max) / 2.0
+            + bytes as f64 / (c.transfer_mib_per_sec * (1 << 20) as f64) * 1000.0
+    }
+
     /// Generates (or reuses) the mixed-size dataset in `--data` or a
     /// temporary directory, and prints its LZ4 ratio. One dataset serves
     /// every scenario (each reads a prefix of its files), so `--scenario all`
@@ -312,8 +262,8 @@ impl Bench {
         hdd.validate()?;
         let total_bytes = total_bytes.max(args.min_file_size);
         let max_file = args.max_file_size.max(args.min_file_size);
-        let dataset = super::dataset::MixedSizeDataset::new(
-            total_bytes.div_ceil(super::dataset::SIZE_UNIT_BYTES) * super::dataset::SIZE_UNIT_BYTES,
+        let dataset = crate::dataset::MixedSizeDataset::new(
+            total_bytes.div_ceil(crate::dataset::SIZE_UNIT_BYTES) * crate::dataset::SIZE_UNIT_BYTES,
             args.min_file_size,
             max_file,
             args.seed,
@@ -364,7 +314,7 @@ impl Bench {
         TargetSpec {
             data_dir: self.dir.clone(),
             file_names: (0..files as u32)
-                .map(super::dataset::DatasetSpec::file_name)
+                .map(crate::dataset::DatasetSpec::file_name)
                 .collect(),
             file_sizes_bytes: self.dataset.file_sizes_bytes[..files].to_vec(),
             hdd: self.hdd.clone(),

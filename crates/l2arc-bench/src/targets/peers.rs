@@ -62,8 +62,8 @@ use l2arc::buf::AlignedBuf;
 use l2arc::primary::emulated_hdd::EmulatedHdd;
 use l2arc::primary::{Primary, PrimaryObject};
 
-use super::target::{ReadTarget, TargetCounters};
-use super::targets::{L2arcTarget, TargetKind, TargetSpec};
+use super::ours::L2arcTarget;
+use super::{ReadTarget, TargetCounters, TargetKind, TargetSpec};
 
 /// Builds a peer target (`TargetKind::Foyer` or `TargetKind::L2arcLru`).
 pub fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
