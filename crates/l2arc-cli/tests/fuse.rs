@@ -905,10 +905,8 @@ fn inodes_links_unlinked_files_deep_trees_and_byte_names() {
     for _ in 0..40 {
         let c = std::ffi::CString::new(component.as_str()).unwrap();
         // SAFETY: valid descriptor and C string.
-        assert_eq!(
-            unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) },
-            0
-        );
+        let made = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) };
+        assert_eq!(made, 0);
         // SAFETY: as above; the result is checked.
         let fd = unsafe {
             libc::openat(
