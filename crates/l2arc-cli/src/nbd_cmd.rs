@@ -41,6 +41,11 @@ pub struct ServeNbdArgs {
     /// Worker threads per connection (requests served in parallel on one connection).
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
+    /// Seconds a client may stay silent with nothing in flight (or leave a
+    /// reply unread) before it is disconnected. When every slot is taken, a
+    /// new client takes the slot of the longest-idle one anyway.
+    #[arg(long, default_value_t = 600.0)]
+    pub idle_timeout: f64,
     #[command(flatten)]
     pub cache: CacheOptions,
 }
@@ -54,6 +59,12 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
         bail!(
             "--listen {addr} is not a loopback address: NBD has no authentication; add --allow-remote to export {} to the network",
             args.image.display()
+        );
+    }
+    if !(args.idle_timeout.is_finite() && (1.0..=86_400.0).contains(&args.idle_timeout)) {
+        bail!(
+            "--idle-timeout must be from 1 to 86400 seconds, not {}",
+            args.idle_timeout
         );
     }
     if args.export_name.len() > l2arc_nbd::protocol::NAME_MAX_BYTES {
@@ -75,6 +86,7 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
             export_name: args.export_name.clone(),
             read_only: args.read_only,
             max_connections: args.max_connections,
+            idle_timeout: std::time::Duration::from_secs_f64(args.idle_timeout),
             workers_per_connection: args.workers.clamp(1, 256),
             ..ServerConfig::default()
         },

@@ -16,8 +16,13 @@
 //!
 //! Bounds. A hostile or broken client must not take the server down,
 //! stall the other clients, or make the server allocate without limit:
-//! - connections: at most `max_connections` at once; more are closed at
-//!   accept;
+//! - connections: at most `max_connections` at once. When the table is
+//!   full, a new client takes the slot of the longest-idle one (no request
+//!   in flight, quiet for at least `IDLE_EVICT_MIN`), so idle holders cannot
+//!   lock everybody else out; if none is idle the new client is closed at
+//!   accept. A client quiet for `idle_timeout` with nothing in flight is
+//!   disconnected, and one that does not read its replies for that long
+//!   loses its connection (the reply write times out);
 //! - the handshake has a deadline (`handshake_timeout`) and the protocol
 //!   module bounds option sizes and counts;
 //! - per connection at most `max_in_flight_requests` queued requests and
@@ -62,6 +67,9 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// How often the accept loop looks at the stop flag.
 const ACCEPT_POLL_MS: i32 = 100;
+/// Shortest quiet time after which a connection may give its slot to a
+/// new client when the table is full.
+const IDLE_EVICT_MIN: Duration = Duration::from_secs(2);
 
 /// Where to listen: `unix:PATH` or `HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,6 +238,10 @@ pub struct ServerConfig {
     pub max_payload_bytes: u32,
     /// The whole handshake must finish within this.
     pub handshake_timeout: Duration,
+    /// After the handshake: a client with nothing in flight that sends
+    /// nothing for this long is disconnected, and a reply the client does
+    /// not read for this long ends the connection.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -243,6 +255,7 @@ impl Default for ServerConfig {
             max_in_flight_bytes: 64 << 20,
             max_payload_bytes: PAYLOAD_MAX_BYTES_DEFAULT,
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -278,6 +291,10 @@ impl ServerConfig {
 pub struct ServerStats {
     pub connections_accepted: u64,
     pub connections_refused: u64,
+    /// Idle connections closed to make room for a new client.
+    pub connections_evicted: u64,
+    /// Connections closed after `idle_timeout` of silence.
+    pub connections_idle_closed: u64,
     pub protocol_errors: u64,
     pub requests: u64,
     pub request_errors: u64,
@@ -287,6 +304,8 @@ pub struct ServerStats {
 struct Counters {
     connections_accepted: AtomicU64,
     connections_refused: AtomicU64,
+    connections_evicted: AtomicU64,
+    connections_idle_closed: AtomicU64,
     protocol_errors: AtomicU64,
     requests: AtomicU64,
     request_errors: AtomicU64,
@@ -298,8 +317,11 @@ struct Shared {
     config: ServerConfig,
     export: ExportInfo,
     stop: Arc<AtomicBool>,
-    /// Clones of every open client socket, to shut them down on stop.
-    open: Mutex<HashMap<u64, Conn>>,
+    /// Every open client: its socket (to shut it down on stop or to evict
+    /// it) and how busy it is.
+    open: Mutex<HashMap<u64, Arc<Slot>>>,
+    /// The clock `Slot::last_active_ms` counts from.
+    started: std::time::Instant,
     active: AtomicUsize,
     counters: Counters,
 }
@@ -332,6 +354,7 @@ impl Server {
                 export,
                 stop: Arc::new(AtomicBool::new(false)),
                 open: Mutex::new(HashMap::new()),
+                started: std::time::Instant::now(),
                 active: AtomicUsize::new(0),
                 counters: Counters::default(),
             }),
@@ -352,6 +375,8 @@ impl Server {
         ServerStats {
             connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
+            connections_evicted: c.connections_evicted.load(Ordering::Relaxed),
+            connections_idle_closed: c.connections_idle_closed.load(Ordering::Relaxed),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
             request_errors: c.request_errors.load(Ordering::Relaxed),
@@ -405,7 +430,9 @@ impl Server {
                 Err(e) => break Err(e),
             };
             let shared = &self.shared;
-            if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections {
+            if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections
+                && !shared.evict_longest_idle()
+            {
                 shared
                     .counters
                     .connections_refused
@@ -416,6 +443,12 @@ impl Server {
             let Ok(clone) = conn.try_clone() else {
                 continue;
             };
+            let slot = Arc::new(Slot {
+                conn: clone,
+                last_active_ms: AtomicU64::new(shared.now_ms()),
+                in_flight: AtomicUsize::new(0),
+                transmitting: AtomicBool::new(false),
+            });
             let id = next_id;
             next_id += 1;
             shared.active.fetch_add(1, Ordering::SeqCst);
@@ -427,12 +460,12 @@ impl Server {
                 .open
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(id, clone);
+                .insert(id, Arc::clone(&slot));
             let for_thread = Arc::clone(shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    connection(&for_thread, conn);
+                    connection(&for_thread, conn, &slot);
                     for_thread
                         .open
                         .lock()
@@ -443,27 +476,27 @@ impl Server {
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(_) => {
-                    if let Some(c) = shared
+                    if let Some(slot) = shared
                         .open
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&id)
                     {
-                        c.shutdown();
+                        slot.conn.shutdown();
                     }
                     shared.active.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         };
         drop(listener);
-        for conn in self
+        for slot in self
             .shared
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
         {
-            conn.shutdown();
+            slot.conn.shutdown();
         }
         for t in threads {
             let _ = t.join();
@@ -475,10 +508,59 @@ impl Server {
     }
 }
 
+/// One client's place in the connection table.
+struct Slot {
+    /// A clone of the client's socket, to shut it down from outside.
+    conn: Conn,
+    /// When the client last sent anything, in ms since the server started.
+    last_active_ms: AtomicU64,
+    /// Requests queued or being served.
+    in_flight: AtomicUsize,
+    /// Past the handshake (which has its own deadline).
+    transmitting: AtomicBool,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Shuts down the connection that has been quiet the longest, if one is
+    /// idle (nothing in flight, quiet for `IDLE_EVICT_MIN`). True if one was.
+    /// Its thread then ends and frees the slot; the new client is let in
+    /// at once, so the table may hold one more for that moment.
+    fn evict_longest_idle(&self) -> bool {
+        let now = self.now_ms();
+        let quiet_min = IDLE_EVICT_MIN.as_millis() as u64;
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let victim = open
+            .values()
+            .filter(|s| {
+                s.transmitting.load(Ordering::SeqCst)
+                    && s.in_flight.load(Ordering::SeqCst) == 0
+                    && now.saturating_sub(s.last_active_ms.load(Ordering::Relaxed)) >= quiet_min
+            })
+            .min_by_key(|s| s.last_active_ms.load(Ordering::Relaxed));
+        let Some(victim) = victim else {
+            return false;
+        };
+        victim.conn.shutdown();
+        self.counters
+            .connections_evicted
+            .fetch_add(1, Ordering::Relaxed);
+        true
+    }
+}
+
 /// One client, from greeting to close.
-fn connection(shared: &Arc<Shared>, mut conn: Conn) {
+fn connection(shared: &Arc<Shared>, mut conn: Conn, slot: &Arc<Slot>) {
     match handshake(shared, &mut conn) {
-        Ok(Some(leftover)) => transmission(shared, conn, leftover),
+        Ok(Some(leftover)) => {
+            slot.last_active_ms
+                .store(shared.now_ms(), Ordering::Relaxed);
+            slot.transmitting.store(true, Ordering::SeqCst);
+            transmission(shared, conn, leftover, slot);
+        }
         Ok(None) => conn.shutdown(),
         Err(_) => {
             shared
@@ -525,7 +607,7 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Vec<u8>>> {
                 HandshakeStatus::Negotiating => {}
                 HandshakeStatus::Aborted => return Ok(None),
                 HandshakeStatus::Transmission => {
-                    conn.set_timeouts(None)?;
+                    conn.set_timeouts(Some(shared.config.idle_timeout))?;
                     return Ok(Some(buf[at..n].to_vec()));
                 }
             }
@@ -590,7 +672,7 @@ impl Replier {
     }
 }
 
-fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>) {
+fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &Arc<Slot>) {
     let replier = match conn.try_clone() {
         Ok(c) => Arc::new(Replier {
             conn: Mutex::new(c),
@@ -610,15 +692,16 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>) {
     let rx = Arc::new(Mutex::new(rx));
     let mut workers = Vec::with_capacity(shared.config.workers_per_connection);
     for i in 0..shared.config.workers_per_connection {
-        let (shared, rx, replier, budget) = (
+        let (shared, rx, replier, budget, slot) = (
             Arc::clone(shared),
             Arc::clone(&rx),
             Arc::clone(&replier),
             Arc::clone(&budget),
+            Arc::clone(slot),
         );
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-worker-{i}"))
-            .spawn(move || worker(&shared, &rx, &replier, &budget));
+            .spawn(move || worker(&shared, &rx, &replier, &budget, &slot));
         if let Ok(t) = spawned {
             workers.push(t);
         }
@@ -627,7 +710,13 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>) {
         conn.shutdown();
         return;
     }
-    let result = reader(shared, &mut conn, leftover, &tx, &replier, &budget);
+    let queue = Queue {
+        tx: &tx,
+        replier: &replier,
+        budget: &budget,
+        slot,
+    };
+    let result = reader(shared, &mut conn, leftover, &queue);
     if result.is_err() {
         shared
             .counters
@@ -643,18 +732,26 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>) {
     conn.shutdown();
 }
 
+/// Where the reader hands decoded requests: the workers' queue, the
+/// replier for requests answered at once, the byte budget, and the
+/// connection's slot (activity and requests in flight).
+struct Queue<'a> {
+    tx: &'a SyncSender<Job>,
+    replier: &'a Replier,
+    budget: &'a Budget,
+    slot: &'a Slot,
+}
+
 /// Decodes requests and queues them. `Err`: a protocol violation.
 fn reader(
     shared: &Shared,
     conn: &mut Conn,
     leftover: Vec<u8>,
-    tx: &SyncSender<Job>,
-    replier: &Replier,
-    budget: &Budget,
+    queue: &Queue<'_>,
 ) -> Result<(), protocol::ProtocolError> {
     let mut decoder = RequestDecoder::new(shared.config.max_payload_bytes);
     // Bytes that arrived behind the handshake's last option come first.
-    if !dispatch(shared, &mut decoder, &leftover, tx, replier, budget)? {
+    if !dispatch(shared, &mut decoder, &leftover, queue)? {
         return Ok(());
     }
     drop(leftover);
@@ -664,9 +761,30 @@ fn reader(
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // Quiet for idle_timeout: idle if nothing is in flight
+                // (a client waiting on slow replies is not idle).
+                if queue.slot.in_flight.load(Ordering::SeqCst) == 0 {
+                    shared
+                        .counters
+                        .connections_idle_closed
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                continue;
+            }
             Err(_) => return Ok(()),
         };
-        if !dispatch(shared, &mut decoder, &buf[..n], tx, replier, budget)? {
+        queue
+            .slot
+            .last_active_ms
+            .store(shared.now_ms(), Ordering::Relaxed);
+        if !dispatch(shared, &mut decoder, &buf[..n], queue)? {
             return Ok(());
         }
     }
@@ -678,10 +796,14 @@ fn dispatch(
     shared: &Shared,
     decoder: &mut RequestDecoder,
     bytes: &[u8],
-    tx: &SyncSender<Job>,
-    replier: &Replier,
-    budget: &Budget,
+    queue: &Queue<'_>,
 ) -> Result<bool, protocol::ProtocolError> {
+    let Queue {
+        tx,
+        replier,
+        budget,
+        slot,
+    } = *queue;
     let config = &shared.config;
     let mut at = 0;
     while at < bytes.len() {
@@ -732,14 +854,22 @@ fn dispatch(
             payload,
             cost_bytes,
         };
+        slot.in_flight.fetch_add(1, Ordering::SeqCst);
         if tx.send(job).is_err() {
+            slot.in_flight.fetch_sub(1, Ordering::SeqCst);
             return Ok(false);
         }
     }
     Ok(true)
 }
 
-fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>, replier: &Replier, budget: &Budget) {
+fn worker(
+    shared: &Shared,
+    rx: &Mutex<Receiver<Job>>,
+    replier: &Replier,
+    budget: &Budget,
+    slot: &Slot,
+) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
@@ -751,6 +881,8 @@ fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>, replier: &Replier, budget:
         let cost_bytes = job.cost_bytes;
         serve_request(shared, replier, job);
         budget.release(cost_bytes);
+        let before = slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        assert!(before > 0, "a request left that never came in");
     }
 }
 

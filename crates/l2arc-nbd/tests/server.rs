@@ -478,3 +478,69 @@ fn corpus_against_a_live_server() {
     }
     assert_eq!(std::fs::read(&srv.image).unwrap().len(), IMAGE_BYTES);
 }
+
+/// Whether the server has closed `c` (a short read timeout: an open but
+/// quiet connection reads nothing and times out).
+fn is_closed(c: &mut Client) -> bool {
+    c.s.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    let closed = match c.s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    c.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    closed
+}
+
+#[test]
+fn idle_holders_cannot_lock_out_a_new_client() {
+    let srv = start(ServerConfig {
+        max_connections: 4,
+        ..ServerConfig::default()
+    });
+    let mut holders: Vec<Client> = (0..4).map(|_| Client::open(&srv.socket)).collect();
+    // Past the quiet time after which an idle holder gives up its slot.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut newcomer = Client::open(&srv.socket);
+    assert_eq!(newcomer.read(0, 4096).unwrap(), pattern(4096));
+    let closed: Vec<bool> = holders.iter_mut().map(is_closed).collect();
+    assert_eq!(
+        closed.iter().filter(|&&c| c).count(),
+        1,
+        "exactly one idle holder gives way"
+    );
+    assert_eq!(srv.server.stats().connections_evicted, 1);
+    // The others keep working.
+    for (c, _) in holders.iter_mut().zip(&closed).filter(|(_, c)| !**c) {
+        assert_eq!(c.read(4096, 512).unwrap(), pattern(4096 + 512)[4096..]);
+    }
+}
+
+#[test]
+fn quiet_clients_are_disconnected_after_the_idle_timeout() {
+    let srv = start(ServerConfig {
+        idle_timeout: Duration::from_secs(1),
+        ..ServerConfig::default()
+    });
+    let mut quiet = Client::open(&srv.socket);
+    let mut busy = Client::open(&srv.socket);
+    for i in 0..6u64 {
+        assert_eq!(
+            busy.read(i * 512, 512).unwrap(),
+            pattern(4096)[(i * 512) as usize..][..512]
+        );
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    assert!(
+        is_closed(&mut quiet),
+        "a client quiet for the idle timeout stays connected"
+    );
+    assert!(!is_closed(&mut busy), "an active client was disconnected");
+    assert_eq!(busy.read(0, 16).unwrap(), pattern(16));
+    assert_eq!(srv.server.stats().connections_idle_closed, 1);
+}
