@@ -142,23 +142,6 @@ fn read_all(files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// Unmounts on drop, whatever happened.
-struct Mounted {
-    mnt: PathBuf,
-    session: Option<l2arc_fuse::Session>,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            if l2arc_fuse::unmount(&self.mnt).is_err() {
-                let _ = l2arc_fuse::detach_mount(&self.mnt);
-            }
-            let _ = session.join();
-        }
-    }
-}
-
 pub fn run(args: &BenchArgs) -> Result<()> {
     let fio_version = super::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
@@ -205,12 +188,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         },
     )?;
     let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, FsOptions::default())?;
-    let session = l2arc_fuse::mount(fs, &mnt, &MountOptions::default())
+    let mounted = l2arc_fuse::MountGuard::mount(fs, &mnt, &MountOptions::default())
         .context("mount (is fusermount3 installed? scripts/setup.sh installs it)")?;
-    let mounted = Mounted {
-        mnt: mnt.clone(),
-        session: Some(session),
-    };
     let names: Vec<String> = (0..FILES).map(|i| format!("f{i}")).collect();
     let through: Vec<PathBuf> = names.iter().map(|n| mnt.join(n)).collect();
     let direct: Vec<PathBuf> = names.iter().map(|n| src.join(n)).collect();

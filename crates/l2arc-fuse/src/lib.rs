@@ -126,6 +126,40 @@ pub fn mount(
     Ok(session)
 }
 
+/// A mounted file system that is unmounted (lazily, if busy) and whose
+/// threads are joined when the guard drops, whatever happened before: for
+/// benchmarks and tests that must not leave a mount behind.
+pub struct MountGuard {
+    mountpoint: std::path::PathBuf,
+    session: Option<Session>,
+}
+
+impl MountGuard {
+    /// Mounts `fs` at `mountpoint` (see [`mount`]) behind a guard.
+    pub fn mount(fs: CachedFs, mountpoint: &Path, options: &MountOptions) -> io::Result<Self> {
+        let session = mount(fs, mountpoint, options)?;
+        Ok(Self {
+            mountpoint: mountpoint.to_path_buf(),
+            session: Some(session),
+        })
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            if unmount(&self.mountpoint).is_err() {
+                let _ = detach_mount(&self.mountpoint);
+            }
+            let _ = session.join();
+        }
+    }
+}
+
 /// Lazily unmounts `mountpoint` (`umount -l`): the name is free at once and
 /// the kernel lets go when the last user leaves. For a mount that a normal
 /// unmount refused as busy.

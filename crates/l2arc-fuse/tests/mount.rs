@@ -11,20 +11,9 @@ use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 
 struct Mounted {
     mnt: PathBuf,
-    session: Option<l2arc_fuse::Session>,
+    _mount: l2arc_fuse::MountGuard,
     cache: Arc<Cache>,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            if l2arc_fuse::unmount(&self.mnt).is_err() {
-                let _ = l2arc_fuse::detach_mount(&self.mnt);
-            }
-            let _ = session.join();
-        }
-    }
 }
 
 fn mount(options: FsOptions, populate: impl FnOnce(&Path)) -> Mounted {
@@ -48,11 +37,12 @@ fn mount(options: FsOptions, populate: impl FnOnce(&Path)) -> Mounted {
         )
         .unwrap();
     let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, options).unwrap();
-    let session = l2arc_fuse::mount(fs, &mnt, &MountOptions::default())
+    let guard = l2arc_fuse::MountGuard::mount(fs, &mnt, &MountOptions::default())
         .unwrap_or_else(|e| panic!("mount failed ({e}): run scripts/setup.sh (fuse3)"));
+    // Fields drop in order: unmount first, then the cache, then the tree.
     Mounted {
         mnt,
-        session: Some(session),
+        _mount: guard,
         cache,
         _dir: dir,
     }
