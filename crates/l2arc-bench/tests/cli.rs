@@ -11,33 +11,6 @@ fn bench(args: &[&str]) -> Output {
         .expect("run the l2arc-bench binary")
 }
 
-/// A failing command prints exactly one line, prefixed `l2arc-bench:`, with
-/// no panic or backtrace, and exits nonzero.
-fn assert_one_line_error(out: &Output, must_contain: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {stderr}"
-    );
-    assert_eq!(
-        stderr.lines().count(),
-        1,
-        "expected one line of error, got: {stderr:?}"
-    );
-    assert!(
-        stderr.starts_with("l2arc-bench: "),
-        "error not prefixed: {stderr:?}"
-    );
-    assert!(
-        stderr.contains(must_contain),
-        "error {stderr:?} lacks {must_contain:?}"
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
-}
-
 #[test]
 fn bench_rejects_bad_settings() {
     for (args, needle) in [
@@ -63,7 +36,7 @@ fn bench_rejects_bad_settings() {
         ),
     ] {
         let out = bench(&args);
-        assert_one_line_error(&out, needle);
+        l2arc_testkit::assert_one_line_error(&out, "l2arc-bench", needle);
     }
 }
 

@@ -1,7 +1,7 @@
 //! The `l2arc` binary as a user runs it: real arguments, real files, exit
 //! codes and the exact shape of error messages.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn l2arc(args: &[&str]) -> Output {
@@ -10,46 +10,6 @@ fn l2arc(args: &[&str]) -> Output {
         .env_remove("RUST_BACKTRACE")
         .output()
         .expect("run the l2arc binary")
-}
-
-fn traces_dir() -> PathBuf {
-    let dir = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces"
-    ));
-    assert!(
-        dir.join("OLTP.lis.zst").is_file(),
-        "reference traces missing: expected {} (the repository is cloned beside shared/)",
-        dir.display()
-    );
-    dir.to_path_buf()
-}
-
-/// A failing command prints exactly one line, prefixed `l2arc:`, with no
-/// panic or backtrace, and exits nonzero.
-fn assert_one_line_error(out: &Output, must_contain: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {stderr}"
-    );
-    assert_eq!(
-        stderr.lines().count(),
-        1,
-        "expected one line of error, got: {stderr:?}"
-    );
-    assert!(
-        stderr.starts_with("l2arc: "),
-        "error not prefixed: {stderr:?}"
-    );
-    assert!(
-        stderr.contains(must_contain),
-        "error {stderr:?} lacks {must_contain:?}"
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
 }
 
 #[test]
@@ -62,7 +22,7 @@ fn missing_trace_is_a_one_line_error() {
         "--sizes",
         "100",
     ]);
-    assert_one_line_error(&out, "/nonexistent/trace.lis");
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "/nonexistent/trace.lis");
 }
 
 #[test]
@@ -78,13 +38,13 @@ fn malformed_trace_names_file_and_line() {
         "--sizes",
         "10",
     ]);
-    assert_one_line_error(&out, "line 3");
-    assert_one_line_error(&out, "bad.lis");
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "line 3");
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "bad.lis");
 }
 
 #[test]
 fn unknown_format_and_policy_and_size_are_errors() {
-    let trace = traces_dir().join("OLTP.lis.zst");
+    let trace = l2arc_testkit::reference_trace("OLTP.lis.zst");
     let trace = trace.to_str().unwrap();
     // clap reports usage errors on several lines; check exit code and wording.
     let out = l2arc(&["trace", trace, "--format", "blktrace", "--sizes", "10"]);
@@ -93,14 +53,14 @@ fn unknown_format_and_policy_and_size_are_errors() {
     let out = l2arc(&[
         "trace", trace, "--format", "lis", "--policy", "fifo", "--sizes", "10",
     ]);
-    assert_one_line_error(&out, "fifo");
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "fifo");
     let out = l2arc(&["trace", trace, "--format", "lis", "--sizes", "10,lots"]);
-    assert_one_line_error(&out, "lots");
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "lots");
 }
 
 #[test]
 fn trace_json_reproduces_the_arc_paper() {
-    let trace = traces_dir().join("OLTP.lis.zst");
+    let trace = l2arc_testkit::reference_trace("OLTP.lis.zst");
     let out = l2arc(&[
         "trace",
         trace.to_str().unwrap(),
@@ -136,7 +96,7 @@ fn trace_json_reproduces_the_arc_paper() {
 
 #[test]
 fn trace_table_has_a_row_per_size() {
-    let trace = traces_dir().join("OLTP.lis.zst");
+    let trace = l2arc_testkit::reference_trace("OLTP.lis.zst");
     let out = l2arc(&[
         "trace",
         trace.to_str().unwrap(),

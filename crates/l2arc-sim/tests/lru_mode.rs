@@ -9,7 +9,6 @@
 //!
 //! A missing trace fails the test, as in tests/reproduce.rs.
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use l2arc::arc::{
@@ -18,20 +17,12 @@ use l2arc::arc::{
 use l2arc::buf::AlignedBuf;
 use l2arc_sim::{Request, TraceFormat, load_trace};
 
-const TRACE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces");
-
 /// What one record buffer costs the live ARC: `AlignedBuf::zeroed(0)` has
 /// one 4 KiB block of capacity.
 const PAGE_BYTES: u64 = 4096;
 
 fn load(name: &str, format: TraceFormat) -> Vec<Request> {
-    let path = PathBuf::from(TRACE_DIR).join(name);
-    assert!(
-        path.is_file(),
-        "reference trace {} is missing: this repository must be checked out \
-         beside shared/ (shared/traces/{name}); see shared/traces/README.md",
-        path.display()
-    );
+    let path = l2arc_testkit::reference_trace(name);
     load_trace(&path, format).unwrap_or_else(|e| panic!("{e}"))
 }
 

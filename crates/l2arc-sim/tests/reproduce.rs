@@ -13,17 +13,8 @@ use std::sync::OnceLock;
 use l2arc_sim::min::{MinVariant, count_hits, next_uses};
 use l2arc_sim::{PolicyName, Request, TraceFormat, load_trace, replay, replay_many};
 
-const TRACE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces");
-
 fn trace_path(name: &str) -> PathBuf {
-    let path = PathBuf::from(TRACE_DIR).join(name);
-    assert!(
-        path.is_file(),
-        "reference trace {} is missing: this repository must be checked out \
-         beside shared/ (shared/traces/{name}); see shared/traces/README.md",
-        path.display()
-    );
-    path
+    l2arc_testkit::reference_trace(name)
 }
 
 fn load(name: &str, format: TraceFormat) -> Vec<Request> {

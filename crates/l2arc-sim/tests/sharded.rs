@@ -9,14 +9,11 @@
 //!
 //! A missing trace fails the test, as in tests/reproduce.rs.
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use l2arc::arc::{AccessKind, ArcConfig, DramPolicy, LiveArc, Lookup, Record, RecordKey};
 use l2arc::buf::AlignedBuf;
 use l2arc_sim::{PolicyName, Request, TraceFormat, load_trace, replay};
-
-const TRACE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces");
 
 /// Cache size in pages, as in the ARC paper's Table IV.
 const PAGES: u64 = 10_000;
@@ -27,13 +24,7 @@ const PAGE_BYTES: u64 = 4096;
 fn oltp() -> &'static [Request] {
     static T: OnceLock<Vec<Request>> = OnceLock::new();
     T.get_or_init(|| {
-        let path = PathBuf::from(TRACE_DIR).join("OLTP.lis.zst");
-        assert!(
-            path.is_file(),
-            "reference trace {} is missing: this repository must be checked out \
-             beside shared/ (shared/traces/OLTP.lis.zst); see shared/traces/README.md",
-            path.display()
-        );
+        let path = l2arc_testkit::reference_trace("OLTP.lis.zst");
         let trace = load_trace(&path, TraceFormat::Lis).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(trace.len(), 914_145, "OLTP trace has the wrong length");
         assert!(
