@@ -308,6 +308,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 l2arc_rebuild_enabled: false,
                 l2arc_feed_secs: 3600.0,
                 l2arc_feed_min_ms: 3_600_000,
+                l2arc_feed_again: false,
                 ..L2ArcConfig::default()
             },
             ..CacheConfig::default()

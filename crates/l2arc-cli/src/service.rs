@@ -64,6 +64,9 @@ pub struct CacheOptions {
     /// `l2arc_mfuonly`: write only MFU records to the L2ARC.
     #[arg(long)]
     pub l2arc_mfuonly: Option<bool>,
+    /// `l2arc_feed_again`: feed again at once while there is more to write, and early under eviction pressure (default true).
+    #[arg(long)]
+    pub l2arc_feed_again: Option<bool>,
     /// `l2arc_rebuild_enabled`: restore the L2ARC index from the devices at start (default true).
     #[arg(long)]
     pub l2arc_rebuild_enabled: Option<bool>,
@@ -98,6 +101,7 @@ struct FileOptions {
     l2arc_headroom: Option<u32>,
     l2arc_noprefetch: Option<bool>,
     l2arc_mfuonly: Option<bool>,
+    l2arc_feed_again: Option<bool>,
     l2arc_rebuild_enabled: Option<bool>,
     l2arc_dwpd: Option<f64>,
     emulate_hdd_spindles: Option<usize>,
@@ -187,6 +191,9 @@ impl CacheOptions {
         }
         if let Some(v) = self.l2arc_mfuonly.or(file.l2arc_mfuonly) {
             l2.l2arc_mfuonly = v;
+        }
+        if let Some(v) = self.l2arc_feed_again.or(file.l2arc_feed_again) {
+            l2.l2arc_feed_again = v;
         }
         if let Some(v) = self.l2arc_rebuild_enabled.or(file.l2arc_rebuild_enabled) {
             l2.l2arc_rebuild_enabled = v;

@@ -318,6 +318,8 @@ pub struct Cache {
     pub(crate) l2: OnceLock<Arc<L2Arc>>,
     pub(crate) invalidations: Mutex<Invalidations>,
     feeder_started: std::sync::atomic::AtomicBool,
+    /// Wakes the feeder under eviction pressure (see `l2arc::feeder`).
+    feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
 }
 
 /// What one feed did.
@@ -339,6 +341,10 @@ impl Drop for Cache {
 
 impl Cache {
     pub fn new(config: CacheConfig) -> Result<Arc<Self>, ConfigError> {
+        // Wake the feeder after a quarter of the ARC, at most half a batch.
+        let feed_wake = Arc::new(crate::l2arc::feeder::FeedWake::new(
+            (config.arc_max_bytes / 8).clamp(1, crate::l2arc::BATCH_BYTES_MAX / 4),
+        ));
         if !(1..=1024).contains(&config.arc_shards) {
             return Err(ConfigError::Shards(config.arc_shards));
         }
@@ -360,6 +366,7 @@ impl Cache {
             l2: OnceLock::new(),
             invalidations: Mutex::new(Invalidations::default()),
             feeder_started: std::sync::atomic::AtomicBool::new(false),
+            feed_wake,
         }))
     }
 
@@ -386,9 +393,10 @@ impl Cache {
         let added = l2.add_device(io)?;
         if !self.feeder_started.swap(true, Ordering::SeqCst) {
             let weak = Arc::downgrade(self);
+            let wake = Arc::clone(&self.feed_wake);
             std::thread::Builder::new()
                 .name("l2arc-feed".into())
-                .spawn(move || crate::l2arc::feeder::feeder_loop(weak))?;
+                .spawn(move || crate::l2arc::feeder::feeder_loop(weak, wake))?;
         }
         Ok(added)
     }
@@ -667,12 +675,17 @@ impl Cache {
                     match result {
                         Ok(record) => {
                             claim.complete(Ok(Arc::clone(&record)));
+                            if self.l2.get().is_some_and(|l2| l2.config().l2arc_feed_again) {
+                                self.feed_wake.note_insert(record.data.len() as u64);
+                            }
                             return Ok(record);
                         }
                         Err(e) => {
-                            let message = e.to_string();
+                            // The waiters get the error as `Fill` keeps it;
+                            // the claimant keeps its kind too.
+                            let failed = io::Error::new(e.kind(), e.to_string());
                             claim.complete(Err(e));
-                            return Err(io::Error::other(message));
+                            return Err(failed);
                         }
                     }
                 }

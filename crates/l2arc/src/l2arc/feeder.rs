@@ -14,13 +14,21 @@
 //! capped by `l2arc_write_max` and by the endurance budget (`l2arc_dwpd`),
 //! never by a small fixed rate, so the cache warms as fast as misses come.
 //!
+//! Eviction pressure cuts any wait short (`FeedWake`): once the ARC has
+//! taken in a quarter of itself (at most half a batch) since the last feed,
+//! records that were new at that feed are nearing the cold end, and a timer
+//! would let them fall out of DRAM before they reach flash. ZFS's feeder
+//! wakes on its timer alone, which is why what the ARC evicts between
+//! wake-ups is lost to its L2ARC.
+//!
 //! Races with writes. The selected records are copied and released before
 //! the slow device write (a record a feed holds cannot be evicted). A write
 //! through the cache may make a copied record stale while the batch is in
 //! flight; [`StaleWriteGate`] leaves such records out of the index, deciding
 //! under the lock that writes hold while they drop their records.
 
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use super::FeedRecord;
@@ -30,6 +38,55 @@ use crate::arc::live::RecordKey;
 use crate::arc::policy::ListId;
 use crate::hash::{FastBuildHasher, hash_one};
 use crate::read_path::{Cache, CacheMode, Dataset, FeedOutcome, l2_key_hash};
+
+/// Wakes the feeder early when the ARC has taken in enough new bytes that
+/// its cold end is moving toward records not yet on flash.
+pub(crate) struct FeedWake {
+    inserted_bytes: AtomicU64,
+    threshold_bytes: u64,
+    woken: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl FeedWake {
+    /// Wakes after `threshold_bytes` inserted since the last feed.
+    pub(crate) fn new(threshold_bytes: u64) -> Self {
+        assert!(threshold_bytes > 0);
+        Self {
+            inserted_bytes: AtomicU64::new(0),
+            threshold_bytes,
+            woken: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// The ARC took in `bytes` of new records. Cheap: one atomic add, and a
+    /// notification only on crossing the threshold.
+    pub(crate) fn note_insert(&self, bytes: u64) {
+        let before = self.inserted_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if before < self.threshold_bytes && before + bytes >= self.threshold_bytes {
+            *self.woken.lock().expect("feed wake poisoned") = true;
+            self.wake.notify_one();
+        }
+    }
+
+    /// Waits `pause` at most, less if woken; then starts counting anew.
+    /// True if it was woken by eviction pressure.
+    fn wait(&self, pause: Duration) -> bool {
+        let mut woken = self.woken.lock().expect("feed wake poisoned");
+        if !*woken && !pause.is_zero() {
+            woken = self
+                .wake
+                .wait_timeout(woken, pause)
+                .expect("feed wake poisoned")
+                .0;
+        }
+        let was_woken = *woken;
+        *woken = false;
+        self.inserted_bytes.store(0, Ordering::Relaxed);
+        was_woken
+    }
+}
 
 /// A record chosen for the next batch: its L2 identity, its ARC key (for
 /// the stale-write check) and its bytes, copied out of the ARC.
@@ -173,20 +230,23 @@ impl Cache {
 
 /// The feeder thread: feeds while there is work, sleeps when there is none,
 /// and ends with the cache.
-pub(crate) fn feeder_loop(cache: Weak<Cache>) {
+pub(crate) fn feeder_loop(cache: Weak<Cache>, wake: Arc<FeedWake>) {
     let mut pause = Duration::from_millis(10);
     loop {
-        std::thread::sleep(pause);
+        let woken = wake.wait(pause);
         let Some(cache) = cache.upgrade() else {
             return;
         };
         let Some(l2) = cache.l2.get() else {
             return;
         };
+        if woken {
+            l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
+        }
         let config = l2.config().clone();
         let outcome = cache.feed_l2arc();
         drop(cache);
-        pause = if outcome.full {
+        pause = if outcome.full && config.l2arc_feed_again {
             Duration::ZERO
         } else if outcome.records > 0 {
             Duration::from_millis(config.l2arc_feed_min_ms)

@@ -80,6 +80,10 @@ pub struct L2ArcConfig {
     pub l2arc_feed_secs: f64,
     /// Feeder period while it keeps finding records to write.
     pub l2arc_feed_min_ms: u64,
+    /// Turbo feed (OpenZFS's `l2arc_feed_again`): feed again at once while
+    /// there is more to write, and wake the feeder early when the ARC takes
+    /// in enough new records that unfed ones near its cold end.
+    pub l2arc_feed_again: bool,
     /// Do not cache records that were only read ahead.
     pub l2arc_noprefetch: bool,
     /// Cache only records from the MFU side of the ARC.
@@ -100,6 +104,7 @@ impl Default for L2ArcConfig {
             l2arc_headroom: 8,
             l2arc_feed_secs: 1.0,
             l2arc_feed_min_ms: 200,
+            l2arc_feed_again: true,
             l2arc_noprefetch: true,
             l2arc_mfuonly: false,
             l2arc_rebuild_enabled: true,
@@ -118,6 +123,8 @@ pub struct L2Arc {
     rotor: AtomicU64,
     misses: AtomicU64,
     hits: AtomicU64,
+    /// Feeds started early by eviction pressure (`feeder::FeedWake`).
+    feed_wakeups: AtomicU64,
     /// Endurance budget: bytes the feeder may still write (refilled with time).
     budget_bytes: Mutex<(f64, std::time::Instant)>,
     stopping: AtomicBool,
@@ -145,6 +152,7 @@ impl L2Arc {
             rotor: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            feed_wakeups: AtomicU64::new(0),
             budget_bytes: Mutex::new((0.0, std::time::Instant::now())),
             stopping: AtomicBool::new(false),
         }

@@ -113,6 +113,7 @@ impl L2Arc {
             ("l2_misses", self.misses.load(Ordering::Relaxed)),
             ("l2_hdr_size", self.index.memory_bytes() as u64),
             ("l2_devices", devices.len() as u64),
+            ("l2_feed_wakeups", self.feed_wakeups.load(Ordering::Relaxed)),
         ];
         kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));
         L2Stats { kstats, devices }

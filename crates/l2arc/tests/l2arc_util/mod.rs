@@ -71,6 +71,7 @@ pub fn quiet_l2() -> L2ArcConfig {
     L2ArcConfig {
         l2arc_feed_secs: 3600.0,
         l2arc_feed_min_ms: 3_600_000,
+        l2arc_feed_again: false,
         ..L2ArcConfig::default()
     }
 }
