@@ -104,7 +104,7 @@ const PREFETCH_QUEUE_LEN: usize = 64;
 /// Kernel invalidations waiting for the notifier thread.
 const INVALIDATE_QUEUE_LEN: usize = 1024;
 /// Longest a request waits for the kernel to drop an inode's pages.
-const INVALIDATE_WAIT_MAX: Duration = Duration::from_millis(500);
+const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// Descriptors kept free for everything that is not a node or a handle.
 const FD_RESERVE: u64 = 256;
 
