@@ -597,12 +597,14 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Vec<u8>>> {
         };
         let mut at = 0;
         while at < n {
-            let (used, status) = hs
-                .push(&buf[at..n], &mut out)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            at += used;
+            let pushed = hs.push(&buf[at..n], &mut out);
+            // The replies already due go out even when the next option
+            // breaks a limit: the client gets every answer it earned.
             conn.write_all(&out)?;
             out.clear();
+            let (used, status) =
+                pushed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            at += used;
             match status {
                 HandshakeStatus::Negotiating => {}
                 HandshakeStatus::Aborted => return Ok(None),

@@ -544,3 +544,24 @@ fn quiet_clients_are_disconnected_after_the_idle_timeout() {
     assert_eq!(busy.read(0, 16).unwrap(), pattern(16));
     assert_eq!(srv.server.stats().connections_idle_closed, 1);
 }
+
+#[test]
+fn a_burst_of_too_many_options_gets_every_reply_due_before_the_close() {
+    let srv = start(ServerConfig::default());
+    let mut c = Client::connect(&srv.socket);
+    let burst: Vec<u8> = (0..=l2arc_nbd::protocol::OPTIONS_MAX)
+        .flat_map(|_| opt(NBD_OPT_LIST, &[]))
+        .collect();
+    c.s.write_all(&burst).unwrap();
+    for i in 0..l2arc_nbd::protocol::OPTIONS_MAX {
+        // NBD_OPT_LIST: one NBD_REP_SERVER for the export, then the ACK.
+        let (first, _) = c.option_reply(NBD_OPT_LIST);
+        assert_ne!(first, NBD_REP_ACK, "option {i}: the export is listed first");
+        let (ack, _) = c.option_reply(NBD_OPT_LIST);
+        assert_eq!(ack, NBD_REP_ACK, "option {i}");
+    }
+    assert!(
+        c.closed(),
+        "the option past the limit closes the connection"
+    );
+}
