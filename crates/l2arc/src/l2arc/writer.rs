@@ -164,14 +164,26 @@ impl L2Arc {
             device.batch_blocks_max
         );
         let (lap, hand) = advance_hand(device, &mut writer, total_blocks)?;
-        let encoded = encode_batch(device, &writer, &payloads, lap, hand, total_blocks);
-        verify_batch(device, &encoded, hand);
+        let position = BatchPosition {
+            lap,
+            hand,
+            total_blocks,
+        };
+        let state = &mut *writer;
+        let encoded = encode_batch(
+            device,
+            (&state.header, state.log_sequence),
+            &mut state.batch,
+            &payloads,
+            position,
+        );
+        verify_batch(device, &state.batch, &encoded, hand);
 
         let c = &device.counters;
         c.writes_sent.fetch_add(1, Ordering::Relaxed);
         device
             .io
-            .write_at(u64::from(hand) * BLOCK_BYTES, &encoded.batch)?;
+            .write_at(u64::from(hand) * BLOCK_BYTES, &state.batch)?;
         device.io.sync()?;
         let mut header = writer.header.clone();
         header.sequence += 1;
@@ -234,15 +246,16 @@ impl L2Arc {
     }
 }
 
-/// One record as it will be stored: framed (compressed) or plain bytes.
-struct Payload {
+/// One record as it will be stored: framed (compressed) or plain bytes
+/// (borrowed from the feeder's copy, not copied again).
+struct Payload<'a> {
     key_hash: u64,
-    stored: Vec<u8>,
+    stored: std::borrow::Cow<'a, [u8]>,
     compression: Compression,
     logical_bytes: usize,
 }
 
-impl Payload {
+impl Payload<'_> {
     fn asize_blocks(&self) -> u32 {
         self.stored.len().div_ceil(BLOCK_BYTES as usize).max(1) as u32
     }
@@ -250,7 +263,7 @@ impl Payload {
 
 /// The largest prefix of `records` that fits a batch of `max_blocks`
 /// (with its log block), each compressed where its dataset asks and it pays.
-fn lay_out(records: &[FeedRecord<'_>], max_blocks: u32) -> Vec<Payload> {
+fn lay_out<'a>(records: &[FeedRecord<'a>], max_blocks: u32) -> Vec<Payload<'a>> {
     let mut payloads: Vec<Payload> = Vec::with_capacity(records.len());
     let mut compressed = Vec::new();
     let mut blocks_total = 0u32;
@@ -262,9 +275,9 @@ fn lay_out(records: &[FeedRecord<'_>], max_blocks: u32) -> Vec<Payload> {
             let n =
                 format::encode_compressed_frame(record.data.len() as u32, &compressed, &mut framed);
             framed.truncate(n);
-            (framed, record.compression)
+            (std::borrow::Cow::Owned(framed), record.compression)
         } else {
-            (record.data.to_vec(), Compression::Off)
+            (std::borrow::Cow::Borrowed(record.data), Compression::Off)
         };
         let payload = Payload {
             key_hash: record.key_hash,
@@ -317,33 +330,54 @@ fn advance_hand(
     Ok((lap, hand))
 }
 
-/// A batch laid out for the device: records, then the log block.
+/// Where a batch goes: the lap and first block of the hand, and its size.
+#[derive(Clone, Copy)]
+struct BatchPosition {
+    lap: u32,
+    hand: u32,
+    total_blocks: u32,
+}
+
+/// A batch laid out in the writer's buffer: records, then the log block.
 struct EncodedBatch {
-    batch: AlignedBuf,
     entries: Vec<LogEntry>,
     /// Where the log block lies, in blocks from the batch's start.
     log_block: u32,
     log_pointer: LogPointer,
 }
 
+/// Lays `payloads` and their log block out in `batch` (resized to the
+/// batch; every byte written: payloads, zeroed padding, the log block).
+/// `log` is the device header as last written and the newest log sequence.
 fn encode_batch(
     device: &CacheDevice,
-    writer: &WriterState,
-    payloads: &[Payload],
-    lap: u32,
-    hand: u32,
-    total_blocks: u32,
+    log: (&super::format::DeviceHeader, u64),
+    batch: &mut AlignedBuf,
+    payloads: &[Payload<'_>],
+    position: BatchPosition,
 ) -> EncodedBatch {
-    let mut batch = AlignedBuf::zeroed(total_blocks as usize * BLOCK_BYTES as usize);
+    let BatchPosition {
+        lap,
+        hand,
+        total_blocks,
+    } = position;
+    let total_bytes = total_blocks as usize * BLOCK_BYTES as usize;
+    if batch.capacity_bytes() < total_bytes {
+        *batch = AlignedBuf::zeroed(total_bytes);
+    }
+    batch.set_len(total_bytes);
+    let bytes = batch.as_mut_slice();
     let mut entries = Vec::with_capacity(payloads.len());
     let mut at_block = 0u32;
     for payload in payloads {
         let asize_blocks = payload.asize_blocks() as u16;
-        let tail_bytes =
-            (usize::from(asize_blocks) * BLOCK_BYTES as usize - payload.stored.len()) as u16;
+        let allocated = usize::from(asize_blocks) * BLOCK_BYTES as usize;
+        let tail_bytes = (allocated - payload.stored.len()) as u16;
         let offset = at_block as usize * BLOCK_BYTES as usize;
-        batch.as_mut_slice()[offset..offset + payload.stored.len()]
-            .copy_from_slice(&payload.stored);
+        let stored_end = offset + payload.stored.len();
+        bytes[offset..stored_end].copy_from_slice(&payload.stored);
+        // The buffer is reused: padding must not carry an older batch.
+        bytes[stored_end..offset + allocated].fill(0);
         let location = Location::new(
             hand + at_block,
             lap,
@@ -352,7 +386,7 @@ fn encode_batch(
             payload.compression,
             tail_bytes,
         );
-        let stored = &batch[offset..offset + location.stored_bytes()];
+        let stored = &bytes[offset..offset + location.stored_bytes()];
         entries.push(LogEntry {
             key_hash: payload.key_hash,
             location,
@@ -360,24 +394,29 @@ fn encode_batch(
         });
         at_block += u32::from(asize_blocks);
     }
+    let (header, log_sequence) = log;
     let log_bytes = format::log_block_size_bytes(entries.len());
     let log_header = LogBlockHeader {
         device_guid: device.guid,
-        sequence: writer.log_sequence + 1,
+        sequence: log_sequence + 1,
         lap,
         first_block: hand,
-        prev: writer.header.newest_log,
+        prev: header.newest_log,
         entry_count: entries.len() as u32,
         size_bytes: log_bytes as u32,
     };
     let log_offset = at_block as usize * BLOCK_BYTES as usize;
+    assert_eq!(
+        log_offset + log_bytes,
+        total_bytes,
+        "the log block ends the batch"
+    );
     let crc = format::encode_log_block(
         &log_header,
         &entries,
-        &mut batch.as_mut_slice()[log_offset..log_offset + log_bytes],
+        &mut bytes[log_offset..log_offset + log_bytes],
     );
     EncodedBatch {
-        batch,
         entries,
         log_block: at_block,
         log_pointer: LogPointer {
@@ -393,9 +432,9 @@ fn encode_batch(
 /// a rebuild will apply, back to exactly the entries we index, and every
 /// record's bytes match the checksum its entry carries. A failure here is a
 /// bug in the writer, never bad input.
-fn verify_batch(device: &CacheDevice, encoded: &EncodedBatch, hand: u32) {
+fn verify_batch(device: &CacheDevice, batch: &[u8], encoded: &EncodedBatch, hand: u32) {
     let offset = encoded.log_block as usize * BLOCK_BYTES as usize;
-    let log = &encoded.batch[offset..offset + encoded.log_pointer.size_bytes as usize];
+    let log = &batch[offset..offset + encoded.log_pointer.size_bytes as usize];
     let (header, decoded) = format::decode_log_block(log, device.guid)
         .unwrap_or_else(|e| panic!("the writer encoded a log block that does not decode: {e}"));
     assert_eq!(header.first_block, hand);
@@ -410,7 +449,7 @@ fn verify_batch(device: &CacheDevice, encoded: &EncodedBatch, hand: u32) {
         assert_eq!(entry.location.0, back.location.0);
         assert_eq!(entry.checksum, back.checksum);
         let start = (entry.location.block() - hand) as usize * BLOCK_BYTES as usize;
-        let stored = &encoded.batch[start..start + entry.location.stored_bytes()];
+        let stored = &batch[start..start + entry.location.stored_bytes()];
         assert_eq!(
             format::record_checksum(entry.key_hash, stored),
             entry.checksum,
