@@ -19,11 +19,12 @@
 //! to hold them all. Then, against the warm L2ARC:
 //!
 //! - ours at queue depth 1 (one thread) against fio `psync`, one job;
-//! - ours at queue depth 32 (32 threads, each a synchronous read at a time)
-//!   against fio `psync` with 32 jobs (the same shape) and against fio
-//!   `io_uring` at iodepth 32 (one thread, 32 reads in flight): the second
-//!   says whether an io_uring submission path would gain anything over the
-//!   positioned-read threads on this device.
+//! - ours at queue depth 32 as 32 threads, each a synchronous read at a
+//!   time (`Cache::read`), against fio `psync` with 32 jobs (the same shape);
+//! - ours at queue depth 32 as one thread with a read queue of depth 32
+//!   (`Cache::read_queue`: flash read through io_uring) against fio
+//!   `io_uring` at iodepth 32 (one thread, 32 reads in flight): the same
+//!   shape again, and the device's best.
 //!
 //! A third measurement, `pread`, reads the same region with bare O_DIRECT
 //! preads from our own threads and harness (a reused buffer per thread, no
@@ -405,12 +406,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     args.json,
                 )
             };
+            let queue_at = |qd: usize| {
+                let seed = args.seed
+                    ^ l2arc::hash::mix64(
+                        (record_bytes << 20) ^ ((round as u64) << 8) ^ qd as u64 ^ 1 << 41,
+                    );
+                measure_queue(&spec, &cache, &handles, record_bytes, qd, secs, seed)
+            };
             for (i, (qd, job)) in jobs.iter().enumerate() {
                 let trio = if i == 2 {
+                    // One thread with a read queue against fio's one thread
+                    // with an io_uring; the bare preads as in the row above.
                     let last = trios.last().context("the QD32 psync trio")?;
+                    let (ours, fio) = if reverse {
+                        let fio = job.run()?;
+                        (queue_at(*qd)?, fio)
+                    } else {
+                        let ours = queue_at(*qd)?;
+                        (ours, job.run()?)
+                    };
                     Trio {
-                        fio: job.run()?,
-                        ..last.clone()
+                        ours,
+                        fio,
+                        pread: last.pread.clone(),
                     }
                 } else if reverse {
                     let fio = job.run()?;
@@ -659,6 +677,111 @@ fn measure(
     })
 }
 
+/// Random reads of whole records from one thread with a read queue of
+/// `depth` (the engine's many-in-flight API, flash read through io_uring),
+/// against the warm L2ARC; latency is from submit to completion.
+fn measure_queue(
+    spec: &DatasetSpec,
+    cache: &Cache,
+    handles: &[ObjectHandle],
+    record_bytes: u64,
+    depth: usize,
+    secs: f64,
+    seed: u64,
+) -> Result<Ours> {
+    let per_file = spec.file_size_bytes / record_bytes;
+    let total = per_file * u64::from(spec.files);
+    let mut queue = cache.read_queue(depth)?;
+    if queue.ioengine() != l2arc::IoEngine::IoUring {
+        bail!(
+            "the read queue reads flash with {} here, not io_uring ({})",
+            queue.ioengine().name(),
+            cache.ioengine_fallback_reason().unwrap_or("forced")
+        );
+    }
+    let mut rng = Rng::new(seed);
+    let mut latency_ns = super::runner::latency_histogram();
+    // Per tag: when it was submitted, and which record it reads.
+    let mut started = vec![(std::time::Instant::now(), 0u32, 0u64); depth];
+    let mut free: Vec<u64> = (0..depth as u64).collect();
+    let mut done = Vec::with_capacity(depth);
+    let warm_until = std::time::Instant::now() + Duration::from_secs_f64(secs.min(1.0) / 4.0);
+    let mut before = None;
+    let (mut ops, mut measuring_since) = (0u64, std::time::Instant::now());
+    let end = warm_until + Duration::from_secs_f64(secs);
+    loop {
+        let now = std::time::Instant::now();
+        if before.is_none() && now >= warm_until {
+            before = Some(cache.stats());
+            measuring_since = now;
+            ops = 0;
+            latency_ns.reset();
+        }
+        if now >= end {
+            break;
+        }
+        while let Some(tag) = free.pop() {
+            let r = rng.below(total);
+            let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
+            started[tag as usize] = (std::time::Instant::now(), file, offset);
+            queue.submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
+        }
+        queue.wait(1, &mut done)?;
+        let now = std::time::Instant::now();
+        for completion in done.drain(..) {
+            let (at, file, offset) = started[completion.tag as usize];
+            let view = completion.result?;
+            let bytes = view
+                .as_single_slice()
+                .context("a whole-record read spans one record")?;
+            let last = (offset + record_bytes) / 8 - 1;
+            if bytes.len() as u64 != record_bytes
+                || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
+                || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
+            {
+                bail!("wrong bytes: file {file} offset {offset}");
+            }
+            let _ = latency_ns.record((now - at).as_nanos() as u64);
+            ops += 1;
+            free.push(completion.tag);
+        }
+    }
+    let elapsed_secs = measuring_since.elapsed().as_secs_f64();
+    // Drain what is still in flight (not counted).
+    while queue.pending() > 0 {
+        queue.wait(queue.pending(), &mut done)?;
+        done.clear();
+    }
+    let before = before.context("the measured phase never started")?;
+    let after = cache.stats();
+    let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
+    let arc_hits = after.arc.hits - before.arc.hits;
+    let arc_lookups =
+        arc_hits + (after.arc.misses - before.arc.misses) + (after.arc.iohits - before.arc.iohits);
+    let l2_hits = l2(&after, "l2_hits") - l2(&before, "l2_hits");
+    let l2_lookups = l2_hits + l2(&after, "l2_misses") - l2(&before, "l2_misses");
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let l2_hit_ratio = ratio(l2_hits, l2_lookups);
+    if l2_hit_ratio < 0.95 {
+        bail!(
+            "only {:.1}% of the ARC's misses were L2ARC hits: this is not the warm L2ARC hit path",
+            100.0 * l2_hit_ratio
+        );
+    }
+    let iops = ops as f64 / elapsed_secs;
+    Ok(Ours {
+        side: Side {
+            iops,
+            mib_per_sec: iops * record_bytes as f64 / (1 << 20) as f64,
+            latency_us_p50: latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
+            latency_us_p99: latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
+        },
+        arc_hit_ratio: ratio(arc_hits, arc_lookups),
+        l2_hit_ratio,
+        primary_reads: after.primary_reads - before.primary_reads,
+    })
+}
+
 fn print_report(r: &Report) {
     let m = &r.machine;
     println!(
@@ -720,8 +843,12 @@ fn print_report(r: &Report) {
     }
     println!();
     println!(
-        "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time; \
-         ARC and L2 are the hit ratios of our measured phases (L2: hits over the ARC's misses);"
+        "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
+         against fio psync; against fio io_uring it is one thread with a read queue of depth {QUEUE_DEPTH} \
+         (Cache::read_queue, flash read through io_uring);"
+    );
+    println!(
+        "ARC and L2 are the hit ratios of our measured phases (L2: hits over the ARC's misses);"
     );
     println!(
         "pread is bare O_DIRECT preads of the same blocks from the same threads and harness, without the cache"

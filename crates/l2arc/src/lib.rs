@@ -17,9 +17,12 @@ pub mod hash;
 pub mod l2arc;
 pub mod primary;
 pub mod read_path;
+pub mod read_queue;
 pub mod stats;
 
 pub use read_path::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle, ReadView,
 };
+pub use l2arc::IoEngine;
+pub use read_queue::{ReadCompletion, ReadQueue};
 pub use stats::CacheStats;

@@ -72,6 +72,7 @@ use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
 use crate::l2arc::device::{DeviceIo, FileDevice};
 use crate::l2arc::format::Compression;
+use crate::l2arc::ring::IoEngine;
 use crate::l2arc::{DeviceOpen, L2Arc, L2ArcConfig};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
 use crate::stats::{CacheStats, ReadPathCounters};
@@ -93,6 +94,8 @@ pub enum ConfigError {
     Shards(usize),
     #[error("dataset {0:?} already exists")]
     DuplicateDataset(String),
+    #[error("l2arc_ioengine=io_uring: {0}")]
+    IoEngine(String),
 }
 
 /// ZFS's `primarycache` / `secondarycache` property values.
@@ -201,7 +204,9 @@ fn generation_token(generation: &Generation, epoch: u64) -> u64 {
     ))
 }
 
-/// An open object, ready for reads and writes through the cache.
+/// An open object, ready for reads and writes through the cache. Clones
+/// share the object.
+#[derive(Clone)]
 pub struct ObjectHandle {
     dataset_id: DatasetId,
     dataset: Arc<Dataset>,
@@ -226,6 +231,24 @@ impl ObjectHandle {
     pub fn recordsize_bytes(&self) -> u32 {
         self.dataset.config.recordsize_bytes
     }
+
+    /// The object's current generation token (records must carry it).
+    pub(crate) fn token(&self) -> u64 {
+        self.state.token.load(Ordering::Acquire)
+    }
+
+    /// The ARC key of the object's `index`-th record.
+    pub(crate) fn record_key(&self, index: u64) -> RecordKey {
+        RecordKey {
+            dataset: self.dataset_id.0,
+            object: self.state.id,
+            record: index,
+        }
+    }
+
+    pub(crate) fn caches_in_arc(&self) -> bool {
+        self.dataset.config.primarycache == CacheMode::All
+    }
 }
 
 /// Bytes of a read, as shared record buffers (no copy).
@@ -235,6 +258,30 @@ pub struct ReadView {
 }
 
 impl ReadView {
+    pub(crate) fn empty() -> Self {
+        ReadView {
+            segments: SmallVec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, record: Arc<Record>, range: Range<usize>) {
+        self.segments.push((record, range));
+    }
+
+    /// A view of bytes that belong to no cached record.
+    pub(crate) fn owned(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        let record = Record {
+            data: AlignedBuf::copy_from(&bytes),
+            generation_token: 0,
+        };
+        let mut view = Self::empty();
+        if len > 0 {
+            view.push(Arc::new(record), 0..len);
+        }
+        view
+    }
+
     pub fn len(&self) -> usize {
         self.segments.iter().map(|(_, r)| r.len()).sum()
     }
@@ -314,12 +361,15 @@ pub struct Cache {
     /// Blocks of 2^32 invalidation epochs handed to object states made
     /// after a drop, so no state ever reuses an epoch of an earlier one.
     next_epoch: AtomicU64,
-    counters: ReadPathCounters,
+    pub(crate) counters: ReadPathCounters,
     pub(crate) l2: OnceLock<Arc<L2Arc>>,
     pub(crate) invalidations: Mutex<Invalidations>,
     feeder_started: std::sync::atomic::AtomicBool,
     /// Wakes the feeder under eviction pressure (see `l2arc::feeder`).
     feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
+    /// How read queues read flash (`l2arc_ioengine`, resolved at start),
+    /// and why `auto` fell back to psync, if it did.
+    ioengine: (IoEngine, Option<String>),
 }
 
 /// What one feed did.
@@ -351,6 +401,11 @@ impl Cache {
         if config.arc_max_bytes < u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64 {
             return Err(ConfigError::ArcMax(config.arc_max_bytes));
         }
+        let ioengine = config
+            .l2arc
+            .l2arc_ioengine
+            .resolve()
+            .map_err(|e| ConfigError::IoEngine(e.to_string()))?;
         Ok(Arc::new(Self {
             arc: LiveArc::new(ArcConfig {
                 arc_max_bytes: config.arc_max_bytes,
@@ -367,7 +422,18 @@ impl Cache {
             invalidations: Mutex::new(Invalidations::default()),
             feeder_started: std::sync::atomic::AtomicBool::new(false),
             feed_wake,
+            ioengine,
         }))
+    }
+
+    /// How read queues read flash: `IoUring` or `Psync`.
+    pub fn ioengine(&self) -> IoEngine {
+        self.ioengine.0
+    }
+
+    /// Why `l2arc_ioengine=auto` fell back to psync, if it did.
+    pub fn ioengine_fallback_reason(&self) -> Option<&str> {
+        self.ioengine.1.as_deref()
     }
 
     /// The L2ARC, once a cache device has been added.
@@ -649,13 +715,9 @@ impl Cache {
         index: u64,
         kind: AccessKind,
     ) -> io::Result<Arc<Record>> {
-        let key = RecordKey {
-            dataset: handle.dataset_id.0,
-            object: handle.state.id,
-            record: index,
-        };
+        let key = handle.record_key(index);
         loop {
-            let token = handle.state.token.load(Ordering::Acquire);
+            let token = handle.token();
             match self.arc.lookup(key, token, kind) {
                 Lookup::Hit(record) => return Ok(record),
                 Lookup::InFlight(fill) => {
@@ -666,29 +728,38 @@ impl Cache {
                     // Filled under another generation: look again.
                 }
                 Lookup::Claimed(claim) => {
-                    let result = self.fill_record(handle, index, token).map(|data| {
-                        Arc::new(Record {
-                            data,
-                            generation_token: token,
-                        })
-                    });
-                    match result {
-                        Ok(record) => {
-                            claim.complete(Ok(Arc::clone(&record)));
-                            if self.l2.get().is_some_and(|l2| l2.config().l2arc_feed_again) {
-                                self.feed_wake.note_insert(record.data.len() as u64);
-                            }
-                            return Ok(record);
-                        }
-                        Err(e) => {
-                            // The waiters get the error as `Fill` keeps it;
-                            // the claimant keeps its kind too.
-                            let failed = io::Error::new(e.kind(), e.to_string());
-                            claim.complete(Err(e));
-                            return Err(failed);
-                        }
-                    }
+                    return self.publish_fill(claim, self.fill_record(handle, index, token), token);
                 }
+            }
+        }
+    }
+
+    /// Completes a fill this reader claimed: inserts the record (the ARC
+    /// decides) and hands it, or the error, to every reader waiting on it.
+    pub(crate) fn publish_fill(
+        &self,
+        claim: crate::arc::live::FillClaim<'_>,
+        result: io::Result<AlignedBuf>,
+        token: u64,
+    ) -> io::Result<Arc<Record>> {
+        match result {
+            Ok(data) => {
+                let record = Arc::new(Record {
+                    data,
+                    generation_token: token,
+                });
+                claim.complete(Ok(Arc::clone(&record)));
+                if self.l2.get().is_some_and(|l2| l2.config().l2arc_feed_again) {
+                    self.feed_wake.note_insert(record.data.len() as u64);
+                }
+                Ok(record)
+            }
+            Err(e) => {
+                // The waiters get the error as `Fill` keeps it; the
+                // claimant keeps its kind too.
+                let failed = io::Error::new(e.kind(), e.to_string());
+                claim.complete(Err(e));
+                Err(failed)
             }
         }
     }
@@ -697,18 +768,36 @@ impl Cache {
     ///
     /// The L2ARC first (a miss or any failure there falls through), then
     /// primary storage.
-    fn fill_record(&self, handle: &ObjectHandle, index: u64, token: u64) -> io::Result<AlignedBuf> {
+    pub(crate) fn fill_record(&self, handle: &ObjectHandle, index: u64, token: u64) -> io::Result<AlignedBuf> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
-        if let Some(l2) = self.l2.get()
-            && handle.dataset.config.secondarycache == CacheMode::All
+        if let Some((l2, key_hash)) = self.l2_source(handle, index, token)
+            && let Some(data) = l2.read(key_hash, recordsize as u32)
+            && data.len() <= recordsize
         {
-            let key_hash = l2_key_hash(handle.dataset.uid, handle.state.id, index, token);
-            if let Some(data) = l2.read(key_hash, recordsize as u32)
-                && data.len() <= recordsize
-            {
-                return Ok(data);
-            }
+            return Ok(data);
         }
+        self.read_primary(handle, index)
+    }
+
+    /// The L2ARC and the record's key there, if the record may be on flash.
+    pub(crate) fn l2_source(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> Option<(&Arc<L2Arc>, u64)> {
+        let l2 = self.l2.get()?;
+        (handle.dataset.config.secondarycache == CacheMode::All).then(|| {
+            (
+                l2,
+                l2_key_hash(handle.dataset.uid, handle.state.id, index, token),
+            )
+        })
+    }
+
+    /// Reads a whole record from primary storage.
+    pub(crate) fn read_primary(&self, handle: &ObjectHandle, index: u64) -> io::Result<AlignedBuf> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
         let mut data = AlignedBuf::zeroed(recordsize);
         let offset = index * recordsize as u64;
         match handle.object.read_at(offset, data.as_mut_slice()) {

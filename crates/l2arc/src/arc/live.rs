@@ -104,6 +104,11 @@ impl Fill {
         }
         result.clone().expect("checked above")
     }
+
+    /// The result if the fill has completed, without waiting.
+    pub fn try_result(&self) -> Option<FillResult> {
+        self.result.lock().expect("fill lock poisoned").clone()
+    }
 }
 
 /// What a lookup found.

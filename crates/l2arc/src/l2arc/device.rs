@@ -29,6 +29,17 @@ pub trait DeviceIo: Send + Sync + 'static {
     fn sync(&self) -> io::Result<()>;
     fn size_bytes(&self) -> u64;
     fn describe(&self) -> String;
+    /// A descriptor that an io_uring may read from directly, with the same
+    /// result as `read_at`; `None` (the default) keeps reads on `read_at`.
+    fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Called with the outcome of each io_uring read of `ring_fd`, so that
+    /// a wrapper sees (and may change) it as it would a `read_at`.
+    fn finish_ring_read(&self, offset: u64, buf: &mut [u8], result: io::Result<()>) -> io::Result<()> {
+        let _ = (offset, buf);
+        result
+    }
 }
 
 /// A cache device backed by a file or a block device.
@@ -146,6 +157,11 @@ impl DeviceIo for FileDevice {
         self.file.sync_data()
     }
 
+    fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.file.as_raw_fd())
+    }
+
     fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
@@ -192,8 +208,15 @@ impl FaultyDevice {
     }
 }
 
-impl DeviceIo for FaultyDevice {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+impl FaultyDevice {
+    /// The read faults switched on, applied around a read of the inner
+    /// device however it was done (`read_at` or an io_uring).
+    fn read_with_faults(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        read: impl FnOnce(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
         let f = &self.faults;
         if f.vanished.load(Ordering::Relaxed) {
             f.reads_failed.fetch_add(1, Ordering::Relaxed);
@@ -203,12 +226,29 @@ impl DeviceIo for FaultyDevice {
             f.reads_failed.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        self.inner.read_at(offset, buf)?;
+        read(buf)?;
         if f.corrupt_reads.load(Ordering::Relaxed) && !buf.is_empty() {
             let at = (offset as usize / 7 + buf.len() / 3) % buf.len();
             buf[at] ^= 0x5a;
         }
         Ok(())
+    }
+}
+
+impl DeviceIo for FaultyDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_with_faults(offset, buf, |buf| self.inner.read_at(offset, buf))
+    }
+
+    fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.ring_fd()
+    }
+
+    fn finish_ring_read(&self, offset: u64, buf: &mut [u8], result: io::Result<()>) -> io::Result<()> {
+        // The ring read already happened; faults decide what it returned.
+        self.read_with_faults(offset, buf, |buf| {
+            self.inner.finish_ring_read(offset, buf, result)
+        })
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {

@@ -43,8 +43,9 @@ pub(crate) mod feeder;
 pub mod format;
 pub mod index;
 mod lifecycle;
-mod reader;
+pub(crate) mod reader;
 mod rebuild;
+pub mod ring;
 mod stats;
 mod sweep;
 mod writer;
@@ -53,6 +54,7 @@ use cache_device::CacheDevice;
 pub use cache_device::{DeviceCounters, Geometry};
 use index::L2Index;
 pub use lifecycle::DeviceOpen;
+pub use ring::IoEngine;
 pub use stats::{DeviceStats, L2Stats};
 pub use writer::{FeedRecord, WriteGate};
 
@@ -95,6 +97,8 @@ pub struct L2ArcConfig {
     /// Initialise a device whose header is not an L2ARC header (a device
     /// holding something else). Off: such a device is refused.
     pub force_init_foreign: bool,
+    /// How read queues read cache devices: io_uring, psync, or auto.
+    pub l2arc_ioengine: IoEngine,
 }
 
 impl Default for L2ArcConfig {
@@ -110,6 +114,7 @@ impl Default for L2ArcConfig {
             l2arc_rebuild_enabled: true,
             l2arc_dwpd: 0.0,
             force_init_foreign: false,
+            l2arc_ioengine: IoEngine::Auto,
         }
     }
 }

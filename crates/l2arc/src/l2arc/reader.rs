@@ -14,6 +14,52 @@ use super::index::IndexEntry;
 use super::*;
 use crate::buf::AlignedBuf;
 
+/// A flash read between [`L2Arc::begin_read`] and [`L2Arc::finish_read`]:
+/// the device it pins, the entry it found, and the buffer to read into.
+pub(crate) struct PendingRead {
+    device: Arc<CacheDevice>,
+    key_hash: u64,
+    entry: IndexEntry,
+    lsize_max: u32,
+    buf: AlignedBuf,
+    /// Set by `finish_read`; a pending read dropped before it would leave
+    /// its device pinned forever (removal waits for it).
+    finished: bool,
+}
+
+impl PendingRead {
+    /// Where to read: whole 4 KiB blocks, aligned.
+    pub(crate) fn offset_bytes(&self) -> u64 {
+        Location(self.entry.location).offset_bytes()
+    }
+
+    /// The buffer to read into (page-aligned, `asize` long). Its heap
+    /// memory stays put while the read is pending, moves or not.
+    pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut_slice()
+    }
+
+    /// The device to read from.
+    pub(crate) fn device_io(&self) -> &dyn super::device::DeviceIo {
+        &*self.device.io
+    }
+
+    /// Reads the blocks with a positioned read in this thread.
+    pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
+        let offset = self.offset_bytes();
+        self.device.io.read_at(offset, self.buf.as_mut_slice())
+    }
+}
+
+impl Drop for PendingRead {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Unpin without a verdict: the entry stays, nothing was read.
+            self.device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 impl L2Arc {
     /// Whether the L2ARC holds a record (the feeder skips those).
     pub fn contains(&self, key_hash: u64) -> bool {
@@ -47,21 +93,61 @@ impl L2Arc {
         }
     }
 
-    /// Reads a record from flash. `Ok(None)` is a miss; every failure is a
+    /// Reads a record from flash. `None` is a miss; every failure is a
     /// miss too (counted), so callers fall back to primary storage.
     pub fn read(&self, key_hash: u64, lsize_max: u32) -> Option<AlignedBuf> {
+        let mut pending = self.begin_read(key_hash, lsize_max)?;
+        let result = pending.read_psync();
+        self.finish_read(pending, result)
+    }
+
+    /// First half of a read: finds the record and pins its device (a
+    /// device is not removed while reads on it are pending). `None` is a
+    /// miss, counted. The caller reads [`PendingRead::target`] by any means
+    /// (a positioned read, an io_uring submission) and hands the outcome to
+    /// [`Self::finish_read`], which every pending read must reach.
+    pub(crate) fn begin_read(&self, key_hash: u64, lsize_max: u32) -> Option<PendingRead> {
         let Some(entry) = self.index.get(key_hash) else {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         };
         let location = Location(entry.location);
-        let Some(device) = self.device(location.device()) else {
-            self.drop_entry(key_hash, location, None);
+        let device = match self.device(location.device()) {
+            Some(device) if device.is_readable() && device.holds_location(location) => device,
+            device => {
+                self.drop_entry(key_hash, location, device.as_deref());
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        if location.compression().is_none() {
+            self.drop_entry(key_hash, location, Some(&device));
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
-        };
+        }
         device.inflight_reads.fetch_add(1, Ordering::SeqCst);
-        let result = self.read_from(&device, key_hash, entry, lsize_max);
+        let asize_bytes = usize::from(location.asize_blocks()) * BLOCK_BYTES as usize;
+        Some(PendingRead {
+            device,
+            key_hash,
+            entry,
+            lsize_max,
+            buf: AlignedBuf::zeroed(asize_bytes),
+            finished: false,
+        })
+    }
+
+    /// Second half of a read: checks what the device returned and turns it
+    /// into the record's bytes, or into a miss (counted; the entry dropped).
+    pub(crate) fn finish_read(
+        &self,
+        mut pending: PendingRead,
+        io_result: std::io::Result<()>,
+    ) -> Option<AlignedBuf> {
+        pending.finished = true;
+        let device = std::sync::Arc::clone(&pending.device);
+        let buf = std::mem::replace(&mut pending.buf, AlignedBuf::zeroed(0));
+        let result = self.check_read(&device, pending.key_hash, pending.entry, pending.lsize_max, buf, io_result);
         device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
         match &result {
             Some(_) => {
@@ -75,27 +161,19 @@ impl L2Arc {
         result
     }
 
-    pub(super) fn read_from(
+    fn check_read(
         &self,
         device: &CacheDevice,
         key_hash: u64,
         entry: IndexEntry,
         lsize_max: u32,
+        mut buf: AlignedBuf,
+        io_result: std::io::Result<()>,
     ) -> Option<AlignedBuf> {
         let location = Location(entry.location);
         let c = &device.counters;
-        if !device.is_readable() || !device.holds_location(location) {
-            self.drop_entry(key_hash, location, Some(device));
-            return None;
-        }
         let compression = location.compression()?;
-        let asize_bytes = usize::from(location.asize_blocks()) * BLOCK_BYTES as usize;
-        let mut buf = AlignedBuf::zeroed(asize_bytes);
-        if device
-            .io
-            .read_at(location.offset_bytes(), buf.as_mut_slice())
-            .is_err()
-        {
+        if io_result.is_err() {
             c.io_error.fetch_add(1, Ordering::Relaxed);
             self.drop_entry(key_hash, location, Some(device));
             if device.note_error() {
@@ -105,7 +183,7 @@ impl L2Arc {
         }
         device.note_success();
         c.read_bytes
-            .fetch_add(asize_bytes as u64, Ordering::Relaxed);
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         let stored_bytes = location.stored_bytes();
         if format::record_checksum(key_hash, &buf[..stored_bytes]) != entry.checksum {
             if device.holds_location(location) {

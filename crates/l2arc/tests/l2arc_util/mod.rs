@@ -72,7 +72,26 @@ pub fn quiet_l2() -> L2ArcConfig {
         l2arc_feed_secs: 3600.0,
         l2arc_feed_min_ms: 3_600_000,
         l2arc_feed_again: false,
+        l2arc_ioengine: test_ioengine(),
         ..L2ArcConfig::default()
+    }
+}
+
+/// The suite runs once per read path (`scripts/test.sh`): the blocking
+/// `Cache::read` (default) or read queues (`L2ARC_TEST_READ_PATH=queue`),
+/// reading flash through io_uring or psync (`L2ARC_TEST_IOENGINE`).
+fn reads_through_queue() -> bool {
+    match std::env::var("L2ARC_TEST_READ_PATH").as_deref() {
+        Err(_) | Ok("blocking") => false,
+        Ok("queue") => true,
+        Ok(other) => panic!("L2ARC_TEST_READ_PATH must be blocking or queue, not {other:?}"),
+    }
+}
+
+pub fn test_ioengine() -> l2arc::IoEngine {
+    match std::env::var("L2ARC_TEST_IOENGINE") {
+        Err(_) => l2arc::IoEngine::Auto,
+        Ok(name) => name.parse().unwrap(),
     }
 }
 
@@ -211,9 +230,20 @@ pub fn check_record(cache: &Cache, handle: &ObjectHandle, data: &[u8], index: us
     let mut buf = vec![0u8; RS];
     let start = index * RS;
     let expected = &data[start..data.len().min(start + RS)];
-    let n = cache
-        .read(handle, start as u64, &mut buf)
-        .unwrap_or_else(|e| panic!("{what}: read of record {index} failed: {e}"));
+    let n = if reads_through_queue() {
+        let mut queue = cache.read_queue(1).unwrap();
+        queue.submit(handle, start as u64, RS, index as u64).unwrap();
+        let mut done = Vec::new();
+        queue.wait(1, &mut done).unwrap();
+        assert_eq!(done.len(), 1);
+        let view = done.pop().unwrap().result;
+        let view = view.unwrap_or_else(|e| panic!("{what}: read of record {index} failed: {e}"));
+        view.copy_to(&mut buf)
+    } else {
+        cache
+            .read(handle, start as u64, &mut buf)
+            .unwrap_or_else(|e| panic!("{what}: read of record {index} failed: {e}"))
+    };
     assert_eq!(n, expected.len(), "{what}: short read of record {index}");
     if buf[..n] != *expected {
         let first = (0..n).find(|&i| buf[i] != expected[i]).unwrap();
@@ -223,8 +253,39 @@ pub fn check_record(cache: &Cache, handle: &ObjectHandle, data: &[u8], index: us
 
 /// Reads the whole object, record by record, checking every byte.
 pub fn check_all(cache: &Cache, handle: &ObjectHandle, data: &[u8], what: &str) {
-    for index in 0..records(data) {
-        check_record(cache, handle, data, index, what);
+    if !reads_through_queue() {
+        for index in 0..records(data) {
+            check_record(cache, handle, data, index, what);
+        }
+        return;
+    }
+    // Every record in flight at once, completions in any order.
+    let mut queue = cache.read_queue(32).unwrap();
+    let mut done = Vec::new();
+    let mut next = 0;
+    let mut seen = 0;
+    while seen < records(data) {
+        while next < records(data) && queue.has_room() {
+            queue.submit(handle, (next * RS) as u64, RS, next as u64).unwrap();
+            next += 1;
+        }
+        queue.wait(1, &mut done).unwrap();
+        for completion in done.drain(..) {
+            let index = completion.tag as usize;
+            let view = completion
+                .result
+                .unwrap_or_else(|e| panic!("{what}: read of record {index} failed: {e}"));
+            let start = index * RS;
+            let expected = &data[start..data.len().min(start + RS)];
+            let mut buf = vec![0u8; RS];
+            let n = view.copy_to(&mut buf);
+            assert_eq!(n, expected.len(), "{what}: short read of record {index}");
+            if buf[..n] != *expected {
+                let first = (0..n).find(|&i| buf[i] != expected[i]).unwrap();
+                panic!("{what}: record {index} differs from primary at byte {first}");
+            }
+            seen += 1;
+        }
     }
 }
 

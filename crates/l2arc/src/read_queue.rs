@@ -1,0 +1,569 @@
+//! Many reads in flight from one thread: the read queue.
+//!
+//! Why. [`Cache::read`] blocks its thread until the bytes are there, so a
+//! caller with 32 reads to do needs 32 threads, and on flash that is the
+//! ceiling (a context switch and a system call per read; see
+//! `l2arc::ring`). A read queue takes reads as they come
+//! ([`ReadQueue::submit`]) and hands back completions as they finish
+//! ([`ReadQueue::wait`]), in any order, each with the caller's tag. ARC
+//! hits complete at once; records on flash are read through the queue's
+//! own io_uring, all in flight together; the rest (records only primary
+//! storage has, a flash read that failed its checks) are read in the
+//! calling thread, as `Cache::read` would.
+//!
+//! Same rules as the blocking path. A record missing from the ARC is claimed
+//! (single flight) before it is read; the claim is completed when the read
+//! is reaped, so readers elsewhere wait for this queue's read rather than
+//! issue their own. A record someone else is filling is parked on that fill
+//! and polled; the queue blocks on such a fill only when none of its own
+//! reads are in flight, so two queues each waiting for the other's record
+//! cannot deadlock (a queue holds unfinished claims only for reads in its
+//! ring, which complete without it waiting on anyone). Every flash read is
+//! verified exactly as a blocking one is, and a failure falls back to
+//! primary storage: the queue never returns bytes the blocking path would
+//! not.
+//!
+//! Bounds: at most `depth` requests at a time (submit says `WouldBlock`
+//! past that), and at most `RING_ENTRIES_MAX` device reads in flight; the
+//! tables are sized once, at creation, so a steady stream of reads does not
+//! allocate beyond the record buffers themselves. Dropping a queue waits
+//! for its reads in flight: the kernel writes into buffers the queue owns.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::arc::live::{Fill, FillClaim, Lookup, Record};
+use crate::arc::policy::AccessKind;
+use crate::l2arc::reader::PendingRead;
+use crate::l2arc::ring::{IoEngine, ReadRing};
+use crate::read_path::{Cache, ObjectHandle, ReadView};
+
+/// Most device reads one queue keeps in flight.
+pub const RING_ENTRIES_MAX: usize = 256;
+/// Most requests one queue holds.
+pub const QUEUE_DEPTH_MAX: usize = 4096;
+
+/// A finished read: the caller's tag and the bytes (shared record buffers,
+/// as [`Cache::read_view`] returns them) or the error.
+pub struct ReadCompletion {
+    pub tag: u64,
+    pub result: io::Result<ReadView>,
+}
+
+/// Where one record of a request stands.
+enum RecordSlot {
+    Ready(Arc<Record>),
+    /// Being read through this queue's ring.
+    Reading,
+    /// Someone (maybe this queue) is filling it: poll the fill.
+    Parked(Arc<Fill>),
+}
+
+struct Request {
+    tag: u64,
+    handle: ObjectHandle,
+    offset: u64,
+    /// End of the read, clipped to the object's size at submit.
+    end: u64,
+    first_record: u64,
+    kind: AccessKind,
+    slots: SmallVec<[RecordSlot; 2]>,
+    unresolved: usize,
+    error: Option<io::Error>,
+}
+
+/// A flash read in the ring.
+struct Op<'c> {
+    request: u32,
+    slot: u32,
+    token: u64,
+    claim: FillClaim<'c>,
+    pending: PendingRead,
+}
+
+/// Reads with many in flight, for one thread. See the module comment.
+pub struct ReadQueue<'c> {
+    cache: &'c Cache,
+    ring: Option<ReadRing>,
+    requests: Vec<Option<Request>>,
+    free_requests: Vec<u32>,
+    ops: Vec<Option<Op<'c>>>,
+    free_ops: Vec<u32>,
+    /// Requests with a parked record, polled after each reap.
+    parked: Vec<u32>,
+    /// Requests submitted and not yet handed back (at most `depth`: the
+    /// done list is bounded by it too).
+    outstanding: usize,
+    done: VecDeque<ReadCompletion>,
+}
+
+impl Cache {
+    /// A read queue for up to `depth` reads at a time from one thread,
+    /// reading flash through io_uring unless the cache's `l2arc_ioengine`
+    /// resolved to psync.
+    pub fn read_queue(&self, depth: usize) -> io::Result<ReadQueue<'_>> {
+        if !(1..=QUEUE_DEPTH_MAX).contains(&depth) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("read queue depth must be from 1 to {QUEUE_DEPTH_MAX}, not {depth}"),
+            ));
+        }
+        let ring_entries = depth.min(RING_ENTRIES_MAX);
+        let ring = match self.ioengine() {
+            IoEngine::IoUring => Some(ReadRing::new(ring_entries as u32)?),
+            _ => None,
+        };
+        let ops_max = ring.as_ref().map_or(0, |_| ring_entries.next_power_of_two());
+        Ok(ReadQueue {
+            cache: self,
+            ring,
+            requests: (0..depth).map(|_| None).collect(),
+            free_requests: (0..depth as u32).rev().collect(),
+            ops: (0..ops_max).map(|_| None).collect(),
+            free_ops: (0..ops_max as u32).rev().collect(),
+            parked: Vec::with_capacity(depth),
+            outstanding: 0,
+            done: VecDeque::with_capacity(depth),
+        })
+    }
+}
+
+impl<'c> ReadQueue<'c> {
+    /// How this queue reads flash: `IoUring` or `Psync`.
+    pub fn ioengine(&self) -> IoEngine {
+        if self.ring.is_some() {
+            IoEngine::IoUring
+        } else {
+            IoEngine::Psync
+        }
+    }
+
+    /// Requests submitted and not yet handed back by [`Self::wait`].
+    pub fn pending(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Whether [`Self::submit`] would take another request.
+    pub fn has_room(&self) -> bool {
+        self.outstanding < self.requests.len()
+    }
+
+    /// Starts a read of `len` bytes at `offset` (short at the end of the
+    /// object, as `pread`). Its completion carries `tag`. A full queue
+    /// refuses with `WouldBlock`: wait for completions first. Reads of
+    /// records only primary storage has are done before this returns.
+    pub fn submit(
+        &mut self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        tag: u64,
+    ) -> io::Result<()> {
+        self.submit_kind(handle, offset, len, tag, AccessKind::Demand)
+    }
+
+    /// As [`Self::submit`], for read-ahead (`Cache::prefetch`'s flag).
+    pub fn submit_prefetch(
+        &mut self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        tag: u64,
+    ) -> io::Result<()> {
+        self.submit_kind(handle, offset, len, tag, AccessKind::Prefetch)
+    }
+
+    fn submit_kind(
+        &mut self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        tag: u64,
+        kind: AccessKind,
+    ) -> io::Result<()> {
+        if !self.has_room() {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "read queue full: wait for completions",
+            ));
+        }
+        let index = self.free_requests.pop().expect("a free slot per outstanding request");
+        self.outstanding += 1;
+        if !handle.caches_in_arc() {
+            // primarycache=none: nothing to overlap; read it here.
+            let mut buf = vec![0u8; len];
+            let result = self.cache.read(handle, offset, &mut buf).map(|n| {
+                buf.truncate(n);
+                ReadView::owned(buf)
+            });
+            self.free_requests.push(index);
+            self.done.push_back(ReadCompletion { tag, result });
+            return Ok(());
+        }
+        let size_bytes = handle.size_bytes();
+        let end = offset.saturating_add(len as u64).min(size_bytes);
+        let recordsize = u64::from(handle.recordsize_bytes());
+        let records = if len == 0 || offset >= end {
+            0..0
+        } else {
+            offset / recordsize..(end - 1) / recordsize + 1
+        };
+        let mut request = Request {
+            tag,
+            handle: handle.clone(),
+            offset,
+            end,
+            first_record: records.start,
+            kind,
+            slots: SmallVec::new(),
+            unresolved: (records.end - records.start) as usize,
+            error: None,
+        };
+        request.slots.extend(records.clone().map(|_| RecordSlot::Reading));
+        self.requests[index as usize] = Some(request);
+        for slot in 0..(records.end - records.start) as u32 {
+            self.resolve(index, slot)?;
+        }
+        self.finish_if_resolved(index);
+        Ok(())
+    }
+
+    /// Looks one record of a request up and starts whatever it needs.
+    fn resolve(&mut self, index: u32, slot: u32) -> io::Result<()> {
+        let request = self.requests[index as usize].as_ref().expect("live request");
+        let record = request.first_record + u64::from(slot);
+        let key = request.handle.record_key(record);
+        let token = request.handle.token();
+        let kind = request.kind;
+        match self.cache.arc.lookup(key, token, kind) {
+            Lookup::Hit(record) => self.deliver(index, slot, Ok(record)),
+            Lookup::InFlight(fill) => {
+                // `parked` lists each request with a parked record once.
+                let request = self.requests[index as usize].as_mut().expect("live request");
+                if !request.slots.iter().any(|s| matches!(s, RecordSlot::Parked(_))) {
+                    self.parked.push(index);
+                }
+                request.slots[slot as usize] = RecordSlot::Parked(fill);
+            }
+            Lookup::Claimed(claim) => {
+                let handle = request.handle.clone();
+                let recordsize = handle.recordsize_bytes();
+                if self.ring.is_some()
+                    && let Some((l2, key_hash)) = self.cache.l2_source(&handle, record, token)
+                    && let Some(pending) = l2.begin_read(key_hash, recordsize)
+                {
+                    if pending.device_io().ring_fd().is_some() {
+                        return self.start_op(index, slot, token, claim, pending);
+                    }
+                    // A device the ring cannot read: finish it here.
+                    let mut pending = pending;
+                    let io_result = pending.read_psync();
+                    let data = l2
+                        .finish_read(pending, io_result)
+                        .filter(|data| data.len() <= recordsize as usize);
+                    let result = match data {
+                        Some(data) => Ok(data),
+                        None => self.cache.read_primary(&handle, record),
+                    };
+                    let record = self.cache.publish_fill(claim, result, token);
+                    self.deliver(index, slot, record);
+                    return Ok(());
+                }
+                let result = if self.ring.is_some() {
+                    // Not on flash (or not allowed there): primary storage.
+                    self.cache.read_primary(&handle, record)
+                } else {
+                    self.cache.fill_record(&handle, record, token)
+                };
+                let record = self.cache.publish_fill(claim, result, token);
+                self.deliver(index, slot, record);
+            }
+        }
+        Ok(())
+    }
+
+    fn start_op(
+        &mut self,
+        index: u32,
+        slot: u32,
+        token: u64,
+        claim: FillClaim<'c>,
+        mut pending: PendingRead,
+    ) -> io::Result<()> {
+        while !self.ring.as_ref().expect("ring").has_room() {
+            self.reap(1)?;
+        }
+        let op_index = self.free_ops.pop().expect("one op slot per ring entry");
+        let fd = pending.device_io().ring_fd().expect("checked by the caller");
+        let offset = pending.offset_bytes();
+        let buf = pending.buf_mut();
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
+        let ring = self.ring.as_mut().expect("ring");
+        // SAFETY: the buffer is owned by `pending`, kept in `self.ops` until
+        // its completion is reaped (its heap memory does not move with it);
+        // the descriptor belongs to the device `pending` pins, which is not
+        // removed while a read on it is pending; `Drop` drains the ring.
+        let pushed = unsafe { ring.push_read(fd, offset, ptr, len, u64::from(op_index)) };
+        if let Err(e) = pushed {
+            self.free_ops.push(op_index);
+            let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
+            l2.finish_read(pending, Err(io::Error::new(e.kind(), e.to_string())));
+            let request = self.requests[index as usize].as_ref().expect("live request");
+            let handle = request.handle.clone();
+            let record = request.first_record + u64::from(slot);
+            let result = self.cache.read_primary(&handle, record);
+            let record = self.cache.publish_fill(claim, result, token);
+            self.deliver(index, slot, record);
+            return Ok(());
+        }
+        self.ops[op_index as usize] = Some(Op {
+            request: index,
+            slot,
+            token,
+            claim,
+            pending,
+        });
+        Ok(())
+    }
+
+    /// Hands a record (or its error) to a request's slot.
+    fn deliver(&mut self, index: u32, slot: u32, record: io::Result<Arc<Record>>) {
+        let request = self.requests[index as usize].as_mut().expect("live request");
+        debug_assert!(!matches!(request.slots[slot as usize], RecordSlot::Ready(_)));
+        match record {
+            Ok(record) => request.slots[slot as usize] = RecordSlot::Ready(record),
+            Err(e) => {
+                request.error.get_or_insert(e);
+                // Keep the slot's shape; the request fails as a whole.
+                request.slots[slot as usize] = RecordSlot::Reading;
+            }
+        }
+        request.unresolved -= 1;
+    }
+
+    /// Moves a request whose records are all resolved to the done list.
+    fn finish_if_resolved(&mut self, index: u32) {
+        let request = self.requests[index as usize].as_ref().expect("live request");
+        if request.unresolved > 0 {
+            return;
+        }
+        let request = self.requests[index as usize].take().expect("live request");
+        self.free_requests.push(index);
+        let result = match request.error {
+            Some(e) => Err(e),
+            None => Ok(assemble(&request)),
+        };
+        if let Ok(view) = &result
+            && request.kind == AccessKind::Demand
+        {
+            self.cache.counters.reads.add(1);
+            self.cache.counters.read_bytes.add(view.len() as u64);
+        }
+        self.done.push_back(ReadCompletion {
+            tag: request.tag,
+            result,
+        });
+    }
+
+    /// Hands back at least `min` completions (fewer only if fewer are
+    /// pending), appended to `out`; more if more are ready.
+    pub fn wait(&mut self, min: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
+        let want = min.min(self.outstanding);
+        let mut given = 0;
+        loop {
+            while let Some(completion) = self.done.pop_front() {
+                out.push(completion);
+                given += 1;
+                self.outstanding -= 1;
+            }
+            if given >= want {
+                return Ok(());
+            }
+            let ring_busy = self.ring.as_ref().is_some_and(|r| r.in_flight() > 0);
+            if ring_busy {
+                self.reap(1)?;
+            } else if let Some(&index) = self.parked.first() {
+                // Nothing of ours in flight: a parked record waits on a
+                // fill elsewhere, which completes without us.
+                self.wait_parked(index);
+            } else {
+                // Every unfinished request has a read in the ring or a
+                // parked record; with neither, all are done.
+                assert_eq!(self.outstanding, 0, "a request is stranded");
+                return Ok(());
+            }
+            self.poll_parked()?;
+        }
+    }
+
+    /// Sends queued ring reads, waits for `want` completions, and finishes
+    /// every completed read.
+    fn reap(&mut self, want: usize) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        ring.submit_and_wait(want)?;
+        let mut completed: SmallVec<[(u64, i32); 32]> = SmallVec::new();
+        ring.reap(|user_data, result| completed.push((user_data, result)));
+        for (user_data, result) in completed {
+            self.complete_op(user_data as u32, result);
+        }
+        Ok(())
+    }
+
+    fn complete_op(&mut self, op_index: u32, result: i32) {
+        let op = self.ops[op_index as usize].take().expect("a reaped op is live");
+        self.free_ops.push(op_index);
+        let Op {
+            request: index,
+            slot,
+            token,
+            claim,
+            mut pending,
+        } = op;
+        let len = pending.buf_mut().len();
+        let io_result = if result < 0 {
+            Err(io::Error::from_raw_os_error(-result))
+        } else if result as usize != len {
+            Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short cache device read: {result} of {len} bytes"),
+            ))
+        } else {
+            Ok(())
+        };
+        let offset = pending.offset_bytes();
+        let io_result = {
+            // Split borrow: the device (behind an Arc) and the buffer.
+            let buf: *mut [u8] = pending.buf_mut();
+            // SAFETY: `buf` points into `pending`'s own heap buffer, which
+            // nothing else touches while the device checks it.
+            pending
+                .device_io()
+                .finish_ring_read(offset, unsafe { &mut *buf }, io_result)
+        };
+        let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
+        let request = self.requests[index as usize].as_ref().expect("live request");
+        let handle = request.handle.clone();
+        let record = request.first_record + u64::from(slot);
+        let recordsize = handle.recordsize_bytes() as usize;
+        let result = match l2
+            .finish_read(pending, io_result)
+            .filter(|data| data.len() <= recordsize)
+        {
+            Some(data) => Ok(data),
+            // Any failure on flash is a miss: primary storage has it.
+            None => self.cache.read_primary(&handle, record),
+        };
+        let record = self.cache.publish_fill(claim, result, token);
+        self.deliver(index, slot, record);
+        self.finish_if_resolved(index);
+    }
+
+    /// Finishes the records parked on fills that have completed.
+    fn poll_parked(&mut self) -> io::Result<()> {
+        let mut at = 0;
+        while at < self.parked.len() {
+            let index = self.parked[at];
+            let mut still_parked = false;
+            let slots = self.requests[index as usize]
+                .as_ref()
+                .expect("parked request is live")
+                .slots
+                .len();
+            for slot in 0..slots as u32 {
+                let request = self.requests[index as usize].as_ref().expect("live");
+                let RecordSlot::Parked(fill) = &request.slots[slot as usize] else {
+                    continue;
+                };
+                let Some(result) = fill.try_result() else {
+                    still_parked = true;
+                    continue;
+                };
+                let token = request.handle.token();
+                match result {
+                    Ok(record) if record.generation_token == token => {
+                        self.deliver(index, slot, Ok(record));
+                    }
+                    Ok(_) => {
+                        // Filled under another generation: look again.
+                        let request = self.requests[index as usize].as_mut().expect("live");
+                        request.slots[slot as usize] = RecordSlot::Reading;
+                        self.resolve_again(index, slot)?;
+                        let request = self.requests[index as usize].as_ref().expect("live");
+                        still_parked |=
+                            matches!(request.slots[slot as usize], RecordSlot::Parked(_));
+                    }
+                    Err(e) => self.deliver(index, slot, Err(e.into())),
+                }
+            }
+            if still_parked {
+                at += 1;
+            } else {
+                self.parked.swap_remove(at);
+                self.finish_if_resolved(index);
+            }
+        }
+        Ok(())
+    }
+
+    /// `resolve` for a record already counted in `parked`'s request.
+    fn resolve_again(&mut self, index: u32, slot: u32) -> io::Result<()> {
+        let before = self.parked.len();
+        self.resolve(index, slot)?;
+        // The request is in `parked` already; `resolve` may have added it.
+        if self.parked.len() > before {
+            self.parked.pop();
+        }
+        Ok(())
+    }
+
+    /// Blocks until one parked fill of request `index` completes.
+    fn wait_parked(&self, index: u32) {
+        let request = self.requests[index as usize].as_ref().expect("live");
+        if let Some(RecordSlot::Parked(fill)) = request
+            .slots
+            .iter()
+            .find(|s| matches!(s, RecordSlot::Parked(_)))
+        {
+            let _ = fill.wait();
+        }
+    }
+}
+
+/// A resolved request's bytes, as `read_view` would give them.
+fn assemble(request: &Request) -> ReadView {
+    let recordsize = u64::from(request.handle.recordsize_bytes());
+    let mut view = ReadView::empty();
+    for (i, slot) in request.slots.iter().enumerate() {
+        let RecordSlot::Ready(record) = slot else {
+            unreachable!("a request without error has every record");
+        };
+        let record_start = (request.first_record + i as u64) * recordsize;
+        let from = (request.offset.max(record_start) - record_start) as usize;
+        let to = ((request.end - record_start) as usize).min(record.data.len());
+        if from < to {
+            view.push(Arc::clone(record), from..to);
+        }
+        if record.data.len() < recordsize as usize {
+            break; // end of object as the primary saw it
+        }
+    }
+    view
+}
+
+impl Drop for ReadQueue<'_> {
+    fn drop(&mut self) {
+        // The kernel writes into buffers in `ops`: wait for every read.
+        while self.ring.as_ref().is_some_and(|r| r.in_flight() > 0) {
+            if self.reap(1).is_err() {
+                // A ring that cannot be waited on cannot be left with our
+                // buffers either.
+                std::process::abort();
+            }
+        }
+    }
+}
