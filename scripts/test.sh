@@ -18,6 +18,17 @@ echo "== cargo test"
 set +e
 cargo test --locked --workspace --no-fail-fast 2>&1 | tee /tmp/l2arc-test.log.$$
 status=${PIPESTATUS[0]}
+# The flash integrity, crash and online suites once more through read
+# queues (many reads in flight), with io_uring and with psync: both paths
+# must return the same bytes under the same faults.
+for engine in io_uring psync; do
+  echo "== cargo test: L2ARC suites through read queues, l2arc_ioengine=$engine"
+  L2ARC_TEST_READ_PATH=queue L2ARC_TEST_IOENGINE=$engine \
+    cargo test --locked -p l2arc --no-fail-fast \
+    --test l2arc_integrity --test l2arc_crash --test l2arc_online --test l2arc_headers \
+    2>&1 | tee -a /tmp/l2arc-test.log.$$
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
 set -e
 passed=$(grep -Eo '[0-9]+ passed' /tmp/l2arc-test.log.$$ | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' /tmp/l2arc-test.log.$$ | awk '{s+=$1} END {print s+0}')

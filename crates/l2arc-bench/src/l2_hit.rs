@@ -677,9 +677,19 @@ fn measure(
     })
 }
 
-/// Random reads of whole records from one thread with a read queue of
-/// `depth` (the engine's many-in-flight API, flash read through io_uring),
-/// against the warm L2ARC; latency is from submit to completion.
+/// Threads that share the read-queue measurement's depth: one per core (at
+/// most 4), each with its own queue, so that the cache's own work per read
+/// (checksum, ARC insert) has the cores fio's one thread leaves idle.
+fn queue_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+}
+
+/// Random reads of whole records from `queue_threads()` threads, each with a
+/// read queue (the engine's many-in-flight API, flash read through
+/// io_uring), `depth` in flight in all, against the warm L2ARC; latency is
+/// from submit to completion.
 fn measure_queue(
     spec: &DatasetSpec,
     cache: &Cache,
@@ -689,70 +699,54 @@ fn measure_queue(
     secs: f64,
     seed: u64,
 ) -> Result<Ours> {
-    let per_file = spec.file_size_bytes / record_bytes;
-    let total = per_file * u64::from(spec.files);
-    let mut queue = cache.read_queue(depth)?;
-    if queue.ioengine() != l2arc::IoEngine::IoUring {
-        bail!(
-            "the read queue reads flash with {} here, not io_uring ({})",
-            queue.ioengine().name(),
-            cache.ioengine_fallback_reason().unwrap_or("forced")
-        );
-    }
-    let mut rng = Rng::new(seed);
-    let mut latency_ns = super::runner::latency_histogram();
-    // Per tag: when it was submitted, and which record it reads.
-    let mut started = vec![(std::time::Instant::now(), 0u32, 0u64); depth];
-    let mut free: Vec<u64> = (0..depth as u64).collect();
-    let mut done = Vec::with_capacity(depth);
-    let warm_until = std::time::Instant::now() + Duration::from_secs_f64(secs.min(1.0) / 4.0);
-    let mut before = None;
-    let (mut ops, mut measuring_since) = (0u64, std::time::Instant::now());
+    let threads = queue_threads().min(depth);
+    let start = std::time::Instant::now();
+    let warm_until = start + Duration::from_secs_f64(secs.min(1.0) / 4.0);
     let end = warm_until + Duration::from_secs_f64(secs);
-    loop {
-        let now = std::time::Instant::now();
-        if before.is_none() && now >= warm_until {
-            before = Some(cache.stats());
-            measuring_since = now;
-            ops = 0;
-            latency_ns.reset();
-        }
-        if now >= end {
-            break;
-        }
-        while let Some(tag) = free.pop() {
-            let r = rng.below(total);
-            let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
-            started[tag as usize] = (std::time::Instant::now(), file, offset);
-            queue.submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
-        }
-        queue.wait(1, &mut done)?;
-        let now = std::time::Instant::now();
-        for completion in done.drain(..) {
-            let (at, file, offset) = started[completion.tag as usize];
-            let view = completion.result?;
-            let bytes = view
-                .as_single_slice()
-                .context("a whole-record read spans one record")?;
-            let last = (offset + record_bytes) / 8 - 1;
-            if bytes.len() as u64 != record_bytes
-                || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
-                || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
-            {
-                bail!("wrong bytes: file {file} offset {offset}");
-            }
-            let _ = latency_ns.record((now - at).as_nanos() as u64);
-            ops += 1;
-            free.push(completion.tag);
-        }
+    let before = std::sync::Mutex::new(None);
+    let results: Vec<Result<(u64, hdrhistogram::Histogram<u64>)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let thread_depth = depth / threads + usize::from(t < depth % threads);
+                let before = &before;
+                scope.spawn(move || {
+                    queue_loop(
+                        spec,
+                        cache,
+                        handles,
+                        record_bytes,
+                        thread_depth,
+                        (warm_until, end),
+                        seed ^ l2arc::hash::mix64(t as u64 + 1),
+                        || {
+                            let mut before = before.lock().expect("lock");
+                            if before.is_none() {
+                                *before = Some(cache.stats());
+                            }
+                        },
+                    )
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("queue thread panicked"))
+            .collect()
+    });
+    let elapsed_secs = end.duration_since(warm_until).as_secs_f64();
+    let mut ops = 0;
+    let mut latency_ns = super::runner::latency_histogram();
+    for result in results {
+        let (n, histogram) = result?;
+        ops += n;
+        latency_ns
+            .add(&histogram)
+            .context("merging latency histograms")?;
     }
-    let elapsed_secs = measuring_since.elapsed().as_secs_f64();
-    // Drain what is still in flight (not counted).
-    while queue.pending() > 0 {
-        queue.wait(queue.pending(), &mut done)?;
-        done.clear();
-    }
-    let before = before.context("the measured phase never started")?;
+    let before = before
+        .into_inner()
+        .expect("lock")
+        .context("the measured phase never started")?;
     let after = cache.stats();
     let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
     let arc_hits = after.arc.hits - before.arc.hits;
@@ -780,6 +774,83 @@ fn measure_queue(
         l2_hit_ratio,
         primary_reads: after.primary_reads - before.primary_reads,
     })
+}
+
+/// One thread of `measure_queue`: keeps `depth` reads in flight until
+/// `window.1`, counting those that complete after `window.0` (when it calls
+/// `at_start`). Returns the reads counted and their latencies.
+#[allow(clippy::too_many_arguments)]
+fn queue_loop(
+    spec: &DatasetSpec,
+    cache: &Cache,
+    handles: &[ObjectHandle],
+    record_bytes: u64,
+    depth: usize,
+    window: (std::time::Instant, std::time::Instant),
+    seed: u64,
+    at_start: impl Fn(),
+) -> Result<(u64, hdrhistogram::Histogram<u64>)> {
+    let per_file = spec.file_size_bytes / record_bytes;
+    let total = per_file * u64::from(spec.files);
+    let mut queue = cache.read_queue(depth)?;
+    if queue.ioengine() != l2arc::IoEngine::IoUring {
+        bail!(
+            "the read queue reads flash with {} here, not io_uring ({})",
+            queue.ioengine().name(),
+            cache.ioengine_fallback_reason().unwrap_or("forced")
+        );
+    }
+    let mut rng = Rng::new(seed);
+    let mut latency_ns = super::runner::latency_histogram();
+    // Per tag: when it was submitted, and which record it reads.
+    let mut started = vec![(std::time::Instant::now(), 0u32, 0u64); depth];
+    let mut free: Vec<u64> = (0..depth as u64).collect();
+    let mut done = Vec::with_capacity(depth);
+    let mut ops = 0u64;
+    let mut measuring = false;
+    loop {
+        let now = std::time::Instant::now();
+        if !measuring && now >= window.0 {
+            at_start();
+            measuring = true;
+        }
+        if now >= window.1 {
+            break;
+        }
+        while let Some(tag) = free.pop() {
+            let r = rng.below(total);
+            let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
+            started[tag as usize] = (std::time::Instant::now(), file, offset);
+            queue.submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
+        }
+        queue.wait(1, &mut done)?;
+        let now = std::time::Instant::now();
+        for completion in done.drain(..) {
+            let (at, file, offset) = started[completion.tag as usize];
+            let view = completion.result?;
+            let bytes = view
+                .as_single_slice()
+                .context("a whole-record read spans one record")?;
+            let last = (offset + record_bytes) / 8 - 1;
+            if bytes.len() as u64 != record_bytes
+                || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
+                || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
+            {
+                bail!("wrong bytes: file {file} offset {offset}");
+            }
+            if measuring {
+                let _ = latency_ns.record((now - at).as_nanos() as u64);
+                ops += 1;
+            }
+            free.push(completion.tag);
+        }
+    }
+    // Drain what is still in flight (not counted).
+    while queue.pending() > 0 {
+        queue.wait(queue.pending(), &mut done)?;
+        done.clear();
+    }
+    Ok((ops, latency_ns))
 }
 
 fn print_report(r: &Report) {
@@ -844,8 +915,9 @@ fn print_report(r: &Report) {
     println!();
     println!(
         "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
-         against fio psync; against fio io_uring it is one thread with a read queue of depth {QUEUE_DEPTH} \
-         (Cache::read_queue, flash read through io_uring);"
+         against fio psync; against fio io_uring it is {} thread(s) with read queues, {QUEUE_DEPTH} in flight in all \
+         (Cache::read_queue, flash read through io_uring);",
+        queue_threads()
     );
     println!(
         "ARC and L2 are the hit ratios of our measured phases (L2: hits over the ARC's misses);"

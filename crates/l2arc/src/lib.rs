@@ -20,9 +20,9 @@ pub mod read_path;
 pub mod read_queue;
 pub mod stats;
 
+pub use l2arc::IoEngine;
 pub use read_path::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle, ReadView,
 };
-pub use l2arc::IoEngine;
 pub use read_queue::{ReadCompletion, ReadQueue};
 pub use stats::CacheStats;

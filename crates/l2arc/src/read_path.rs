@@ -768,7 +768,12 @@ impl Cache {
     ///
     /// The L2ARC first (a miss or any failure there falls through), then
     /// primary storage.
-    pub(crate) fn fill_record(&self, handle: &ObjectHandle, index: u64, token: u64) -> io::Result<AlignedBuf> {
+    pub(crate) fn fill_record(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> io::Result<AlignedBuf> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
         if let Some((l2, key_hash)) = self.l2_source(handle, index, token)
             && let Some(data) = l2.read(key_hash, recordsize as u32)

@@ -23,6 +23,10 @@
 //! primary storage: the queue never returns bytes the blocking path would
 //! not.
 //!
+//! A queue belongs to the thread that made it (it is not `Send`): its ring
+//! is set up for a single submitter, which lets the kernel defer completion
+//! work to the moment that thread waits.
+//!
 //! Bounds: at most `depth` requests at a time (submit says `WouldBlock`
 //! past that), and at most `RING_ENTRIES_MAX` device reads in flight; the
 //! tables are sized once, at creation, so a steady stream of reads does not
@@ -98,6 +102,8 @@ pub struct ReadQueue<'c> {
     /// done list is bounded by it too).
     outstanding: usize,
     done: VecDeque<ReadCompletion>,
+    /// Not `Send`: the ring belongs to the thread that made it.
+    _one_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Cache {
@@ -116,7 +122,9 @@ impl Cache {
             IoEngine::IoUring => Some(ReadRing::new(ring_entries as u32)?),
             _ => None,
         };
-        let ops_max = ring.as_ref().map_or(0, |_| ring_entries.next_power_of_two());
+        let ops_max = ring
+            .as_ref()
+            .map_or(0, |_| ring_entries.next_power_of_two());
         Ok(ReadQueue {
             cache: self,
             ring,
@@ -127,6 +135,7 @@ impl Cache {
             parked: Vec::with_capacity(depth),
             outstanding: 0,
             done: VecDeque::with_capacity(depth),
+            _one_thread: std::marker::PhantomData,
         })
     }
 }
@@ -190,7 +199,10 @@ impl<'c> ReadQueue<'c> {
                 "read queue full: wait for completions",
             ));
         }
-        let index = self.free_requests.pop().expect("a free slot per outstanding request");
+        let index = self
+            .free_requests
+            .pop()
+            .expect("a free slot per outstanding request");
         self.outstanding += 1;
         if !handle.caches_in_arc() {
             // primarycache=none: nothing to overlap; read it here.
@@ -222,7 +234,9 @@ impl<'c> ReadQueue<'c> {
             unresolved: (records.end - records.start) as usize,
             error: None,
         };
-        request.slots.extend(records.clone().map(|_| RecordSlot::Reading));
+        request
+            .slots
+            .extend(records.clone().map(|_| RecordSlot::Reading));
         self.requests[index as usize] = Some(request);
         for slot in 0..(records.end - records.start) as u32 {
             self.resolve(index, slot)?;
@@ -233,7 +247,9 @@ impl<'c> ReadQueue<'c> {
 
     /// Looks one record of a request up and starts whatever it needs.
     fn resolve(&mut self, index: u32, slot: u32) -> io::Result<()> {
-        let request = self.requests[index as usize].as_ref().expect("live request");
+        let request = self.requests[index as usize]
+            .as_ref()
+            .expect("live request");
         let record = request.first_record + u64::from(slot);
         let key = request.handle.record_key(record);
         let token = request.handle.token();
@@ -242,8 +258,14 @@ impl<'c> ReadQueue<'c> {
             Lookup::Hit(record) => self.deliver(index, slot, Ok(record)),
             Lookup::InFlight(fill) => {
                 // `parked` lists each request with a parked record once.
-                let request = self.requests[index as usize].as_mut().expect("live request");
-                if !request.slots.iter().any(|s| matches!(s, RecordSlot::Parked(_))) {
+                let request = self.requests[index as usize]
+                    .as_mut()
+                    .expect("live request");
+                if !request
+                    .slots
+                    .iter()
+                    .any(|s| matches!(s, RecordSlot::Parked(_)))
+                {
                     self.parked.push(index);
                 }
                 request.slots[slot as usize] = RecordSlot::Parked(fill);
@@ -297,7 +319,10 @@ impl<'c> ReadQueue<'c> {
             self.reap(1)?;
         }
         let op_index = self.free_ops.pop().expect("one op slot per ring entry");
-        let fd = pending.device_io().ring_fd().expect("checked by the caller");
+        let fd = pending
+            .device_io()
+            .ring_fd()
+            .expect("checked by the caller");
         let offset = pending.offset_bytes();
         let buf = pending.buf_mut();
         let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
@@ -311,7 +336,9 @@ impl<'c> ReadQueue<'c> {
             self.free_ops.push(op_index);
             let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
             l2.finish_read(pending, Err(io::Error::new(e.kind(), e.to_string())));
-            let request = self.requests[index as usize].as_ref().expect("live request");
+            let request = self.requests[index as usize]
+                .as_ref()
+                .expect("live request");
             let handle = request.handle.clone();
             let record = request.first_record + u64::from(slot);
             let result = self.cache.read_primary(&handle, record);
@@ -331,8 +358,13 @@ impl<'c> ReadQueue<'c> {
 
     /// Hands a record (or its error) to a request's slot.
     fn deliver(&mut self, index: u32, slot: u32, record: io::Result<Arc<Record>>) {
-        let request = self.requests[index as usize].as_mut().expect("live request");
-        debug_assert!(!matches!(request.slots[slot as usize], RecordSlot::Ready(_)));
+        let request = self.requests[index as usize]
+            .as_mut()
+            .expect("live request");
+        debug_assert!(!matches!(
+            request.slots[slot as usize],
+            RecordSlot::Ready(_)
+        ));
         match record {
             Ok(record) => request.slots[slot as usize] = RecordSlot::Ready(record),
             Err(e) => {
@@ -346,7 +378,9 @@ impl<'c> ReadQueue<'c> {
 
     /// Moves a request whose records are all resolved to the done list.
     fn finish_if_resolved(&mut self, index: u32) {
-        let request = self.requests[index as usize].as_ref().expect("live request");
+        let request = self.requests[index as usize]
+            .as_ref()
+            .expect("live request");
         if request.unresolved > 0 {
             return;
         }
@@ -415,7 +449,9 @@ impl<'c> ReadQueue<'c> {
     }
 
     fn complete_op(&mut self, op_index: u32, result: i32) {
-        let op = self.ops[op_index as usize].take().expect("a reaped op is live");
+        let op = self.ops[op_index as usize]
+            .take()
+            .expect("a reaped op is live");
         self.free_ops.push(op_index);
         let Op {
             request: index,
@@ -446,7 +482,9 @@ impl<'c> ReadQueue<'c> {
                 .finish_ring_read(offset, unsafe { &mut *buf }, io_result)
         };
         let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
-        let request = self.requests[index as usize].as_ref().expect("live request");
+        let request = self.requests[index as usize]
+            .as_ref()
+            .expect("live request");
         let handle = request.handle.clone();
         let record = request.first_record + u64::from(slot);
         let recordsize = handle.recordsize_bytes() as usize;

@@ -73,22 +73,27 @@ fn queued_reads_return_the_files_bytes_through_both_engines() {
         // Everything onto flash (blocking reads), then read back queued.
         fill(&cache, &f, &data);
         let before = cache.stats();
-        let whole: Vec<(u64, usize)> = (0..records(&data))
-            .map(|i| ((i * RS) as u64, RS))
-            .collect();
+        let whole: Vec<(u64, usize)> = (0..records(&data)).map(|i| ((i * RS) as u64, RS)).collect();
         for (got, &(offset, n)) in read_all(&cache, &f, &whole, 32).iter().zip(&whole) {
-            assert_eq!(got.as_slice(), expected(&data, offset, n), "warm {offset}+{n}");
+            assert_eq!(
+                got.as_slice(),
+                expected(&data, offset, n),
+                "warm {offset}+{n}"
+            );
         }
         let after = cache.stats();
-        let l2_hits = after.l2.as_ref().unwrap().get("l2_hits")
-            - before.l2.as_ref().unwrap().get("l2_hits");
+        let l2_hits =
+            after.l2.as_ref().unwrap().get("l2_hits") - before.l2.as_ref().unwrap().get("l2_hits");
         // The ARC holds at most 16 of the 49 records; the rest are on flash.
         assert!(
             l2_hits as usize >= records(&data) / 3,
             "{engine:?}: only {l2_hits} of {} records came from flash",
             records(&data)
         );
-        assert_eq!(after.primary_reads, before.primary_reads, "{engine:?}: warm reads hit primary");
+        assert_eq!(
+            after.primary_reads, before.primary_reads,
+            "{engine:?}: warm reads hit primary"
+        );
         assert_eq!(
             after.reads - before.reads,
             whole.len() as u64,
@@ -108,12 +113,20 @@ fn queued_reads_return_the_files_bytes_through_both_engines() {
         let g = cache.open(ds, "g", false).unwrap();
         let before = cache.stats().primary_reads;
         for (got, &(offset, n)) in read_all(&cache, &g, &reads, 32).iter().zip(&reads) {
-            assert_eq!(got.as_slice(), expected(&other, offset, n), "cold {offset}+{n}");
+            assert_eq!(
+                got.as_slice(),
+                expected(&other, offset, n),
+                "cold {offset}+{n}"
+            );
         }
         assert!(cache.stats().primary_reads >= before + records(&other) as u64 / 2);
         // Random shapes again, now mostly from flash and the ARC.
         for (got, &(offset, n)) in read_all(&cache, &f, &reads, 7).iter().zip(&reads) {
-            assert_eq!(got.as_slice(), expected(&data, offset, n), "warm {offset}+{n}");
+            assert_eq!(
+                got.as_slice(),
+                expected(&data, offset, n),
+                "warm {offset}+{n}"
+            );
         }
         cache.assert_consistent();
         drop((f, g));
@@ -136,9 +149,7 @@ fn flash_failures_under_a_queue_fall_back_to_primary() {
     add_device(&cache, Box::new(device)).unwrap();
     let f = cache.open(ds, "f", false).unwrap();
     fill(&cache, &f, &data);
-    let whole: Vec<(u64, usize)> = (0..records(&data))
-        .map(|i| ((i * RS) as u64, RS))
-        .collect();
+    let whole: Vec<(u64, usize)> = (0..records(&data)).map(|i| ((i * RS) as u64, RS)).collect();
 
     faults.corrupt_reads.store(true, Ordering::SeqCst);
     for (got, &(offset, n)) in read_all(&cache, &f, &whole, 16).iter().zip(&whole) {
@@ -187,8 +198,7 @@ fn queues_on_two_threads_share_fills_and_never_deadlock() {
                     }
                     let reads: Vec<(u64, usize)> =
                         order.iter().map(|&i| ((i * RS) as u64, RS)).collect();
-                    for (got, &(offset, len)) in read_all(cache, f, &reads, 8).iter().zip(&reads)
-                    {
+                    for (got, &(offset, len)) in read_all(cache, f, &reads, 8).iter().zip(&reads) {
                         assert_eq!(got.as_slice(), expected(data, offset, len));
                     }
                 });
@@ -198,7 +208,10 @@ fn queues_on_two_threads_share_fills_and_never_deadlock() {
         if round == 0 {
             // 1 MiB ARC, 4 MiB file: a record may be evicted before the
             // other thread reaches it, but never read twice at once.
-            assert!(primary as usize >= n && primary as usize <= 2 * n, "{primary}");
+            assert!(
+                primary as usize >= n && primary as usize <= 2 * n,
+                "{primary}"
+            );
         }
         cache.feed_l2arc();
     }

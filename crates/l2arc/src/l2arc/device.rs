@@ -36,7 +36,12 @@ pub trait DeviceIo: Send + Sync + 'static {
     }
     /// Called with the outcome of each io_uring read of `ring_fd`, so that
     /// a wrapper sees (and may change) it as it would a `read_at`.
-    fn finish_ring_read(&self, offset: u64, buf: &mut [u8], result: io::Result<()>) -> io::Result<()> {
+    fn finish_ring_read(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        result: io::Result<()>,
+    ) -> io::Result<()> {
         let _ = (offset, buf);
         result
     }
@@ -244,7 +249,12 @@ impl DeviceIo for FaultyDevice {
         self.inner.ring_fd()
     }
 
-    fn finish_ring_read(&self, offset: u64, buf: &mut [u8], result: io::Result<()>) -> io::Result<()> {
+    fn finish_ring_read(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        result: io::Result<()>,
+    ) -> io::Result<()> {
         // The ring read already happened; faults decide what it returned.
         self.read_with_faults(offset, buf, |buf| {
             self.inner.finish_ring_read(offset, buf, result)

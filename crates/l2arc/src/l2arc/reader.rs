@@ -21,7 +21,8 @@ pub(crate) struct PendingRead {
     key_hash: u64,
     entry: IndexEntry,
     lsize_max: u32,
-    buf: AlignedBuf,
+    /// Taken by `finish_read`.
+    buf: Option<AlignedBuf>,
     /// Set by `finish_read`; a pending read dropped before it would leave
     /// its device pinned forever (removal waits for it).
     finished: bool,
@@ -36,7 +37,7 @@ impl PendingRead {
     /// The buffer to read into (page-aligned, `asize` long). Its heap
     /// memory stays put while the read is pending, moves or not.
     pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
-        self.buf.as_mut_slice()
+        self.buf.as_mut().expect("not finished").as_mut_slice()
     }
 
     /// The device to read from.
@@ -47,7 +48,8 @@ impl PendingRead {
     /// Reads the blocks with a positioned read in this thread.
     pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
         let offset = self.offset_bytes();
-        self.device.io.read_at(offset, self.buf.as_mut_slice())
+        let buf = self.buf.as_mut().expect("not finished").as_mut_slice();
+        self.device.io.read_at(offset, buf)
     }
 }
 
@@ -132,7 +134,8 @@ impl L2Arc {
             key_hash,
             entry,
             lsize_max,
-            buf: AlignedBuf::zeroed(asize_bytes),
+            // Every byte is overwritten by the read, or the buffer dropped.
+            buf: Some(AlignedBuf::for_overwrite(asize_bytes)),
             finished: false,
         })
     }
@@ -146,8 +149,15 @@ impl L2Arc {
     ) -> Option<AlignedBuf> {
         pending.finished = true;
         let device = std::sync::Arc::clone(&pending.device);
-        let buf = std::mem::replace(&mut pending.buf, AlignedBuf::zeroed(0));
-        let result = self.check_read(&device, pending.key_hash, pending.entry, pending.lsize_max, buf, io_result);
+        let buf = pending.buf.take().expect("a pending read has its buffer");
+        let result = self.check_read(
+            &device,
+            pending.key_hash,
+            pending.entry,
+            pending.lsize_max,
+            buf,
+            io_result,
+        );
         device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
         match &result {
             Some(_) => {
@@ -182,8 +192,7 @@ impl L2Arc {
             return None;
         }
         device.note_success();
-        c.read_bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        c.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         let stored_bytes = location.stored_bytes();
         if format::record_checksum(key_hash, &buf[..stored_bytes]) != entry.checksum {
             if device.holds_location(location) {

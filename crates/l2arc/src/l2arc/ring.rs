@@ -90,7 +90,16 @@ impl ReadRing {
     /// overflow while `in_flight <= entries`).
     pub(crate) fn new(entries: u32) -> io::Result<Self> {
         let entries = entries.clamp(1, 4096).next_power_of_two();
-        let ring = IoUring::new(entries)?;
+        // One thread submits and reaps (the queue is not Send), so the
+        // kernel may run completions only when that thread asks for them
+        // (6.1+): no interrupting the reader to post each one. Older
+        // kernels refuse the flags; a plain ring works there.
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(entries)
+            .or_else(|_| IoUring::new(entries))?;
         Ok(Self {
             ring,
             in_flight: 0,
@@ -192,12 +201,18 @@ mod tests {
             let block = (i * 5 % 64) as u64;
             // SAFETY: `bufs` and `file` outlive the reads, reaped below.
             unsafe {
-                ring.push_read(file.as_raw_fd(), block * 4096, buf.as_mut_slice().as_mut_ptr(), 4096, i as u64)
-                    .unwrap();
+                ring.push_read(
+                    file.as_raw_fd(),
+                    block * 4096,
+                    buf.as_mut_slice().as_mut_ptr(),
+                    4096,
+                    i as u64,
+                )
+                .unwrap();
             }
         }
         assert!(!ring.has_room());
-        let mut done = vec![false; 16];
+        let mut done = [false; 16];
         while ring.in_flight() > 0 {
             ring.submit_and_wait(1).unwrap();
             ring.reap(|user_data, result| {
@@ -216,7 +231,12 @@ mod tests {
     fn engines_parse_by_fio_names() {
         assert_eq!("psync".parse::<IoEngine>().unwrap(), IoEngine::Psync);
         assert_eq!("io_uring".parse::<IoEngine>().unwrap(), IoEngine::IoUring);
-        assert!("libaio".parse::<IoEngine>().unwrap_err().contains("auto, io_uring or psync"));
+        assert!(
+            "libaio"
+                .parse::<IoEngine>()
+                .unwrap_err()
+                .contains("auto, io_uring or psync")
+        );
         assert_eq!(IoEngine::Psync.resolve().unwrap().0, IoEngine::Psync);
     }
 }

@@ -232,7 +232,9 @@ pub fn check_record(cache: &Cache, handle: &ObjectHandle, data: &[u8], index: us
     let expected = &data[start..data.len().min(start + RS)];
     let n = if reads_through_queue() {
         let mut queue = cache.read_queue(1).unwrap();
-        queue.submit(handle, start as u64, RS, index as u64).unwrap();
+        queue
+            .submit(handle, start as u64, RS, index as u64)
+            .unwrap();
         let mut done = Vec::new();
         queue.wait(1, &mut done).unwrap();
         assert_eq!(done.len(), 1);
@@ -266,7 +268,9 @@ pub fn check_all(cache: &Cache, handle: &ObjectHandle, data: &[u8], what: &str) 
     let mut seen = 0;
     while seen < records(data) {
         while next < records(data) && queue.has_room() {
-            queue.submit(handle, (next * RS) as u64, RS, next as u64).unwrap();
+            queue
+                .submit(handle, (next * RS) as u64, RS, next as u64)
+                .unwrap();
             next += 1;
         }
         queue.wait(1, &mut done).unwrap();
