@@ -26,6 +26,7 @@ use clap::{Args, ValueEnum};
 
 mod dataset;
 mod demo;
+mod feed_capture;
 mod fio;
 mod fuse;
 mod hit_path;
@@ -67,6 +68,8 @@ pub enum Scenario {
     Warmup,
     /// The three seed experiments (throughput, latency, warmup) in one run.
     All,
+    /// Feeder capture: an image read whole four times through an ARC an eighth its size; L2 hits per pass and the evict_l2_* counters, write-back vs intake wake vs timer.
+    FeedCapture,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -312,6 +315,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::Throughput => throughput::run(&args),
         Scenario::Latency => latency::run(&args),
         Scenario::Warmup => warmup::run(&args),
+        Scenario::FeedCapture => feed_capture::run(&args),
         Scenario::All => {
             throughput::run(&args)?;
             latency::run(&args)?;

@@ -73,6 +73,12 @@ pub struct CacheOptions {
     /// `l2arc_dwpd`: device writes per day budget (0 = unlimited).
     #[arg(long)]
     pub l2arc_dwpd: Option<f64>,
+    /// `l2arc_ioengine`: how pipelined reads read cache devices: auto (io_uring where the kernel allows, else psync), io_uring, psync.
+    #[arg(long, value_parser = parse_ioengine)]
+    pub l2arc_ioengine: Option<l2arc::IoEngine>,
+    /// `l2arc_writeback_max`: most bytes of evicted records held for the feeder (DRAM beyond arc_max; default 32MiB, 0 = off).
+    #[arg(long, value_parser = parse_size)]
+    pub l2arc_writeback_max: Option<u64>,
     /// Make the primary behave like an HDD array (benchmarks): number of spindles; 0 = off.
     #[arg(long)]
     pub emulate_hdd_spindles: Option<usize>,
@@ -104,9 +110,15 @@ struct FileOptions {
     l2arc_feed_again: Option<bool>,
     l2arc_rebuild_enabled: Option<bool>,
     l2arc_dwpd: Option<f64>,
+    l2arc_ioengine: Option<String>,
+    l2arc_writeback_max: Option<SizeValue>,
     emulate_hdd_spindles: Option<usize>,
     emulate_hdd_seek_ms_min: Option<f64>,
     emulate_hdd_seek_ms_max: Option<f64>,
+}
+
+fn parse_ioengine(s: &str) -> Result<l2arc::IoEngine, String> {
+    s.parse()
 }
 
 /// A size in a config file: a number of bytes or a string such as "1GiB".
@@ -204,6 +216,20 @@ impl CacheOptions {
             }
             l2.l2arc_dwpd = v;
         }
+        match (self.l2arc_ioengine, &file.l2arc_ioengine) {
+            (Some(engine), _) => l2.l2arc_ioengine = engine,
+            (None, Some(s)) => {
+                l2.l2arc_ioengine = parse_ioengine(s).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            (None, None) => {}
+        }
+        if let Some(v) = size(
+            self.l2arc_writeback_max,
+            "l2arc_writeback_max",
+            &file.l2arc_writeback_max,
+        )? {
+            l2.l2arc_writeback_max_bytes = v;
+        }
 
         let recordsize = size(self.recordsize, "recordsize", &file.recordsize)?
             .unwrap_or(default_recordsize_bytes);
@@ -271,6 +297,15 @@ impl ResolvedOptions {
     /// index in the background).
     pub fn build_cache(&self) -> Result<Arc<Cache>> {
         let cache = Cache::new(self.cache_config.clone())?;
+        if !self.cache_devices.is_empty() {
+            match cache.ioengine_fallback_reason() {
+                None => eprintln!(
+                    "l2arc: cache devices read with {} (l2arc_ioengine)",
+                    cache.ioengine().name()
+                ),
+                Some(why) => eprintln!("l2arc: cache devices read with psync: {why}"),
+            }
+        }
         for path in &self.cache_devices {
             cache
                 .add_cache_path(path, Some(self.cache_size_bytes))

@@ -59,6 +59,7 @@ fn live_lru_hits(trace: &[Request], pages: u64) -> u64 {
             Lookup::Claimed(claim) => claim.complete(Ok(Arc::new(Record {
                 data: AlignedBuf::zeroed(0),
                 generation_token: 1,
+                fill_sequence: 0,
             }))),
             Lookup::InFlight(_) => panic!("a fill in flight with one thread, at key {}", r.key),
         }

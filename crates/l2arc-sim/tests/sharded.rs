@@ -56,6 +56,7 @@ fn live_hits(trace: &[Request], shards: usize) -> u64 {
                 let record = Arc::new(Record {
                     data: AlignedBuf::zeroed(0),
                     generation_token: 1,
+                    fill_sequence: 0,
                 });
                 assert_eq!(record.size_bytes(), PAGE_BYTES);
                 claim.complete(Ok(record));

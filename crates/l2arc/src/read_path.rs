@@ -274,6 +274,7 @@ impl ReadView {
         let record = Record {
             data: AlignedBuf::copy_from(&bytes),
             generation_token: 0,
+            fill_sequence: 0,
         };
         let mut view = Self::empty();
         if len > 0 {
@@ -325,23 +326,44 @@ pub const OBJECT_STATES_MAX: usize = 1 << 18;
 /// How many recent invalidations a feed can look back on.
 const INVALIDATIONS_KEPT: usize = 4096;
 
+/// One write (or hole) through the cache, as feeds see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Invalidation {
+    pub(crate) sequence: u64,
+    /// Hash of (dataset, object).
+    pub(crate) object_hash: u64,
+    /// The records it dropped, first and last (inclusive).
+    pub(crate) records: (u64, u64),
+}
+
 /// Recent writes, for feeds that raced with them (see the module comment).
 #[derive(Default)]
 pub(crate) struct Invalidations {
     pub(crate) sequence: u64,
-    /// (sequence, hash of (dataset, object)) of recent writes, oldest first.
-    pub(crate) recent: VecDeque<(u64, u64)>,
+    /// Recent writes, oldest first.
+    pub(crate) recent: VecDeque<Invalidation>,
 }
 
-/// Logs a write to an object for feeds in flight (see `feed_l2arc`).
-fn note_invalidation(invalidations: &mut Invalidations, handle: &ObjectHandle) {
+/// Logs a write to records `first..=last` of an object for feeds in flight
+/// (see `feed_l2arc`), and publishes the new sequence.
+fn note_invalidation(
+    invalidations: &mut Invalidations,
+    published: &AtomicU64,
+    handle: &ObjectHandle,
+    records: (u64, u64),
+) {
     let object_hash = hash_one(&(handle.dataset_id.0, handle.state.id));
     invalidations.sequence += 1;
     let sequence = invalidations.sequence;
     if invalidations.recent.len() == INVALIDATIONS_KEPT {
         invalidations.recent.pop_front();
     }
-    invalidations.recent.push_back((sequence, object_hash));
+    invalidations.recent.push_back(Invalidation {
+        sequence,
+        object_hash,
+        records,
+    });
+    published.store(sequence, Ordering::Release);
 }
 
 /// The L2 identity of a record: dataset uid, object, record, generation.
@@ -364,9 +386,13 @@ pub struct Cache {
     pub(crate) counters: ReadPathCounters,
     pub(crate) l2: OnceLock<Arc<L2Arc>>,
     pub(crate) invalidations: Mutex<Invalidations>,
+    /// `invalidations.sequence`, readable without the lock: a fill notes it
+    /// before it reads, so a write-back of its record can tell which writes
+    /// came after (`Record::fill_sequence`).
+    pub(crate) invalidation_sequence: AtomicU64,
     feeder_started: std::sync::atomic::AtomicBool,
     /// Wakes the feeder under eviction pressure (see `l2arc::feeder`).
-    feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
+    pub(crate) feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
     /// How read queues read flash (`l2arc_ioengine`, resolved at start),
     /// and why `auto` fell back to psync, if it did.
     ioengine: (IoEngine, Option<String>),
@@ -420,6 +446,7 @@ impl Cache {
             counters: ReadPathCounters::default(),
             l2: OnceLock::new(),
             invalidations: Mutex::new(Invalidations::default()),
+            invalidation_sequence: AtomicU64::new(0),
             feeder_started: std::sync::atomic::AtomicBool::new(false),
             feed_wake,
             ioengine,
@@ -456,6 +483,10 @@ impl Cache {
                 expected_records.min(1 << 20),
             ))
         });
+        self.arc
+            .set_eviction_sink(Box::new(crate::l2arc::writeback::CacheEvictionSink(
+                Arc::downgrade(self),
+            )));
         let added = l2.add_device(io)?;
         if !self.feeder_started.swap(true, Ordering::SeqCst) {
             let weak = Arc::downgrade(self);
@@ -728,7 +759,9 @@ impl Cache {
                     // Filled under another generation: look again.
                 }
                 Lookup::Claimed(claim) => {
-                    return self.publish_fill(claim, self.fill_record(handle, index, token), token);
+                    let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
+                    let result = self.fill_record(handle, index, token);
+                    return self.publish_fill(claim, result, token, fill_sequence);
                 }
             }
         }
@@ -741,12 +774,14 @@ impl Cache {
         claim: crate::arc::live::FillClaim<'_>,
         result: io::Result<AlignedBuf>,
         token: u64,
+        fill_sequence: u64,
     ) -> io::Result<Arc<Record>> {
         match result {
             Ok(data) => {
                 let record = Arc::new(Record {
                     data,
                     generation_token: token,
+                    fill_sequence,
                 });
                 claim.complete(Ok(Arc::clone(&record)));
                 if self.l2.get().is_some_and(|l2| l2.config().l2arc_feed_again) {
@@ -925,7 +960,16 @@ impl Cache {
             // either indexed its copies before (and they are dropped here) or
             // sees this write and indexes none of this object's records.
             let mut invalidations = self.invalidations.lock().expect("invalidations poisoned");
-            note_invalidation(&mut invalidations, handle);
+            let dropped = (
+                old_last.unwrap_or(first).min(first),
+                last.max(old_last.unwrap_or(last)),
+            );
+            note_invalidation(
+                &mut invalidations,
+                &self.invalidation_sequence,
+                handle,
+                dropped,
+            );
             for record in old_last.into_iter().chain(first..=last) {
                 self.drop_record(handle, record, token);
             }
@@ -963,6 +1007,7 @@ impl Cache {
         let c = &self.counters;
         CacheStats {
             arc: self.arc.stats(),
+            ioengine_uring: self.ioengine() == IoEngine::IoUring,
             arc_max: self.arc.config().arc_max_bytes,
             reads: c.reads.get(),
             read_bytes: c.read_bytes.get(),

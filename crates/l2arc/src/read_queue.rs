@@ -36,6 +36,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
@@ -84,6 +85,7 @@ struct Op<'c> {
     request: u32,
     slot: u32,
     token: u64,
+    fill_sequence: u64,
     claim: FillClaim<'c>,
     pending: PendingRead,
 }
@@ -271,6 +273,7 @@ impl<'c> ReadQueue<'c> {
                 request.slots[slot as usize] = RecordSlot::Parked(fill);
             }
             Lookup::Claimed(claim) => {
+                let fill_sequence = self.cache.invalidation_sequence.load(Ordering::Acquire);
                 let handle = request.handle.clone();
                 let recordsize = handle.recordsize_bytes();
                 if self.ring.is_some()
@@ -278,7 +281,7 @@ impl<'c> ReadQueue<'c> {
                     && let Some(pending) = l2.begin_read(key_hash, recordsize)
                 {
                     if pending.device_io().ring_fd().is_some() {
-                        return self.start_op(index, slot, token, claim, pending);
+                        return self.start_op(index, slot, (token, fill_sequence), claim, pending);
                     }
                     // A device the ring cannot read: finish it here.
                     let mut pending = pending;
@@ -290,7 +293,7 @@ impl<'c> ReadQueue<'c> {
                         Some(data) => Ok(data),
                         None => self.cache.read_primary(&handle, record),
                     };
-                    let record = self.cache.publish_fill(claim, result, token);
+                    let record = self.cache.publish_fill(claim, result, token, fill_sequence);
                     self.deliver(index, slot, record);
                     return Ok(());
                 }
@@ -300,7 +303,7 @@ impl<'c> ReadQueue<'c> {
                 } else {
                     self.cache.fill_record(&handle, record, token)
                 };
-                let record = self.cache.publish_fill(claim, result, token);
+                let record = self.cache.publish_fill(claim, result, token, fill_sequence);
                 self.deliver(index, slot, record);
             }
         }
@@ -311,7 +314,7 @@ impl<'c> ReadQueue<'c> {
         &mut self,
         index: u32,
         slot: u32,
-        token: u64,
+        (token, fill_sequence): (u64, u64),
         claim: FillClaim<'c>,
         mut pending: PendingRead,
     ) -> io::Result<()> {
@@ -342,7 +345,7 @@ impl<'c> ReadQueue<'c> {
             let handle = request.handle.clone();
             let record = request.first_record + u64::from(slot);
             let result = self.cache.read_primary(&handle, record);
-            let record = self.cache.publish_fill(claim, result, token);
+            let record = self.cache.publish_fill(claim, result, token, fill_sequence);
             self.deliver(index, slot, record);
             return Ok(());
         }
@@ -350,6 +353,7 @@ impl<'c> ReadQueue<'c> {
             request: index,
             slot,
             token,
+            fill_sequence,
             claim,
             pending,
         });
@@ -457,6 +461,7 @@ impl<'c> ReadQueue<'c> {
             request: index,
             slot,
             token,
+            fill_sequence,
             claim,
             mut pending,
         } = op;
@@ -496,7 +501,7 @@ impl<'c> ReadQueue<'c> {
             // Any failure on flash is a miss: primary storage has it.
             None => self.cache.read_primary(&handle, record),
         };
-        let record = self.cache.publish_fill(claim, result, token);
+        let record = self.cache.publish_fill(claim, result, token, fill_sequence);
         self.deliver(index, slot, record);
         self.finish_if_resolved(index);
     }

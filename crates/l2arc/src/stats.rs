@@ -32,6 +32,8 @@ pub(crate) struct ReadPathCounters {
 #[derive(Clone, Debug)]
 pub struct CacheStats {
     pub arc: ArcStats,
+    /// Read queues read flash through io_uring (else psync).
+    pub ioengine_uring: bool,
     pub arc_max: u64,
     pub reads: u64,
     pub read_bytes: u64,
@@ -56,6 +58,7 @@ impl CacheStats {
             ("primary_reads", self.primary_reads),
             ("primary_read_bytes", self.primary_read_bytes),
             ("primary_errors", self.primary_errors),
+            ("l2_ioengine_uring", u64::from(self.ioengine_uring)),
         ]);
         if let Some(l2) = &self.l2 {
             all.extend(l2.kstats.iter().copied());

@@ -1,7 +1,9 @@
 //! The feeder keeps pace with eviction: with its timer out of the way
 //! (an hour), a reader that turns the ARC over still gets its records onto
-//! flash, because the ARC's intake wakes the feeder (`l2arc_feed_again`);
-//! with that off, nothing is fed until the timer.
+//! flash, because the ARC's intake wakes the feeder (`l2arc_feed_again`)
+//! and because evicted records are handed to it (the write-back queue);
+//! with both off, nothing is fed until the timer. Evictions are counted
+//! under ZFS's `evict_l2_*` names.
 
 mod l2arc_util;
 
@@ -16,7 +18,30 @@ fn timer_off(feed_again: bool) -> L2ArcConfig {
         l2arc_feed_secs: 3600.0,
         l2arc_feed_min_ms: 3_600_000,
         l2arc_feed_again: feed_again,
+        // The intake wake alone: the write-back has tests of its own.
+        l2arc_writeback_max_bytes: 0,
         ..L2ArcConfig::default()
+    }
+}
+
+/// Timer off, intake wake off: only the write-back feeds.
+fn write_back_only(writeback_max_bytes: u64) -> L2ArcConfig {
+    L2ArcConfig {
+        l2arc_feed_secs: 3600.0,
+        l2arc_feed_min_ms: 3_600_000,
+        l2arc_feed_again: false,
+        l2arc_writeback_max_bytes: writeback_max_bytes,
+        ..L2ArcConfig::default()
+    }
+}
+
+/// Feeds until the write-back queue is empty (what is left below the
+/// wake threshold would otherwise wait for the timer).
+fn drain_write_back(cache: &l2arc::Cache) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l2(cache).get("l2_writeback_size") > 0 {
+        assert!(Instant::now() < deadline, "the write-back never drained");
+        cache.feed_l2arc();
     }
 }
 
@@ -65,4 +90,150 @@ fn without_feed_again_the_timer_alone_feeds() {
     let (wakeups, size, _) = turn_over(false);
     assert_eq!(wakeups, 0);
     assert_eq!(size, 0, "fed without the timer or the intake");
+}
+
+/// One pass over a file six times the ARC, the feeder's timer and intake
+/// wake off: every record the ARC lets go is queued and written, the second
+/// pass is served from flash, and the evictions are counted as ZFS counts
+/// them (eligible, by list; cached on the second pass; none skipped).
+#[test]
+fn evicted_records_reach_flash_through_the_write_back() {
+    let mut world = World::new();
+    let data = world.add_file("f", 6 << 20, 17);
+    let (cache, ds) = new_cache(&world.src, Compression::Off, write_back_only(32 << 20));
+    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    check_all(&cache, &f, &data, "first pass");
+    // A quarter of a batch queued (4 MiB of the ~5 MiB evicted) wakes it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l2(&cache).get("l2_feed_wakeups") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the write-back never woke the feeder"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drain_write_back(&cache);
+    let first = l2(&cache);
+    let eligible = first.get("evict_l2_eligible");
+    // 96 records through a 16-record ARC: at least 80 evicted.
+    assert!(eligible >= 80 * RS as u64, "{first:?}");
+    assert_eq!(first.get("evict_l2_queued"), eligible, "{first:?}");
+    assert_eq!(first.get("evict_l2_skip"), 0, "{first:?}");
+    assert_eq!(first.get("evict_l2_ineligible"), 0, "{first:?}");
+    assert_eq!(
+        first.get("evict_l2_eligible_mru") + first.get("evict_l2_eligible_mfu"),
+        eligible
+    );
+    assert!(first.get("evict_l2_eligible_mru") > 0);
+    assert_eq!(first.get("evict_l2_cached"), 0, "nothing was on flash yet");
+    assert!(first.get("l2_size") >= eligible, "{first:?}");
+
+    let before = cache.stats();
+    check_all(&cache, &f, &data, "second pass");
+    let after = cache.stats();
+    let l2_hits =
+        after.l2.as_ref().unwrap().get("l2_hits") - before.l2.as_ref().unwrap().get("l2_hits");
+    let misses = after.arc.misses - before.arc.misses;
+    assert!(
+        l2_hits * 100 >= misses * 95,
+        "second pass: {l2_hits} L2 hits for {misses} ARC misses"
+    );
+    assert!(after.l2.as_ref().unwrap().get("evict_l2_cached") >= 64 * RS as u64);
+    drop(f);
+    shutdown(cache);
+}
+
+/// Evictions that may not go to flash are `evict_l2_ineligible`
+/// (`secondarycache=none`, prefetched records under `l2arc_noprefetch`);
+/// eligible ones with no device to take them are `evict_l2_skip`.
+#[test]
+fn ineligible_and_skipped_evictions_are_counted() {
+    let mut world = World::new();
+    let data = world.add_file("f", 4 << 20, 18);
+    let (cache, ds) = new_cache(&world.src, Compression::Off, write_back_only(32 << 20));
+    let none = cache
+        .add_dataset(
+            "no-l2",
+            std::sync::Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap()),
+            l2arc::DatasetConfig {
+                recordsize_bytes: RS as u32,
+                secondarycache: l2arc::CacheMode::None,
+                ..l2arc::DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    let (slot, _) = add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let g = cache.open(none, "f", false).unwrap();
+    check_all(&cache, &g, &data, "secondarycache=none");
+    let stats = l2(&cache);
+    assert!(
+        stats.get("evict_l2_ineligible") >= 48 * RS as u64,
+        "{stats:?}"
+    );
+    assert_eq!(stats.get("evict_l2_eligible"), 0, "{stats:?}");
+    // Read ahead only, then pushed out: not for flash either.
+    let f = cache.open(ds, "f", false).unwrap();
+    let ineligible = stats.get("evict_l2_ineligible");
+    // Record by record: a view of them all would hold every record at once.
+    for index in 0..records(&data) {
+        cache.prefetch(&f, (index * RS) as u64, RS).unwrap();
+    }
+    let stats = l2(&cache);
+    assert!(
+        stats.get("evict_l2_ineligible") >= ineligible + 48 * RS as u64,
+        "{stats:?}"
+    );
+    assert_eq!(stats.get("evict_l2_eligible"), 0, "{stats:?}");
+    // No device takes writes: eligible evictions are skipped, not queued.
+    drain_write_back(&cache);
+    cache.remove_cache_device(slot).unwrap();
+    check_all(&cache, &f, &data, "no device");
+    let stats = l2(&cache);
+    assert!(
+        stats.get("evict_l2_eligible") >= 48 * RS as u64,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.get("evict_l2_skip"),
+        stats.get("evict_l2_eligible"),
+        "{stats:?}"
+    );
+    assert_eq!(stats.get("evict_l2_queued"), 0, "{stats:?}");
+    drop((f, g));
+    shutdown(cache);
+}
+
+/// A record evicted to the write-back queue, then rewritten through the
+/// cache before the feeder writes it: the feed leaves the old copy out of
+/// the index (the write came after the bytes were read), so a later read
+/// gets the new bytes, never the queued old ones.
+#[test]
+fn a_write_after_eviction_keeps_the_queued_old_copy_off_flash() {
+    let mut world = World::new();
+    let data = world.add_file("f", 2 << 20, 19);
+    // The queue wakes the feeder at a quarter of 64 MiB: never, here.
+    let (cache, ds) = new_cache(&world.src, Compression::Off, write_back_only(64 << 20));
+    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", true).unwrap();
+    check_all(&cache, &f, &data, "first pass");
+    let queued = l2(&cache).get("l2_writeback_size");
+    assert!(
+        queued >= 16 * RS as u64,
+        "record 0 and others are queued: {queued}"
+    );
+    let new = vec![0x5au8; RS];
+    cache.write(&f, 0, &new).unwrap();
+    while cache.feed_l2arc().records > 0 {}
+    assert_eq!(l2(&cache).get("l2_writeback_size"), 0);
+    // Push record 0 (just written, so in no tier) and the rest out of the
+    // ARC, then read record 0 back: primary's new bytes.
+    let mut expected = data.clone();
+    expected[..RS].copy_from_slice(&new);
+    for index in 1..records(&data) {
+        check_record(&cache, &f, &expected, index, "after the write");
+    }
+    check_record(&cache, &f, &expected, 0, "the rewritten record");
+    drop(f);
+    shutdown(cache);
 }

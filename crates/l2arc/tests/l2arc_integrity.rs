@@ -611,6 +611,22 @@ fn versioned_record(record: u64, version: u64) -> Vec<u8> {
 /// record returns exactly the last version written.
 #[test]
 fn concurrent_writes_and_feeds_never_resurrect_old_bytes() {
+    writes_racing_feeds(quiet_l2());
+}
+
+/// The same with the write-back on (evicted records queued for the
+/// background feeder, woken by the queue): a record read before a write
+/// and evicted around it must never reach the index.
+#[test]
+fn concurrent_writes_and_write_back_never_resurrect_old_bytes() {
+    writes_racing_feeds(l2arc::l2arc::L2ArcConfig {
+        l2arc_writeback_max_bytes: 2 << 20,
+        ..quiet_l2()
+    });
+}
+
+fn writes_racing_feeds(l2_config: l2arc::l2arc::L2ArcConfig) {
+    let write_back = l2_config.l2arc_writeback_max_bytes > 0;
     const N: u64 = 40;
     let mut world = World::new();
     let mut initial = Vec::new();
@@ -619,7 +635,7 @@ fn concurrent_writes_and_feeds_never_resurrect_old_bytes() {
     }
     std::fs::write(world.src.join("v"), &initial).unwrap();
     let device = world.device_path("cache.dev");
-    let (cache, ds) = new_cache(&world.src, Compression::Lz4, quiet_l2());
+    let (cache, ds) = new_cache(&world.src, Compression::Lz4, l2_config);
     add_path(&cache, &device, Some(DEVICE_BYTES)).unwrap();
     let f = cache.open(ds, "v", true).unwrap();
     fill(&cache, &f, &initial);
@@ -724,6 +740,12 @@ fn concurrent_writes_and_feeds_never_resurrect_old_bytes() {
     assert!(exact.load(Ordering::Relaxed) > 50);
     assert!(stats.get("l2_hits") > 0);
     assert_eq!(stats.get("l2_cksum_bad"), 0);
+    if write_back {
+        assert!(
+            stats.get("evict_l2_queued") > 0,
+            "the write-back was never used: {stats:?}"
+        );
+    }
     assert_eq!(std::fs::read(world.src.join("v")).unwrap(), expected);
     world.files.clear();
     drop(f);

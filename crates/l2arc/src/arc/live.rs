@@ -48,6 +48,10 @@ pub struct Record {
     /// Token of the object generation the bytes were read under; a reader
     /// whose object now has another token must not use them.
     pub generation_token: u64,
+    /// The cache's invalidation sequence just before the bytes were read:
+    /// a write logged after it may have changed them (the L2ARC's
+    /// write-back checks this before it indexes the record).
+    pub fill_sequence: u64,
 }
 
 impl Record {
@@ -266,9 +270,20 @@ struct Shard {
 #[repr(align(128))]
 struct PaddedShard(Mutex<Shard>);
 
+/// Takes the records the ARC lets go (the L2ARC's write-back): called with
+/// each batch of evictions outside the shard's lock.
+pub trait EvictionSink: Send + Sync {
+    fn evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>);
+}
+
+/// Evictions of one insert, moved out of the shard to be handed over (and
+/// their buffers freed) after its lock is released.
+type EvictedBatch = smallvec::SmallVec<[Evicted<RecordKey, Arc<Record>>; 4]>;
+
 pub struct LiveArc {
     shards: Box<[PaddedShard]>,
     config: ArcConfig,
+    sink: std::sync::OnceLock<Box<dyn EvictionSink>>,
 }
 
 impl LiveArc {
@@ -290,7 +305,16 @@ impl LiveArc {
                 }))
             })
             .collect();
-        Self { shards, config }
+        Self {
+            shards,
+            config,
+            sink: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sets where evicted records go (once; later calls are ignored).
+    pub fn set_eviction_sink(&self, sink: Box<dyn EvictionSink>) {
+        let _ = self.sink.set(sink);
     }
 
     pub fn config(&self) -> ArcConfig {
@@ -365,6 +389,7 @@ impl LiveArc {
         fill: &Arc<Fill>,
         result: FillResult,
     ) {
+        let mut evicted = EvictedBatch::new();
         {
             let mut guard = self.shard(&key);
             let shard = &mut *guard;
@@ -396,13 +421,19 @@ impl LiveArc {
                     }
                     InsertOutcome::TooLarge => stats.insert_no_room += 1,
                 }
-                for evicted in shard.evicted.drain(..) {
-                    match evicted.from {
+                for record in shard.evicted.drain(..) {
+                    match record.from {
                         ListId::Mfu => stats.evicted_mfu += 1,
                         _ => stats.evicted_mru += 1,
                     }
+                    evicted.push(record);
                 }
             }
+        }
+        if !evicted.is_empty()
+            && let Some(sink) = self.sink.get()
+        {
+            sink.evicted(&mut evicted.drain(..));
         }
         // A waiter registers under the lock before it sleeps, so one that
         // is not counted here will find the result when it takes the lock.
@@ -494,6 +525,7 @@ mod tests {
         Arc::new(Record {
             data,
             generation_token: token,
+            fill_sequence: 0,
         })
     }
 

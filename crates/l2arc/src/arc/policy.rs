@@ -118,6 +118,8 @@ pub struct Evicted<K, V> {
     pub size_bytes: u64,
     /// The list it was evicted from (MRU or MFU).
     pub from: ListId,
+    /// It had been brought in by prefetch and never demanded.
+    pub prefetched: bool,
 }
 
 struct Entry<K, V> {
@@ -507,6 +509,7 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
             value,
             size_bytes: entry.size_bytes,
             from,
+            prefetched: entry.prefetched,
         });
         if to_ghost {
             let ghost = if from == ListId::Mru {

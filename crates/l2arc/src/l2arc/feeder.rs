@@ -37,7 +37,7 @@ use super::format::Compression;
 use crate::arc::live::RecordKey;
 use crate::arc::policy::ListId;
 use crate::hash::{FastBuildHasher, hash_one};
-use crate::read_path::{Cache, CacheMode, Dataset, FeedOutcome, l2_key_hash};
+use crate::read_path::{Cache, CacheMode, Dataset, FeedOutcome, Invalidation, l2_key_hash};
 
 /// Wakes the feeder early when the ARC has taken in enough new bytes that
 /// its cold end is moving toward records not yet on flash.
@@ -70,6 +70,12 @@ impl FeedWake {
         }
     }
 
+    /// Wakes the feeder at once (the write-back queue has work).
+    pub(crate) fn wake_now(&self) {
+        *self.woken.lock().expect("feed wake poisoned") = true;
+        self.wake.notify_one();
+    }
+
     /// Waits `pause` at most, less if woken; then starts counting anew.
     /// True if it was woken by eviction pressure.
     fn wait(&self, pause: Duration) -> bool {
@@ -89,46 +95,79 @@ impl FeedWake {
 }
 
 /// A record chosen for the next batch: its L2 identity, its ARC key (for
-/// the stale-write check) and its bytes, copied out of the ARC.
+/// the stale-write check) and its bytes: copied out of the ARC, or the
+/// evicted record's own buffer from the write-back queue.
 struct Selected {
     key_hash: u64,
     key: RecordKey,
-    data: Vec<u8>,
+    data: SelectedBytes,
     compression: Compression,
 }
 
-/// Leaves out of the index the records of objects written since the feed
-/// began (see the module comment and [`WriteGate`] for the lock order).
+enum SelectedBytes {
+    Copied(Vec<u8>),
+    Evicted(Arc<crate::arc::live::Record>),
+}
+
+impl SelectedBytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            SelectedBytes::Copied(bytes) => bytes,
+            SelectedBytes::Evicted(record) => &record.data,
+        }
+    }
+}
+
+/// Leaves out of the index the records that a write may have changed since
+/// their bytes were taken (see the module comment and [`WriteGate`] for the
+/// lock order): for a record copied from the ARC, writes since the feed
+/// began; for an evicted record from the write-back queue, writes since it
+/// was read (`Record::fill_sequence`).
 struct StaleWriteGate<'a> {
     cache: &'a Cache,
-    /// Invalidation sequence when the feed chose its records.
-    start_sequence: u64,
     keys: &'a [RecordKey],
+    /// Per record: the invalidation sequence its bytes are known good at.
+    since: &'a [u64],
 }
 
 impl WriteGate for StaleWriteGate<'_> {
     fn admit(&mut self, records: usize, index: &mut dyn FnMut(&[bool])) {
-        assert!(records <= self.keys.len());
+        assert!(records <= self.keys.len() && self.keys.len() == self.since.len());
         let invalidations = self
             .cache
             .invalidations
             .lock()
             .expect("invalidations poisoned");
-        // The log is bounded: if it no longer reaches back to our start,
-        // any record may have been written; index none of them.
-        let lost_track = invalidations
-            .recent
-            .front()
-            .is_some_and(|&(sequence, _)| sequence > self.start_sequence + 1);
-        let written: std::collections::HashSet<u64, FastBuildHasher> = invalidations
+        // The log is bounded: a record older than its oldest entry may have
+        // been written without a trace; index none of those.
+        let oldest_logged = invalidations.recent.front().map(|i| i.sequence);
+        let since_min = self.since[..records].iter().copied().min().unwrap_or(0);
+        let mut written: std::collections::HashMap<u64, Vec<Invalidation>, FastBuildHasher> =
+            std::collections::HashMap::default();
+        for invalidation in invalidations
             .recent
             .iter()
-            .filter(|&&(sequence, _)| sequence > self.start_sequence)
-            .map(|&(_, object_hash)| object_hash)
-            .collect();
+            .filter(|i| i.sequence > since_min)
+        {
+            written
+                .entry(invalidation.object_hash)
+                .or_default()
+                .push(*invalidation);
+        }
         let keep: Vec<bool> = self.keys[..records]
             .iter()
-            .map(|key| !(lost_track || written.contains(&hash_one(&(key.dataset, key.object)))))
+            .zip(self.since)
+            .map(|(key, &since)| {
+                let lost_track = oldest_logged.is_some_and(|oldest| oldest > since + 1);
+                let touched = written
+                    .get(&hash_one(&(key.dataset, key.object)))
+                    .is_some_and(|list| {
+                        list.iter().any(|i| {
+                            i.sequence > since && (i.records.0..=i.records.1).contains(&key.record)
+                        })
+                    });
+                !(lost_track || touched)
+            })
             .collect();
         index(&keep);
     }
@@ -151,20 +190,30 @@ impl Cache {
             .expect("invalidations poisoned")
             .sequence;
         let selected = self.select_for_feed(budget_bytes);
-        let batch_bytes: u64 = selected.iter().map(|s| s.data.len() as u64).sum();
+        let since: Vec<u64> = selected
+            .iter()
+            .map(|s| match &s.data {
+                SelectedBytes::Copied(_) => start_sequence,
+                SelectedBytes::Evicted(record) => record.fill_sequence,
+            })
+            .collect();
+        let batch_bytes: u64 = selected
+            .iter()
+            .map(|s| s.data.as_slice().len() as u64)
+            .sum();
         let batch: Vec<FeedRecord<'_>> = selected
             .iter()
             .map(|s| FeedRecord {
                 key_hash: s.key_hash,
-                data: &s.data,
+                data: s.data.as_slice(),
                 compression: s.compression,
             })
             .collect();
         let keys: Vec<RecordKey> = selected.iter().map(|s| s.key).collect();
         let mut gate = StaleWriteGate {
             cache: self,
-            start_sequence,
             keys: &keys,
+            since: &since,
         };
         let (bytes, records) = match l2.write_batch_gated(&batch, &mut gate) {
             Ok(written) => written,
@@ -178,11 +227,37 @@ impl Cache {
         }
     }
 
-    /// The eligible records at the ARC's cold ends, up to `budget_bytes`,
-    /// copied out so that the ARC may evict them while the batch is written.
+    /// Evicted records from the write-back queue first (oldest first),
+    /// then the eligible records at the ARC's cold ends, up to
+    /// `budget_bytes`; the latter copied out so that the ARC may evict them
+    /// while the batch is written.
     fn select_for_feed(&self, budget_bytes: u64) -> Vec<Selected> {
         let l2 = self.l2.get().expect("feeding needs an L2ARC");
         let config = l2.config();
+        let datasets: Vec<Arc<Dataset>> =
+            self.datasets.read().expect("dataset lock poisoned").clone();
+        let mut selected = Vec::new();
+        let mut batch_bytes = 0u64;
+        let mut queued = Vec::new();
+        l2.writeback.take(budget_bytes, &mut queued);
+        for q in queued {
+            if l2.contains(q.key_hash) {
+                continue;
+            }
+            let Some(dataset) = datasets.get(q.key.dataset as usize) else {
+                continue;
+            };
+            batch_bytes += q.record.data.len() as u64;
+            selected.push(Selected {
+                key_hash: q.key_hash,
+                key: q.key,
+                data: SelectedBytes::Evicted(q.record),
+                compression: dataset.config.compression,
+            });
+        }
+        if batch_bytes >= budget_bytes {
+            return selected;
+        }
         let scan_bytes = budget_bytes.saturating_mul(u64::from(config.l2arc_headroom.max(1)));
         let per_shard = scan_bytes.div_ceil(self.config.arc_shards as u64).max(1);
         let mut candidates = Vec::new();
@@ -192,10 +267,6 @@ impl Cache {
             self.arc
                 .feed_candidates(ListId::Mru, per_shard, &mut candidates);
         }
-        let datasets: Vec<Arc<Dataset>> =
-            self.datasets.read().expect("dataset lock poisoned").clone();
-        let mut selected = Vec::new();
-        let mut batch_bytes = 0u64;
         for (key, record, prefetched) in candidates {
             if (prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
                 continue;
@@ -217,7 +288,7 @@ impl Cache {
             selected.push(Selected {
                 key_hash,
                 key,
-                data: record.data.to_vec(),
+                data: SelectedBytes::Copied(record.data.to_vec()),
                 compression: dataset.config.compression,
             });
             if batch_bytes >= budget_bytes {

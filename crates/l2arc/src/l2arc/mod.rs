@@ -48,6 +48,7 @@ mod rebuild;
 pub mod ring;
 mod stats;
 mod sweep;
+pub(crate) mod writeback;
 mod writer;
 
 use cache_device::CacheDevice;
@@ -99,6 +100,9 @@ pub struct L2ArcConfig {
     pub force_init_foreign: bool,
     /// How read queues read cache devices: io_uring, psync, or auto.
     pub l2arc_ioengine: IoEngine,
+    /// Most bytes of evicted records held for the feeder (`writeback`):
+    /// DRAM beyond `arc_max`; 0 turns the write-back off.
+    pub l2arc_writeback_max_bytes: u64,
 }
 
 impl Default for L2ArcConfig {
@@ -115,6 +119,7 @@ impl Default for L2ArcConfig {
             l2arc_dwpd: 0.0,
             force_init_foreign: false,
             l2arc_ioengine: IoEngine::Auto,
+            l2arc_writeback_max_bytes: 2 * BATCH_BYTES_MAX,
         }
     }
 }
@@ -133,6 +138,9 @@ pub struct L2Arc {
     /// Endurance budget: bytes the feeder may still write (refilled with time).
     budget_bytes: Mutex<(f64, std::time::Instant)>,
     stopping: AtomicBool,
+    /// Evicted records waiting for the feeder, and how evictions went.
+    writeback: writeback::WriteBack,
+    evict_counters: writeback::EvictCounters,
 }
 
 /// Seed for random guids: time, pid and an address, mixed.
@@ -150,7 +158,6 @@ impl L2Arc {
     /// An L2ARC with no devices yet; `expected_records` pre-sizes the index.
     pub fn new(config: L2ArcConfig, expected_records: usize) -> Self {
         Self {
-            config,
             cache_guid: random_u128(),
             devices: RwLock::new(Vec::new()),
             index: L2Index::new(64, expected_records),
@@ -160,6 +167,13 @@ impl L2Arc {
             feed_wakeups: AtomicU64::new(0),
             budget_bytes: Mutex::new((0.0, std::time::Instant::now())),
             stopping: AtomicBool::new(false),
+            writeback: writeback::WriteBack::new(
+                config.l2arc_writeback_max_bytes,
+                // Wake the feeder at a quarter of a batch (or of the queue).
+                (BATCH_BYTES_MAX / 4).min(config.l2arc_writeback_max_bytes / 4),
+            ),
+            evict_counters: writeback::EvictCounters::default(),
+            config,
         }
     }
 
@@ -175,6 +189,12 @@ impl L2Arc {
     fn all_devices(&self) -> Vec<Arc<CacheDevice>> {
         let devices = self.devices.read().expect("device list poisoned");
         devices.iter().flatten().cloned().collect()
+    }
+
+    /// Whether any device takes writes now (online).
+    pub(crate) fn takes_writes(&self) -> bool {
+        let devices = self.devices.read().expect("device list poisoned");
+        devices.iter().flatten().any(|d| d.is_online())
     }
 
     /// Number of records indexed.

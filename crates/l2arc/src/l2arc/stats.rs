@@ -114,7 +114,9 @@ impl L2Arc {
             ("l2_hdr_size", self.index.memory_bytes() as u64),
             ("l2_devices", devices.len() as u64),
             ("l2_feed_wakeups", self.feed_wakeups.load(Ordering::Relaxed)),
+            ("l2_writeback_size", self.writeback.held_bytes()),
         ];
+        kstats.extend(self.evict_counters.kstats());
         kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));
         L2Stats { kstats, devices }
     }

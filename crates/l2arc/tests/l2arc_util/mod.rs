@@ -72,6 +72,8 @@ pub fn quiet_l2() -> L2ArcConfig {
         l2arc_feed_secs: 3600.0,
         l2arc_feed_min_ms: 3_600_000,
         l2arc_feed_again: false,
+        // Evictions would wake the feeder too: the tests feed themselves.
+        l2arc_writeback_max_bytes: 0,
         l2arc_ioengine: test_ioengine(),
         ..L2ArcConfig::default()
     }

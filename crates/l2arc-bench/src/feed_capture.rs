@@ -1,0 +1,262 @@
+//! How much of what the ARC lets go reaches flash: an image read whole
+//! four times in a row through a small ARC.
+//!
+//! The image is in the page cache, so primary reads are fast and the ARC
+//! (an eighth of the image) turns over far faster than any timer-driven
+//! feeder wakes: the worst case for an L2ARC that copies from the ARC's cold
+//! ends, and the common case of a sequential re-read. Each pass reads the
+//! image from 4 threads in 1 MiB chunks (nbdcopy's shape). Three feeders,
+//! each on a fresh cache and cache file, side by side:
+//!
+//! - `write-back`: evicted records are handed to the feeder (the default);
+//! - `intake wake`: the feeder is woken by the ARC's intake, no write-back;
+//! - `timer`: neither (OpenZFS's feeder: it wakes on its timer alone).
+//!
+//! Reported per pass: the L2 hit ratio of the ARC's misses (the goal: 90%
+//! on the second pass), `l2_size` after the pass, and the `evict_l2_*`
+//! counters of the pass, with the capture ratio `evict_l2_queued /
+//! evict_l2_eligible` (the goal: 95%).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use l2arc::l2arc::L2ArcConfig;
+use l2arc::l2arc::format::Compression;
+use l2arc::primary::Primary;
+use l2arc::primary::image::ImagePrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig};
+use serde::Serialize;
+
+use super::BenchArgs;
+
+const PASSES: usize = 4;
+const READERS: usize = 4;
+const CHUNK_BYTES: u64 = 1 << 20;
+
+#[derive(Serialize)]
+struct Pass {
+    pass: usize,
+    secs: f64,
+    l2_hit_ratio: f64,
+    l2_size_bytes: u64,
+    evict_l2_eligible: u64,
+    evict_l2_queued: u64,
+    evict_l2_skip: u64,
+    evict_l2_cached: u64,
+    evict_l2_ineligible: u64,
+    capture_ratio: f64,
+    primary_reads: u64,
+}
+
+#[derive(Serialize)]
+struct Feeder {
+    name: &'static str,
+    passes: Vec<Pass>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    image_bytes: u64,
+    arc_max_bytes: u64,
+    cache_file_bytes: u64,
+    recordsize_bytes: u64,
+    feeders: Vec<Feeder>,
+    load_average: String,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let temp;
+    let dir = match &args.data {
+        Some(dir) => dir.clone(),
+        None => {
+            temp = tempfile::tempdir().context("cannot make a temporary directory")?;
+            temp.path().to_path_buf()
+        }
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let image_bytes = args.dataset_size / CHUNK_BYTES * CHUNK_BYTES;
+    if image_bytes < 16 * CHUNK_BYTES {
+        bail!("--dataset-size must be at least 16 MiB for --scenario feed-capture");
+    }
+    let image = dir.join("feed-capture.img");
+    write_random_image(&image, image_bytes, args.seed)?;
+    let arc_max_bytes = image_bytes / 8;
+    let cache_file_bytes = image_bytes * 2;
+    let recordsize_bytes = 64 << 10;
+    let feeders = [
+        ("write-back", true, true),
+        ("intake wake", false, true),
+        ("timer", false, false),
+    ];
+    let mut report = Report {
+        image_bytes,
+        arc_max_bytes,
+        cache_file_bytes,
+        recordsize_bytes,
+        feeders: Vec::new(),
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    };
+    for (name, write_back, feed_again) in feeders {
+        let cache_path = dir.join("feed-capture-cache.img");
+        let _ = std::fs::remove_file(&cache_path);
+        let cache = Cache::new(CacheConfig {
+            arc_max_bytes,
+            l2arc: L2ArcConfig {
+                l2arc_feed_again: feed_again,
+                l2arc_writeback_max_bytes: if write_back {
+                    L2ArcConfig::default().l2arc_writeback_max_bytes
+                } else {
+                    0
+                },
+                l2arc_rebuild_enabled: false,
+                ..L2ArcConfig::default()
+            },
+            ..CacheConfig::default()
+        })?;
+        let primary: Arc<dyn Primary> = Arc::new(ImagePrimary::open(&image, false)?);
+        let dataset = cache.add_dataset(
+            "image",
+            primary,
+            DatasetConfig {
+                recordsize_bytes: recordsize_bytes as u32,
+                compression: Compression::Lz4,
+                ..DatasetConfig::default()
+            },
+        )?;
+        cache.add_cache_path(&cache_path, Some(cache_file_bytes))?;
+        let handle = cache.open(dataset, "", false)?;
+        let mut passes = Vec::new();
+        for pass in 1..=PASSES {
+            let before = cache.stats();
+            let started = Instant::now();
+            read_whole(&cache, &handle, image_bytes)?;
+            let secs = started.elapsed().as_secs_f64();
+            let after = cache.stats();
+            let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
+            let delta = |name| l2(&after, name) - l2(&before, name);
+            let l2_lookups = delta("l2_hits") + delta("l2_misses");
+            let eligible = delta("evict_l2_eligible");
+            passes.push(Pass {
+                pass,
+                secs,
+                l2_hit_ratio: ratio(delta("l2_hits"), l2_lookups),
+                l2_size_bytes: l2(&after, "l2_size"),
+                evict_l2_eligible: eligible,
+                evict_l2_queued: delta("evict_l2_queued"),
+                evict_l2_skip: delta("evict_l2_skip"),
+                evict_l2_cached: delta("evict_l2_cached"),
+                evict_l2_ineligible: delta("evict_l2_ineligible"),
+                capture_ratio: ratio(delta("evict_l2_queued"), eligible),
+                primary_reads: after.primary_reads - before.primary_reads,
+            });
+        }
+        report.feeders.push(Feeder { name, passes });
+        drop(handle);
+        drop(cache);
+        let _ = std::fs::remove_file(&cache_path);
+    }
+    let _ = std::fs::remove_file(&image);
+    super::emit(args.json, &report, print_report)
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// Random bytes (incompressible, as in the NBD runs this reproduces).
+fn write_random_image(path: &Path, bytes: u64, seed: u64) -> Result<()> {
+    use std::io::Write;
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+    );
+    let mut rng = super::runner::Rng::new(seed);
+    let mut chunk = vec![0u8; CHUNK_BYTES as usize];
+    for _ in 0..bytes / CHUNK_BYTES {
+        for word in chunk.chunks_exact_mut(8) {
+            word.copy_from_slice(&rng.next_u64().to_le_bytes());
+        }
+        file.write_all(&chunk)?;
+    }
+    file.flush()?;
+    Ok(())
+}
+
+/// Reads the image whole: `READERS` threads, each taking the next 1 MiB
+/// chunk, every byte read once.
+fn read_whole(cache: &Cache, handle: &l2arc::ObjectHandle, image_bytes: u64) -> Result<()> {
+    let next = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..READERS)
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    let mut buf = vec![0u8; CHUNK_BYTES as usize];
+                    loop {
+                        let offset =
+                            next.fetch_add(CHUNK_BYTES, std::sync::atomic::Ordering::Relaxed);
+                        if offset >= image_bytes {
+                            return Ok(());
+                        }
+                        let n = cache.read(handle, offset, &mut buf)?;
+                        if n as u64 != CHUNK_BYTES {
+                            bail!("short read at {offset}: {n} bytes");
+                        }
+                    }
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .try_for_each(|r| r.join().expect("reader panicked"))
+    })
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "feed capture: a {} MiB image read whole {PASSES} times ({READERS} readers, 1 MiB reads), \
+         arc_max {} MiB, cache file {} MiB, recordsize {} KiB, LZ4 (incompressible data); load {}",
+        r.image_bytes >> 20,
+        r.arc_max_bytes >> 20,
+        r.cache_file_bytes >> 20,
+        r.recordsize_bytes >> 10,
+        r.load_average
+    );
+    println!(
+        "{:<12} {:>4} {:>7} {:>8} {:>9} {:>10} {:>10} {:>9} {:>10} {:>8}",
+        "feeder",
+        "pass",
+        "secs",
+        "L2 hits",
+        "l2_size",
+        "eligible",
+        "queued",
+        "skip",
+        "cached",
+        "capture"
+    );
+    for feeder in &r.feeders {
+        for p in &feeder.passes {
+            println!(
+                "{:<12} {:>4} {:>7.2} {:>7.1}% {:>5} MiB {:>6} MiB {:>6} MiB {:>5} MiB {:>6} MiB {:>7.1}%",
+                feeder.name,
+                p.pass,
+                p.secs,
+                100.0 * p.l2_hit_ratio,
+                p.l2_size_bytes >> 20,
+                p.evict_l2_eligible >> 20,
+                p.evict_l2_queued >> 20,
+                p.evict_l2_skip >> 20,
+                p.evict_l2_cached >> 20,
+                100.0 * p.capture_ratio
+            );
+        }
+    }
+    println!(
+        "L2 hits: hits over the ARC's misses in the pass; eligible/queued/skip/cached: evict_l2_* bytes of the pass; \
+         capture: queued over eligible (what the ARC let go that the write-back kept)"
+    );
+}

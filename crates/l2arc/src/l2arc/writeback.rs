@@ -1,0 +1,202 @@
+//! Write-back of evicted records: what the ARC lets go reaches flash.
+//!
+//! Why. The feeder copies records from the ARC's cold ends, but a feed
+//! takes time (a 16 MiB batch is tens of milliseconds of copying,
+//! checksumming and writing) and an ARC that turns over faster than that
+//! evicts records between two feeds that no feed ever saw: ZFS's L2ARC loses
+//! them, which is why it warms slowly. Here an eviction of a record that is
+//! eligible for the L2ARC and not on flash yet hands the record itself (its
+//! shared buffer, no copy) to a bounded queue; the feeder writes the queue
+//! first, oldest first, and is woken as soon as a quarter of a batch waits.
+//! The records are already out of the ARC, so holding them blocks nothing.
+//!
+//! Bounds. The queue holds at most `l2arc_writeback_max` bytes of buffers
+//! (DRAM on top of `arc_max`, stated in the memory budget); past that an
+//! eligible record is skipped (`evict_l2_skip`) — the feeder is a pressure
+//! valve, never a stall, and eviction never waits for flash.
+//!
+//! Counters, in bytes, under ZFS's arcstats names: `evict_l2_cached`
+//! (evicted, already on flash), `evict_l2_eligible` (evicted, could go to
+//! flash, was not there; split `_mfu`/`_mru`), `evict_l2_ineligible`
+//! (evicted, not for flash: `secondarycache=none`, prefetch-only under
+//! `l2arc_noprefetch`, MRU under `l2arc_mfuonly`), `evict_l2_skip` (eligible
+//! but dropped: the queue was full or no device takes writes). Eligible
+//! bytes that were queued are `evict_l2_queued`; their ratio to
+//! `evict_l2_eligible` is the share of what the ARC let go that the L2ARC
+//! kept.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::arc::live::{EvictionSink, Record, RecordKey};
+use crate::arc::policy::{Evicted, ListId};
+use crate::read_path::{Cache, CacheMode, l2_key_hash};
+
+/// Eviction counters (bytes), as ZFS names them.
+#[derive(Default)]
+pub(crate) struct EvictCounters {
+    pub(crate) cached: AtomicU64,
+    pub(crate) eligible: AtomicU64,
+    pub(crate) eligible_mfu: AtomicU64,
+    pub(crate) eligible_mru: AtomicU64,
+    pub(crate) ineligible: AtomicU64,
+    pub(crate) skip: AtomicU64,
+    pub(crate) queued: AtomicU64,
+}
+
+impl EvictCounters {
+    pub(crate) fn kstats(&self) -> [(&'static str, u64); 7] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("evict_l2_cached", get(&self.cached)),
+            ("evict_l2_eligible", get(&self.eligible)),
+            ("evict_l2_eligible_mfu", get(&self.eligible_mfu)),
+            ("evict_l2_eligible_mru", get(&self.eligible_mru)),
+            ("evict_l2_ineligible", get(&self.ineligible)),
+            ("evict_l2_skip", get(&self.skip)),
+            ("evict_l2_queued", get(&self.queued)),
+        ]
+    }
+}
+
+/// An evicted record waiting for the feeder.
+pub(crate) struct Queued {
+    pub(crate) key: RecordKey,
+    pub(crate) key_hash: u64,
+    pub(crate) record: Arc<Record>,
+}
+
+/// The bounded queue of evicted records (see the module comment).
+pub(crate) struct WriteBack {
+    queue: Mutex<(VecDeque<Queued>, u64)>,
+    bytes_max: u64,
+    /// Bytes queued at which the feeder is woken.
+    wake_bytes: u64,
+}
+
+impl WriteBack {
+    pub(crate) fn new(bytes_max: u64, wake_bytes: u64) -> Self {
+        Self {
+            queue: Mutex::new((VecDeque::new(), 0)),
+            bytes_max,
+            wake_bytes: wake_bytes.max(1),
+        }
+    }
+
+    /// Queues a record if there is room; returns whether it was queued and
+    /// whether the feeder should be woken.
+    fn push(&self, queued: Queued) -> (bool, bool) {
+        let bytes = queued.record.data.len() as u64;
+        let mut guard = self.queue.lock().expect("write-back queue poisoned");
+        let (records, held_bytes) = &mut *guard;
+        if *held_bytes + bytes > self.bytes_max {
+            return (false, false);
+        }
+        let before = *held_bytes;
+        *held_bytes += bytes;
+        records.push_back(queued);
+        (
+            true,
+            before < self.wake_bytes && *held_bytes >= self.wake_bytes,
+        )
+    }
+
+    /// Takes queued records, oldest first, up to `budget_bytes` (at least
+    /// one if any is queued).
+    pub(crate) fn take(&self, budget_bytes: u64, out: &mut Vec<Queued>) {
+        let mut guard = self.queue.lock().expect("write-back queue poisoned");
+        let (records, held_bytes) = &mut *guard;
+        let mut taken = 0u64;
+        while let Some(front) = records.front() {
+            let bytes = front.record.data.len() as u64;
+            if taken > 0 && taken + bytes > budget_bytes {
+                break;
+            }
+            taken += bytes;
+            *held_bytes -= bytes;
+            out.push(records.pop_front().expect("front exists"));
+        }
+    }
+
+    /// Bytes of buffers the queue holds.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.queue.lock().expect("write-back queue poisoned").1
+    }
+}
+
+/// The ARC's eviction sink: sorts what it lets go and queues what the
+/// L2ARC should keep. Holds the cache weakly (the cache owns the ARC).
+pub(crate) struct CacheEvictionSink(pub(crate) Weak<Cache>);
+
+impl EvictionSink for CacheEvictionSink {
+    fn evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
+        if let Some(cache) = self.0.upgrade() {
+            cache.note_evicted(records);
+        }
+    }
+}
+
+impl Cache {
+    /// Sorts evicted records into ZFS's `evict_l2_*` counters and queues
+    /// the eligible ones not yet on flash for the feeder.
+    fn note_evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
+        let Some(l2) = self.l2.get() else {
+            return;
+        };
+        let config = l2.config();
+        let counters = &l2.evict_counters;
+        let datasets = self.datasets.read().expect("dataset lock poisoned");
+        let mut wake = false;
+        for evicted in records {
+            let bytes = evicted.value.data.len() as u64;
+            let Some(dataset) = datasets.get(evicted.key.dataset as usize) else {
+                continue;
+            };
+            if bytes == 0 {
+                continue;
+            }
+            let key_hash = l2_key_hash(
+                dataset.uid,
+                evicted.key.object,
+                evicted.key.record,
+                evicted.value.generation_token,
+            );
+            if l2.contains(key_hash) {
+                counters.cached.fetch_add(bytes, Ordering::Relaxed);
+                continue;
+            }
+            let eligible = dataset.config.secondarycache == CacheMode::All
+                && !(evicted.prefetched && config.l2arc_noprefetch)
+                && !(config.l2arc_mfuonly && evicted.from != ListId::Mfu);
+            if !eligible {
+                counters.ineligible.fetch_add(bytes, Ordering::Relaxed);
+                continue;
+            }
+            counters.eligible.fetch_add(bytes, Ordering::Relaxed);
+            match evicted.from {
+                ListId::Mfu => counters.eligible_mfu.fetch_add(bytes, Ordering::Relaxed),
+                _ => counters.eligible_mru.fetch_add(bytes, Ordering::Relaxed),
+            };
+            let (queued, wake_now) = if l2.takes_writes() {
+                l2.writeback.push(Queued {
+                    key: evicted.key,
+                    key_hash,
+                    record: evicted.value,
+                })
+            } else {
+                (false, false)
+            };
+            if queued {
+                counters.queued.fetch_add(bytes, Ordering::Relaxed);
+            } else {
+                counters.skip.fetch_add(bytes, Ordering::Relaxed);
+            }
+            wake |= wake_now;
+        }
+        drop(datasets);
+        if wake {
+            self.feed_wake.wake_now();
+        }
+    }
+}
