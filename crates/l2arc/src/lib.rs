@@ -5,6 +5,7 @@
 //! Layout follows the read path from the top:
 //! - [`read_path`]: [`Cache`], datasets, object handles and generations; splits
 //!   reads into records and ties the tiers together;
+//! - [`read_queue`]: many reads in flight from one thread ([`ReadQueue`]);
 //! - [`arc`]: the DRAM tier (pure policy + live sharded buffers);
 //! - [`l2arc`]: the flash tier (device format, index, feeder, rebuild);
 //! - [`primary`]: slow storage back ends (directory, image, emulated HDD);

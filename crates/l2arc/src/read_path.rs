@@ -24,6 +24,9 @@
 //!
 //! Reads past the end behave as `pread`: short at the end, empty beyond it.
 //!
+//! [`Cache::read`] blocks for each record below the ARC; a read queue
+//! (`read_queue`) keeps many in flight from one thread, under the same rules.
+//!
 //! Below the ARC sits the L2ARC (when cache devices are added): a record the
 //! ARC misses is looked up there by a hash of (dataset identity, object,
 //! record, generation token) before primary storage is read. A feeder thread
@@ -49,7 +52,11 @@
 //! 4. Leaves, each held alone and briefly: the L2ARC index shards, the ARC
 //!    shards (`LiveArc`), a fill's result slot, the L2ARC's device list
 //!    (read-locked to clone device handles out, at times under 1 and 2),
-//!    and the endurance budget.
+//!    the endurance budget, and the write-back queue of evicted records.
+//!
+//! Evictions are handed to the L2ARC's write-back (`l2arc::writeback`)
+//! after the ARC shard's lock is released: the sink takes `datasets`
+//! (read), an index shard and the write-back queue, one at a time.
 //!
 //! `Cache::datasets` (read-mostly) and `Cache::objects` (the object table)
 //! are taken alone, never around another lock. Waits are bounded:

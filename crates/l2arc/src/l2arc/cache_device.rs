@@ -199,14 +199,14 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    /// The geometry a device header implies. The largest batch is a
-    /// function of the data area alone, so it is the same after a restart.
+    /// The geometry a device header states. The largest batch is in the
+    /// header (version 2; implied by the data area in version 1), so it is
+    /// the same after a restart, whatever this build would choose today.
     pub fn of(header: &DeviceHeader) -> Geometry {
-        let data_blocks = ((header.data_end_bytes - header.data_start_bytes) / BLOCK_BYTES) as u32;
         Geometry {
             start_block: (header.data_start_bytes / BLOCK_BYTES) as u32,
             end_block: (header.data_end_bytes / BLOCK_BYTES) as u32,
-            batch_blocks_max: ((BATCH_BYTES_MAX / BLOCK_BYTES) as u32).min(data_blocks / 4),
+            batch_blocks_max: header.batch_blocks_max,
         }
     }
 

@@ -1,4 +1,4 @@
-//! The on-device format of an L2ARC cache device, version 1: pure encode and
+//! The on-device format of an L2ARC cache device, version 2 (reads 1): pure encode and
 //! decode, no I/O. The byte layout is specified in `docs/format.md`; this
 //! comment explains why it is shaped the way it is.
 //!
@@ -56,8 +56,29 @@ pub const BLOCK_BYTES: u64 = 4096;
 pub const HEADER_COPY_OFFSETS: [u64; 2] = [0, 4096];
 /// Start of the data area (version 1 requires exactly this value).
 pub const DATA_START_BYTES: u64 = 1 << 20;
-/// The format version this module reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version of the device header this module writes (it reads 1
+/// and 2: version 2 adds `batch_blocks_max`).
+pub const FORMAT_VERSION: u32 = 2;
+/// The version of log blocks (unchanged since version 1).
+pub const LOG_BLOCK_VERSION: u32 = 1;
+/// Offset of `batch_blocks_max` in a version 2 header.
+const HEADER_BATCH_BLOCKS_FIELD: usize = 104;
+
+/// The largest batch of a device laid out by this build: about 1/64 of the
+/// data area (so the window kept ahead of the write hand costs under 2% of
+/// the device), at least a 1 MiB record with its log block, at most
+/// [`BATCH_BYTES_MAX`](crate::l2arc::BATCH_BYTES_MAX), and at most a quarter
+/// of the data area.
+pub fn batch_blocks_for(data_blocks: u32) -> u32 {
+    let max = (crate::l2arc::BATCH_BYTES_MAX / BLOCK_BYTES) as u32;
+    let one_record = ((1 << 20) / BLOCK_BYTES) as u32 + 2;
+    (data_blocks / 64).max(one_record).min(max).min(data_blocks / 4).max(1)
+}
+
+/// The largest batch a version 1 header implies (it was not stored).
+pub fn legacy_batch_blocks(data_blocks: u32) -> u32 {
+    ((crate::l2arc::BATCH_BYTES_MAX / BLOCK_BYTES) as u32).min(data_blocks / 4)
+}
 /// Bytes of a device header block that are used (the rest of the 4 KiB is zero).
 pub const DEVICE_HEADER_BYTES: usize = 128;
 /// Size of a log block's fixed header.
@@ -90,7 +111,7 @@ pub enum FormatError {
     Truncated { needed: usize, got: usize },
     #[error("bad magic: not a {what} (found {found:02x?})")]
     BadMagic { what: &'static str, found: [u8; 8] },
-    #[error("unsupported format version {0} (this build reads version {FORMAT_VERSION})")]
+    #[error("unsupported format version {0} (this build reads headers of versions 1 and {FORMAT_VERSION}, log blocks of version {LOG_BLOCK_VERSION})")]
     UnsupportedVersion(u32),
     #[error("unsupported header flags {0:#x}")]
     UnsupportedFlags(u32),
@@ -435,6 +456,10 @@ pub struct DeviceHeader {
     pub hand_block: u32,
     /// How many times the hand has wrapped.
     pub lap: u32,
+    /// The largest batch the writer may write, in blocks: the window ahead
+    /// of the hand that a crash mid-batch may have torn (version 2; for a
+    /// version 1 header, [`legacy_batch_blocks`]).
+    pub batch_blocks_max: u32,
     pub newest_log: Option<LogPointer>,
 }
 
@@ -460,7 +485,8 @@ impl DeviceHeader {
         wr(out, 80, &self.hand_block.to_le_bytes());
         wr(out, 84, &self.lap.to_le_bytes());
         LogPointer::encode(self.newest_log, out, 88);
-        // 104..124: reserved, 0
+        wr(out, HEADER_BATCH_BLOCKS_FIELD, &self.batch_blocks_max.to_le_bytes());
+        // 108..124: reserved, 0
         let crc = crc32c::crc32c(&out[..CRC_FIELD]);
         wr(out, CRC_FIELD, &crc.to_le_bytes());
     }
@@ -473,7 +499,8 @@ impl DeviceHeader {
     /// `[start/4096, end/4096]`, newest log block (if any) 4 KiB aligned,
     /// nonzero multiple of 4 KiB, and inside the data area.
     pub fn decode(block: &[u8]) -> Result<DeviceHeader, FormatError> {
-        let b = checked_preamble(block, HEADER_MAGIC, "device header")?;
+        let b = checked_preamble(block, HEADER_MAGIC, "device header", &[1, FORMAT_VERSION])?;
+        let version = rd_u32(b, 8);
         let stored = rd_u32(b, CRC_FIELD);
         let computed = crc32c::crc32c(&b[..CRC_FIELD]);
         if stored != computed {
@@ -496,7 +523,18 @@ impl DeviceHeader {
             sequence: rd_u64(b, 72),
             hand_block: rd_u32(b, 80),
             lap: rd_u32(b, 84),
+            batch_blocks_max: rd_u32(b, HEADER_BATCH_BLOCKS_FIELD),
             newest_log: LogPointer::decode(b, 88, "device header newest log pointer")?,
+        };
+        let h = if version == 1 {
+            let data_blocks = (h.data_end_bytes.saturating_sub(h.data_start_bytes) / BLOCK_BYTES)
+                .min(u64::from(u32::MAX)) as u32;
+            DeviceHeader {
+                batch_blocks_max: legacy_batch_blocks(data_blocks),
+                ..h
+            }
+        } else {
+            h
         };
         h.check()?;
         Ok(h)
@@ -526,6 +564,13 @@ impl DeviceHeader {
                 "device header: hand block {hand} outside the data area [{}, {}]",
                 start / BLOCK_BYTES,
                 end / BLOCK_BYTES
+            )));
+        }
+        let data_blocks = (end - start) / BLOCK_BYTES;
+        if self.batch_blocks_max == 0 || u64::from(self.batch_blocks_max) > data_blocks / 2 {
+            return Err(inconsistent(format!(
+                "device header: batch of {} blocks does not fit twice in a data area of {data_blocks}",
+                self.batch_blocks_max
             )));
         }
         if let Some(p) = self.newest_log
@@ -594,6 +639,7 @@ fn checked_preamble<'a>(
     buf: &'a [u8],
     expected_magic: [u8; 8],
     what: &'static str,
+    versions: &[u32],
 ) -> Result<&'a [u8; 128], FormatError> {
     const _: () = assert!(DEVICE_HEADER_BYTES == 128 && LOG_BLOCK_HEADER_BYTES == 128);
     let b: &[u8; 128] = buf.first_chunk().ok_or(FormatError::Truncated {
@@ -605,7 +651,7 @@ fn checked_preamble<'a>(
         return Err(FormatError::BadMagic { what, found: magic });
     }
     let version = rd_u32(b, 8);
-    if version != FORMAT_VERSION {
+    if !versions.contains(&version) {
         return Err(FormatError::UnsupportedVersion(version));
     }
     Ok(b)
@@ -643,7 +689,7 @@ pub fn encode_log_block(header: &LogBlockHeader, entries: &[LogEntry], out: &mut
     );
     out.fill(0);
     wr(out, 0, &LOG_MAGIC);
-    wr(out, 8, &FORMAT_VERSION.to_le_bytes());
+    wr(out, 8, &LOG_BLOCK_VERSION.to_le_bytes());
     wr(out, 12, &header.entry_count.to_le_bytes());
     wr(out, 16, &header.device_guid.to_le_bytes());
     wr(out, 32, &header.sequence.to_le_bytes());
@@ -688,7 +734,7 @@ pub fn decode_log_block(
     buf: &[u8],
     expected_device_guid: u128,
 ) -> Result<(LogBlockHeader, Vec<LogEntry>), FormatError> {
-    let b = checked_preamble(buf, LOG_MAGIC, "log block")?;
+    let b = checked_preamble(buf, LOG_MAGIC, "log block", &[LOG_BLOCK_VERSION])?;
     let size_bytes = rd_u32(b, 64);
     let size = size_bytes as usize;
     if size > buf.len() {
@@ -1016,6 +1062,62 @@ mod tests {
         out
     }
 
+    #[test]
+    fn version_1_headers_still_open_with_the_batch_they_imply() {
+        let header = sample_header();
+        let mut block = [0u8; 4096];
+        header.encode(&mut block);
+        assert_eq!(DeviceHeader::decode(&block).unwrap(), header);
+        // The same header as version 1 wrote it: no batch field.
+        block[8..12].copy_from_slice(&1u32.to_le_bytes());
+        block[HEADER_BATCH_BLOCKS_FIELD..HEADER_BATCH_BLOCKS_FIELD + 4].fill(0);
+        let crc = crc32c::crc32c(&block[..CRC_FIELD]);
+        block[CRC_FIELD..CRC_FIELD + 4].copy_from_slice(&crc.to_le_bytes());
+        let old = DeviceHeader::decode(&block).unwrap();
+        let data_blocks = ((old.data_end_bytes - old.data_start_bytes) / BLOCK_BYTES) as u32;
+        assert_eq!(old.batch_blocks_max, legacy_batch_blocks(data_blocks));
+        assert_eq!(old.batch_blocks_max, 4032, "a quarter of 63 MiB, as version 1 laid it out");
+        assert_eq!(
+            DeviceHeader {
+                batch_blocks_max: header.batch_blocks_max,
+                ..old
+            },
+            header
+        );
+        // Version 3 is refused, and so is a batch that does not fit.
+        block[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert!(matches!(
+            DeviceHeader::decode(&block),
+            Err(FormatError::UnsupportedVersion(3))
+        ));
+        for batch in [0, (63 << 20) / 4096] {
+            let mut bad = [0u8; 4096];
+            DeviceHeader {
+                batch_blocks_max: batch,
+                ..header.clone()
+            }
+            .encode(&mut bad);
+            assert!(DeviceHeader::decode(&bad).is_err(), "batch {batch}");
+        }
+    }
+
+    /// The window kept free ahead of the hand (one largest batch) costs at
+    /// most 2% of any device of 64 MiB or more, and a batch always holds a
+    /// 1 MiB record with its log block where the device allows it.
+    #[test]
+    fn the_batch_window_costs_at_most_2_percent_from_64_mib() {
+        for size_mib in [64u64, 65, 100, 128, 256, 512, 1000, 1024, 4096, 1 << 20] {
+            let data_blocks = (((size_mib << 20) - DATA_START_BYTES) / BLOCK_BYTES) as u32;
+            let batch = batch_blocks_for(data_blocks);
+            let share = f64::from(batch) / f64::from(data_blocks);
+            assert!(share <= 0.02, "{size_mib} MiB: {:.2}%", 100.0 * share);
+            assert!(u64::from(batch) * BLOCK_BYTES >= (1 << 20) + 2 * BLOCK_BYTES);
+            assert!(u64::from(batch) * BLOCK_BYTES <= crate::l2arc::BATCH_BYTES_MAX);
+        }
+        // Small devices: a quarter of the data area, as before.
+        assert_eq!(batch_blocks_for(1024), 256);
+    }
+
     fn sample_header() -> DeviceHeader {
         DeviceHeader {
             cache_guid: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
@@ -1026,6 +1128,7 @@ mod tests {
             sequence: 7,
             hand_block: 300,
             lap: 3,
+            batch_blocks_max: 256,
             newest_log: Some(LogPointer {
                 offset_bytes: 296 * BLOCK_BYTES,
                 size_bytes: 4 * BLOCK_BYTES as u32,
@@ -1249,6 +1352,7 @@ mod tests {
             newest_log: None,
             hand_block: 256,
             lap: 0,
+            batch_blocks_max: 256,
             sequence: 0,
             ..h.clone()
         };
@@ -1261,6 +1365,7 @@ mod tests {
             hand_block: (64 << 20) / 4096,
             sequence: u64::MAX,
             lap: u32::MAX,
+            batch_blocks_max: 256,
             cache_guid: u128::MAX,
             device_guid: 1,
             newest_log: Some(LogPointer {
@@ -1278,7 +1383,8 @@ mod tests {
         let mut block = [0xffu8; 4096];
         sample_header().encode(&mut block);
         assert!(block[DEVICE_HEADER_BYTES..].iter().all(|&b| b == 0));
-        assert!(block[104..124].iter().all(|&b| b == 0));
+        assert_eq!(block[104..108], 256u32.to_le_bytes(), "batch_blocks_max");
+        assert!(block[108..124].iter().all(|&b| b == 0));
         assert_eq!(DeviceHeader::decode(&block).unwrap(), sample_header());
     }
 
@@ -1306,11 +1412,11 @@ mod tests {
         ));
 
         let mut b = good.clone();
-        b[8..12].copy_from_slice(&2u32.to_le_bytes());
+        b[8..12].copy_from_slice(&3u32.to_le_bytes());
         reseal_header(&mut b);
         assert!(matches!(
             DeviceHeader::decode(&b),
-            Err(FormatError::UnsupportedVersion(2))
+            Err(FormatError::UnsupportedVersion(3))
         ));
 
         let mut b = good.clone();
@@ -2020,9 +2126,15 @@ mod tests {
                     // Without a reseal, only an unchanged header decodes.
                     prop_assert!(reseal || b == original);
                     // What decodes re-encodes to the same bytes, except the
-                    // reserved ones (ignored on read, zero on write).
+                    // reserved ones (ignored on read, zero on write) and a
+                    // version 1 header's, which is written as version 2
+                    // with the batch it implied.
                     let mut expect = b[..DEVICE_HEADER_BYTES].to_vec();
-                    expect[104..124].fill(0);
+                    expect[108..124].fill(0);
+                    if expect[8..12] == 1u32.to_le_bytes() {
+                        expect[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+                        expect[104..108].copy_from_slice(&h.batch_blocks_max.to_le_bytes());
+                    }
                     reseal_header(&mut expect);
                     prop_assert_eq!(encode_header(&h)[..DEVICE_HEADER_BYTES].to_vec(), expect);
                 }

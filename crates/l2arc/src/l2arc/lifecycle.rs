@@ -159,6 +159,7 @@ impl L2Arc {
 
     pub(super) fn fresh_header(&self, size_bytes: u64, old_sequence: Option<u64>) -> DeviceHeader {
         let end = size_bytes / BLOCK_BYTES * BLOCK_BYTES;
+        let data_blocks = (end.saturating_sub(DATA_START_BYTES) / BLOCK_BYTES) as u32;
         DeviceHeader {
             cache_guid: self.cache_guid,
             device_guid: random_u128(),
@@ -168,6 +169,7 @@ impl L2Arc {
             sequence: old_sequence.map_or(1, |s| s + 1),
             hand_block: (DATA_START_BYTES / BLOCK_BYTES) as u32,
             lap: 0,
+            batch_blocks_max: super::format::batch_blocks_for(data_blocks),
             newest_log: None,
         }
     }
