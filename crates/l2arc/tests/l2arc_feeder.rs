@@ -94,7 +94,7 @@ fn without_feed_again_the_timer_alone_feeds() {
 
 /// One pass over a file six times the ARC, the feeder's timer and intake
 /// wake off: every record the ARC lets go is queued and written, the second
-/// pass is served from flash, and the evictions are counted as ZFS counts
+/// pass finds each of them on flash, and the evictions are counted as ZFS counts
 /// them (eligible, by list; cached on the second pass; none skipped).
 #[test]
 fn evicted_records_reach_flash_through_the_write_back() {
@@ -116,8 +116,8 @@ fn evicted_records_reach_flash_through_the_write_back() {
     drain_write_back(&cache);
     let first = l2(&cache);
     let eligible = first.get("evict_l2_eligible");
-    // 96 records through a 16-record ARC: at least 80 evicted.
-    assert!(eligible >= 80 * RS as u64, "{first:?}");
+    // 96 records through a 16-record ARC (two shards of about 8): most evicted.
+    assert!(eligible >= 64 * RS as u64, "{first:?}");
     assert_eq!(first.get("evict_l2_queued"), eligible, "{first:?}");
     assert_eq!(first.get("evict_l2_skip"), 0, "{first:?}");
     assert_eq!(first.get("evict_l2_ineligible"), 0, "{first:?}");
@@ -134,10 +134,13 @@ fn evicted_records_reach_flash_through_the_write_back() {
     let after = cache.stats();
     let l2_hits =
         after.l2.as_ref().unwrap().get("l2_hits") - before.l2.as_ref().unwrap().get("l2_hits");
-    let misses = after.arc.misses - before.arc.misses;
+    // Every record the first pass let go comes from flash (the 16 the ARC
+    // still held at its end were never evicted, so never queued, and are
+    // pushed out by the second pass before it reaches them).
     assert!(
-        l2_hits * 100 >= misses * 95,
-        "second pass: {l2_hits} L2 hits for {misses} ARC misses"
+        l2_hits * RS as u64 >= eligible,
+        "second pass: {l2_hits} L2 hits, {} records evicted by the first",
+        eligible / RS as u64
     );
     assert!(after.l2.as_ref().unwrap().get("evict_l2_cached") >= 64 * RS as u64);
     drop(f);

@@ -289,13 +289,13 @@ fn newer_format_version_is_refused_and_untouched() {
     let (_, copy) = header(&p.device);
     for copies in [vec![copy], vec![0, 1]] {
         for &c in &copies {
-            set_header_version(&p.device, c, 2);
+            set_header_version(&p.device, c, 3);
         }
         let before = file_bytes(&p.device);
         let (cache, ds) = new_cache(&p.world.src, Compression::Lz4, quiet_l2());
         let err = add_path(&cache, &p.device, None).unwrap_err();
         let message = err.to_string();
-        assert!(message.contains("version 2"), "{copies:?}: {message}");
+        assert!(message.contains("version 3"), "{copies:?}: {message}");
         assert!(
             message.contains(&p.device.display().to_string()),
             "{message}"

@@ -72,7 +72,11 @@ const HEADER_BATCH_BLOCKS_FIELD: usize = 104;
 pub fn batch_blocks_for(data_blocks: u32) -> u32 {
     let max = (crate::l2arc::BATCH_BYTES_MAX / BLOCK_BYTES) as u32;
     let one_record = ((1 << 20) / BLOCK_BYTES) as u32 + 2;
-    (data_blocks / 64).max(one_record).min(max).min(data_blocks / 4).max(1)
+    (data_blocks / 64)
+        .max(one_record)
+        .min(max)
+        .min(data_blocks / 4)
+        .max(1)
 }
 
 /// The largest batch a version 1 header implies (it was not stored).
@@ -111,7 +115,9 @@ pub enum FormatError {
     Truncated { needed: usize, got: usize },
     #[error("bad magic: not a {what} (found {found:02x?})")]
     BadMagic { what: &'static str, found: [u8; 8] },
-    #[error("unsupported format version {0} (this build reads headers of versions 1 and {FORMAT_VERSION}, log blocks of version {LOG_BLOCK_VERSION})")]
+    #[error(
+        "unsupported format version {0} (this build reads headers of versions 1 and {FORMAT_VERSION}, log blocks of version {LOG_BLOCK_VERSION})"
+    )]
     UnsupportedVersion(u32),
     #[error("unsupported header flags {0:#x}")]
     UnsupportedFlags(u32),
@@ -485,7 +491,11 @@ impl DeviceHeader {
         wr(out, 80, &self.hand_block.to_le_bytes());
         wr(out, 84, &self.lap.to_le_bytes());
         LogPointer::encode(self.newest_log, out, 88);
-        wr(out, HEADER_BATCH_BLOCKS_FIELD, &self.batch_blocks_max.to_le_bytes());
+        wr(
+            out,
+            HEADER_BATCH_BLOCKS_FIELD,
+            &self.batch_blocks_max.to_le_bytes(),
+        );
         // 108..124: reserved, 0
         let crc = crc32c::crc32c(&out[..CRC_FIELD]);
         wr(out, CRC_FIELD, &crc.to_le_bytes());
@@ -1076,7 +1086,10 @@ mod tests {
         let old = DeviceHeader::decode(&block).unwrap();
         let data_blocks = ((old.data_end_bytes - old.data_start_bytes) / BLOCK_BYTES) as u32;
         assert_eq!(old.batch_blocks_max, legacy_batch_blocks(data_blocks));
-        assert_eq!(old.batch_blocks_max, 4032, "a quarter of 63 MiB, as version 1 laid it out");
+        assert_eq!(
+            old.batch_blocks_max, 4032,
+            "a quarter of 63 MiB, as version 1 laid it out"
+        );
         assert_eq!(
             DeviceHeader {
                 batch_blocks_max: header.batch_blocks_max,
