@@ -16,6 +16,8 @@ pub struct FioRead {
     pub mib_per_sec: f64,
     pub latency_us_p50: f64,
     pub latency_us_p99: f64,
+    /// CPU time (user + system) of fio's jobs per read, in microseconds.
+    pub cpu_us_per_read: f64,
 }
 
 /// Runs fio with `args` (which must include `--output-format=json` and
@@ -46,7 +48,24 @@ pub fn run_json(dir: Option<&Path>, args: &[String]) -> Result<FioRead> {
             .map(|ns| ns / 1000.0)
             .with_context(|| format!("fio's JSON has no read.lat_ns percentile {q}"))
     };
+    let job = &doc["jobs"][0];
+    let cpu_percent =
+        job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0);
+    let runtime_secs = job["job_runtime"].as_f64().unwrap_or(0.0) / 1000.0;
+    let reads = read["total_ios"].as_f64().unwrap_or(0.0);
+    // With several jobs (group reporting) fio gives the CPU share per job.
+    let jobs = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--numjobs="))
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or(1.0);
+    let cpu_us_per_read = if reads > 0.0 {
+        cpu_percent / 100.0 * runtime_secs * jobs / reads * 1e6
+    } else {
+        0.0
+    };
     Ok(FioRead {
+        cpu_us_per_read,
         iops: read["iops"]
             .as_f64()
             .context("fio's JSON has no read.iops")?,

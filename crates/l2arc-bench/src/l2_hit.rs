@@ -73,6 +73,8 @@ struct Side {
     mib_per_sec: f64,
     latency_us_p50: f64,
     latency_us_p99: f64,
+    /// CPU time (user + system) per read, microseconds (0: not measured).
+    cpu_us_per_read: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -227,6 +229,7 @@ impl FioJob<'_> {
             mib_per_sec: read.mib_per_sec,
             latency_us_p50: read.latency_us_p50,
             latency_us_p99: read.latency_us_p99,
+            cpu_us_per_read: read.cpu_us_per_read,
         })
     }
 }
@@ -501,6 +504,7 @@ fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&T
         mib_per_sec: med(&|t| f(t).mib_per_sec),
         latency_us_p50: med(&|t| f(t).latency_us_p50),
         latency_us_p99: med(&|t| f(t).latency_us_p99),
+        cpu_us_per_read: med(&|t| f(t).cpu_us_per_read),
     };
     let ratios: Vec<f64> = trios
         .iter()
@@ -563,6 +567,7 @@ fn measure_pread(
         mib_per_sec: result.mib_per_sec(),
         latency_us_p50: result.latency_us(0.5),
         latency_us_p99: result.latency_us(0.99),
+        cpu_us_per_read: 0.0,
     })
 }
 
@@ -670,6 +675,7 @@ fn measure(
             mib_per_sec: result.mib_per_sec(),
             latency_us_p50: result.latency_us(0.5),
             latency_us_p99: result.latency_us(0.99),
+            cpu_us_per_read: 0.0,
         },
         arc_hit_ratio: ratio(arc_hits, arc_lookups),
         l2_hit_ratio,
@@ -704,41 +710,44 @@ fn measure_queue(
     let warm_until = start + Duration::from_secs_f64(secs.min(1.0) / 4.0);
     let end = warm_until + Duration::from_secs_f64(secs);
     let before = std::sync::Mutex::new(None);
-    let results: Vec<Result<(u64, hdrhistogram::Histogram<u64>)>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let thread_depth = depth / threads + usize::from(t < depth % threads);
-                let before = &before;
-                scope.spawn(move || {
-                    queue_loop(
-                        spec,
-                        cache,
-                        handles,
-                        record_bytes,
-                        thread_depth,
-                        (warm_until, end),
-                        seed ^ l2arc::hash::mix64(t as u64 + 1),
-                        || {
-                            let mut before = before.lock().expect("lock");
-                            if before.is_none() {
-                                *before = Some(cache.stats());
-                            }
-                        },
-                    )
+    let results: Vec<Result<(u64, hdrhistogram::Histogram<u64>, f64)>> =
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let thread_depth = depth / threads + usize::from(t < depth % threads);
+                    let before = &before;
+                    scope.spawn(move || {
+                        queue_loop(
+                            spec,
+                            cache,
+                            handles,
+                            record_bytes,
+                            thread_depth,
+                            (warm_until, end),
+                            seed ^ l2arc::hash::mix64(t as u64 + 1),
+                            || {
+                                let mut before = before.lock().expect("lock");
+                                if before.is_none() {
+                                    *before = Some(cache.stats());
+                                }
+                            },
+                        )
+                    })
                 })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("queue thread panicked"))
-            .collect()
-    });
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("queue thread panicked"))
+                .collect()
+        });
     let elapsed_secs = end.duration_since(warm_until).as_secs_f64();
     let mut ops = 0;
+    let mut cpu_secs = 0.0;
     let mut latency_ns = super::runner::latency_histogram();
     for result in results {
-        let (n, histogram) = result?;
+        let (n, histogram, cpu) = result?;
         ops += n;
+        cpu_secs += cpu;
         latency_ns
             .add(&histogram)
             .context("merging latency histograms")?;
@@ -769,6 +778,7 @@ fn measure_queue(
             mib_per_sec: iops * record_bytes as f64 / (1 << 20) as f64,
             latency_us_p50: latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
             latency_us_p99: latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
+            cpu_us_per_read: cpu_secs * 1e6 / ops.max(1) as f64,
         },
         arc_hit_ratio: ratio(arc_hits, arc_lookups),
         l2_hit_ratio,
@@ -778,7 +788,8 @@ fn measure_queue(
 
 /// One thread of `measure_queue`: keeps `depth` reads in flight until
 /// `window.1`, counting those that complete after `window.0` (when it calls
-/// `at_start`). Returns the reads counted and their latencies.
+/// `at_start`). Returns the reads counted, their latencies, and the CPU
+/// time (user + system) the thread spent meanwhile.
 #[allow(clippy::too_many_arguments)]
 fn queue_loop(
     spec: &DatasetSpec,
@@ -789,7 +800,7 @@ fn queue_loop(
     window: (std::time::Instant, std::time::Instant),
     seed: u64,
     at_start: impl Fn(),
-) -> Result<(u64, hdrhistogram::Histogram<u64>)> {
+) -> Result<(u64, hdrhistogram::Histogram<u64>, f64)> {
     let per_file = spec.file_size_bytes / record_bytes;
     let total = per_file * u64::from(spec.files);
     let mut queue = cache.read_queue(depth)?;
@@ -808,13 +819,17 @@ fn queue_loop(
     let mut done = Vec::with_capacity(depth);
     let mut ops = 0u64;
     let mut measuring = false;
+    let mut cpu_at_start = 0.0;
+    let cpu_secs;
     loop {
         let now = std::time::Instant::now();
         if !measuring && now >= window.0 {
             at_start();
             measuring = true;
+            cpu_at_start = thread_cpu_secs();
         }
         if now >= window.1 {
+            cpu_secs = thread_cpu_secs() - cpu_at_start;
             break;
         }
         while let Some(tag) = free.pop() {
@@ -850,7 +865,19 @@ fn queue_loop(
         queue.wait(queue.pending(), &mut done)?;
         done.clear();
     }
-    Ok((ops, latency_ns))
+    Ok((ops, latency_ns, cpu_secs))
+}
+
+/// CPU time (user + system) of the calling thread, in seconds.
+fn thread_cpu_secs() -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
 fn print_report(r: &Report) {
@@ -925,6 +952,20 @@ fn print_report(r: &Report) {
     println!(
         "pread is bare O_DIRECT preads of the same blocks from the same threads and harness, without the cache"
     );
+    for row in r
+        .rows
+        .iter()
+        .filter(|row| row.ours.side.cpu_us_per_read > 0.0)
+    {
+        println!(
+            "CPU per read, {} KiB QD{}: ours {:.1} us (read queues) vs fio {:.1} us ({})",
+            row.record_bytes >> 10,
+            row.queue_depth,
+            row.ours.side.cpu_us_per_read,
+            row.fio.cpu_us_per_read,
+            row.fio_job
+        );
+    }
     for (record_bytes, ratio) in &r.io_uring_over_psync {
         println!(
             "fio at QD{QUEUE_DEPTH}, {} KiB: io_uring (1 thread, iodepth {QUEUE_DEPTH}) / psync ({QUEUE_DEPTH} threads) = {ratio:.2}x{}",
