@@ -655,20 +655,7 @@ fn measure(
         },
     )?;
     let after = cache.stats();
-    let arc_hits = after.arc.hits - before.arc.hits;
-    let arc_lookups =
-        arc_hits + (after.arc.misses - before.arc.misses) + (after.arc.iohits - before.arc.iohits);
-    let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
-    let l2_hits = l2(&after, "l2_hits") - l2(&before, "l2_hits");
-    let l2_lookups = l2_hits + l2(&after, "l2_misses") - l2(&before, "l2_misses");
-    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let l2_hit_ratio = ratio(l2_hits, l2_lookups);
-    if l2_hit_ratio < 0.95 {
-        bail!(
-            "only {:.1}% of the ARC's misses were L2ARC hits: this is not the warm L2ARC hit path",
-            100.0 * l2_hit_ratio
-        );
-    }
+    let (arc_hit_ratio, l2_hit_ratio) = warm_hit_ratios(&before, &after)?;
     Ok(Ours {
         side: Side {
             iops: result.iops(),
@@ -677,10 +664,31 @@ fn measure(
             latency_us_p99: result.latency_us(0.99),
             cpu_us_per_read: 0.0,
         },
-        arc_hit_ratio: ratio(arc_hits, arc_lookups),
+        arc_hit_ratio,
         l2_hit_ratio,
         primary_reads: after.primary_reads - before.primary_reads,
     })
+}
+
+/// The ARC hit ratio and the L2 hit ratio (hits over the ARC's misses) of
+/// a measured phase; an error unless at least 95% of the ARC's misses were
+/// L2 hits (otherwise the phase did not measure the warm L2ARC hit path).
+fn warm_hit_ratios(before: &l2arc::CacheStats, after: &l2arc::CacheStats) -> Result<(f64, f64)> {
+    let arc_hits = after.arc.hits - before.arc.hits;
+    let arc_lookups =
+        arc_hits + (after.arc.misses - before.arc.misses) + (after.arc.iohits - before.arc.iohits);
+    let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
+    let l2_hits = l2(after, "l2_hits") - l2(before, "l2_hits");
+    let l2_lookups = l2_hits + l2(after, "l2_misses") - l2(before, "l2_misses");
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let l2_hit_ratio = ratio(l2_hits, l2_lookups);
+    if l2_hit_ratio < 0.95 {
+        bail!(
+            "only {:.1}% of the ARC's misses were L2ARC hits: this is not the warm L2ARC hit path",
+            100.0 * l2_hit_ratio
+        );
+    }
+    Ok((ratio(arc_hits, arc_lookups), l2_hit_ratio))
 }
 
 /// Threads that share the read-queue measurement's depth: one per core (at
@@ -757,20 +765,7 @@ fn measure_queue(
         .expect("lock")
         .context("the measured phase never started")?;
     let after = cache.stats();
-    let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
-    let arc_hits = after.arc.hits - before.arc.hits;
-    let arc_lookups =
-        arc_hits + (after.arc.misses - before.arc.misses) + (after.arc.iohits - before.arc.iohits);
-    let l2_hits = l2(&after, "l2_hits") - l2(&before, "l2_hits");
-    let l2_lookups = l2_hits + l2(&after, "l2_misses") - l2(&before, "l2_misses");
-    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let l2_hit_ratio = ratio(l2_hits, l2_lookups);
-    if l2_hit_ratio < 0.95 {
-        bail!(
-            "only {:.1}% of the ARC's misses were L2ARC hits: this is not the warm L2ARC hit path",
-            100.0 * l2_hit_ratio
-        );
-    }
+    let (arc_hit_ratio, l2_hit_ratio) = warm_hit_ratios(&before, &after)?;
     let iops = ops as f64 / elapsed_secs;
     Ok(Ours {
         side: Side {
@@ -780,7 +775,7 @@ fn measure_queue(
             latency_us_p99: latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
             cpu_us_per_read: cpu_secs * 1e6 / ops.max(1) as f64,
         },
-        arc_hit_ratio: ratio(arc_hits, arc_lookups),
+        arc_hit_ratio,
         l2_hit_ratio,
         primary_reads: after.primary_reads - before.primary_reads,
     })

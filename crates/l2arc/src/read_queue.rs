@@ -176,17 +176,6 @@ impl<'c> ReadQueue<'c> {
         self.submit_kind(handle, offset, len, tag, AccessKind::Demand)
     }
 
-    /// As [`Self::submit`], for read-ahead (`Cache::prefetch`'s flag).
-    pub fn submit_prefetch(
-        &mut self,
-        handle: &ObjectHandle,
-        offset: u64,
-        len: usize,
-        tag: u64,
-    ) -> io::Result<()> {
-        self.submit_kind(handle, offset, len, tag, AccessKind::Prefetch)
-    }
-
     fn submit_kind(
         &mut self,
         handle: &ObjectHandle,
@@ -283,18 +272,17 @@ impl<'c> ReadQueue<'c> {
                     if pending.device_io().ring_fd().is_some() {
                         return self.start_op(index, slot, (token, fill_sequence), claim, pending);
                     }
-                    // A device the ring cannot read: finish it here.
+                    // A device the ring cannot read: read it here.
                     let mut pending = pending;
                     let io_result = pending.read_psync();
-                    let data = l2
-                        .finish_read(pending, io_result)
-                        .filter(|data| data.len() <= recordsize as usize);
-                    let result = match data {
-                        Some(data) => Ok(data),
-                        None => self.cache.read_primary(&handle, record),
-                    };
-                    let record = self.cache.publish_fill(claim, result, token, fill_sequence);
-                    self.deliver(index, slot, record);
+                    self.finish_flash_read(
+                        index,
+                        slot,
+                        (token, fill_sequence),
+                        claim,
+                        pending,
+                        io_result,
+                    );
                     return Ok(());
                 }
                 let result = if self.ring.is_some() {
@@ -335,18 +323,18 @@ impl<'c> ReadQueue<'c> {
         // the descriptor belongs to the device `pending` pins, which is not
         // removed while a read on it is pending; `Drop` drains the ring.
         let pushed = unsafe { ring.push_read(fd, offset, ptr, len, u64::from(op_index)) };
-        if let Err(e) = pushed {
+        if pushed.is_err() {
+            // The ring refused it: read it here instead.
             self.free_ops.push(op_index);
-            let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
-            l2.finish_read(pending, Err(io::Error::new(e.kind(), e.to_string())));
-            let request = self.requests[index as usize]
-                .as_ref()
-                .expect("live request");
-            let handle = request.handle.clone();
-            let record = request.first_record + u64::from(slot);
-            let result = self.cache.read_primary(&handle, record);
-            let record = self.cache.publish_fill(claim, result, token, fill_sequence);
-            self.deliver(index, slot, record);
+            let io_result = pending.read_psync();
+            self.finish_flash_read(
+                index,
+                slot,
+                (token, fill_sequence),
+                claim,
+                pending,
+                io_result,
+            );
             return Ok(());
         }
         self.ops[op_index as usize] = Some(Op {
@@ -486,6 +474,29 @@ impl<'c> ReadQueue<'c> {
                 .device_io()
                 .finish_ring_read(offset, unsafe { &mut *buf }, io_result)
         };
+        self.finish_flash_read(
+            index,
+            slot,
+            (token, fill_sequence),
+            claim,
+            pending,
+            io_result,
+        );
+        self.finish_if_resolved(index);
+    }
+
+    /// Checks what a flash read returned (checksum, decompression) and
+    /// completes the record's claim with it, or with primary storage's
+    /// bytes when anything on flash failed.
+    fn finish_flash_read(
+        &mut self,
+        index: u32,
+        slot: u32,
+        (token, fill_sequence): (u64, u64),
+        claim: FillClaim<'c>,
+        pending: PendingRead,
+        io_result: io::Result<()>,
+    ) {
         let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
         let request = self.requests[index as usize]
             .as_ref()
@@ -503,7 +514,6 @@ impl<'c> ReadQueue<'c> {
         };
         let record = self.cache.publish_fill(claim, result, token, fill_sequence);
         self.deliver(index, slot, record);
-        self.finish_if_resolved(index);
     }
 
     /// Finishes the records parked on fills that have completed.
