@@ -5,6 +5,11 @@
 //! any cache must (a `Mutex<HashMap>` lookup of the same buffers, a clone of
 //! the `Arc`, the same copy), so the ratio shows what ARC bookkeeping and the
 //! read path add, and how each scales from one thread to two.
+//!
+//! The same cells are then run with the engine's analytics (latency
+//! histograms, `l2arc::analytics`) off and on, alternating, `--rounds`
+//! pairs each: what watching the cache costs on its fastest path, in one
+//! run so that the machine's load is the same on both sides.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -49,6 +54,11 @@ struct Row {
     ratio: f64,
     arc_p50_ns: u64,
     mutex_hashmap_p50_ns: u64,
+    /// Median over rounds of ARC hits/s with analytics off and on.
+    analytics_off_per_sec: f64,
+    analytics_on_per_sec: f64,
+    /// Median over rounds of (on / off - 1): negative is slower with analytics.
+    analytics_cost: f64,
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -106,16 +116,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for mode in [Mode::ZeroCopy, Mode::Copy] {
         for threads in [1usize, 2] {
-            let ours = run_phase(
-                "arc hit",
-                threads,
-                seconds,
-                seconds,
-                args.seed,
-                !args.json,
-                |_, rng: &mut Rng| {
-                    let r = rng.below(records);
-                    match mode {
+            let arc_hits = |label: &str, seconds: Duration| {
+                run_phase(
+                    label,
+                    threads,
+                    seconds,
+                    seconds,
+                    args.seed,
+                    !args.json,
+                    |_, rng: &mut Rng| {
+                        let r = rng.below(records);
+                        match mode {
                         Mode::ZeroCopy => {
                             let view = cache.read_view(
                                 &handle,
@@ -126,13 +137,34 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                             let (record, range) = &view.segments[0];
                             expect(r, &record.data[range.clone()])
                         }
-                        Mode::Copy => OUT.with_borrow_mut(|out| {
-                            let n = cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;
-                            expect(r, &out[..n])
-                        }),
-                    }
-                },
-            )?;
+                            Mode::Copy => OUT.with_borrow_mut(|out| {
+                                let n =
+                                    cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;
+                                expect(r, &out[..n])
+                            }),
+                        }
+                    },
+                )
+            };
+            let ours = arc_hits("arc hit", seconds)?;
+            // Off and on in turns, the first of each pair alternating.
+            let pair_seconds = seconds.min(Duration::from_secs(2));
+            let mut offs = Vec::new();
+            let mut ons = Vec::new();
+            let mut costs = Vec::new();
+            for round in 0..args.rounds {
+                let mut off_on = [0.0; 2];
+                for turn in 0..2 {
+                    let on = (turn + round) % 2 == 1;
+                    cache.analytics().set_enabled(on);
+                    let label = if on { "analytics on" } else { "analytics off" };
+                    off_on[usize::from(on)] = arc_hits(label, pair_seconds)?.iops();
+                }
+                cache.analytics().set_enabled(true);
+                offs.push(off_on[0]);
+                ons.push(off_on[1]);
+                costs.push(off_on[1] / off_on[0] - 1.0);
+            }
             let theirs = run_phase(
                 "hashmap",
                 threads,
@@ -167,6 +199,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 ratio: ours.iops() / theirs.iops(),
                 arc_p50_ns: ours.latency_ns.value_at_quantile(0.5),
                 mutex_hashmap_p50_ns: theirs.latency_ns.value_at_quantile(0.5),
+                analytics_off_per_sec: median(&mut offs),
+                analytics_on_per_sec: median(&mut ons),
+                analytics_cost: median(&mut costs),
             });
         }
     }
@@ -208,5 +243,37 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             r.mutex_hashmap_p50_ns
         );
     }
+    println!();
+    println!(
+        "analytics cost: ARC hits/s with the latency histograms off and on, {} alternating pairs (medians)",
+        args.rounds
+    );
+    println!(
+        "{:<9} {:>7} {:>14} {:>14} {:>8}",
+        "mode", "threads", "off hits/s", "on hits/s", "cost"
+    );
+    for r in &rows {
+        println!(
+            "{:<9} {:>7} {:>14.0} {:>14.0} {:>+7.1}%",
+            format!("{:?}", r.mode),
+            r.threads,
+            r.analytics_off_per_sec,
+            r.analytics_on_per_sec,
+            r.analytics_cost * 100.0
+        );
+    }
+    let hits = cache.analytics().arc_hit.snapshot();
+    println!(
+        "engine's own ARC-hit histogram (1 read in {} timed): p50 {} ns, p99 {} ns, {} hits estimated",
+        l2arc::analytics::ARC_HIT_SAMPLE_PERIOD,
+        hits.quantile_ns(0.5),
+        hits.quantile_ns(0.99),
+        hits.count()
+    );
     Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }

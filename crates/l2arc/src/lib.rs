@@ -8,12 +8,15 @@
 //! - [`arc`]: the DRAM tier (pure policy + live sharded buffers);
 //! - [`l2arc`]: the flash tier (device format, index, feeder, rebuild);
 //! - [`primary`]: slow storage back ends (directory, image, emulated HDD);
-//! - [`stats`]: counters under ZFS's arcstats names;
+//! - [`stats`]: counters under ZFS's arcstats names; [`analytics`] and
+//!   [`latency`]: latency histograms by the tier that served a read;
 //! - [`buf`], [`hash`]: aligned buffers and the cache's key hash.
 
+pub mod analytics;
 pub mod arc;
 pub mod buf;
 pub mod hash;
+pub mod latency;
 pub mod l2arc;
 pub mod primary;
 pub mod read_path;

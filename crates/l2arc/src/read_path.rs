@@ -320,6 +320,8 @@ pub struct Cache {
     feeder_started: std::sync::atomic::AtomicBool,
     /// Wakes the feeder under eviction pressure (see `l2arc::feeder`).
     feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
+    /// Latency by tier (see `analytics`).
+    analytics: crate::analytics::Analytics,
 }
 
 /// What one feed did.
@@ -367,7 +369,22 @@ impl Cache {
             invalidations: Mutex::new(Invalidations::default()),
             feeder_started: std::sync::atomic::AtomicBool::new(false),
             feed_wake,
+            analytics: crate::analytics::Analytics::default(),
         }))
+    }
+
+    /// Latency histograms by tier and per-dataset counters (see `analytics`).
+    pub fn analytics(&self) -> &crate::analytics::Analytics {
+        &self.analytics
+    }
+
+    /// The datasets, in the order they were added, with their names and properties.
+    pub fn dataset_list(&self) -> Vec<(DatasetId, String, DatasetConfig)> {
+        let datasets = self.datasets.read().expect("dataset lock poisoned");
+        (0u32..)
+            .zip(datasets.iter())
+            .map(|(i, d)| (DatasetId(i), d.name.clone(), d.config))
+            .collect()
     }
 
     /// The L2ARC, once a cache device has been added.
@@ -581,6 +598,7 @@ impl Cache {
         let end = offset.saturating_add(buf.len() as u64).min(size_bytes);
         if offset < end && offset / recordsize == (end - 1) / recordsize {
             // Within one record: copy straight out of the record buffer.
+            let timer = self.analytics.start_read();
             let index = offset / recordsize;
             let record = self.get_record(handle, index, AccessKind::Demand)?;
             let from = (offset - index * recordsize) as usize;
@@ -590,6 +608,7 @@ impl Cache {
             buf[..to - from].copy_from_slice(&record.data[from..to]);
             self.counters.reads.add(1);
             self.counters.read_bytes.add((to - from) as u64);
+            self.analytics.finish_read(timer);
             return Ok(to - from);
         }
         let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
@@ -621,6 +640,7 @@ impl Cache {
         }
         let end = offset.saturating_add(len as u64).min(size_bytes);
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        let timer = self.analytics.start_read_if(kind == AccessKind::Demand);
         for index in offset / recordsize..=(end - 1) / recordsize {
             let record = self.get_record(handle, index, kind)?;
             let record_start = index * recordsize;
@@ -638,6 +658,7 @@ impl Cache {
             let view = ReadView { segments };
             self.counters.reads.add(1);
             self.counters.read_bytes.add(view.len() as u64);
+            self.analytics.finish_read(timer);
             return Ok(view);
         }
         Ok(ReadView { segments })
@@ -659,6 +680,7 @@ impl Cache {
             match self.arc.lookup(key, token, kind) {
                 Lookup::Hit(record) => return Ok(record),
                 Lookup::InFlight(fill) => {
+                    self.analytics.note_below();
                     let record = fill.wait()?;
                     if record.generation_token == token {
                         return Ok(record);
@@ -703,19 +725,26 @@ impl Cache {
             && handle.dataset.config.secondarycache == CacheMode::All
         {
             let key_hash = l2_key_hash(handle.dataset.uid, handle.state.id, index, token);
+            let timer = self.analytics.start();
             if let Some(data) = l2.read(key_hash, recordsize as u32)
                 && data.len() <= recordsize
             {
+                let dataset = handle.dataset_id.0 as usize;
+                self.analytics
+                    .l2_hit_done(timer, dataset, data.len() as u64);
                 return Ok(data);
             }
         }
         let mut data = AlignedBuf::zeroed(recordsize);
         let offset = index * recordsize as u64;
+        let timer = self.analytics.start();
         match handle.object.read_at(offset, data.as_mut_slice()) {
             Ok(n) => {
                 data.set_len(n);
                 self.counters.primary_reads.add(1);
                 self.counters.primary_read_bytes.add(n as u64);
+                let dataset = handle.dataset_id.0 as usize;
+                self.analytics.primary_done(timer, dataset, n as u64);
                 Ok(data)
             }
             Err(e) => {
@@ -732,6 +761,7 @@ impl Cache {
         buf: &mut [u8],
     ) -> io::Result<usize> {
         let align = handle.object.read_alignment_bytes() as u64;
+        let timer = self.analytics.start();
         let n = if align <= 1 {
             handle.object.read_at(offset, buf)?
         } else {
@@ -755,6 +785,8 @@ impl Cache {
         };
         self.counters.primary_reads.add(1);
         self.counters.primary_read_bytes.add(n as u64);
+        let dataset = handle.dataset_id.0 as usize;
+        self.analytics.primary_done(timer, dataset, n as u64);
         self.counters.reads.add(1);
         self.counters.read_bytes.add(n as u64);
         Ok(n)
