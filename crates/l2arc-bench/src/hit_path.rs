@@ -127,16 +127,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     |_, rng: &mut Rng| {
                         let r = rng.below(records);
                         match mode {
-                        Mode::ZeroCopy => {
-                            let view = cache.read_view(
-                                &handle,
-                                r * RECORD_BYTES,
-                                RECORD_BYTES as usize,
-                                AccessKind::Demand,
-                            )?;
-                            let (record, range) = &view.segments[0];
-                            expect(r, &record.data[range.clone()])
-                        }
+                            Mode::ZeroCopy => {
+                                let view = cache.read_view(
+                                    &handle,
+                                    r * RECORD_BYTES,
+                                    RECORD_BYTES as usize,
+                                    AccessKind::Demand,
+                                )?;
+                                let (record, range) = &view.segments[0];
+                                expect(r, &record.data[range.clone()])
+                            }
                             Mode::Copy => OUT.with_borrow_mut(|out| {
                                 let n =
                                     cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;

@@ -101,13 +101,7 @@ fn accept(cache: &Arc<Cache>, stream: TcpStream, active: &Arc<AtomicUsize>) {
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     if active.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
         active.fetch_sub(1, Ordering::SeqCst);
-        let _ = respond(
-            &stream,
-            503,
-            "text/plain",
-            b"too many connections\n",
-            false,
-        );
+        let _ = respond(&stream, 503, "text/plain", b"too many connections\n", false);
         return;
     }
     let cache = Arc::clone(cache);
@@ -203,15 +197,33 @@ fn serve(cache: &Cache, stream: &TcpStream) -> std::io::Result<()> {
     let request = match request {
         Ok(r) => r,
         Err(Refusal(status, why)) => {
-            return respond(stream, status, "text/plain", format!("{why}\n").as_bytes(), false);
+            return respond(
+                stream,
+                status,
+                "text/plain",
+                format!("{why}\n").as_bytes(),
+                false,
+            );
         }
     };
     let head_only = request.method == "HEAD";
     if request.method != "GET" && !head_only {
-        return respond(stream, 405, "text/plain", b"read-only: GET and HEAD only\n", false);
+        return respond(
+            stream,
+            405,
+            "text/plain",
+            b"read-only: GET and HEAD only\n",
+            false,
+        );
     }
     if request.content_length > 0 {
-        return respond(stream, 413, "text/plain", b"request bodies are not accepted\n", false);
+        return respond(
+            stream,
+            413,
+            "text/plain",
+            b"request bodies are not accepted\n",
+            false,
+        );
     }
     match request.path.as_str() {
         "/" | "/index.html" => respond(
@@ -330,14 +342,16 @@ mod tests {
             ..CacheConfig::default()
         })
         .unwrap();
-        let server =
-            HttpServer::start(cache, "127.0.0.1:0".parse().unwrap(), false).unwrap();
+        let server = HttpServer::start(cache, "127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = server.local_addr();
         let page = get(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
         assert!(page.contains("<canvas"), "the page is served");
         let metrics = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
-        assert!(metrics.contains("\nl2arc_arcstats_hits_total 0\n"), "{metrics}");
+        assert!(
+            metrics.contains("\nl2arc_arcstats_hits_total 0\n"),
+            "{metrics}"
+        );
         let json = get(addr, b"GET /api/stats HTTP/1.1\r\n\r\n");
         assert!(json.contains("\"kstats\""), "{json}");
 
@@ -345,7 +359,10 @@ mod tests {
         assert!(huge.starts_with("HTTP/1.1 431 "), "{huge}");
         let junk = get(addr, b"\x00\x01garbage\r\n\r\n");
         assert!(junk.starts_with("HTTP/1.1 400 "), "{junk}");
-        let post = get(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc");
+        let post = get(
+            addr,
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+        );
         assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
         let missing = get(addr, b"GET /etc/passwd HTTP/1.1\r\n\r\n");
         assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");

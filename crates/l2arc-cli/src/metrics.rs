@@ -100,7 +100,11 @@ pub fn prometheus(cache: &Cache) -> String {
     // Per dataset.
     let datasets = cache.dataset_list();
     let families: [(&str, &str, &str); 5] = [
-        ("l2arc_dataset_info", "gauge", "Dataset properties (value 1)."),
+        (
+            "l2arc_dataset_info",
+            "gauge",
+            "Dataset properties (value 1).",
+        ),
         (
             "l2arc_dataset_recordsize_bytes",
             "gauge",
@@ -182,7 +186,10 @@ pub fn prometheus(cache: &Cache) -> String {
         if let Some(first) = l2.devices.first() {
             for (i, (name, _)) in first.kstats.iter().enumerate() {
                 let (metric, kind) = prometheus_name("l2arc_device_", name);
-                let _ = writeln!(out, "# HELP {metric} arcstats `{name}` of one cache device.");
+                let _ = writeln!(
+                    out,
+                    "# HELP {metric} arcstats `{name}` of one cache device."
+                );
                 let _ = writeln!(out, "# TYPE {metric} {kind}");
                 for d in &l2.devices {
                     let _ = writeln!(
@@ -198,7 +205,10 @@ pub fn prometheus(cache: &Cache) -> String {
     out
 }
 
-fn dataset_index(datasets: &[(l2arc::DatasetId, String, l2arc::DatasetConfig)], id: l2arc::DatasetId) -> usize {
+fn dataset_index(
+    datasets: &[(l2arc::DatasetId, String, l2arc::DatasetConfig)],
+    id: l2arc::DatasetId,
+) -> usize {
     datasets.iter().position(|(d, _, _)| *d == id).unwrap_or(0)
 }
 
@@ -344,10 +354,22 @@ mod tests {
         h.record(10_000_000);
         let mut out = String::new();
         write_histogram(&mut out, "m", "tier=\"x\"", &h.snapshot());
-        assert!(out.contains("m_bucket{tier=\"x\",le=\"0.000000064\"} 0\n"), "{out}");
-        assert!(out.contains("m_bucket{tier=\"x\",le=\"0.000000128\"} 1\n"), "{out}");
-        assert!(out.contains("m_bucket{tier=\"x\",le=\"0.016777216\"} 2\n"), "{out}");
-        assert!(out.contains("m_bucket{tier=\"x\",le=\"+Inf\"} 2\n"), "{out}");
+        assert!(
+            out.contains("m_bucket{tier=\"x\",le=\"0.000000064\"} 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("m_bucket{tier=\"x\",le=\"0.000000128\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("m_bucket{tier=\"x\",le=\"0.016777216\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("m_bucket{tier=\"x\",le=\"+Inf\"} 2\n"),
+            "{out}"
+        );
         assert!(out.contains("m_count{tier=\"x\"} 2\n"), "{out}");
     }
 }

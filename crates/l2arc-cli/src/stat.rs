@@ -113,7 +113,12 @@ use Scale::{Bytes, Count, Percent, Time};
 const COLUMNS: &[Column] = &[
     col("time", 8, Time, "Time"),
     col("hits", 4, Count, "ARC hits per second"),
-    col("iohs", 4, Count, "ARC I/O hits per second (reads that joined a miss in flight)"),
+    col(
+        "iohs",
+        4,
+        Count,
+        "ARC I/O hits per second (reads that joined a miss in flight)",
+    ),
     col("miss", 4, Count, "ARC misses per second"),
     col("read", 4, Count, "Total ARC accesses per second"),
     col("hit%", 4, Percent, "ARC hit percentage"),
@@ -153,14 +158,39 @@ const COLUMNS: &[Column] = &[
     l2col("l2asize", 7, Bytes, "Actual (compressed) size of the L2ARC"),
     l2col("l2size", 6, Bytes, "Size of the L2ARC"),
     l2col("l2bytes", 7, Bytes, "Bytes read per second from the L2ARC"),
-    l2col("l2wbytes", 8, Bytes, "Bytes written per second to the L2ARC"),
-    l2col("l2hsz", 5, Bytes, "L2 header size (DRAM of the L2ARC index)"),
+    l2col(
+        "l2wbytes",
+        8,
+        Bytes,
+        "Bytes written per second to the L2ARC",
+    ),
+    l2col(
+        "l2hsz",
+        5,
+        Bytes,
+        "L2 header size (DRAM of the L2ARC index)",
+    ),
     // Ours.
     col("p", 5, Bytes, "ARC MRU target size (p) [l2arc]"),
     col("ops", 5, Count, "Front-end reads per second [l2arc]"),
-    col("rbytes", 6, Bytes, "Front-end bytes read per second [l2arc]"),
-    col("dkread", 6, Count, "Primary storage (disk) reads per second [l2arc]"),
-    col("dkbytes", 7, Bytes, "Primary storage bytes read per second [l2arc]"),
+    col(
+        "rbytes",
+        6,
+        Bytes,
+        "Front-end bytes read per second [l2arc]",
+    ),
+    col(
+        "dkread",
+        6,
+        Count,
+        "Primary storage (disk) reads per second [l2arc]",
+    ),
+    col(
+        "dkbytes",
+        7,
+        Bytes,
+        "Primary storage bytes read per second [l2arc]",
+    ),
 ];
 
 /// arcstat's classic default line, with the L2ARC's columns when there are cache devices.
@@ -195,10 +225,19 @@ fn parse_counters(text: &str) -> Result<Counters> {
 fn value(column: &str, prev: &Counters, cur: &Counters, secs: f64) -> f64 {
     let now = |n: &str| cur.get(n).copied().unwrap_or(0) as f64;
     let rate = |n: &str| {
-        let (a, b) = (prev.get(n).copied().unwrap_or(0), cur.get(n).copied().unwrap_or(0));
+        let (a, b) = (
+            prev.get(n).copied().unwrap_or(0),
+            cur.get(n).copied().unwrap_or(0),
+        );
         b.saturating_sub(a) as f64 / secs
     };
-    let pct = |part: f64, whole: f64| if whole > 0.0 { 100.0 * part / whole } else { 0.0 };
+    let pct = |part: f64, whole: f64| {
+        if whole > 0.0 {
+            100.0 * part / whole
+        } else {
+            0.0
+        }
+    };
     let read = rate("hits") + rate("iohits") + rate("misses");
     let dread = rate("demand_data_hits") + rate("demand_data_misses");
     let pread = rate("prefetch_data_hits") + rate("prefetch_data_misses");
@@ -461,7 +500,11 @@ mod tests {
     fn every_column_has_a_value_and_default_fields_exist() {
         let c = counters(&[]);
         for column in COLUMNS.iter().filter(|c| c.scale != Scale::Time) {
-            assert!(value(column.name, &c, &c, 1.0).is_finite(), "{}", column.name);
+            assert!(
+                value(column.name, &c, &c, 1.0).is_finite(),
+                "{}",
+                column.name
+            );
         }
         for f in DEFAULT_FIELDS {
             assert!(column(f).is_some(), "{f}");
