@@ -417,3 +417,74 @@ fn http_endpoint_refuses_abuse_and_keeps_serving() {
         .unwrap();
     l2arc_testkit::assert_one_line_error(&out, "l2arc", "--allow-remote");
 }
+
+#[test]
+fn secondarycache_switch_takes_l2_hits_to_zero_and_back() {
+    let served = Served::start();
+    let pass = || {
+        let before = served.ctl_stats();
+        run(tool("nbdcopy").arg(served.uri()).arg("null:"));
+        let after = served.ctl_stats();
+        let d = |n: &str| after.get(n).copied().unwrap_or(0) - before.get(n).copied().unwrap_or(0);
+        (d("l2_hits"), d("l2_misses"), d("primary_reads"))
+    };
+    // The image is twice the ARC: the feeder copies what the ARC evicts.
+    let mut warm = false;
+    for _ in 0..8 {
+        if pass().0 > 0 {
+            warm = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    assert!(warm, "no L2ARC hits after 8 passes");
+
+    let set = |value: &str| {
+        run(l2arc()
+            .args(["ctl", "--socket"])
+            .arg(&served.control)
+            .args(["set", "nbd", &format!("secondarycache={value}")]));
+    };
+    set("none");
+    let listed = run(l2arc()
+        .args(["ctl", "--socket"])
+        .arg(&served.control)
+        .arg("datasets"));
+    assert!(
+        String::from_utf8_lossy(&listed.stdout)
+            .contains("nbd recordsize=65536 primarycache=all secondarycache=none"),
+        "{listed:?}"
+    );
+    let (l2_hits, l2_misses, primary) = pass();
+    assert_eq!(
+        (l2_hits, l2_misses),
+        (0, 0),
+        "secondarycache=none still reads the L2ARC"
+    );
+    assert!(primary > 0);
+    set("all");
+    let mut back = false;
+    for _ in 0..4 {
+        if pass().0 > 0 {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "L2ARC hits did not come back with secondarycache=all");
+
+    // Bad input: one clear error, and the service keeps its setting.
+    let out = l2arc()
+        .args(["ctl", "--socket"])
+        .arg(&served.control)
+        .args(["set", "nbd", "secondarycache=some"])
+        .output()
+        .unwrap();
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "expected all or none");
+    let out = l2arc()
+        .args(["ctl", "--socket"])
+        .arg(&served.control)
+        .args(["set", "nosuch", "primarycache=none"])
+        .output()
+        .unwrap();
+    l2arc_testkit::assert_one_line_error(&out, "l2arc", "no dataset named \"nosuch\"");
+}

@@ -19,6 +19,7 @@ pub mod hash;
 pub mod l2arc;
 pub mod latency;
 pub mod primary;
+pub mod properties;
 pub mod read_path;
 pub mod stats;
 

@@ -179,6 +179,8 @@ pub(crate) struct Dataset {
     pub(crate) uid: u64,
     primary: Arc<dyn Primary>,
     pub(crate) config: DatasetConfig,
+    /// The properties that may change while running (see `properties`).
+    pub(crate) props: crate::properties::LiveProperties,
 }
 
 /// What the cache remembers of an object, shared by all its handles.
@@ -383,8 +385,24 @@ impl Cache {
         let datasets = self.datasets.read().expect("dataset lock poisoned");
         (0u32..)
             .zip(datasets.iter())
-            .map(|(i, d)| (DatasetId(i), d.name.clone(), d.config))
+            .map(|(i, d)| (DatasetId(i), d.name.clone(), d.props.current(&d.config)))
             .collect()
+    }
+
+    /// Sets `primarycache`, `secondarycache` or `compression` of the
+    /// dataset `name` while running (see `properties`).
+    pub fn set_dataset_property(
+        &self,
+        name: &str,
+        property: &str,
+        value: &str,
+    ) -> Result<(), crate::properties::PropertyError> {
+        let datasets = self.datasets.read().expect("dataset lock poisoned");
+        let dataset = datasets
+            .iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| crate::properties::PropertyError::NoDataset(name.to_string()))?;
+        dataset.props.set(property, value)
     }
 
     /// The L2ARC, once a cache device has been added.
@@ -455,6 +473,7 @@ impl Cache {
             name: name.to_string(),
             uid,
             primary,
+            props: crate::properties::LiveProperties::new(&config),
             config,
         }));
         Ok(id)
@@ -590,7 +609,7 @@ impl Cache {
 
     /// Reads like `pread`: fills `buf` from `offset`, short at end of object.
     pub fn read(&self, handle: &ObjectHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        if handle.dataset.config.primarycache == CacheMode::None {
+        if handle.dataset.props.primarycache() == CacheMode::None {
             return self.read_uncached(handle, offset, buf);
         }
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
@@ -618,7 +637,7 @@ impl Cache {
     /// Warms the cache with the records under a range (read-ahead): they are
     /// flagged as prefetched and do not count as reuse.
     pub fn prefetch(&self, handle: &ObjectHandle, offset: u64, len: usize) -> io::Result<()> {
-        if handle.dataset.config.primarycache == CacheMode::None {
+        if handle.dataset.props.primarycache() == CacheMode::None {
             return Ok(());
         }
         self.read_view(handle, offset, len, AccessKind::Prefetch)
@@ -722,7 +741,7 @@ impl Cache {
     fn fill_record(&self, handle: &ObjectHandle, index: u64, token: u64) -> io::Result<AlignedBuf> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
         if let Some(l2) = self.l2.get()
-            && handle.dataset.config.secondarycache == CacheMode::All
+            && handle.dataset.props.secondarycache() == CacheMode::All
         {
             let key_hash = l2_key_hash(handle.dataset.uid, handle.state.id, index, token);
             let timer = self.analytics.start();

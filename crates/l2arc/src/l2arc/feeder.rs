@@ -203,7 +203,7 @@ impl Cache {
             let Some(dataset) = datasets.get(key.dataset as usize) else {
                 continue;
             };
-            if dataset.config.secondarycache == CacheMode::None {
+            if dataset.props.secondarycache() == CacheMode::None {
                 continue;
             }
             let key_hash =
@@ -218,7 +218,7 @@ impl Cache {
                 key_hash,
                 key,
                 data: record.data.to_vec(),
-                compression: dataset.config.compression,
+                compression: dataset.props.compression(),
             });
             if batch_bytes >= budget_bytes {
                 break;
