@@ -36,7 +36,7 @@ use std::time::Instant;
 pub use crate::latency::{HistogramSnapshot, LatencyHistogram};
 
 /// One ARC hit in this many (per thread) is timed.
-pub const ARC_HIT_SAMPLE_PERIOD: u32 = 16;
+pub const ARC_HIT_SAMPLE_PERIOD: u32 = 64;
 
 /// Datasets with counters of their own; later ones share the last slot.
 pub const DATASETS_TRACKED_MAX: usize = 64;
