@@ -1,7 +1,9 @@
 """Checks the live page of a running l2arc service in headless Chromium.
 
 Driven by tests/browser.rs (which starts serve-nbd with fio reading through
-it); run by hand as: live_page.py URL SCREENSHOT.png
+it); run by hand as: live_page.py URL SCREENSHOT.png [HOLD_SECS]
+(HOLD_SECS, default 6: how long the page runs after the checks before the
+screenshot is taken).
 
 Uses the system's Chromium (Debian `chromium`) through Playwright; no
 browser is downloaded. Exits nonzero with one line saying what failed:
@@ -35,6 +37,7 @@ def attr(page, element_id, name):
 
 def main():
     url, screenshot = sys.argv[1], sys.argv[2]
+    hold_secs = float(sys.argv[3]) if len(sys.argv) > 3 else 6.0
     errors = []
     with sync_playwright() as p:
         browser = p.chromium.launch(
@@ -65,7 +68,7 @@ def main():
         gained = {c: attr(page, c, "points") - start[c] for c in LINE_CHARTS}
         heat = {h: attr(page, h, "events") for h in HEAT_MAPS}
         # A few more seconds so that the screenshot shows a curve.
-        page.wait_for_timeout(6000)
+        page.wait_for_timeout(hold_secs * 1000)
         status = page.inner_text("#status")
         datasets = page.inner_text("#datasets")
         page.screenshot(path=screenshot, full_page=True)
