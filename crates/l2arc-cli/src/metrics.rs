@@ -20,6 +20,9 @@ use l2arc::Cache;
 use l2arc::latency::{BUCKETS, HistogramSnapshot, bucket_low_ns};
 use serde_json::{Value, json};
 
+/// Objects listed in the page's drill-down.
+const TOP_OBJECTS_SHOWN: usize = 20;
+
 /// Octaves exported as Prometheus buckets: `le` = 2^k ns for k in this range.
 const PROMETHEUS_OCTAVES: std::ops::RangeInclusive<u32> = 6..=36;
 
@@ -304,6 +307,28 @@ pub fn json_snapshot(cache: &Cache) -> Value {
             })
         })
         .collect();
+    let names: Vec<String> = cache
+        .dataset_list()
+        .into_iter()
+        .map(|(_, name, _)| name)
+        .collect();
+    let top_objects: Vec<Value> = cache
+        .analytics()
+        .top_objects(TOP_OBJECTS_SHOWN)
+        .into_iter()
+        .map(|o| {
+            json!({
+                "dataset": names.get(o.dataset as usize).cloned().unwrap_or_default(),
+                "object": o.object,
+                "name": o.name,
+                "reads": o.reads,
+                "misses": o.misses,
+                "l2_hits": o.l2_hits,
+                "primary_reads": o.primary_reads,
+                "bytes_below": o.bytes_below,
+            })
+        })
+        .collect();
     let time_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -314,6 +339,7 @@ pub fn json_snapshot(cache: &Cache) -> Value {
         "histograms": histograms,
         "datasets": datasets,
         "devices": devices,
+        "top_objects": top_objects,
     })
 }
 

@@ -396,10 +396,28 @@ fn http_endpoint_refuses_abuse_and_keeps_serving() {
     let (status, body) = http_get(served.http, b"GET / HTTP/1.1\r\n\r\n");
     assert_eq!(status, 200);
     assert!(body.contains("<canvas") && !body.contains("http://") && !body.contains("https://"));
+    served.read_records(16, 1);
     let (status, body) = http_get(served.http, b"GET /api/stats HTTP/1.1\r\n\r\n");
     assert_eq!(status, 200);
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(json["kstats"]["c_max"].as_u64().unwrap() == 16 << 20);
+    // The drill-down: the image (opened by the empty name) and its misses.
+    let top = &json["top_objects"][0];
+    assert_eq!(top["dataset"], "nbd", "{json}");
+    assert_eq!(top["name"], "", "{json}");
+    assert!(top["misses"].as_u64().unwrap() >= 16, "{json}");
+    assert!(top["reads"].as_u64().unwrap() >= top["misses"].as_u64().unwrap());
+    // One object: every primary read and L2ARC hit was for it.
+    assert_eq!(
+        top["primary_reads"], json["kstats"]["primary_reads"],
+        "{json}"
+    );
+    assert_eq!(top["l2_hits"], json["kstats"]["l2_hits"], "{json}");
+    assert!(
+        top["bytes_below"].as_u64().unwrap()
+            >= json["kstats"]["primary_read_bytes"].as_u64().unwrap(),
+        "{json}"
+    );
     // The export still serves reads.
     served.read_records(4, 1);
 

@@ -1,8 +1,9 @@
 //! The live page in a real browser: headless Chromium (Debian `chromium`)
 //! driven by Playwright for Python (`tests/browser/live_page.py`), against
 //! a `serve-nbd` with fio reading through it. The page must load with no
-//! console error, every chart must gain points within 5 s, and the heat
-//! maps of the front end, the ARC, the L2ARC and the disk must fill.
+//! console error, every chart must gain points within 5 s, the heat maps
+//! of the front end, the ARC, the L2ARC and the disk must fill, and the
+//! drill-down must list the image being read.
 //!
 //! Every tool is required: chromium, fio and the Python environment that
 //! `scripts/setup.sh` makes in `.tools/venv` (Playwright, using the system
@@ -154,6 +155,11 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
     assert!(result["errors"].as_array().unwrap().is_empty(), "{result}");
     assert!(
         result["datasets"].as_str().unwrap().contains("nbd"),
+        "{result}"
+    );
+    // The drill-down lists the object being read: the exported image.
+    assert!(
+        result["objects"].as_str().unwrap().contains("(the image)"),
         "{result}"
     );
     let size = std::fs::metadata(&screenshot).unwrap().len();

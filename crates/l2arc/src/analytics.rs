@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 pub use crate::latency::{HistogramSnapshot, LatencyHistogram};
+pub use crate::top_objects::{ObjectCounts, TOP_OBJECTS_MAX};
 
 /// One ARC hit in this many (per thread) is timed.
 pub const ARC_HIT_SAMPLE_PERIOD: u32 = 64;
@@ -56,6 +57,7 @@ pub struct Analytics {
     pub primary: LatencyHistogram,
     pub frontend: LatencyHistogram,
     datasets: Box<[DatasetCounters]>,
+    top: crate::top_objects::TopObjects,
 }
 
 /// Counters of one dataset, kept below the ARC only (where an extra atomic
@@ -94,6 +96,7 @@ impl Default for Analytics {
             datasets: (0..DATASETS_TRACKED_MAX)
                 .map(|_| DatasetCounters::default())
                 .collect(),
+            top: Default::default(),
         }
     }
 }
@@ -147,18 +150,29 @@ impl Analytics {
         }
     }
 
-    /// Ends a read started with `start_read`: counted as an ARC hit when
-    /// nothing below the ARC was waited for.
+    /// Ends a read of `object` started with `start_read`: counted as an
+    /// ARC hit when nothing below the ARC was waited for.
     #[inline]
-    pub(crate) fn finish_read(&self, timer: Timer) {
+    pub(crate) fn finish_read(&self, timer: Timer, dataset: u32, object: u64) {
         if let Timer(Some(start)) = timer
             && !WENT_BELOW.with(|b| b.get())
         {
-            self.arc_hit.record_n(
-                start.elapsed().as_nanos() as u64,
-                u64::from(ARC_HIT_SAMPLE_PERIOD),
-            );
+            let weight = u64::from(ARC_HIT_SAMPLE_PERIOD);
+            self.arc_hit
+                .record_n(start.elapsed().as_nanos() as u64, weight);
+            self.top.sampled_hit(dataset, object, weight);
         }
+    }
+
+    /// Remembers the name `object` was opened by, for the drill-down.
+    pub(crate) fn name_object(&self, dataset: u32, object: u64, name: &str) {
+        self.top.name(dataset, object, name);
+    }
+
+    /// The `n` objects with the most reads (at most `TOP_OBJECTS_MAX` are
+    /// tracked; see `top_objects`).
+    pub fn top_objects(&self, n: usize) -> Vec<ObjectCounts> {
+        self.top.top(n)
     }
 
     /// Notes that this thread's current read went below the ARC.
@@ -167,19 +181,21 @@ impl Analytics {
         WENT_BELOW.with(|b| b.set(true));
     }
 
-    /// Counts an L2ARC hit of `bytes` for dataset `index`.
-    pub(crate) fn l2_hit_done(&self, timer: Timer, dataset: usize, bytes: u64) {
+    /// Counts an L2ARC hit of `bytes` for `object` of dataset `index`.
+    pub(crate) fn l2_hit_done(&self, timer: Timer, dataset: usize, object: u64, bytes: u64) {
         self.note_below();
         self.l2_hit.finish(timer);
+        self.top.fill(dataset as u32, object, true, bytes);
         let d = &self.datasets[dataset.min(DATASETS_TRACKED_MAX - 1)];
         d.l2_hits.fetch_add(1, Ordering::Relaxed);
         d.l2_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Counts a primary read of `bytes` for dataset `index`.
-    pub(crate) fn primary_done(&self, timer: Timer, dataset: usize, bytes: u64) {
+    /// Counts a primary read of `bytes` for `object` of dataset `index`.
+    pub(crate) fn primary_done(&self, timer: Timer, dataset: usize, object: u64, bytes: u64) {
         self.note_below();
         self.primary.finish(timer);
+        self.top.fill(dataset as u32, object, false, bytes);
         let d = &self.datasets[dataset.min(DATASETS_TRACKED_MAX - 1)];
         d.primary_reads.fetch_add(1, Ordering::Relaxed);
         d.primary_read_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -229,7 +245,7 @@ mod tests {
         std::thread::spawn(move || {
             for _ in 0..ARC_HIT_SAMPLE_PERIOD * 10 {
                 let t = a.start_read();
-                a.finish_read(t);
+                a.finish_read(t, 0, 1);
             }
             let snap = a.arc_hit.snapshot();
             assert_eq!(snap.count(), u64::from(ARC_HIT_SAMPLE_PERIOD) * 10);
@@ -240,7 +256,7 @@ mod tests {
                 let t = a.start_read();
                 timed += u32::from(t.0.is_some());
                 a.note_below();
-                a.finish_read(t);
+                a.finish_read(t, 0, 1);
             }
             assert_eq!(timed, 1);
             assert_eq!(a.arc_hit.snapshot().count(), snap.count());
@@ -249,7 +265,7 @@ mod tests {
             for _ in 0..ARC_HIT_SAMPLE_PERIOD * 2 {
                 let t = a.start_read();
                 assert!(t.0.is_none());
-                a.finish_read(t);
+                a.finish_read(t, 0, 1);
                 a.primary.finish(a.start());
             }
             assert_eq!(a.arc_hit.snapshot().count(), snap.count());
@@ -262,9 +278,9 @@ mod tests {
     #[test]
     fn datasets_past_the_bound_share_the_last_slot() {
         let a = Analytics::default();
-        a.primary_done(a.start(), 3, 4096);
-        a.primary_done(a.start(), DATASETS_TRACKED_MAX + 5, 10);
-        a.l2_hit_done(a.start(), DATASETS_TRACKED_MAX - 1, 7);
+        a.primary_done(a.start(), 3, 1, 4096);
+        a.primary_done(a.start(), DATASETS_TRACKED_MAX + 5, 1, 10);
+        a.l2_hit_done(a.start(), DATASETS_TRACKED_MAX - 1, 1, 7);
         assert_eq!(a.dataset(3).primary_read_bytes, 4096);
         let last = a.dataset(DATASETS_TRACKED_MAX - 1);
         assert_eq!((last.primary_reads, last.l2_hits), (1, 1));

@@ -22,6 +22,7 @@ pub mod primary;
 pub mod properties;
 pub mod read_path;
 pub mod stats;
+pub mod top_objects;
 
 pub use read_path::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle, ReadView,

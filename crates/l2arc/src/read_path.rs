@@ -496,7 +496,10 @@ impl Cache {
     ) -> io::Result<ObjectHandle> {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open(name, writable)?;
-        self.open_object(dataset_id, dataset, object)
+        let handle = self.open_object(dataset_id, dataset, object)?;
+        self.analytics
+            .name_object(dataset_id.0, handle.state.id, name);
+        Ok(handle)
     }
 
     /// Opens an object from a file the caller already opened in the
@@ -627,7 +630,8 @@ impl Cache {
             buf[..to - from].copy_from_slice(&record.data[from..to]);
             self.counters.reads.add(1);
             self.counters.read_bytes.add((to - from) as u64);
-            self.analytics.finish_read(timer);
+            self.analytics
+                .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(to - from);
         }
         let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
@@ -677,7 +681,8 @@ impl Cache {
             let view = ReadView { segments };
             self.counters.reads.add(1);
             self.counters.read_bytes.add(view.len() as u64);
-            self.analytics.finish_read(timer);
+            self.analytics
+                .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(view);
         }
         Ok(ReadView { segments })
@@ -749,8 +754,9 @@ impl Cache {
                 && data.len() <= recordsize
             {
                 let dataset = handle.dataset_id.0 as usize;
+                let bytes = data.len() as u64;
                 self.analytics
-                    .l2_hit_done(timer, dataset, data.len() as u64);
+                    .l2_hit_done(timer, dataset, handle.state.id, bytes);
                 return Ok(data);
             }
         }
@@ -763,7 +769,8 @@ impl Cache {
                 self.counters.primary_reads.add(1);
                 self.counters.primary_read_bytes.add(n as u64);
                 let dataset = handle.dataset_id.0 as usize;
-                self.analytics.primary_done(timer, dataset, n as u64);
+                self.analytics
+                    .primary_done(timer, dataset, handle.state.id, n as u64);
                 Ok(data)
             }
             Err(e) => {
@@ -805,7 +812,8 @@ impl Cache {
         self.counters.primary_reads.add(1);
         self.counters.primary_read_bytes.add(n as u64);
         let dataset = handle.dataset_id.0 as usize;
-        self.analytics.primary_done(timer, dataset, n as u64);
+        self.analytics
+            .primary_done(timer, dataset, handle.state.id, n as u64);
         self.counters.reads.add(1);
         self.counters.read_bytes.add(n as u64);
         Ok(n)

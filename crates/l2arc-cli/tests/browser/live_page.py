@@ -71,6 +71,7 @@ def main():
         page.wait_for_timeout(hold_secs * 1000)
         status = page.inner_text("#status")
         datasets = page.inner_text("#datasets")
+        objects = page.inner_text("#objects")
         page.screenshot(path=screenshot, full_page=True)
         browser.close()
     result = {
@@ -78,6 +79,7 @@ def main():
         "heat_events": heat,
         "status": status,
         "datasets": datasets,
+        "objects": objects,
         "errors": errors,
     }
     print(json.dumps(result))
