@@ -7,7 +7,7 @@
 //!
 //! - `arc_hit`: demand reads served entirely from the ARC, start to end of
 //!   `Cache::read`/`read_view`. An ARC hit costs about 250 ns, and reading
-//!   the clock twice costs a tenth of that, so only one read in
+//!   the clock twice costs tens of nanoseconds, so only one read in
 //!   `ARC_HIT_SAMPLE_PERIOD` per thread is timed, and counted with that
 //!   weight: the counts estimate every hit, the shape is exact enough for
 //!   a heat map, and the hit path pays one thread-local countdown.
