@@ -15,6 +15,9 @@ PACKAGES=(
   nbdkit          # the NBD peer in the side-by-side benchmark
   libnbd-bin      # nbdcopy, nbdinfo: NBD front-end tests
   qemu-utils      # qemu-io, qemu-img: NBD front-end tests
+  prometheus      # promtool: the analytics tests check /metrics with `promtool check metrics`
+  chromium        # the live page's test runs it headless (through Playwright, below)
+  python3-venv    # the Python environment for Playwright
 )
 
 missing=()
@@ -57,4 +60,16 @@ PJDFSTEST_VERSION="0.2.2"
 if ! "$HOME/.cargo/bin/pjdfstest" -V 2>/dev/null | grep -q "$PJDFSTEST_VERSION"; then
   echo "setup: installing pjdfstest $PJDFSTEST_VERSION with cargo" >&2
   cargo install --quiet --locked pjdfstest --version "$PJDFSTEST_VERSION"
+fi
+
+# Playwright for Python drives the system Chromium in the live page's test
+# (crates/l2arc-cli/tests/browser.rs). It lives in a virtual environment in
+# the repository's ignored .tools/ (Debian's Python refuses system-wide pip
+# installs); no browser is downloaded (the test passes Chromium's path).
+PLAYWRIGHT_VERSION="1.65.2"
+VENV="$(cd "$(dirname "$0")/.." && pwd)/.tools/venv"
+if ! "$VENV/bin/python" -c "import playwright, sys; from importlib.metadata import version; sys.exit(version('playwright') != '$PLAYWRIGHT_VERSION')" 2>/dev/null; then
+  echo "setup: installing Playwright $PLAYWRIGHT_VERSION for Python in $VENV" >&2
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "playwright==$PLAYWRIGHT_VERSION"
 fi

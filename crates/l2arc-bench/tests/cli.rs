@@ -114,6 +114,16 @@ fn bench_arc_hit_reports_both_sides() {
             row["mutex_hashmap_per_sec"].as_f64().unwrap() > 1000.0,
             "{row}"
         );
+        // Analytics off and on were both measured.
+        assert!(
+            row["analytics_off_per_sec"].as_f64().unwrap() > 1000.0,
+            "{row}"
+        );
+        assert!(
+            row["analytics_on_per_sec"].as_f64().unwrap() > 1000.0,
+            "{row}"
+        );
+        assert!(row["analytics_cost"].as_f64().unwrap().is_finite(), "{row}");
     }
 }
 

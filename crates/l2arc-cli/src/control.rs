@@ -123,6 +123,26 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
             Ok(out)
         }
         ["devices"] => Ok(devices(cache)),
+        ["set", dataset, assignment] => {
+            let (property, value) = assignment.split_once('=').ok_or_else(|| {
+                anyhow::anyhow!("`{assignment}` is not PROPERTY=VALUE (e.g. secondarycache=none)")
+            })?;
+            cache.set_dataset_property(dataset, property, value)?;
+            Ok(String::new())
+        }
+        ["datasets"] => {
+            let mut out = String::new();
+            for (_, name, c) in cache.dataset_list() {
+                out.push_str(&format!(
+                    "{name} recordsize={} primarycache={} secondarycache={} compression={}\n",
+                    c.recordsize_bytes,
+                    mode_name(c.primarycache),
+                    mode_name(c.secondarycache),
+                    c.compression
+                ));
+            }
+            Ok(out)
+        }
         ["add-cache", path] | ["add-cache", path, _] => {
             let size_bytes = match words.get(2) {
                 Some(s) => l2arc_sim::parse_size(s).map_err(anyhow::Error::msg)?,
@@ -141,8 +161,15 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
             Ok(String::new())
         }
         _ => bail!(
-            "unknown command `{line}`: expected stats, devices, add-cache PATH [SIZE] or remove-cache SLOT"
+            "unknown command `{line}`: expected stats, devices, datasets, set DATASET PROPERTY=VALUE, add-cache PATH [SIZE] or remove-cache SLOT"
         ),
+    }
+}
+
+fn mode_name(mode: l2arc::CacheMode) -> &'static str {
+    match mode {
+        l2arc::CacheMode::All => "all",
+        l2arc::CacheMode::None => "none",
     }
 }
 
@@ -211,6 +238,15 @@ pub enum CtlCommand {
     AddCache { path: PathBuf, size: Option<String> },
     /// Remove a cache device by slot (waits for reads in flight on it).
     RemoveCache { slot: u8 },
+    /// List datasets and their properties.
+    Datasets,
+    /// Set a dataset property while running: primarycache=all|none,
+    /// secondarycache=all|none, compression=lz4|zstd|off.
+    Set {
+        dataset: String,
+        /// PROPERTY=VALUE
+        assignment: String,
+    },
 }
 
 pub fn run(args: CtlArgs) -> Result<()> {
@@ -230,6 +266,16 @@ pub fn run(args: CtlArgs) -> Result<()> {
             }
         }
         CtlCommand::RemoveCache { slot } => format!("remove-cache {slot}"),
+        CtlCommand::Datasets => "datasets".to_string(),
+        CtlCommand::Set {
+            dataset,
+            assignment,
+        } => {
+            if dataset.contains(char::is_whitespace) || assignment.contains(char::is_whitespace) {
+                bail!("dataset names and PROPERTY=VALUE have no spaces");
+            }
+            format!("set {dataset} {assignment}")
+        }
     };
     print!("{}", request(&args.socket, &command)?);
     Ok(())

@@ -10,9 +10,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod control;
+mod http;
+mod metrics;
 mod mount_cmd;
 mod nbd_cmd;
 mod service;
+mod stat;
 mod trace_cmd;
 
 #[derive(Parser)]
@@ -43,6 +46,8 @@ enum Command {
     ServeNbd(nbd_cmd::ServeNbdArgs),
     /// Talk to a running mount or serve-nbd through its --control socket: stats, cache devices.
     Ctl(control::CtlArgs),
+    /// arcstat for a running mount or serve-nbd: one line of rates per interval (`l2arc stat -s SOCK 1 10`).
+    Stat(stat::StatArgs),
 }
 
 /// `l2arc bench ARGS` is `l2arc-bench ARGS`: the benchmarks and their
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => mount_cmd::run(args),
         Command::ServeNbd(args) => nbd_cmd::run(args),
         Command::Ctl(args) => control::run(args),
+        Command::Stat(args) => stat::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

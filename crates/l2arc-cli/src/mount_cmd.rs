@@ -42,6 +42,9 @@ pub struct MountArgs {
     /// permissions (default_permissions). Default: root and the mounting user only.
     #[arg(long)]
     pub allow_other: bool,
+    /// Allow --http on a non-loopback address (the page shows file names and load).
+    #[arg(long)]
+    pub allow_remote: bool,
     #[command(flatten)]
     pub cache: CacheOptions,
 }
@@ -77,6 +80,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     let cache = resolved.build_cache()?;
     // `l2arc ctl` (stats, cache devices) when --control is given.
     let _control = resolved.start_control(&cache)?;
+    let _http = resolved.start_http(&cache, args.allow_remote)?;
     let dataset = cache.add_dataset(
         "mount",
         resolved.wrap_primary(Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>)?,

@@ -26,7 +26,7 @@ pub struct ServeNbdArgs {
     /// Where to listen: unix:PATH or HOST:PORT (loopback only without --allow-remote).
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub listen: ListenAddr,
-    /// Allow listening on a non-loopback address (NBD has no authentication).
+    /// Allow listening on a non-loopback address (NBD has no authentication; also --http).
     #[arg(long)]
     pub allow_remote: bool,
     /// Export read-only: writes, trims and zeroing are refused (EPERM).
@@ -75,6 +75,7 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
     let primary = resolved.wrap_primary(Arc::new(image))?;
     let cache = resolved.build_cache()?;
     let _control = resolved.start_control(&cache)?;
+    let _http = resolved.start_http(&cache, args.allow_remote)?;
     let dataset = cache.add_dataset("nbd", primary, resolved.dataset_config)?;
     let handle = cache
         .open(dataset, "", writable)

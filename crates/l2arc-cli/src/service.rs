@@ -28,6 +28,9 @@ pub struct CacheOptions {
     /// Unix socket for `l2arc ctl` (stats, adding and removing cache devices while running).
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// Read-only HTTP endpoint: /metrics (Prometheus), / (live page); loopback only without --allow-remote.
+    #[arg(long)]
+    pub http: Option<std::net::SocketAddr>,
     /// `arc_max`: DRAM for cached records (default 1GiB).
     #[arg(long, value_parser = parse_size)]
     pub arc_max: Option<u64>,
@@ -100,6 +103,7 @@ struct FileOptions {
     secondarycache: Option<String>,
     compression: Option<String>,
     control: Option<PathBuf>,
+    http: Option<std::net::SocketAddr>,
     #[serde(default)]
     cache: Vec<PathBuf>,
     cache_size: Option<SizeValue>,
@@ -147,6 +151,8 @@ pub struct ResolvedOptions {
     pub cache_size_bytes: u64,
     /// Where to listen for `l2arc ctl`.
     pub control_socket: Option<PathBuf>,
+    /// Where to serve /metrics and the live page.
+    pub http: Option<std::net::SocketAddr>,
     /// Some: wrap the primary in an emulated HDD array.
     pub emulate_hdd: Option<HddConfig>,
 }
@@ -287,6 +293,7 @@ impl CacheOptions {
             cache_devices,
             cache_size_bytes,
             control_socket: self.control.clone().or(file.control),
+            http: self.http.or(file.http),
             emulate_hdd,
         })
     }
@@ -324,6 +331,21 @@ impl ResolvedOptions {
             .as_ref()
             .map(|path| crate::control::ControlServer::start(Arc::clone(cache), path))
             .transpose()
+    }
+
+    /// Starts the HTTP endpoint when one was asked for, and says where it
+    /// listens on stderr; keep the result alive for as long as the service runs.
+    pub fn start_http(
+        &self,
+        cache: &Arc<Cache>,
+        allow_remote: bool,
+    ) -> Result<Option<crate::http::HttpServer>> {
+        let Some(addr) = self.http else {
+            return Ok(None);
+        };
+        let server = crate::http::HttpServer::start(Arc::clone(cache), addr, allow_remote)?;
+        eprintln!("l2arc: http on http://{}/", server.local_addr());
+        Ok(Some(server))
     }
 
     /// Wraps `primary` in the emulated HDD when asked to.

@@ -562,6 +562,7 @@ impl CachedFs {
     }
 
     fn do_read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
+        let timer = self.cache.analytics().start();
         let file = match self.file(fh) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
@@ -599,6 +600,7 @@ impl CachedFs {
                 reply.data(&buf);
             }
         }
+        self.cache.analytics().frontend.finish(timer);
     }
 
     /// Creates a node under `parent` as the caller, then looks it up.

@@ -914,6 +914,7 @@ fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
     };
     let result = match command {
         Command::Read => {
+            let timer = cache.analytics().start();
             let mut reply = vec![0u8; SIMPLE_REPLY_BYTES + request.length_bytes as usize];
             match cache.read(handle, offset_bytes, &mut reply[SIMPLE_REPLY_BYTES..]) {
                 Ok(_) => {
@@ -922,6 +923,7 @@ fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
                     reply[..SIMPLE_REPLY_BYTES]
                         .copy_from_slice(&protocol::simple_reply(request.cookie, 0));
                     replier.send(&reply);
+                    cache.analytics().frontend.finish(timer);
                     return;
                 }
                 Err(e) => Err(e),

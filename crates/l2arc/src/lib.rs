@@ -9,17 +9,22 @@
 //! - [`arc`]: the DRAM tier (pure policy + live sharded buffers);
 //! - [`l2arc`]: the flash tier (device format, index, feeder, rebuild);
 //! - [`primary`]: slow storage back ends (directory, image, emulated HDD);
-//! - [`stats`]: counters under ZFS's arcstats names;
+//! - [`stats`]: counters under ZFS's arcstats names; [`analytics`] and
+//!   [`latency`]: latency histograms by the tier that served a read;
 //! - [`buf`], [`hash`]: aligned buffers and the cache's key hash.
 
+pub mod analytics;
 pub mod arc;
 pub mod buf;
 pub mod hash;
 pub mod l2arc;
+pub mod latency;
 pub mod primary;
+pub mod properties;
 pub mod read_path;
 pub mod read_queue;
 pub mod stats;
+pub mod top_objects;
 
 pub use l2arc::IoEngine;
 pub use read_path::{

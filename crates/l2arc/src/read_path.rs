@@ -189,6 +189,8 @@ pub(crate) struct Dataset {
     pub(crate) uid: u64,
     primary: Arc<dyn Primary>,
     pub(crate) config: DatasetConfig,
+    /// The properties that may change while running (see `properties`).
+    pub(crate) props: crate::properties::LiveProperties,
 }
 
 /// What the cache remembers of an object, shared by all its handles.
@@ -254,7 +256,7 @@ impl ObjectHandle {
     }
 
     pub(crate) fn caches_in_arc(&self) -> bool {
-        self.dataset.config.primarycache == CacheMode::All
+        self.dataset.props.primarycache() == CacheMode::All
     }
 }
 
@@ -403,6 +405,8 @@ pub struct Cache {
     /// How read queues read flash (`l2arc_ioengine`, resolved at start),
     /// and why `auto` fell back to psync, if it did.
     ioengine: (IoEngine, Option<String>),
+    /// Latency by tier (see `analytics`).
+    pub(crate) analytics: crate::analytics::Analytics,
 }
 
 /// What one feed did.
@@ -457,6 +461,7 @@ impl Cache {
             feeder_started: std::sync::atomic::AtomicBool::new(false),
             feed_wake,
             ioengine,
+            analytics: crate::analytics::Analytics::default(),
         }))
     }
 
@@ -468,6 +473,36 @@ impl Cache {
     /// Why `l2arc_ioengine=auto` fell back to psync, if it did.
     pub fn ioengine_fallback_reason(&self) -> Option<&str> {
         self.ioengine.1.as_deref()
+    }
+
+    /// Latency histograms by tier and per-dataset counters (see `analytics`).
+    pub fn analytics(&self) -> &crate::analytics::Analytics {
+        &self.analytics
+    }
+
+    /// The datasets, in the order they were added, with their names and properties.
+    pub fn dataset_list(&self) -> Vec<(DatasetId, String, DatasetConfig)> {
+        let datasets = self.datasets.read().expect("dataset lock poisoned");
+        (0u32..)
+            .zip(datasets.iter())
+            .map(|(i, d)| (DatasetId(i), d.name.clone(), d.props.current(&d.config)))
+            .collect()
+    }
+
+    /// Sets `primarycache`, `secondarycache` or `compression` of the
+    /// dataset `name` while running (see `properties`).
+    pub fn set_dataset_property(
+        &self,
+        name: &str,
+        property: &str,
+        value: &str,
+    ) -> Result<(), crate::properties::PropertyError> {
+        let datasets = self.datasets.read().expect("dataset lock poisoned");
+        let dataset = datasets
+            .iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| crate::properties::PropertyError::NoDataset(name.to_string()))?;
+        dataset.props.set(property, value)
     }
 
     /// The L2ARC, once a cache device has been added.
@@ -542,6 +577,7 @@ impl Cache {
             name: name.to_string(),
             uid,
             primary,
+            props: crate::properties::LiveProperties::new(&config),
             config,
         }));
         Ok(id)
@@ -564,7 +600,10 @@ impl Cache {
     ) -> io::Result<ObjectHandle> {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open(name, writable)?;
-        self.open_object(dataset_id, dataset, object)
+        let handle = self.open_object(dataset_id, dataset, object)?;
+        self.analytics
+            .name_object(dataset_id.0, handle.state.id, name);
+        Ok(handle)
     }
 
     /// Opens an object from a file the caller already opened in the
@@ -677,7 +716,7 @@ impl Cache {
 
     /// Reads like `pread`: fills `buf` from `offset`, short at end of object.
     pub fn read(&self, handle: &ObjectHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        if handle.dataset.config.primarycache == CacheMode::None {
+        if handle.dataset.props.primarycache() == CacheMode::None {
             return self.read_uncached(handle, offset, buf);
         }
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
@@ -685,6 +724,7 @@ impl Cache {
         let end = offset.saturating_add(buf.len() as u64).min(size_bytes);
         if offset < end && offset / recordsize == (end - 1) / recordsize {
             // Within one record: copy straight out of the record buffer.
+            let timer = self.analytics.start_read();
             let index = offset / recordsize;
             let record = self.get_record(handle, index, AccessKind::Demand)?;
             let from = (offset - index * recordsize) as usize;
@@ -694,6 +734,8 @@ impl Cache {
             buf[..to - from].copy_from_slice(&record.data[from..to]);
             self.counters.reads.add(1);
             self.counters.read_bytes.add((to - from) as u64);
+            self.analytics
+                .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(to - from);
         }
         let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
@@ -703,7 +745,7 @@ impl Cache {
     /// Warms the cache with the records under a range (read-ahead): they are
     /// flagged as prefetched and do not count as reuse.
     pub fn prefetch(&self, handle: &ObjectHandle, offset: u64, len: usize) -> io::Result<()> {
-        if handle.dataset.config.primarycache == CacheMode::None {
+        if handle.dataset.props.primarycache() == CacheMode::None {
             return Ok(());
         }
         self.read_view(handle, offset, len, AccessKind::Prefetch)
@@ -725,6 +767,7 @@ impl Cache {
         }
         let end = offset.saturating_add(len as u64).min(size_bytes);
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        let timer = self.analytics.start_read_if(kind == AccessKind::Demand);
         for index in offset / recordsize..=(end - 1) / recordsize {
             let record = self.get_record(handle, index, kind)?;
             let record_start = index * recordsize;
@@ -742,6 +785,8 @@ impl Cache {
             let view = ReadView { segments };
             self.counters.reads.add(1);
             self.counters.read_bytes.add(view.len() as u64);
+            self.analytics
+                .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(view);
         }
         Ok(ReadView { segments })
@@ -759,6 +804,7 @@ impl Cache {
             match self.arc.lookup(key, token, kind) {
                 Lookup::Hit(record) => return Ok(record),
                 Lookup::InFlight(fill) => {
+                    self.analytics.note_below();
                     let record = fill.wait()?;
                     if record.generation_token == token {
                         return Ok(record);
@@ -817,13 +863,28 @@ impl Cache {
         token: u64,
     ) -> io::Result<AlignedBuf> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
-        if let Some((l2, key_hash)) = self.l2_source(handle, index, token)
-            && let Some(data) = l2.read(key_hash, recordsize as u32)
-            && data.len() <= recordsize
-        {
-            return Ok(data);
+        if let Some((l2, key_hash)) = self.l2_source(handle, index, token) {
+            let timer = self.analytics.start();
+            if let Some(data) = l2.read(key_hash, recordsize as u32)
+                && data.len() <= recordsize
+            {
+                self.note_l2_hit(handle, timer, data.len() as u64);
+                return Ok(data);
+            }
         }
         self.read_primary(handle, index)
+    }
+
+    /// Counts an L2ARC hit of `bytes` for the analytics (latency from `timer`).
+    pub(crate) fn note_l2_hit(
+        &self,
+        handle: &ObjectHandle,
+        timer: crate::analytics::Timer,
+        bytes: u64,
+    ) {
+        let dataset = handle.dataset_id.0 as usize;
+        self.analytics
+            .l2_hit_done(timer, dataset, handle.state.id, bytes);
     }
 
     /// The L2ARC and the record's key there, if the record may be on flash.
@@ -834,7 +895,7 @@ impl Cache {
         token: u64,
     ) -> Option<(&Arc<L2Arc>, u64)> {
         let l2 = self.l2.get()?;
-        (handle.dataset.config.secondarycache == CacheMode::All).then(|| {
+        (handle.dataset.props.secondarycache() == CacheMode::All).then(|| {
             (
                 l2,
                 l2_key_hash(handle.dataset.uid, handle.state.id, index, token),
@@ -847,11 +908,15 @@ impl Cache {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
         let mut data = AlignedBuf::zeroed(recordsize);
         let offset = index * recordsize as u64;
+        let timer = self.analytics.start();
         match handle.object.read_at(offset, data.as_mut_slice()) {
             Ok(n) => {
                 data.set_len(n);
                 self.counters.primary_reads.add(1);
                 self.counters.primary_read_bytes.add(n as u64);
+                let dataset = handle.dataset_id.0 as usize;
+                self.analytics
+                    .primary_done(timer, dataset, handle.state.id, n as u64);
                 Ok(data)
             }
             Err(e) => {
@@ -868,6 +933,7 @@ impl Cache {
         buf: &mut [u8],
     ) -> io::Result<usize> {
         let align = handle.object.read_alignment_bytes() as u64;
+        let timer = self.analytics.start();
         let n = if align <= 1 {
             handle.object.read_at(offset, buf)?
         } else {
@@ -891,6 +957,9 @@ impl Cache {
         };
         self.counters.primary_reads.add(1);
         self.counters.primary_read_bytes.add(n as u64);
+        let dataset = handle.dataset_id.0 as usize;
+        self.analytics
+            .primary_done(timer, dataset, handle.state.id, n as u64);
         self.counters.reads.add(1);
         self.counters.read_bytes.add(n as u64);
         Ok(n)

@@ -86,6 +86,8 @@ struct Op<'c> {
     slot: u32,
     token: u64,
     fill_sequence: u64,
+    /// Started when the flash read was (analytics' `l2_hit` latency).
+    timer: crate::analytics::Timer,
     claim: FillClaim<'c>,
     pending: PendingRead,
 }
@@ -274,6 +276,7 @@ impl<'c> ReadQueue<'c> {
                     }
                     // A device the ring cannot read: read it here.
                     let mut pending = pending;
+                    let timer = self.cache.analytics.start();
                     let io_result = pending.read_psync();
                     self.finish_flash_read(
                         index,
@@ -282,6 +285,7 @@ impl<'c> ReadQueue<'c> {
                         claim,
                         pending,
                         io_result,
+                        timer,
                     );
                     return Ok(());
                 }
@@ -326,6 +330,7 @@ impl<'c> ReadQueue<'c> {
         if pushed.is_err() {
             // The ring refused it: read it here instead.
             self.free_ops.push(op_index);
+            let timer = self.cache.analytics.start();
             let io_result = pending.read_psync();
             self.finish_flash_read(
                 index,
@@ -334,6 +339,7 @@ impl<'c> ReadQueue<'c> {
                 claim,
                 pending,
                 io_result,
+                timer,
             );
             return Ok(());
         }
@@ -342,6 +348,7 @@ impl<'c> ReadQueue<'c> {
             slot,
             token,
             fill_sequence,
+            timer: self.cache.analytics.start(),
             claim,
             pending,
         });
@@ -450,6 +457,7 @@ impl<'c> ReadQueue<'c> {
             slot,
             token,
             fill_sequence,
+            timer,
             claim,
             mut pending,
         } = op;
@@ -481,6 +489,7 @@ impl<'c> ReadQueue<'c> {
             claim,
             pending,
             io_result,
+            timer,
         );
         self.finish_if_resolved(index);
     }
@@ -496,6 +505,7 @@ impl<'c> ReadQueue<'c> {
         claim: FillClaim<'c>,
         pending: PendingRead,
         io_result: io::Result<()>,
+        timer: crate::analytics::Timer,
     ) {
         let l2 = self.cache.l2.get().expect("a pending read has an L2ARC");
         let request = self.requests[index as usize]
@@ -508,7 +518,10 @@ impl<'c> ReadQueue<'c> {
             .finish_read(pending, io_result)
             .filter(|data| data.len() <= recordsize)
         {
-            Some(data) => Ok(data),
+            Some(data) => {
+                self.cache.note_l2_hit(&handle, timer, data.len() as u64);
+                Ok(data)
+            }
             // Any failure on flash is a miss: primary storage has it.
             None => self.cache.read_primary(&handle, record),
         };

@@ -94,7 +94,7 @@ thread_local! {
     static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-fn stripe_index() -> usize {
+pub(crate) fn stripe_index() -> usize {
     STRIPE.with(|slot| {
         let mut index = slot.get();
         if index == usize::MAX {

@@ -252,7 +252,7 @@ impl Cache {
                 key_hash: q.key_hash,
                 key: q.key,
                 data: SelectedBytes::Evicted(q.record),
-                compression: dataset.config.compression,
+                compression: dataset.props.compression(),
             });
         }
         if batch_bytes >= budget_bytes {
@@ -274,7 +274,7 @@ impl Cache {
             let Some(dataset) = datasets.get(key.dataset as usize) else {
                 continue;
             };
-            if dataset.config.secondarycache == CacheMode::None {
+            if dataset.props.secondarycache() == CacheMode::None {
                 continue;
             }
             let key_hash =
@@ -289,7 +289,7 @@ impl Cache {
                 key_hash,
                 key,
                 data: SelectedBytes::Copied(record.data.to_vec()),
-                compression: dataset.config.compression,
+                compression: dataset.props.compression(),
             });
             if batch_bytes >= budget_bytes {
                 break;

@@ -166,7 +166,7 @@ impl Cache {
                 counters.cached.fetch_add(bytes, Ordering::Relaxed);
                 continue;
             }
-            let eligible = dataset.config.secondarycache == CacheMode::All
+            let eligible = dataset.props.secondarycache() == CacheMode::All
                 && !(evicted.prefetched && config.l2arc_noprefetch)
                 && !(config.l2arc_mfuonly && evicted.from != ListId::Mfu);
             if !eligible {

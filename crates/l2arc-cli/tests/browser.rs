@@ -1,0 +1,168 @@
+//! The live page in a real browser: headless Chromium (Debian `chromium`)
+//! driven by Playwright for Python (`tests/browser/live_page.py`), against
+//! a `serve-nbd` with fio reading through it. The page must load with no
+//! console error, every chart must gain points within 5 s, the heat maps
+//! of the front end, the ARC, the L2ARC and the disk must fill, and the
+//! drill-down must list the image being read.
+//!
+//! Every tool is required: chromium, fio and the Python environment that
+//! `scripts/setup.sh` makes in `.tools/venv` (Playwright, using the system
+//! Chromium: no browser is downloaded). A missing one fails the test with
+//! a pointer to the script, never a skip. `L2ARC_SCREENSHOT=PATH` keeps the
+//! screenshot (docs/img/analytics.png was taken so).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Larger than the ARC and the L2ARC together, so that every tier serves reads.
+const IMAGE_BYTES: usize = 192 << 20;
+
+fn required(path: &Path, what: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{what} ({}) is missing: run scripts/setup.sh",
+        path.display()
+    );
+    path.to_path_buf()
+}
+
+fn on_path(name: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("`{name}` is not installed: run scripts/setup.sh"))
+}
+
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn live_page_charts_fill_in_headless_chromium_under_fio() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = required(
+        &root.join(".tools/venv/bin/python"),
+        "the Python environment with Playwright",
+    );
+    let script = required(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/live_page.py"),
+        "the browser script",
+    );
+    on_path("chromium");
+    let fio = on_path("fio");
+
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let bytes: Vec<u8> = (0..IMAGE_BYTES / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    std::fs::write(&image, bytes).unwrap();
+    let socket = dir.path().join("nbd.sock");
+    let mut served = Killed(
+        Command::new(env!("CARGO_BIN_EXE_l2arc"))
+            .arg("serve-nbd")
+            .arg(&image)
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
+            .arg("--cache")
+            .arg(dir.path().join("l2.img"))
+            .args(["--cache-size", "64MiB"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, rx) = mpsc::channel();
+    let stderr = served.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut url = None;
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve-nbd did not get ready within 20 s");
+        if let Some(rest) = line.strip_prefix("l2arc: http on ") {
+            url = Some(rest.to_string());
+        }
+        if line.starts_with("l2arc: serving ") {
+            break;
+        }
+    }
+    let url = url.expect("no `l2arc: http on` line");
+
+    // Random 4 KiB reads, 80% of them to the first quarter of the image:
+    // ARC hits, L2ARC hits and disk reads all at once.
+    let _fio = Killed(
+        Command::new(fio)
+            .current_dir(dir.path())
+            .args([
+                "--name=live",
+                "--ioengine=nbd",
+                "--rw=randread",
+                "--bs=4k",
+                "--iodepth=4",
+                "--random_distribution=zoned:80/25:20/75",
+                "--time_based",
+                "--runtime=60",
+            ])
+            .arg(format!("--size={IMAGE_BYTES}"))
+            .arg(format!("--uri=nbd+unix:///?socket={}", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    let screenshot = std::env::var_os("L2ARC_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("live.png"));
+    let out = Command::new(python)
+        .arg(script)
+        .arg(&url)
+        .arg(&screenshot)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the live page failed in Chromium:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(result["errors"].as_array().unwrap().is_empty(), "{result}");
+    assert!(
+        result["datasets"].as_str().unwrap().contains("nbd"),
+        "{result}"
+    );
+    // The drill-down lists the object being read: the exported image.
+    assert!(
+        result["objects"].as_str().unwrap().contains("(the image)"),
+        "{result}"
+    );
+    let size = std::fs::metadata(&screenshot).unwrap().len();
+    assert!(size > 10_000, "screenshot of {size} bytes");
+    assert!(served.0.try_wait().unwrap().is_none(), "serve-nbd died");
+}
