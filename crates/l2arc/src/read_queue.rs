@@ -279,8 +279,7 @@ impl<'c> ReadQueue<'c> {
                     let timer = self.cache.analytics.start();
                     let io_result = pending.read_psync();
                     self.finish_flash_read(
-                        index,
-                        slot,
+                        (index, slot),
                         (token, fill_sequence),
                         claim,
                         pending,
@@ -333,8 +332,7 @@ impl<'c> ReadQueue<'c> {
             let timer = self.cache.analytics.start();
             let io_result = pending.read_psync();
             self.finish_flash_read(
-                index,
-                slot,
+                (index, slot),
                 (token, fill_sequence),
                 claim,
                 pending,
@@ -483,8 +481,7 @@ impl<'c> ReadQueue<'c> {
                 .finish_ring_read(offset, unsafe { &mut *buf }, io_result)
         };
         self.finish_flash_read(
-            index,
-            slot,
+            (index, slot),
             (token, fill_sequence),
             claim,
             pending,
@@ -499,8 +496,7 @@ impl<'c> ReadQueue<'c> {
     /// bytes when anything on flash failed.
     fn finish_flash_read(
         &mut self,
-        index: u32,
-        slot: u32,
+        (index, slot): (u32, u32),
         (token, fill_sequence): (u64, u64),
         claim: FillClaim<'c>,
         pending: PendingRead,
