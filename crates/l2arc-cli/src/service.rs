@@ -312,7 +312,7 @@ fn read_config_file(path: &Path) -> Result<FileOptions> {
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }
 
