@@ -450,6 +450,7 @@ impl Server {
                 break Ok(());
             }
             threads.retain(|t| !t.is_finished());
+            self.shared.pool.trim_if_wanted();
             let mut pfd = libc::pollfd {
                 fd: listener.raw_fd(),
                 events: libc::POLLIN,
@@ -834,6 +835,7 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
     }
     slot.account.close(&shared.pool);
     conn.shutdown();
+    shared.pool.want_trim();
 }
 
 /// Where the reader hands decoded requests: the workers' queue, the
