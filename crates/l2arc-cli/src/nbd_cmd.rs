@@ -120,7 +120,7 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
     );
     if is_block_device(&args.image) {
         eprintln!(
-            "l2arc: {} is a block device: writes made to it by anything but this export while l2arc is stopped are not detected (a block device has no ctime that moves on writes); do not write to it behind l2arc, or start with l2arc_rebuild_enabled=false after you did",
+            "l2arc: {} is a block device: writes made to it by anything but this export are not detected, while l2arc runs or while it is stopped (a block device has no ctime that moves on writes); do not write to it behind l2arc, or start once with --l2arc-rebuild-enabled false after you did (docs/nbd.md)",
             args.image.display()
         );
     }
