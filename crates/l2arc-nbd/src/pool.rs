@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 pub const RECLAIM_WAIT: Duration = Duration::from_millis(500);
 /// How often a waiting charge looks again (besides wake-ups on release).
 const WAIT_POLL: Duration = Duration::from_millis(100);
+/// Least time between two trims of the allocator.
+pub const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The shared byte budget.
 pub struct BufferPool {
@@ -39,8 +41,10 @@ pub struct BufferPool {
     freed: Condvar,
     high_water_bytes: AtomicU64,
     started: Instant,
-    /// A connection ended since the last trim.
-    trim_wanted: AtomicBool,
+    /// A charge was given back since the last trim.
+    released_since_trim: AtomicBool,
+    /// When the allocator was last trimmed, in the pool's ms.
+    last_trim_ms: AtomicU64,
 }
 
 impl BufferPool {
@@ -51,7 +55,8 @@ impl BufferPool {
             freed: Condvar::new(),
             high_water_bytes: AtomicU64::new(0),
             started: Instant::now(),
-            trim_wanted: AtomicBool::new(false),
+            released_since_trim: AtomicBool::new(false),
+            last_trim_ms: AtomicU64::new(0),
         }
     }
 
@@ -71,24 +76,24 @@ impl BufferPool {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Asks for [`Self::trim_if_wanted`] to trim (a connection ended).
-    pub fn want_trim(&self) {
-        self.trim_wanted.store(true, Ordering::Relaxed);
-    }
-
-    /// Gives the allocator's free memory back to the kernel if a connection
-    /// ended since the last trim and no buffer is charged now. glibc keeps
-    /// freed buffers in its per-thread arenas: measured under the memory
-    /// bomb, 55-74 MiB more than the ARC held stayed after every client had
-    /// left, about 8 MiB with this trim (mimalloc did worse than both:
-    /// docs/benchmarks.md). The accept loop calls it at each poll (at most
-    /// ten times a second), so the trim after the last client is never
-    /// skipped.
-    pub fn trim_if_wanted(&self) {
-        if !self.trim_wanted.load(Ordering::Relaxed) || self.used_bytes() != 0 {
+    /// Gives the allocator's free memory back to the kernel, at most once
+    /// per [`TRIM_INTERVAL`] and only if a buffer was given back since the
+    /// last trim. glibc keeps freed buffers in its arenas, and with many
+    /// threads allocating buffers of many sizes, free space in the middle of
+    /// an arena is never returned: under the soak (docs/benchmarks.md) the
+    /// arenas of `serve-nbd` held 700 MiB while the pool held at most 128;
+    /// after a memory bomb 55-74 MiB stayed after every client had left.
+    /// `malloc_trim` returns the free pages of every arena, wherever they
+    /// are. The accept loop calls this at each poll.
+    pub fn trim_if_due(&self) {
+        let now_ms = self.now_ms();
+        let last_ms = self.last_trim_ms.load(Ordering::Relaxed);
+        if now_ms.saturating_sub(last_ms) < TRIM_INTERVAL.as_millis() as u64
+            || !self.released_since_trim.swap(false, Ordering::Relaxed)
+        {
             return;
         }
-        self.trim_wanted.store(false, Ordering::Relaxed);
+        self.last_trim_ms.store(now_ms, Ordering::Relaxed);
         #[cfg(target_env = "gnu")]
         // SAFETY: malloc_trim only releases free memory of glibc's heaps.
         unsafe {
@@ -120,6 +125,8 @@ impl BufferPool {
             self.max_bytes
         );
         // The connection's own limit: freed by its own requests finishing.
+        // Only the connection's reader charges its account, so room seen
+        // here is still there once the pool grants the bytes.
         {
             let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
             while *held > 0 && *held + bytes > account_max_bytes {
@@ -132,30 +139,14 @@ impl BufferPool {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            if account.closed.load(Ordering::SeqCst) {
-                return None;
-            }
-            if *held == 0 {
-                // Holding nothing until now: no stall has begun.
-                account
-                    .last_progress_ms
-                    .store(self.now_ms(), Ordering::Relaxed);
-            }
-            *held += bytes;
-            account.held_bytes.store(*held, Ordering::Relaxed);
         }
-        let charge = Charge {
-            pool: Arc::clone(self),
-            account: Arc::clone(account),
-            account_bytes: bytes,
-            pool_bytes: 0,
-        };
-        // The shared pool.
+        // The shared pool. Waiting here does not count as holding: a
+        // connection is a reclaim victim only for what it already holds.
         let mut used = self.used_bytes.lock().unwrap_or_else(|p| p.into_inner());
         let mut waited_since = Instant::now();
         while *used + bytes > self.max_bytes {
             if account.closed.load(Ordering::SeqCst) {
-                return None; // `charge` gives back the account's part.
+                return None;
             }
             used = self
                 .freed
@@ -172,9 +163,22 @@ impl BufferPool {
         *used += bytes;
         self.high_water_bytes.fetch_max(*used, Ordering::Relaxed);
         drop(used);
-        let mut charge = charge;
-        charge.pool_bytes = bytes;
-        Some(charge)
+        let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
+        if *held == 0 {
+            // Holding nothing until now: no stall has begun.
+            account
+                .last_progress_ms
+                .store(self.now_ms(), Ordering::Relaxed);
+        }
+        *held += bytes;
+        account.held_bytes.store(*held, Ordering::Relaxed);
+        drop(held);
+        Some(Charge {
+            pool: Arc::clone(self),
+            account: Arc::clone(account),
+            account_bytes: bytes,
+            pool_bytes: bytes,
+        })
     }
 }
 
@@ -255,6 +259,7 @@ impl Drop for Charge {
             assert!(*used >= self.pool_bytes, "pool released more than it holds");
             *used -= self.pool_bytes;
             self.pool.freed.notify_all();
+            self.pool.released_since_trim.store(true, Ordering::Relaxed);
         }
         let mut held = self.account.held.lock().unwrap_or_else(|p| p.into_inner());
         assert!(

@@ -450,7 +450,7 @@ impl Server {
                 break Ok(());
             }
             threads.retain(|t| !t.is_finished());
-            self.shared.pool.trim_if_wanted();
+            self.shared.pool.trim_if_due();
             let mut pfd = libc::pollfd {
                 fd: listener.raw_fd(),
                 events: libc::POLLIN,
@@ -835,7 +835,6 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
     }
     slot.account.close(&shared.pool);
     conn.shutdown();
-    shared.pool.want_trim();
 }
 
 /// Where the reader hands decoded requests: the workers' queue, the

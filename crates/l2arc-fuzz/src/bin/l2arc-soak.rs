@@ -83,12 +83,24 @@ impl Rng {
 
 #[derive(Default)]
 struct Tally {
+    /// The first few errors good clients saw, for the report.
+    first_errors: std::sync::Mutex<Vec<String>>,
     ops: AtomicU64,
     bytes: AtomicU64,
     errors: AtomicU64,
     wrong_bytes: AtomicU64,
     hostile_sessions: AtomicU64,
     faults: AtomicU64,
+}
+
+impl Tally {
+    fn error(&self, what: impl std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first_errors.lock().unwrap_or_else(|p| p.into_inner());
+        if first.len() < 8 {
+            first.push(what.to_string());
+        }
+    }
 }
 
 fn nbd_open(socket: &Path) -> std::io::Result<UnixStream> {
@@ -157,8 +169,8 @@ fn nbd_reader(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
     while !stop.load(Ordering::Relaxed) {
         let mut s = match nbd_open(socket) {
             Ok(s) => s,
-            Err(_) => {
-                t.errors.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                t.error(format!("nbd reader {id}: connect: {e}"));
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -184,8 +196,8 @@ fn nbd_reader(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
                     t.ops.fetch_add(1, Ordering::Relaxed);
                     t.bytes.fetch_add(len, Ordering::Relaxed);
                 }
-                _ => {
-                    t.errors.fetch_add(1, Ordering::Relaxed);
+                r => {
+                    t.error(format!("nbd reader {id}: read {len} at {offset}: {r:?}"));
                     break;
                 }
             }
@@ -203,8 +215,12 @@ fn nbd_writer(socket: &Path, id: u64, writers: u64, stop: &AtomicBool, t: &Tally
     while !stop.load(Ordering::Relaxed) {
         let (mut w, mut r) = match (nbd_open(socket), nbd_open(socket)) {
             (Ok(w), Ok(r)) => (w, r),
-            _ => {
-                t.errors.fetch_add(1, Ordering::Relaxed);
+            (w, r) => {
+                t.error(format!(
+                    "nbd writer {id}: connect: {:?} {:?}",
+                    w.err(),
+                    r.err()
+                ));
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -230,7 +246,9 @@ fn nbd_writer(socket: &Path, id: u64, writers: u64, stop: &AtomicBool, t: &Tally
                 && r.write_all(&request(0, i, offset, len as u32)).is_ok()
                 && reply(&mut r, i, &mut back).is_ok_and(|e| e == 0);
             if !read {
-                t.errors.fetch_add(1, Ordering::Relaxed);
+                t.error(format!(
+                    "nbd writer {id}: write/read back {len} at {offset}: written {written}"
+                ));
                 break;
             }
             let wrong = count_wrong(&back, |j| data[j]);
@@ -248,8 +266,8 @@ fn fuse_reader(mnt: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
         let file = rng.below(FUSE_FILES as u64);
         let f = match std::fs::File::open(mnt.join(format!("f{file}"))) {
             Ok(f) => f,
-            Err(_) => {
-                t.errors.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                t.error(format!("fuse reader {id}: open f{file}: {e}"));
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -265,8 +283,10 @@ fn fuse_reader(mnt: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
                     t.ops.fetch_add(1, Ordering::Relaxed);
                     t.bytes.fetch_add(len, Ordering::Relaxed);
                 }
-                Err(_) => {
-                    t.errors.fetch_add(1, Ordering::Relaxed);
+                Err(e) => {
+                    t.error(format!(
+                        "fuse reader {id}: read {len} at {offset} of f{file}: {e}"
+                    ));
                     break;
                 }
             }
@@ -606,6 +626,9 @@ fn main() {
         good.errors.load(Ordering::Relaxed),
         good.wrong_bytes.load(Ordering::Relaxed)
     );
+    for e in good.first_errors.lock().unwrap().iter() {
+        println!("  error: {e}");
+    }
     println!(
         "hostile sessions {}, device faults {} (blocks overwritten + device removals)",
         good.hostile_sessions.load(Ordering::Relaxed),
