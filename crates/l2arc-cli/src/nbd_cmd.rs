@@ -62,6 +62,7 @@ fn is_block_device(path: &std::path::Path) -> bool {
 }
 
 pub fn run(args: ServeNbdArgs) -> Result<()> {
+    l2arc_nbd::pool::map_large_buffers_alone();
     let resolved = args.cache.resolve(64 << 10)?;
     if let ListenAddr::Tcp(addr) = &args.listen
         && !addr.ip().is_loopback()

@@ -6,7 +6,7 @@
 //! them. `protocol` is the wire format as pure code (no I/O, fuzzed);
 //! `server` moves bytes between sockets and the cache.
 
-mod pool;
+pub mod pool;
 pub mod protocol;
 pub mod server;
 

@@ -30,8 +30,9 @@
 //!   (`pool.rs`), and per connection to `max_in_flight_bytes`, with at most
 //!   `max_in_flight_requests` queued requests; past that the reader stops
 //!   reading the socket (TCP flow control pushes back on that client). A
-//!   connection that holds pool memory without progress for `stall_timeout`
-//!   is disconnected when another waits for memory;
+//!   connection whose client keeps its pool memory from coming back (a
+//!   reply unread or a payload not sent for `stall_timeout`) is
+//!   disconnected when another waits for memory;
 //! - requests longer than `max_payload_bytes` (the advertised maximum) are
 //!   served by splitting, as the reference nbd-server serves them: a read
 //!   streams its reply in pieces of `SPLIT_CHUNK_BYTES` (at most the
@@ -268,9 +269,10 @@ pub struct ServerConfig {
     /// One pool for the write payloads and read replies of every
     /// connection: at most this many bytes at once.
     pub buffer_max_bytes: u64,
-    /// A connection that holds pool memory and makes no progress (no
-    /// request finished, no reply bytes taken) for this long is
-    /// disconnected when another connection waits for pool memory.
+    /// A connection holding pool memory whose client leaves a reply unread
+    /// or sends no payload byte for this long (or a payload slower than
+    /// `pool::PAYLOAD_RATE_MIN_BYTES_PER_SEC`) is disconnected when
+    /// another connection waits for pool memory.
     pub stall_timeout: Duration,
 }
 
@@ -315,9 +317,10 @@ impl ServerConfig {
             return bad("max_payload_bytes must be 4096 to max_in_flight_bytes");
         }
         let largest_charge_bytes = u64::from(self.max_payload_bytes) + SIMPLE_REPLY_BYTES as u64;
-        if self.buffer_max_bytes < largest_charge_bytes {
+        let pool_bytes = BufferPool::new(self.buffer_max_bytes).largest_charge_bytes();
+        if pool_bytes < largest_charge_bytes {
             return bad(&format!(
-                "the buffer pool ({} bytes) must hold at least one largest request ({largest_charge_bytes} bytes)",
+                "the buffer pool ({} bytes) must hold one largest request ({largest_charge_bytes} bytes) in seven eighths of it",
                 self.buffer_max_bytes
             ));
         }
@@ -506,7 +509,7 @@ impl Server {
                 last_active_ms: AtomicU64::new(shared.now_ms()),
                 in_flight: AtomicUsize::new(0),
                 transmitting: AtomicBool::new(false),
-                account: Arc::new(Account::new(&shared.pool)),
+                account: Arc::new(Account::new()),
             });
             let id = next_id;
             next_id += 1;
@@ -622,8 +625,8 @@ impl Shared {
     }
 
     /// Called by a charge that has waited on a full pool: disconnects the
-    /// connection holding the most pool memory among those stalled for
-    /// `stall_timeout` (not `asking`, not one already closing). Its buffers
+    /// connection holding the most pool memory among those its client has
+    /// stalled for `stall_timeout` (not `asking`, not one already closing). Its buffers
     /// come back as its threads see the closed socket.
     fn reclaim(&self, asking: &Account) {
         let stall_min_ms = self.config.stall_timeout.as_millis() as u64;
@@ -633,8 +636,7 @@ impl Shared {
             .filter(|s| {
                 !std::ptr::eq(Arc::as_ptr(&s.account), asking)
                     && !s.account.is_closed()
-                    && s.account.held_bytes() > 0
-                    && s.account.stalled_ms(&self.pool) >= stall_min_ms
+                    && s.account.is_stalled(&self.pool, stall_min_ms)
             })
             .max_by_key(|s| s.account.held_bytes());
         if let Some(victim) = victim {
@@ -751,12 +753,14 @@ impl Replier {
         }
         for part in parts {
             for piece in part.chunks(REPLY_PIECE_BYTES) {
-                if conn.write_all(piece).is_err() {
+                self.account.writing(&self.pool, true);
+                let written = conn.write_all(piece);
+                self.account.writing(&self.pool, false);
+                if written.is_err() {
                     self.broken.store(true, Ordering::Relaxed);
                     conn.shutdown();
                     return false;
                 }
-                self.account.progressed(&self.pool);
             }
         }
         true
@@ -835,6 +839,7 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
     }
     slot.account.close(&shared.pool);
     conn.shutdown();
+    shared.pool.want_trim();
 }
 
 /// Where the reader hands decoded requests: the workers' queue, the
@@ -900,6 +905,7 @@ fn reader(
             .slot
             .last_active_ms
             .store(shared.now_ms(), Ordering::Relaxed);
+        queue.slot.account.received_some(&shared.pool);
         if !dispatch(shared, &mut decoder, &mut pending, &buf[..n], queue)? {
             return Ok(());
         }
@@ -949,8 +955,10 @@ fn dispatch(
                     pending.split_errno = r.err().map(|e| protocol::errno_of(&e));
                 }
                 drop(data);
-                slot.account.progressed(&shared.pool);
+                // The piece is written: waiting for the client again.
+                slot.account.received_some(&shared.pool);
                 if last {
+                    slot.account.received_all();
                     let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
                     if pending.split_errno.is_none()
                         && fua
@@ -979,7 +987,8 @@ fn dispatch(
             Decoded::Request { request, payload } => (request, payload),
         };
         let charge = if request.command == NBD_CMD_WRITE && request.length_bytes > 0 {
-            // Charged at its header.
+            // Charged at its header; its payload is complete.
+            slot.account.received_all();
             pending.charge.take()
         } else {
             counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -1073,6 +1082,8 @@ fn write_header(
     let length_bytes = request.length_bytes;
     if length_bytes <= config.max_payload_bytes {
         pending.charge = Some(shared.charge(slot, u64::from(length_bytes))?);
+        slot.account
+            .receiving(&shared.pool, u64::from(length_bytes));
         return Some(PayloadMode::Buffer);
     }
     // Over the advertised maximum: served by splitting, one piece held at
@@ -1083,6 +1094,8 @@ fn write_header(
         .fetch_add(1, Ordering::Relaxed);
     let piece_bytes = split_piece_bytes(config);
     pending.charge = Some(shared.charge(slot, u64::from(piece_bytes))?);
+    slot.account
+        .receiving(&shared.pool, u64::from(length_bytes));
     pending.split_errno = None;
     Some(PayloadMode::Chunks {
         chunk_bytes: piece_bytes,
