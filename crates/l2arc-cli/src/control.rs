@@ -111,26 +111,105 @@ fn serve_one(cache: &Arc<Cache>, stream: UnixStream) -> std::io::Result<()> {
     (&stream).write_all(answer.as_bytes())
 }
 
+/// One control command, as decoded from the line a client sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlCommand {
+    Stats,
+    Devices,
+    Datasets,
+    Set {
+        dataset: String,
+        property: String,
+        value: String,
+    },
+    AddCache {
+        path: String,
+        size_bytes: u64,
+    },
+    RemoveCache {
+        slot: u8,
+    },
+}
+
+impl ControlCommand {
+    /// Decodes one command line (without its newline): the decoder of
+    /// outside bytes on the control socket, pure so that the fuzz targets
+    /// (crates/l2arc-fuzz) can drive it.
+    pub fn parse(line: &str) -> Result<Self> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        Ok(match words.as_slice() {
+            ["stats"] => ControlCommand::Stats,
+            ["devices"] => ControlCommand::Devices,
+            ["datasets"] => ControlCommand::Datasets,
+            ["set", dataset, assignment] => {
+                let (property, value) = assignment.split_once('=').ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "`{assignment}` is not PROPERTY=VALUE (e.g. secondarycache=none)"
+                    )
+                })?;
+                ControlCommand::Set {
+                    dataset: dataset.to_string(),
+                    property: property.to_string(),
+                    value: value.to_string(),
+                }
+            }
+            ["add-cache", path] | ["add-cache", path, _] => ControlCommand::AddCache {
+                path: path.to_string(),
+                size_bytes: match words.get(2) {
+                    Some(s) => l2arc_sim::parse_size(s).map_err(anyhow::Error::msg)?,
+                    None => ADD_CACHE_DEFAULT_BYTES,
+                },
+            },
+            ["remove-cache", slot] => ControlCommand::RemoveCache {
+                slot: slot.parse().map_err(|_| {
+                    anyhow::anyhow!("`{slot}` is not a device slot (see `devices`)")
+                })?,
+            },
+            _ => bail!(
+                "unknown command `{line}`: expected stats, devices, datasets, set DATASET PROPERTY=VALUE, add-cache PATH [SIZE] or remove-cache SLOT"
+            ),
+        })
+    }
+
+    /// The command as a line that [`Self::parse`] reads back to itself.
+    pub fn to_line(&self) -> String {
+        match self {
+            ControlCommand::Stats => "stats".into(),
+            ControlCommand::Devices => "devices".into(),
+            ControlCommand::Datasets => "datasets".into(),
+            ControlCommand::Set {
+                dataset,
+                property,
+                value,
+            } => format!("set {dataset} {property}={value}"),
+            ControlCommand::AddCache { path, size_bytes } => {
+                format!("add-cache {path} {size_bytes}")
+            }
+            ControlCommand::RemoveCache { slot } => format!("remove-cache {slot}"),
+        }
+    }
+}
+
 /// Runs one command and returns the answer's body.
 fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    match words.as_slice() {
-        ["stats"] => {
+    match ControlCommand::parse(line)? {
+        ControlCommand::Stats => {
             let mut out = String::new();
             for (name, value) in cache.stats().kstats() {
                 out.push_str(&format!("{name} {value}\n"));
             }
             Ok(out)
         }
-        ["devices"] => Ok(devices(cache)),
-        ["set", dataset, assignment] => {
-            let (property, value) = assignment.split_once('=').ok_or_else(|| {
-                anyhow::anyhow!("`{assignment}` is not PROPERTY=VALUE (e.g. secondarycache=none)")
-            })?;
-            cache.set_dataset_property(dataset, property, value)?;
+        ControlCommand::Devices => Ok(devices(cache)),
+        ControlCommand::Set {
+            dataset,
+            property,
+            value,
+        } => {
+            cache.set_dataset_property(&dataset, &property, &value)?;
             Ok(String::new())
         }
-        ["datasets"] => {
+        ControlCommand::Datasets => {
             let mut out = String::new();
             for (_, name, c) in cache.dataset_list() {
                 out.push_str(&format!(
@@ -143,26 +222,16 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
             }
             Ok(out)
         }
-        ["add-cache", path] | ["add-cache", path, _] => {
-            let size_bytes = match words.get(2) {
-                Some(s) => l2arc_sim::parse_size(s).map_err(anyhow::Error::msg)?,
-                None => ADD_CACHE_DEFAULT_BYTES,
-            };
+        ControlCommand::AddCache { path, size_bytes } => {
             let (slot, open) = cache
-                .add_cache_path(path, Some(size_bytes))
+                .add_cache_path(&path, Some(size_bytes))
                 .with_context(|| format!("cache device {path}"))?;
             Ok(format!("slot {slot} {open:?}\n"))
         }
-        ["remove-cache", slot] => {
-            let slot: u8 = slot
-                .parse()
-                .map_err(|_| anyhow::anyhow!("`{slot}` is not a device slot (see `devices`)"))?;
+        ControlCommand::RemoveCache { slot } => {
             cache.remove_cache_device(slot)?;
             Ok(String::new())
         }
-        _ => bail!(
-            "unknown command `{line}`: expected stats, devices, datasets, set DATASET PROPERTY=VALUE, add-cache PATH [SIZE] or remove-cache SLOT"
-        ),
     }
 }
 

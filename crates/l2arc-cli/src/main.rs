@@ -9,14 +9,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod control;
-mod http;
-mod metrics;
 mod mount_cmd;
 mod nbd_cmd;
-mod service;
 mod stat;
 mod trace_cmd;
+
+// The decoders of outside bytes live in the library (fuzzed there).
+use l2arc_cli::{control, service};
 
 #[derive(Parser)]
 #[command(

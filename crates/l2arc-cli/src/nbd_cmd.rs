@@ -46,11 +46,23 @@ pub struct ServeNbdArgs {
     /// new client takes the slot of the longest-idle one anyway.
     #[arg(long, default_value_t = 600.0)]
     pub idle_timeout: f64,
+    /// Bytes for the request payloads and read replies of all connections
+    /// together (a size: 256MiB). A client that does not read its replies
+    /// or stalls in a write waits for this pool, and is disconnected if it
+    /// holds it while others wait; peak RSS formula in docs/nbd.md.
+    #[arg(long, value_parser = crate::service::parse_size, default_value = "256MiB")]
+    pub nbd_buffer_max: u64,
     #[command(flatten)]
     pub cache: CacheOptions,
 }
 
+fn is_block_device(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
 pub fn run(args: ServeNbdArgs) -> Result<()> {
+    l2arc_nbd::pool::map_large_buffers_alone();
     let resolved = args.cache.resolve(64 << 10)?;
     if let ListenAddr::Tcp(addr) = &args.listen
         && !addr.ip().is_loopback()
@@ -89,9 +101,11 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
             max_connections: args.max_connections,
             idle_timeout: std::time::Duration::from_secs_f64(args.idle_timeout),
             workers_per_connection: args.workers.clamp(1, 256),
+            buffer_max_bytes: args.nbd_buffer_max,
             ..ServerConfig::default()
         },
-    )?;
+    )
+    .context("--nbd-buffer-max")?;
     let stop = server.stop_flag();
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
@@ -100,15 +114,30 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
         Listener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     eprintln!("l2arc: serving {} on {addr}", args.image.display());
+    eprintln!(
+        "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
+        resolved.cache_config.arc_max_bytes >> 20,
+        args.nbd_buffer_max >> 20,
+        l2arc_nbd::server::CONNECTION_FIXED_BYTES >> 10,
+    );
+    if is_block_device(&args.image) {
+        eprintln!(
+            "l2arc: {} is a block device: writes made to it by anything but this export are not detected, while l2arc runs or while it is stopped (a block device has no ctime that moves on writes); do not write to it behind l2arc, or start once with --l2arc-rebuild-enabled false after you did (docs/nbd.md)",
+            args.image.display()
+        );
+    }
     server.serve(listener)?;
     let s = server.stats();
     eprintln!(
-        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors), {} protocol errors",
+        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
         s.connections_accepted,
         s.connections_refused,
         s.requests,
         s.request_errors,
-        s.protocol_errors
+        s.requests_split,
+        s.protocol_errors,
+        s.buffer_high_water_bytes >> 20,
+        s.connections_reclaimed
     );
     for (name, value) in cache.stats().kstats() {
         eprintln!("{name:<28} {value}");

@@ -165,6 +165,27 @@ impl CacheOptions {
             Some(path) => read_config_file(path)?,
             None => FileOptions::default(),
         };
+        self.resolve_with(file, default_recordsize_bytes)
+    }
+
+    /// [`Self::resolve`] with the config file's text given (`self.config`
+    /// is not read): the decoder of outside bytes that the fuzz targets
+    /// (crates/l2arc-fuzz) drive. Touches no file.
+    pub fn resolve_toml(
+        &self,
+        text: &str,
+        default_recordsize_bytes: u64,
+    ) -> Result<ResolvedOptions> {
+        let file: FileOptions =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("config file: {e}"))?;
+        self.resolve_with(file, default_recordsize_bytes)
+    }
+
+    fn resolve_with(
+        &self,
+        file: FileOptions,
+        default_recordsize_bytes: u64,
+    ) -> Result<ResolvedOptions> {
         let size =
             |flag: Option<u64>, key: &str, value: &Option<SizeValue>| -> Result<Option<u64>> {
                 match flag {
@@ -369,7 +390,8 @@ fn read_config_file(path: &Path) -> Result<FileOptions> {
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+/// A size such as `256MiB` or a number of bytes (for flags).
+pub fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }
 

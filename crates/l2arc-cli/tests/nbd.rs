@@ -422,3 +422,77 @@ fn config_file_and_ctl_change_cache_devices_while_serving() {
     assert!(status.success());
     assert!(!control.exists(), "the control socket is removed at exit");
 }
+
+/// A loop device detached on drop.
+struct LoopDevice(PathBuf);
+
+impl LoopDevice {
+    /// `losetup --find --show backing`: fails the test (never skips) if it
+    /// cannot, like the engine's block-device tests.
+    fn attach(backing: &std::path::Path) -> LoopDevice {
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(backing)
+            .output()
+            .expect(
+                "cannot run losetup: this test needs util-linux's losetup, root and loop devices",
+            );
+        assert!(
+            out.status.success(),
+            "losetup failed (needs root and loop devices): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice(PathBuf::from(
+            String::from_utf8(out.stdout).unwrap().trim().to_string(),
+        ))
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+/// A block device's generation does not move when it is written (no ctime
+/// on writes): serve-nbd says so after its ready line, and says nothing of
+/// the kind for an image file. Its memory budget line follows the ready line.
+#[test]
+fn a_block_device_export_states_its_generation_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing.img");
+    std::fs::write(&backing, pattern(8 << 20, 3)).unwrap();
+    let device = LoopDevice::attach(&backing);
+    for (image, block) in [(device.0.clone(), true), (backing.clone(), false)] {
+        let socket = dir.path().join("nbd.sock");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
+            .arg("serve-nbd")
+            .arg(&image)
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--arc-max", "16MiB", "--read-only"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut next = || lines.next().unwrap().unwrap();
+        assert!(next().starts_with("l2arc: serving "));
+        let memory = next();
+        assert!(
+            memory.starts_with("l2arc: memory: arc_max 16 MiB + L2 index"),
+            "{memory}"
+        );
+        run(tool("nbdinfo")
+            .arg("--size")
+            .arg(format!("nbd+unix:///?socket={}", socket.display())));
+        run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
+        let status = child.wait().unwrap();
+        assert!(status.success());
+        let third = next();
+        assert_eq!(
+            third.contains("is a block device: writes made to it by anything but this export"),
+            block,
+            "{image:?}: {third}"
+        );
+    }
+}

@@ -6,6 +6,7 @@
 //! them. `protocol` is the wire format as pure code (no I/O, fuzzed);
 //! `server` moves bytes between sockets and the cache.
 
+pub mod pool;
 pub mod protocol;
 pub mod server;
 

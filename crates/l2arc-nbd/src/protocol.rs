@@ -570,9 +570,36 @@ impl Request {
 pub enum Decoded {
     /// A request; `payload` holds a write's data (empty for other commands).
     Request { request: Request, payload: Vec<u8> },
-    /// A write longer than the payload limit: its data was read and thrown
-    /// away; answer EINVAL.
+    /// A write whose data was read and thrown away: longer than the payload
+    /// limit, or [`PayloadMode::Discard`] was chosen. Answer it with an error.
     Oversized(Request),
+    /// Only from a [`RequestDecoder::gated`] decoder: the header of a write
+    /// with data. Nothing of its payload is buffered until the caller says
+    /// how to take it ([`RequestDecoder::choose_payload`]), so the caller can
+    /// charge the memory (or refuse the write) before a byte is held.
+    WriteHeader(Request),
+    /// One piece of a write taken with [`PayloadMode::Chunks`]: `data` goes
+    /// at `at_bytes` from the request's offset; `last` on the final piece.
+    WriteChunk {
+        request: Request,
+        at_bytes: u32,
+        data: Vec<u8>,
+        last: bool,
+    },
+}
+
+/// How the payload announced by [`Decoded::WriteHeader`] is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadMode {
+    /// Whole, in one buffer ([`Decoded::Request`]). A payload over the
+    /// decoder's `max_payload_bytes` is discarded instead.
+    Buffer,
+    /// In pieces of at most `chunk_bytes` ([`Decoded::WriteChunk`]), for a
+    /// write larger than any one buffer should be; `chunk_bytes` is clamped
+    /// to 1..=`max_payload_bytes`.
+    Chunks { chunk_bytes: u32 },
+    /// Read and thrown away; ends with [`Decoded::Oversized`].
+    Discard,
 }
 
 impl fmt::Debug for Decoded {
@@ -584,6 +611,19 @@ impl fmt::Debug for Decoded {
                 .field("payload_bytes", &payload.len())
                 .finish(),
             Decoded::Oversized(r) => f.debug_tuple("Oversized").field(r).finish(),
+            Decoded::WriteHeader(r) => f.debug_tuple("WriteHeader").field(r).finish(),
+            Decoded::WriteChunk {
+                request,
+                at_bytes,
+                data,
+                last,
+            } => f
+                .debug_struct("WriteChunk")
+                .field("request", request)
+                .field("at_bytes", at_bytes)
+                .field("data_bytes", &data.len())
+                .field("last", last)
+                .finish(),
         }
     }
 }
@@ -598,6 +638,16 @@ enum DecoderState {
         request: Request,
         remaining_bytes: u32,
     },
+    /// A gated decoder after a write header: waiting for a [`PayloadMode`].
+    Gate {
+        request: Request,
+    },
+    Chunks {
+        request: Request,
+        at_bytes: u32,
+        chunk_bytes: u32,
+        data: Vec<u8>,
+    },
     Failed,
 }
 
@@ -610,6 +660,8 @@ pub struct RequestDecoder {
     header: [u8; REQUEST_BYTES],
     header_len: usize,
     state: DecoderState,
+    /// Stop after each write header ([`Decoded::WriteHeader`]).
+    gated: bool,
 }
 
 impl RequestDecoder {
@@ -619,15 +671,57 @@ impl RequestDecoder {
             header: [0; REQUEST_BYTES],
             header_len: 0,
             state: DecoderState::Header,
+            gated: false,
+        }
+    }
+
+    /// A decoder that hands back every write's header before taking its
+    /// payload ([`Decoded::WriteHeader`]); the caller then picks a
+    /// [`PayloadMode`]. Pushing without choosing takes the payload as
+    /// [`Self::new`] would (buffered if it fits, else discarded).
+    pub fn gated(max_payload_bytes: u32) -> Self {
+        Self {
+            gated: true,
+            ..Self::new(max_payload_bytes)
         }
     }
 
     /// Payload bytes buffered now (bounded by `max_payload_bytes`).
     pub fn buffered_bytes(&self) -> usize {
         match &self.state {
-            DecoderState::Payload { data, .. } => data.capacity(),
+            DecoderState::Payload { data, .. } | DecoderState::Chunks { data, .. } => {
+                data.capacity()
+            }
             _ => self.header_len,
         }
+    }
+
+    /// Says how to take the payload announced by [`Decoded::WriteHeader`].
+    /// False (and nothing changes) if the decoder is not waiting for that.
+    pub fn choose_payload(&mut self, mode: PayloadMode) -> bool {
+        let DecoderState::Gate { request } = self.state else {
+            return false;
+        };
+        let length_bytes = request.length_bytes;
+        self.state = match mode {
+            PayloadMode::Buffer if length_bytes <= self.max_payload_bytes => {
+                DecoderState::Payload {
+                    request,
+                    data: Vec::new(),
+                }
+            }
+            PayloadMode::Chunks { chunk_bytes } => DecoderState::Chunks {
+                request,
+                at_bytes: 0,
+                chunk_bytes: chunk_bytes.clamp(1, self.max_payload_bytes),
+                data: Vec::new(),
+            },
+            PayloadMode::Buffer | PayloadMode::Discard => DecoderState::Discard {
+                request,
+                remaining_bytes: length_bytes,
+            },
+        };
+        true
     }
 
     /// Consumes input up to the end of one request; returns bytes consumed
@@ -663,20 +757,65 @@ impl RequestDecoder {
                             }),
                         ));
                     }
-                    self.state = if request.length_bytes > self.max_payload_bytes {
-                        DecoderState::Discard {
-                            request,
-                            remaining_bytes: request.length_bytes,
+                    self.state = DecoderState::Gate { request };
+                    if self.gated {
+                        return Ok((used, Some(Decoded::WriteHeader(request))));
+                    }
+                }
+                DecoderState::Gate { .. } => {
+                    // No mode chosen: as an ungated decoder would.
+                    let chosen = self.choose_payload(PayloadMode::Buffer);
+                    debug_assert!(chosen);
+                }
+                DecoderState::Chunks {
+                    request,
+                    at_bytes,
+                    chunk_bytes,
+                    data,
+                } => {
+                    let left_bytes = request.length_bytes - *at_bytes;
+                    let piece_bytes = left_bytes.min(*chunk_bytes) as usize;
+                    if data.capacity() == 0 {
+                        // Allocated only once a byte of this piece is here.
+                        if used == input.len() {
+                            return Ok((used, None));
                         }
-                    } else {
-                        DecoderState::Payload {
+                        data.reserve_exact(piece_bytes);
+                    }
+                    let take = (piece_bytes - data.len()).min(input.len() - used);
+                    data.extend_from_slice(&input[used..used + take]);
+                    used += take;
+                    if data.len() < piece_bytes {
+                        return Ok((used, None));
+                    }
+                    let request = *request;
+                    let piece_at = *at_bytes;
+                    let data = std::mem::take(data);
+                    let last = piece_bytes as u32 == left_bytes;
+                    if last {
+                        self.state = DecoderState::Header;
+                    } else if let DecoderState::Chunks { at_bytes, .. } = &mut self.state {
+                        *at_bytes += piece_bytes as u32;
+                    }
+                    return Ok((
+                        used,
+                        Some(Decoded::WriteChunk {
                             request,
-                            data: Vec::with_capacity(request.length_bytes as usize),
-                        }
-                    };
+                            at_bytes: piece_at,
+                            data,
+                            last,
+                        }),
+                    ));
                 }
                 DecoderState::Payload { request, data } => {
                     let want = request.length_bytes as usize - data.len();
+                    if data.capacity() == 0 {
+                        // Allocated only once a byte of the payload is here.
+                        if used == input.len() {
+                            return Ok((used, None));
+                        }
+                        data.reserve_exact(request.length_bytes as usize);
+                    }
                     let take = want.min(input.len() - used);
                     data.extend_from_slice(&input[used..used + take]);
                     used += take;

@@ -25,12 +25,21 @@
 //!   loses its connection (the reply write times out);
 //! - the handshake has a deadline (`handshake_timeout`) and the protocol
 //!   module bounds option sizes and counts;
-//! - per connection at most `max_in_flight_requests` queued requests and
-//!   `max_in_flight_bytes` of payload and read buffers; past that the
-//!   reader stops reading the socket (TCP flow control pushes back on the
-//!   client), so the memory of N connections is at most N times that;
-//! - request lengths are capped at `max_payload_bytes` (EOVERFLOW for
-//!   reads, EINVAL for writes, whose data is read and dropped);
+//! - every write payload and read reply buffer is charged, before it is
+//!   allocated, to one pool of `buffer_max_bytes` shared by all connections
+//!   (`pool.rs`), and per connection to `max_in_flight_bytes`, with at most
+//!   `max_in_flight_requests` queued requests; past that the reader stops
+//!   reading the socket (TCP flow control pushes back on that client). A
+//!   connection whose client keeps its pool memory from coming back (a
+//!   reply unread or a payload not sent for `stall_timeout`) is
+//!   disconnected when another waits for memory;
+//! - requests longer than `max_payload_bytes` (the advertised maximum) are
+//!   served by splitting, as the reference nbd-server serves them: a read
+//!   streams its reply in pieces of `SPLIT_CHUNK_BYTES` (at most the
+//!   maximum payload; an error after the
+//!   reply header went out ends the connection, as the protocol requires),
+//!   a write is taken and written in pieces; either holds one piece of
+//!   the pool at a time;
 //! - ranges are checked against the export size before the cache sees
 //!   them (EINVAL for reads, ENOSPC for writes): nothing outside the image
 //!   is ever read or written.
@@ -49,20 +58,35 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use l2arc::{Cache, ObjectHandle};
 
+use crate::pool::{Account, BufferPool, Charge};
 use crate::protocol::{
     self, Command, Decoded, ExportInfo, Handshake, HandshakeStatus, NBD_CMD_FLAG_FUA,
-    NBD_CMD_FLAG_NO_HOLE, NBD_EINVAL, NBD_ESHUTDOWN, PAYLOAD_MAX_BYTES_DEFAULT, Request,
-    RequestDecoder, SIMPLE_REPLY_BYTES,
+    NBD_CMD_FLAG_NO_HOLE, NBD_CMD_WRITE, NBD_EINVAL, NBD_ESHUTDOWN, PAYLOAD_MAX_BYTES_DEFAULT,
+    PayloadMode, Request, RequestDecoder, SIMPLE_REPLY_BYTES,
 };
 
 /// Bytes read from a socket at a time.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Piece size of a request over `max_payload_bytes`, served by splitting.
+pub const SPLIT_CHUNK_BYTES: u32 = 4 << 20;
+/// Largest piece of a reply written to the socket at once (progress is
+/// noted after each).
+const REPLY_PIECE_BYTES: usize = 1 << 20;
+/// Default of `ServerConfig::buffer_max_bytes`.
+pub const BUFFER_MAX_BYTES_DEFAULT: u64 = 256 << 20;
+/// Bytes of the handshake's read buffer.
+const HANDSHAKE_BUF_BYTES: usize = 64 * 1024;
+/// Memory a connection holds outside the buffer pool, for the RSS budget
+/// (docs/nbd.md): its socket read buffer, the handshake buffer, and the
+/// touched stack pages of its reader and default 8 workers (measured: 64
+/// connections idle after the handshake add under this each).
+pub const CONNECTION_FIXED_BYTES: u64 = (READ_CHUNK_BYTES + HANDSHAKE_BUF_BYTES) as u64 + (1 << 20);
 /// Largest write of zeros for `NBD_CMD_WRITE_ZEROES` when no hole is punched.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// How often the accept loop looks at the stop flag.
@@ -242,6 +266,14 @@ pub struct ServerConfig {
     /// nothing for this long is disconnected, and a reply the client does
     /// not read for this long ends the connection.
     pub idle_timeout: Duration,
+    /// One pool for the write payloads and read replies of every
+    /// connection: at most this many bytes at once.
+    pub buffer_max_bytes: u64,
+    /// A connection holding pool memory whose client leaves a reply unread
+    /// or sends no payload byte for this long (or a payload slower than
+    /// `pool::PAYLOAD_RATE_MIN_BYTES_PER_SEC`) is disconnected when
+    /// another connection waits for pool memory.
+    pub stall_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -256,6 +288,8 @@ impl Default for ServerConfig {
             max_payload_bytes: PAYLOAD_MAX_BYTES_DEFAULT,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(600),
+            buffer_max_bytes: BUFFER_MAX_BYTES_DEFAULT,
+            stall_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -282,6 +316,14 @@ impl ServerConfig {
         {
             return bad("max_payload_bytes must be 4096 to max_in_flight_bytes");
         }
+        let largest_charge_bytes = u64::from(self.max_payload_bytes) + SIMPLE_REPLY_BYTES as u64;
+        let pool_bytes = BufferPool::new(self.buffer_max_bytes).largest_charge_bytes();
+        if pool_bytes < largest_charge_bytes {
+            return bad(&format!(
+                "the buffer pool ({} bytes) must hold one largest request ({largest_charge_bytes} bytes) in seven eighths of it",
+                self.buffer_max_bytes
+            ));
+        }
         Ok(())
     }
 }
@@ -295,6 +337,15 @@ pub struct ServerStats {
     pub connections_evicted: u64,
     /// Connections closed after `idle_timeout` of silence.
     pub connections_idle_closed: u64,
+    /// Connections closed because they held buffer memory without progress
+    /// while another connection waited for it.
+    pub connections_reclaimed: u64,
+    /// Bytes of the buffer pool in use now.
+    pub buffer_used_bytes: u64,
+    /// Most bytes of the buffer pool in use at once.
+    pub buffer_high_water_bytes: u64,
+    /// Requests over the advertised maximum payload, served by splitting.
+    pub requests_split: u64,
     pub protocol_errors: u64,
     pub requests: u64,
     pub request_errors: u64,
@@ -306,6 +357,8 @@ struct Counters {
     connections_refused: AtomicU64,
     connections_evicted: AtomicU64,
     connections_idle_closed: AtomicU64,
+    connections_reclaimed: AtomicU64,
+    requests_split: AtomicU64,
     protocol_errors: AtomicU64,
     requests: AtomicU64,
     request_errors: AtomicU64,
@@ -324,6 +377,8 @@ struct Shared {
     started: std::time::Instant,
     active: AtomicUsize,
     counters: Counters,
+    /// Every connection's request and reply buffers.
+    pool: Arc<BufferPool>,
 }
 
 /// An NBD server exporting one object of the cache.
@@ -350,13 +405,14 @@ impl Server {
             shared: Arc::new(Shared {
                 cache,
                 handle,
-                config,
                 export,
                 stop: Arc::new(AtomicBool::new(false)),
                 open: Mutex::new(HashMap::new()),
                 started: std::time::Instant::now(),
                 active: AtomicUsize::new(0),
                 counters: Counters::default(),
+                pool: Arc::new(BufferPool::new(config.buffer_max_bytes)),
+                config,
             }),
         })
     }
@@ -377,6 +433,10 @@ impl Server {
             connections_refused: c.connections_refused.load(Ordering::Relaxed),
             connections_evicted: c.connections_evicted.load(Ordering::Relaxed),
             connections_idle_closed: c.connections_idle_closed.load(Ordering::Relaxed),
+            connections_reclaimed: c.connections_reclaimed.load(Ordering::Relaxed),
+            buffer_used_bytes: self.shared.pool.used_bytes(),
+            buffer_high_water_bytes: self.shared.pool.high_water_bytes(),
+            requests_split: c.requests_split.load(Ordering::Relaxed),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
             request_errors: c.request_errors.load(Ordering::Relaxed),
@@ -393,6 +453,7 @@ impl Server {
                 break Ok(());
             }
             threads.retain(|t| !t.is_finished());
+            self.shared.pool.trim_if_due();
             let mut pfd = libc::pollfd {
                 fd: listener.raw_fd(),
                 events: libc::POLLIN,
@@ -448,6 +509,7 @@ impl Server {
                 last_active_ms: AtomicU64::new(shared.now_ms()),
                 in_flight: AtomicUsize::new(0),
                 transmitting: AtomicBool::new(false),
+                account: Arc::new(Account::new()),
             });
             let id = next_id;
             next_id += 1;
@@ -518,6 +580,17 @@ struct Slot {
     in_flight: AtomicUsize,
     /// Past the handshake (which has its own deadline).
     transmitting: AtomicBool,
+    /// Its share of the buffer pool.
+    account: Arc<Account>,
+}
+
+impl Slot {
+    /// Ends the connection from outside: the socket is shut down and
+    /// charges waiting for it give up.
+    fn close(&self, pool: &BufferPool) {
+        self.account.close(pool);
+        self.conn.shutdown();
+    }
 }
 
 impl Shared {
@@ -544,11 +617,45 @@ impl Shared {
         let Some(victim) = victim else {
             return false;
         };
-        victim.conn.shutdown();
+        victim.close(&self.pool);
         self.counters
             .connections_evicted
             .fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// Called by a charge that has waited on a full pool: disconnects the
+    /// connection holding the most pool memory among those its client has
+    /// stalled for `stall_timeout` (not `asking`, not one already closing). Its buffers
+    /// come back as its threads see the closed socket.
+    fn reclaim(&self, asking: &Account) {
+        let stall_min_ms = self.config.stall_timeout.as_millis() as u64;
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let victim = open
+            .values()
+            .filter(|s| {
+                !std::ptr::eq(Arc::as_ptr(&s.account), asking)
+                    && !s.account.is_closed()
+                    && s.account.is_stalled(&self.pool, stall_min_ms)
+            })
+            .max_by_key(|s| s.account.held_bytes());
+        if let Some(victim) = victim {
+            victim.close(&self.pool);
+            self.counters
+                .connections_reclaimed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges `bytes` of buffer memory to `slot` (waiting as `pool.rs`
+    /// says); `None` if the connection is closing.
+    fn charge(&self, slot: &Slot, bytes: u64) -> Option<Charge> {
+        self.pool.charge(
+            &slot.account,
+            bytes,
+            self.config.max_in_flight_bytes,
+            &|| self.reclaim(&slot.account),
+        )
     }
 }
 
@@ -580,7 +687,7 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Vec<u8>>> {
     let mut hs = Handshake::new(shared.export.clone());
     conn.set_timeouts(Some(shared.config.handshake_timeout))?;
     conn.write_all(&hs.greeting())?;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; HANDSHAKE_BUF_BYTES];
     let mut out = Vec::new();
     loop {
         if std::time::Instant::now() > deadline {
@@ -617,37 +724,13 @@ fn handshake(shared: &Shared, conn: &mut Conn) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// A counting limit on bytes in flight on one connection.
-struct Budget {
-    used_bytes: Mutex<u64>,
-    freed: Condvar,
-    max_bytes: u64,
-}
-
-impl Budget {
-    /// Waits until `bytes` fit (or nothing is in flight: one request of the
-    /// largest size must always be able to go).
-    fn acquire(&self, bytes: u64) {
-        let mut used = self.used_bytes.lock().unwrap_or_else(|p| p.into_inner());
-        while *used > 0 && *used + bytes > self.max_bytes {
-            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
-        }
-        *used += bytes;
-    }
-
-    fn release(&self, bytes: u64) {
-        let mut used = self.used_bytes.lock().unwrap_or_else(|p| p.into_inner());
-        assert!(*used >= bytes, "budget released more than it holds");
-        *used -= bytes;
-        self.freed.notify_all();
-    }
-}
-
 struct Job {
     request: Request,
     command: Command,
     payload: Vec<u8>,
-    cost_bytes: u64,
+    /// The buffer memory this request holds; given back when the job is
+    /// dropped (its reply sent, or the connection gone).
+    _charge: Charge,
 }
 
 /// The connection's reply side: each reply written whole under the mutex.
@@ -655,22 +738,50 @@ struct Replier {
     conn: Mutex<Conn>,
     /// Set after a write fails: the connection is going away.
     broken: AtomicBool,
+    /// Where the client's taking of reply bytes counts as progress.
+    account: Arc<Account>,
+    pool: Arc<BufferPool>,
 }
 
 impl Replier {
-    fn send(&self, bytes: &[u8]) {
+    /// Writes `parts` back to back, in pieces of at most
+    /// `REPLY_PIECE_BYTES`, noting progress after each. False if the
+    /// connection broke (it is then shut down).
+    fn write_parts(&self, conn: &mut Conn, parts: &[&[u8]]) -> bool {
         if self.broken.load(Ordering::Relaxed) {
-            return;
+            return false;
         }
+        for part in parts {
+            for piece in part.chunks(REPLY_PIECE_BYTES) {
+                self.account.writing(&self.pool, true);
+                let written = conn.write_all(piece);
+                self.account.writing(&self.pool, false);
+                if written.is_err() {
+                    self.broken.store(true, Ordering::Relaxed);
+                    conn.shutdown();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn send(&self, bytes: &[u8]) {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if conn.write_all(bytes).is_err() {
-            self.broken.store(true, Ordering::Relaxed);
-            conn.shutdown();
-        }
+        self.write_parts(&mut conn, &[bytes]);
     }
 
     fn reply(&self, cookie: u64, error: u32) {
         self.send(&protocol::simple_reply(cookie, error));
+    }
+
+    /// Ends the connection at once (a hard disconnect).
+    fn hang_up(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+        self.conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shutdown();
     }
 }
 
@@ -679,31 +790,27 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
         Ok(c) => Arc::new(Replier {
             conn: Mutex::new(c),
             broken: AtomicBool::new(false),
+            account: Arc::clone(&slot.account),
+            pool: Arc::clone(&shared.pool),
         }),
         Err(_) => {
             conn.shutdown();
             return;
         }
     };
-    let budget = Arc::new(Budget {
-        used_bytes: Mutex::new(0),
-        freed: Condvar::new(),
-        max_bytes: shared.config.max_in_flight_bytes,
-    });
     let (tx, rx) = sync_channel::<Job>(shared.config.max_in_flight_requests);
     let rx = Arc::new(Mutex::new(rx));
     let mut workers = Vec::with_capacity(shared.config.workers_per_connection);
     for i in 0..shared.config.workers_per_connection {
-        let (shared, rx, replier, budget, slot) = (
+        let (shared, rx, replier, slot) = (
             Arc::clone(shared),
             Arc::clone(&rx),
             Arc::clone(&replier),
-            Arc::clone(&budget),
             Arc::clone(slot),
         );
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-worker-{i}"))
-            .spawn(move || worker(&shared, &rx, &replier, &budget, &slot));
+            .spawn(move || worker(&shared, &rx, &replier, &slot));
         if let Ok(t) = spawned {
             workers.push(t);
         }
@@ -715,7 +822,6 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
     let queue = Queue {
         tx: &tx,
         replier: &replier,
-        budget: &budget,
         slot,
     };
     let result = reader(shared, &mut conn, leftover, &queue);
@@ -731,17 +837,29 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
     for w in workers {
         let _ = w.join();
     }
+    slot.account.close(&shared.pool);
     conn.shutdown();
+    shared.pool.want_trim();
 }
 
 /// Where the reader hands decoded requests: the workers' queue, the
-/// replier for requests answered at once, the byte budget, and the
-/// connection's slot (activity and requests in flight).
+/// replier for requests answered at once, and the connection's slot
+/// (activity, requests in flight, its share of the buffer pool).
 struct Queue<'a> {
     tx: &'a SyncSender<Job>,
     replier: &'a Replier,
-    budget: &'a Budget,
     slot: &'a Slot,
+}
+
+/// What the reader holds between a write's header and its last byte.
+#[derive(Default)]
+struct PendingWrite {
+    /// The charge for the payload being buffered (or the piece being taken).
+    charge: Option<Charge>,
+    /// The errno to answer a write whose payload is being thrown away.
+    discard_errno: Option<u32>,
+    /// A write served by splitting: the first error of its pieces.
+    split_errno: Option<u32>,
 }
 
 /// Decodes requests and queues them. `Err`: a protocol violation.
@@ -751,9 +869,10 @@ fn reader(
     leftover: Vec<u8>,
     queue: &Queue<'_>,
 ) -> Result<(), protocol::ProtocolError> {
-    let mut decoder = RequestDecoder::new(shared.config.max_payload_bytes);
+    let mut decoder = RequestDecoder::gated(shared.config.max_payload_bytes);
+    let mut pending = PendingWrite::default();
     // Bytes that arrived behind the handshake's last option come first.
-    if !dispatch(shared, &mut decoder, &leftover, queue)? {
+    if !dispatch(shared, &mut decoder, &mut pending, &leftover, queue)? {
         return Ok(());
     }
     drop(leftover);
@@ -786,57 +905,105 @@ fn reader(
             .slot
             .last_active_ms
             .store(shared.now_ms(), Ordering::Relaxed);
-        if !dispatch(shared, &mut decoder, &buf[..n], queue)? {
+        queue.slot.account.received_some(&shared.pool);
+        if !dispatch(shared, &mut decoder, &mut pending, &buf[..n], queue)? {
             return Ok(());
         }
     }
 }
 
 /// Decodes `bytes` into requests: errors are answered here, valid requests
-/// go to the workers. `Ok(false)`: the client disconnected (NBD_CMD_DISC).
+/// go to the workers, writes over the payload limit are written here piece
+/// by piece. `Ok(false)`: the client disconnected (NBD_CMD_DISC) or the
+/// connection is closing.
 fn dispatch(
     shared: &Shared,
     decoder: &mut RequestDecoder,
+    pending: &mut PendingWrite,
     bytes: &[u8],
     queue: &Queue<'_>,
 ) -> Result<bool, protocol::ProtocolError> {
-    let Queue {
-        tx,
-        replier,
-        budget,
-        slot,
-    } = *queue;
+    let Queue { tx, replier, slot } = *queue;
     let config = &shared.config;
+    let counters = &shared.counters;
     let mut at = 0;
     while at < bytes.len() {
         let (used, decoded) = decoder.push(&bytes[at..])?;
         at += used;
         let Some(decoded) = decoded else { continue };
-        shared.counters.requests.fetch_add(1, Ordering::Relaxed);
         let (request, payload) = match decoded {
-            Decoded::Request { request, payload } => (request, payload),
-            Decoded::Oversized(request) => {
-                shared
-                    .counters
-                    .request_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                replier.reply(request.cookie, NBD_EINVAL);
+            Decoded::WriteHeader(request) => {
+                counters.requests.fetch_add(1, Ordering::Relaxed);
+                let Some(mode) = write_header(shared, slot, pending, &request) else {
+                    return Ok(false);
+                };
+                decoder.choose_payload(mode);
                 continue;
             }
+            Decoded::WriteChunk {
+                request,
+                at_bytes,
+                data,
+                last,
+            } => {
+                if pending.split_errno.is_none() {
+                    let r = shared.cache.write(
+                        &shared.handle,
+                        request.offset_bytes + u64::from(at_bytes),
+                        &data,
+                    );
+                    pending.split_errno = r.err().map(|e| protocol::errno_of(&e));
+                }
+                drop(data);
+                // The piece is written: waiting for the client again.
+                slot.account.received_some(&shared.pool);
+                if last {
+                    slot.account.received_all();
+                    let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
+                    if pending.split_errno.is_none()
+                        && fua
+                        && let Err(e) = shared.cache.sync(&shared.handle)
+                    {
+                        pending.split_errno = Some(protocol::errno_of(&e));
+                    }
+                    let errno = pending.split_errno.take().unwrap_or(0);
+                    if errno != 0 {
+                        counters.request_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    pending.charge = None;
+                    replier.reply(request.cookie, errno);
+                }
+                continue;
+            }
+            Decoded::Oversized(request) => {
+                // A write whose payload was thrown away (refused at its header).
+                counters.request_errors.fetch_add(1, Ordering::Relaxed);
+                replier.reply(
+                    request.cookie,
+                    pending.discard_errno.take().unwrap_or(NBD_EINVAL),
+                );
+                continue;
+            }
+            Decoded::Request { request, payload } => (request, payload),
+        };
+        let charge = if request.command == NBD_CMD_WRITE && request.length_bytes > 0 {
+            // Charged at its header; its payload is complete.
+            slot.account.received_all();
+            pending.charge.take()
+        } else {
+            counters.requests.fetch_add(1, Ordering::Relaxed);
+            None
         };
         let command = match protocol::check_request(
             &request,
             shared.export.size_bytes,
             config.read_only,
-            config.max_payload_bytes,
+            u32::MAX, // longer requests are served by splitting
         ) {
             Ok(Command::Disconnect) => return Ok(false),
             Ok(c) => c,
             Err(errno) => {
-                shared
-                    .counters
-                    .request_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                counters.request_errors.fetch_add(1, Ordering::Relaxed);
                 replier.reply(request.cookie, errno);
                 continue;
             }
@@ -845,16 +1012,27 @@ fn dispatch(
             replier.reply(request.cookie, NBD_ESHUTDOWN);
             continue;
         }
-        let cost_bytes = match command {
-            Command::Read => u64::from(request.length_bytes),
-            _ => payload.len() as u64,
+        let charge = match charge {
+            Some(c) => c,
+            None => {
+                let bytes = match command {
+                    Command::Read if request.length_bytes > read_piece_bytes(config) => {
+                        u64::from(split_piece_bytes(config))
+                    }
+                    Command::Read => u64::from(request.length_bytes) + SIMPLE_REPLY_BYTES as u64,
+                    _ => payload.len() as u64,
+                };
+                let Some(c) = shared.charge(slot, bytes) else {
+                    return Ok(false);
+                };
+                c
+            }
         };
-        budget.acquire(cost_bytes);
         let job = Job {
             request,
             command,
             payload,
-            cost_bytes,
+            _charge: charge,
         };
         slot.in_flight.fetch_add(1, Ordering::SeqCst);
         if tx.send(job).is_err() {
@@ -865,13 +1043,66 @@ fn dispatch(
     Ok(true)
 }
 
-fn worker(
+/// The largest read served from one buffer: the advertised maximum
+/// payload; longer reads go out in pieces of [`split_piece_bytes`].
+fn read_piece_bytes(config: &ServerConfig) -> u32 {
+    config.max_payload_bytes
+}
+
+/// The piece size of a request served by splitting: `SPLIT_CHUNK_BYTES`,
+/// never more than the advertised maximum payload.
+fn split_piece_bytes(config: &ServerConfig) -> u32 {
+    SPLIT_CHUNK_BYTES.min(config.max_payload_bytes)
+}
+
+/// Decides how a write's payload is taken, charging its memory first.
+/// `None`: the connection is closing.
+fn write_header(
     shared: &Shared,
-    rx: &Mutex<Receiver<Job>>,
-    replier: &Replier,
-    budget: &Budget,
     slot: &Slot,
-) {
+    pending: &mut PendingWrite,
+    request: &Request,
+) -> Option<PayloadMode> {
+    let config = &shared.config;
+    let refuse = |pending: &mut PendingWrite, errno| {
+        pending.discard_errno = Some(errno);
+        Some(PayloadMode::Discard)
+    };
+    if let Err(errno) = protocol::check_request(
+        request,
+        shared.export.size_bytes,
+        config.read_only,
+        u32::MAX,
+    ) {
+        return refuse(pending, errno);
+    }
+    if shared.stop.load(Ordering::Relaxed) {
+        return refuse(pending, NBD_ESHUTDOWN);
+    }
+    let length_bytes = request.length_bytes;
+    if length_bytes <= config.max_payload_bytes {
+        pending.charge = Some(shared.charge(slot, u64::from(length_bytes))?);
+        slot.account
+            .receiving(&shared.pool, u64::from(length_bytes));
+        return Some(PayloadMode::Buffer);
+    }
+    // Over the advertised maximum: served by splitting, one piece held at
+    // a time, written by the reader before it reads on.
+    shared
+        .counters
+        .requests_split
+        .fetch_add(1, Ordering::Relaxed);
+    let piece_bytes = split_piece_bytes(config);
+    pending.charge = Some(shared.charge(slot, u64::from(piece_bytes))?);
+    slot.account
+        .receiving(&shared.pool, u64::from(length_bytes));
+    pending.split_errno = None;
+    Some(PayloadMode::Chunks {
+        chunk_bytes: piece_bytes,
+    })
+}
+
+fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>, replier: &Replier, slot: &Slot) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
@@ -880,22 +1111,80 @@ fn worker(
                 Err(_) => return,
             }
         };
-        let cost_bytes = job.cost_bytes;
-        serve_request(shared, replier, job);
-        budget.release(cost_bytes);
+        // A connection that is going away gets no more work done for it.
+        if !replier.broken.load(Ordering::Relaxed) && !slot.account.is_closed() {
+            serve_request(shared, replier, &job);
+        }
+        drop(job);
         let before = slot.in_flight.fetch_sub(1, Ordering::SeqCst);
         assert!(before > 0, "a request left that never came in");
     }
 }
 
+/// Reads `buf.len()` bytes at `offset_bytes`; a short read (the image
+/// shrank behind us) leaves zeros, as a hole would read.
+fn read_piece(shared: &Shared, offset_bytes: u64, buf: &mut [u8]) -> io::Result<()> {
+    let n = shared.cache.read(&shared.handle, offset_bytes, buf)?;
+    let len = buf.len();
+    buf[n.min(len)..].fill(0);
+    Ok(())
+}
+
+/// A read longer than the advertised maximum, served by splitting: the
+/// first piece is read before the reply header goes out (so an early
+/// error is a clean error reply); an error after that ends the connection,
+/// as proto.md requires of simple replies. The connection's other replies
+/// wait for this one (its pieces must not interleave with them).
+fn serve_split_read(shared: &Shared, replier: &Replier, request: &Request) {
+    shared
+        .counters
+        .requests_split
+        .fetch_add(1, Ordering::Relaxed);
+    let total_bytes = u64::from(request.length_bytes);
+    let piece_max_bytes = u64::from(split_piece_bytes(&shared.config));
+    let mut buf = vec![0u8; piece_max_bytes.min(total_bytes) as usize];
+    let first_bytes = buf.len();
+    if let Err(e) = read_piece(shared, request.offset_bytes, &mut buf[..first_bytes]) {
+        shared
+            .counters
+            .request_errors
+            .fetch_add(1, Ordering::Relaxed);
+        replier.reply(request.cookie, protocol::errno_of(&e));
+        return;
+    }
+    let mut conn = replier.conn.lock().unwrap_or_else(|p| p.into_inner());
+    let header = protocol::simple_reply(request.cookie, 0);
+    if !replier.write_parts(&mut conn, &[&header, &buf[..first_bytes]]) {
+        return;
+    }
+    let mut done_bytes = first_bytes as u64;
+    while done_bytes < total_bytes {
+        let n = (total_bytes - done_bytes).min(piece_max_bytes) as usize;
+        if read_piece(shared, request.offset_bytes + done_bytes, &mut buf[..n]).is_err() {
+            shared
+                .counters
+                .request_errors
+                .fetch_add(1, Ordering::Relaxed);
+            drop(conn);
+            replier.hang_up();
+            return;
+        }
+        if !replier.write_parts(&mut conn, &[&buf[..n]]) {
+            return;
+        }
+        done_bytes += n as u64;
+    }
+}
+
 /// Runs one checked request against the cache and sends its reply.
-fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
+fn serve_request(shared: &Shared, replier: &Replier, job: &Job) {
     let Job {
         request,
         command,
         payload,
         ..
     } = job;
+    let (request, command) = (*request, *command);
     let cache = &shared.cache;
     let handle = &shared.handle;
     let offset_bytes = request.offset_bytes;
@@ -913,13 +1202,15 @@ fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
         }
     };
     let result = match command {
+        Command::Read if request.length_bytes > read_piece_bytes(&shared.config) => {
+            serve_split_read(shared, replier, &request);
+            return;
+        }
         Command::Read => {
             let timer = cache.analytics().start();
             let mut reply = vec![0u8; SIMPLE_REPLY_BYTES + request.length_bytes as usize];
-            match cache.read(handle, offset_bytes, &mut reply[SIMPLE_REPLY_BYTES..]) {
-                Ok(_) => {
-                    // Short only if the image shrank behind us: the tail
-                    // stays zero, as a hole would read.
+            match read_piece(shared, offset_bytes, &mut reply[SIMPLE_REPLY_BYTES..]) {
+                Ok(()) => {
                     reply[..SIMPLE_REPLY_BYTES]
                         .copy_from_slice(&protocol::simple_reply(request.cookie, 0));
                     replier.send(&reply);
@@ -931,7 +1222,7 @@ fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
         }
         Command::Write => {
             debug_assert_eq!(payload.len() as u64, length_bytes);
-            then_sync(cache.write(handle, offset_bytes, &payload))
+            then_sync(cache.write(handle, offset_bytes, payload))
         }
         Command::Flush => cache.sync(handle),
         Command::Trim => match cache.discard(handle, offset_bytes, length_bytes) {
@@ -975,7 +1266,10 @@ fn serve_request(shared: &Shared, replier: &Replier, job: Job) {
 }
 
 fn write_zeroes(cache: &Cache, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {
-    let zeros = vec![0u8; (len.min(ZERO_CHUNK_BYTES as u64)) as usize];
+    // One buffer of zeros for the whole process (never written: its pages
+    // stay the kernel's zero page), not one per request.
+    static ZEROS: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let zeros = ZEROS.get_or_init(|| vec![0u8; ZERO_CHUNK_BYTES]);
     let mut at = offset;
     let end = offset + len;
     while at < end {

@@ -1,0 +1,669 @@
+//! `l2arc-soak`: both front ends under a long mixed load, with hostile
+//! clients and cache-device faults, outside CI.
+//!
+//! Why. Unit tests show each bound holds once; a service runs for months
+//! with all of them pressed at once. This runs `l2arc serve-nbd` and
+//! `l2arc mount` (each with a cache file on flash) for minutes with good
+//! clients that check every byte they read, hostile NBD clients (replies
+//! never read, writes stopped one byte short, garbage, oversized requests,
+//! idle holders), and faults on the cache devices (random blocks
+//! overwritten behind the cache, a device removed and added back), then
+//! reports: errors seen by good clients, wrong bytes, each service's RSS
+//! against its budget, threads and descriptors before and after.
+//!
+//! ```text
+//! l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE]
+//! ```
+//!
+//! Defaults: 96 NBD clients (of which 8 writers and HOSTILE=8 hostile) and
+//! 32 FUSE readers: 128 clients.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const IMAGE_BYTES: u64 = 256 << 20;
+/// The last part of the image, split among the writers.
+const WRITER_AREA_BYTES: u64 = 32 << 20;
+const FUSE_FILES: usize = 8;
+const FUSE_FILE_BYTES: u64 = 32 << 20;
+const ARC_MAX_MIB: u64 = 64;
+const NBD_POOL_MIB: u64 = 128;
+const NBD_MAX_CONNECTIONS: u64 = 160;
+
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+
+/// The expected byte at `offset` of pattern `seed` (cheap to recompute).
+fn expected(seed: u64, offset: u64) -> u8 {
+    let mut x = (offset >> 3) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x.to_le_bytes()[(offset & 7) as usize]
+}
+
+fn fill(seed: u64, offset: u64, buf: &mut [u8]) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = expected(seed, offset + i as u64);
+    }
+}
+
+fn write_pattern(path: &Path, seed: u64, len: u64) {
+    let f = std::fs::File::create(path).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        fill(seed, at, &mut buf[..n]);
+        f.write_all_at(&buf[..n], at).unwrap();
+        at += n as u64;
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    /// The first few errors good clients saw, for the report.
+    first_errors: std::sync::Mutex<Vec<String>>,
+    ops: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    wrong_bytes: AtomicU64,
+    hostile_sessions: AtomicU64,
+    faults: AtomicU64,
+}
+
+impl Tally {
+    fn error(&self, what: impl std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first_errors.lock().unwrap_or_else(|p| p.into_inner());
+        if first.len() < 8 {
+            first.push(what.to_string());
+        }
+    }
+}
+
+fn nbd_open(socket: &Path) -> std::io::Result<UnixStream> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.set_write_timeout(Some(Duration::from_secs(60)))?;
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting)?;
+    let mut hello = 3u32.to_be_bytes().to_vec();
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&7u32.to_be_bytes()); // NBD_OPT_GO
+    hello.extend_from_slice(&6u32.to_be_bytes());
+    hello.extend_from_slice(&[0u8; 6]);
+    s.write_all(&hello)?;
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h)?;
+        let reply_type = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        s.read_exact(&mut data)?;
+        if reply_type == 1 {
+            return Ok(s);
+        }
+        if reply_type >= 1 << 31 {
+            return Err(std::io::Error::other(format!("GO refused {reply_type:#x}")));
+        }
+    }
+}
+
+fn request(command: u16, cookie: u64, offset: u64, length: u32) -> [u8; 28] {
+    let mut v = [0u8; 28];
+    v[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    v[6..8].copy_from_slice(&command.to_be_bytes());
+    v[8..16].copy_from_slice(&cookie.to_be_bytes());
+    v[16..24].copy_from_slice(&offset.to_be_bytes());
+    v[24..28].copy_from_slice(&length.to_be_bytes());
+    v
+}
+
+/// One reply: Ok(error) with `data` filled for a read.
+fn reply(s: &mut UnixStream, cookie: u64, data: &mut [u8]) -> std::io::Result<u32> {
+    let mut h = [0u8; 16];
+    s.read_exact(&mut h)?;
+    let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+    if u64::from_be_bytes(h[8..16].try_into().unwrap()) != cookie {
+        return Err(std::io::Error::other("reply to another cookie"));
+    }
+    if error == 0 {
+        s.read_exact(data)?;
+    }
+    Ok(error)
+}
+
+fn count_wrong(got: &[u8], want: impl Fn(usize) -> u8) -> u64 {
+    got.iter()
+        .enumerate()
+        .filter(|(i, b)| **b != want(*i))
+        .count() as u64
+}
+
+/// A good NBD reader: random reads (4 KiB to 1 MiB, now and then 40 MiB,
+/// over the maximum payload), every byte checked; reconnects now and then.
+fn nbd_reader(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
+    let mut rng = Rng(0x1234_5678 + id * 7919);
+    let readable = IMAGE_BYTES - WRITER_AREA_BYTES;
+    while !stop.load(Ordering::Relaxed) {
+        let mut s = match nbd_open(socket) {
+            Ok(s) => s,
+            Err(e) => {
+                t.error(format!("nbd reader {id}: connect: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        for i in 0..200 {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let len = if rng.below(500) == 0 {
+                40 << 20
+            } else {
+                4096 << rng.below(9)
+            };
+            let offset = rng.below(readable - len) & !511;
+            let mut data = vec![0u8; len as usize];
+            let r = s
+                .write_all(&request(0, i, offset, len as u32))
+                .and_then(|()| reply(&mut s, i, &mut data));
+            match r {
+                Ok(0) => {
+                    let wrong = count_wrong(&data, |j| expected(1, offset + j as u64));
+                    t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
+                    t.ops.fetch_add(1, Ordering::Relaxed);
+                    t.bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                r => {
+                    t.error(format!("nbd reader {id}: read {len} at {offset}: {r:?}"));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A good NBD writer: owns one region, writes new contents (FUA), reads
+/// them back on a second connection and checks them.
+fn nbd_writer(socket: &Path, id: u64, writers: u64, stop: &AtomicBool, t: &Tally) {
+    let region = WRITER_AREA_BYTES / writers;
+    let base = IMAGE_BYTES - WRITER_AREA_BYTES + id * region;
+    let mut rng = Rng(0xabcd + id);
+    let mut version = 100 + id * 1_000_000;
+    while !stop.load(Ordering::Relaxed) {
+        let (mut w, mut r) = match (nbd_open(socket), nbd_open(socket)) {
+            (Ok(w), Ok(r)) => (w, r),
+            (w, r) => {
+                t.error(format!(
+                    "nbd writer {id}: connect: {:?} {:?}",
+                    w.err(),
+                    r.err()
+                ));
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        for i in 0..100 {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            version += 1;
+            let len = (4096 << rng.below(7)).min(region);
+            let offset = base + (rng.below(region - len + 1) & !4095);
+            let mut data = vec![0u8; len as usize];
+            fill(version, offset, &mut data);
+            let mut v = request(1, i, offset, len as u32).to_vec();
+            v[4..6].copy_from_slice(&1u16.to_be_bytes()); // FUA
+            v.extend_from_slice(&data);
+            let written = w
+                .write_all(&v)
+                .and_then(|()| reply(&mut w, i, &mut []))
+                .is_ok_and(|e| e == 0);
+            let mut back = vec![0u8; len as usize];
+            let read = written
+                && r.write_all(&request(0, i, offset, len as u32)).is_ok()
+                && reply(&mut r, i, &mut back).is_ok_and(|e| e == 0);
+            if !read {
+                t.error(format!(
+                    "nbd writer {id}: write/read back {len} at {offset}: written {written}"
+                ));
+                break;
+            }
+            let wrong = count_wrong(&back, |j| data[j]);
+            t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
+            t.ops.fetch_add(2, Ordering::Relaxed);
+            t.bytes.fetch_add(2 * len, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A good reader on the FUSE mount: random ranges of random files.
+fn fuse_reader(mnt: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
+    let mut rng = Rng(0x5555 + id * 104_729);
+    while !stop.load(Ordering::Relaxed) {
+        let file = rng.below(FUSE_FILES as u64);
+        let f = match std::fs::File::open(mnt.join(format!("f{file}"))) {
+            Ok(f) => f,
+            Err(e) => {
+                t.error(format!("fuse reader {id}: open f{file}: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        for _ in 0..50 {
+            let len = 4096 << rng.below(6);
+            let offset = rng.below(FUSE_FILE_BYTES - len);
+            let mut data = vec![0u8; len as usize];
+            match f.read_exact_at(&mut data, offset) {
+                Ok(()) => {
+                    let wrong = count_wrong(&data, |j| expected(10 + file, offset + j as u64));
+                    t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
+                    t.ops.fetch_add(1, Ordering::Relaxed);
+                    t.bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    t.error(format!(
+                        "fuse reader {id}: read {len} at {offset} of f{file}: {e}"
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A hostile NBD client: each session one misbehaviour, held a while.
+fn hostile(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
+    let mut rng = Rng(0x6666 + id);
+    while !stop.load(Ordering::Relaxed) {
+        let hold = Duration::from_millis(2000 + rng.below(8000));
+        let kind = rng.below(5);
+        let s = if kind == 4 {
+            // Slowloris handshake: a byte now and then, never finished.
+            UnixStream::connect(socket).ok().map(|mut s| {
+                let _ = s.write_all(&[0, 0]);
+                s
+            })
+        } else {
+            nbd_open(socket).ok()
+        };
+        let Some(mut s) = s else {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        let _ = s.set_write_timeout(Some(hold));
+        let _ = match kind {
+            0 => {
+                // Two 32 MiB reads whose replies are never read.
+                let mut v = request(0, 1, 0, 32 << 20).to_vec();
+                v.extend(request(0, 2, 32 << 20, 32 << 20));
+                s.write_all(&v)
+            }
+            1 => {
+                // A 32 MiB write, one byte short.
+                let mut v = request(1, 3, 0, 32 << 20).to_vec();
+                v.resize(v.len() + (32 << 20) - 1, 0x5a);
+                s.write_all(&v)
+            }
+            2 => {
+                // Garbage framing.
+                let v: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+                s.write_all(&v)
+            }
+            _ => Ok(()), // Hold the slot, idle (or the unfinished handshake).
+        };
+        t.hostile_sessions.fetch_add(1, Ordering::Relaxed);
+        let until = Instant::now() + hold;
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Device faults: random 4 KiB blocks of the cache files overwritten behind
+/// the services (the checksums must catch them), and the NBD service's
+/// cache device removed and added back.
+fn faults(l2arc: &Path, dir: &Path, stop: &AtomicBool, t: &Tally) {
+    let mut rng = Rng(0x7777);
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..50 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        round += 1;
+        for (name, size) in [
+            ("cache-nbd.img", 512u64 << 20),
+            ("cache-fuse.img", 256 << 20),
+        ] {
+            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(dir.join(name)) {
+                for _ in 0..16 {
+                    let block = (1 << 20) + (rng.below(size - (2 << 20)) & !4095);
+                    let junk: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+                    let _ = f.write_all_at(&junk, block);
+                }
+                t.faults.fetch_add(16, Ordering::Relaxed);
+            }
+        }
+        if round.is_multiple_of(3) {
+            let ctl = dir.join("nbd-ctl.sock");
+            let devices = ctl_run(l2arc, &ctl, &["devices"]);
+            if let Some(slot) = devices
+                .lines()
+                .find_map(|l| l.strip_prefix("slot "))
+                .and_then(|l| l.split_whitespace().next())
+            {
+                ctl_run(l2arc, &ctl, &["remove-cache", slot]);
+                std::thread::sleep(Duration::from_secs(2));
+                let cache = dir.join("cache-nbd.img");
+                ctl_run(l2arc, &ctl, &["add-cache", cache.to_str().unwrap()]);
+                t.faults.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn ctl_run(l2arc: &Path, socket: &Path, args: &[&str]) -> String {
+    let out = Command::new(l2arc)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+fn kstat(stats: &str, name: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ProcStat {
+    rss_mib: u64,
+    hwm_mib: u64,
+    threads: usize,
+    fds: usize,
+}
+
+fn proc_stat(pid: u32) -> ProcStat {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let count = |d: String| std::fs::read_dir(d).map(|r| r.count()).unwrap_or(0);
+    ProcStat {
+        rss_mib: kib("VmRSS:") >> 10,
+        hwm_mib: kib("VmHWM:") >> 10,
+        threads: count(format!("/proc/{pid}/task")),
+        fds: count(format!("/proc/{pid}/fd")),
+    }
+}
+
+/// Spawns a service and waits for the line starting with `ready`.
+fn spawn(cmd: &mut Command, ready: &str) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().expect("spawn l2arc");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line.starts_with(ready) => return (child, rx),
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the service did not print `{ready}` within 60 s");
+            }
+        }
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!(
+            "usage: l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE]"
+        );
+        std::process::exit(2);
+    }
+    let l2arc = PathBuf::from(&args[0]);
+    let dir = PathBuf::from(&args[1]);
+    let secs: u64 = args[2].parse().expect("SECONDS");
+    let arg = |i: usize, default: u64| args.get(i).map_or(default, |v| v.parse().unwrap());
+    let (nbd_clients, fuse_clients, hostiles) = (arg(3, 96), arg(4, 32), arg(5, 8));
+    let writers = 8u64;
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::create_dir_all(dir.join("mnt")).unwrap();
+    let image = dir.join("image.raw");
+    write_pattern(&image, 1, IMAGE_BYTES);
+    for f in 0..FUSE_FILES {
+        write_pattern(
+            &dir.join("src").join(format!("f{f}")),
+            10 + f as u64,
+            FUSE_FILE_BYTES,
+        );
+    }
+    for name in ["cache-nbd.img", "cache-fuse.img"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    let socket = dir.join("nbd.sock");
+    let arc = format!("{ARC_MAX_MIB}MiB");
+    let (mut nbd, nbd_log) = spawn(
+        Command::new(&l2arc)
+            .arg("serve-nbd")
+            .arg(&image)
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--arc-max", &arc, "--cache-size", "512MiB"])
+            .arg("--cache")
+            .arg(dir.join("cache-nbd.img"))
+            .arg("--control")
+            .arg(dir.join("nbd-ctl.sock"))
+            .args(["--nbd-buffer-max", &format!("{NBD_POOL_MIB}MiB")])
+            .args(["--max-connections", &NBD_MAX_CONNECTIONS.to_string()]),
+        "l2arc: serving",
+    );
+    let mnt = dir.join("mnt");
+    let (mut fuse, fuse_log) = spawn(
+        Command::new(&l2arc)
+            .arg("mount")
+            .arg(dir.join("src"))
+            .arg(&mnt)
+            .args(["--arc-max", &arc, "--cache-size", "256MiB"])
+            .arg("--cache")
+            .arg(dir.join("cache-fuse.img"))
+            .arg("--control")
+            .arg(dir.join("fuse-ctl.sock")),
+        "l2arc: mounted",
+    );
+    let (nbd_pid, fuse_pid) = (nbd.id(), fuse.id());
+    let nbd_before = proc_stat(nbd_pid);
+    let fuse_before = proc_stat(fuse_pid);
+    println!(
+        "soak: {secs} s, {nbd_clients} NBD clients ({writers} writers, {hostiles} hostile) + {fuse_clients} FUSE readers; load {}",
+        load_average()
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let good = Arc::new(Tally::default());
+    let mut threads = Vec::new();
+    let readers = nbd_clients - writers - hostiles;
+    for i in 0..nbd_clients {
+        let (socket, stop, t) = (socket.clone(), Arc::clone(&stop), Arc::clone(&good));
+        threads.push(std::thread::spawn(move || {
+            if i < readers {
+                nbd_reader(&socket, i, &stop, &t)
+            } else if i < readers + writers {
+                nbd_writer(&socket, i - readers, writers, &stop, &t)
+            } else {
+                hostile(&socket, i, &stop, &t)
+            }
+        }));
+    }
+    for i in 0..fuse_clients {
+        let (mnt, stop, t) = (mnt.clone(), Arc::clone(&stop), Arc::clone(&good));
+        threads.push(std::thread::spawn(move || fuse_reader(&mnt, i, &stop, &t)));
+    }
+    {
+        let (l2arc, dir, stop, t) = (
+            l2arc.clone(),
+            dir.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&good),
+        );
+        threads.push(std::thread::spawn(move || faults(&l2arc, &dir, &stop, &t)));
+    }
+
+    let started = Instant::now();
+    let nbd_budget_mib = |l2_hdr_bytes: u64| {
+        ARC_MAX_MIB
+            + (l2_hdr_bytes >> 20)
+            + NBD_POOL_MIB
+            + ((NBD_MAX_CONNECTIONS * l2arc_nbd::server::CONNECTION_FIXED_BYTES) >> 20)
+            + 64
+    };
+    let mut nbd_peak_rss = 0;
+    let mut fuse_peak_rss = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(10));
+        let (n, f) = (proc_stat(nbd_pid), proc_stat(fuse_pid));
+        nbd_peak_rss = nbd_peak_rss.max(n.rss_mib);
+        fuse_peak_rss = fuse_peak_rss.max(f.rss_mib);
+        println!(
+            "{:>4} s: good ops {} ({} MiB), errors {}, wrong bytes {}, hostile sessions {}, faults {}; nbd RSS {} MiB, {} threads, {} fds; fuse RSS {} MiB; load {}",
+            started.elapsed().as_secs(),
+            good.ops.load(Ordering::Relaxed),
+            good.bytes.load(Ordering::Relaxed) >> 20,
+            good.errors.load(Ordering::Relaxed),
+            good.wrong_bytes.load(Ordering::Relaxed),
+            good.hostile_sessions.load(Ordering::Relaxed),
+            good.faults.load(Ordering::Relaxed),
+            n.rss_mib,
+            n.threads,
+            n.fds,
+            f.rss_mib,
+            load_average()
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        let _ = t.join();
+    }
+    // Let the services close what the clients left.
+    std::thread::sleep(Duration::from_secs(5));
+    let nbd_after = proc_stat(nbd_pid);
+    let fuse_after = proc_stat(fuse_pid);
+    let nbd_stats = ctl_run(&l2arc, &dir.join("nbd-ctl.sock"), &["stats"]);
+    let fuse_stats = ctl_run(&l2arc, &dir.join("fuse-ctl.sock"), &["stats"]);
+    for child in [&nbd, &fuse] {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+    }
+    let _ = nbd.wait();
+    let _ = fuse.wait();
+    let stop_line = nbd_log
+        .try_iter()
+        .find(|l| l.starts_with("l2arc: stopped"))
+        .unwrap_or_default();
+    let _ = fuse_log.try_iter().count();
+    let l2_hdr = kstat(&nbd_stats, "l2_hdr_size");
+    println!("---");
+    println!(
+        "good clients: {} ops, {} MiB, {} errors, {} wrong bytes",
+        good.ops.load(Ordering::Relaxed),
+        good.bytes.load(Ordering::Relaxed) >> 20,
+        good.errors.load(Ordering::Relaxed),
+        good.wrong_bytes.load(Ordering::Relaxed)
+    );
+    for e in good.first_errors.lock().unwrap().iter() {
+        println!("  error: {e}");
+    }
+    println!(
+        "hostile sessions {}, device faults {} (blocks overwritten + device removals)",
+        good.hostile_sessions.load(Ordering::Relaxed),
+        good.faults.load(Ordering::Relaxed)
+    );
+    println!(
+        "serve-nbd: peak RSS {} MiB (VmHWM {} MiB) against a budget of {} MiB; threads {} -> {}, fds {} -> {}",
+        nbd_peak_rss,
+        nbd_after.hwm_mib,
+        nbd_budget_mib(l2_hdr),
+        nbd_before.threads,
+        nbd_after.threads,
+        nbd_before.fds,
+        nbd_after.fds
+    );
+    println!(
+        "mount: peak RSS {} MiB (VmHWM {} MiB); threads {} -> {}, fds {} -> {}",
+        fuse_peak_rss,
+        fuse_after.hwm_mib,
+        fuse_before.threads,
+        fuse_after.threads,
+        fuse_before.fds,
+        fuse_after.fds
+    );
+    for (name, stats) in [("serve-nbd", &nbd_stats), ("mount", &fuse_stats)] {
+        println!(
+            "{name}: hits {} misses {} l2_hits {} l2_cksum_bad {} l2_io_error {} l2_size {} MiB",
+            kstat(stats, "hits"),
+            kstat(stats, "misses"),
+            kstat(stats, "l2_hits"),
+            kstat(stats, "l2_cksum_bad"),
+            kstat(stats, "l2_io_error"),
+            kstat(stats, "l2_size") >> 20
+        );
+    }
+    println!("{stop_line}");
+    println!("load {}", load_average());
+}
