@@ -34,6 +34,15 @@
 //! it only a bounded time: the kernel may need one of our threads to
 //! finish a read before it can drop a page that read holds locked.
 //!
+//! One exception, in `getattr`: when the size changed, the kernel's own
+//! check drops what the new size makes stale when it applies our answer,
+//! and an invalidation sent before the answer would make the kernel throw
+//! the answer away (it bumps the inode's attribute version, so the reply in
+//! flight counts as outdated) and go on reading with the old size: a file
+//! truncated behind the mount then read as zeros up to the old end of its
+//! last record. So a size change is answered first and invalidated right
+//! after, without waiting.
+//!
 //! Open files and directory listings live in one table bounded by
 //! `FsOptions`; past the bound an open fails with EMFILE.
 
@@ -346,15 +355,54 @@ impl CachedFs {
     /// reflect; on a difference, revalidates the cache's records and drops
     /// the kernel's pages and attributes (see the module comment).
     fn notice_change(&self, inode: &Inode, st: &libc::stat, open: Option<&OpenFile>) {
+        if self.notice_change_before_reply(inode, st, open) {
+            self.invalidate_kernel(inode.id);
+        }
+    }
+
+    /// `notice_change` for `getattr`: a change of size is invalidated after
+    /// the answer (see the module comment), the caller's duty when this
+    /// returns `Some(ino)`; any other change before it, as usual.
+    fn notice_change_for_getattr(
+        &self,
+        inode: &Inode,
+        st: &libc::stat,
+        open: Option<&OpenFile>,
+    ) -> Option<u64> {
+        let old_size = inode
+            .page_generation
+            .lock()
+            .expect("poisoned")
+            .map(|g| g.size_bytes);
+        if !self.notice_change_before_reply(inode, st, open) {
+            return None;
+        }
+        let size_changed = old_size.is_some_and(|size| size != st.st_size as u64);
+        if size_changed {
+            return Some(inode.id);
+        }
+        self.invalidate_kernel(inode.id);
+        None
+    }
+
+    /// Records a regular file's new generation and revalidates the cache's
+    /// records of it; true when the generation changed (the kernel's pages
+    /// are then to be dropped).
+    fn notice_change_before_reply(
+        &self,
+        inode: &Inode,
+        st: &libc::stat,
+        open: Option<&OpenFile>,
+    ) -> bool {
         if inode.kind != Kind::Regular {
-            return;
+            return false;
         }
         let now = l2arc::primary::Generation::of_stat(st);
         {
             let mut seen = inode.page_generation.lock().expect("poisoned");
             match *seen {
                 Some(old) if old != now => *seen = Some(now),
-                _ => return,
+                _ => return false,
             }
         }
         let weak = inode.open_file.lock().expect("poisoned").upgrade();
@@ -362,7 +410,14 @@ impl CachedFs {
             // Handles share the object's state: this revalidates them all.
             let _ = self.cache.revalidate(&file.handle);
         }
-        self.invalidate_kernel(inode.id);
+        true
+    }
+
+    /// Asks the kernel to drop its pages and attributes of `ino`, without
+    /// waiting (after a reply; see `notice_change_for_getattr`).
+    fn invalidate_kernel_later(&self, ino: u64) {
+        let (done, _wait) = sync_channel(1);
+        let _ = self.invalidate.try_send((ino, done));
     }
 
     /// Tells the kernel to drop its pages and attributes of `ino`, waiting
@@ -742,11 +797,16 @@ impl Filesystem for CachedFs {
                 let _ = self.cache.revalidate(&file.handle);
                 *file.last_revalidate.lock().expect("poisoned") = Instant::now();
             }
-            self.notice_change(&inode, &st, file.as_deref());
-            Ok(to_attr(inode.id, &st))
+            let later = self.notice_change_for_getattr(&inode, &st, file.as_deref());
+            Ok((to_attr(inode.id, &st), later))
         });
         match result {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
+            Ok((attr, later)) => {
+                reply.attr(&self.ttl(), &attr);
+                if let Some(ino) = later {
+                    self.invalidate_kernel_later(ino);
+                }
+            }
             Err(e) => reply.error(e),
         }
     }
