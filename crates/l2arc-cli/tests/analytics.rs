@@ -17,26 +17,11 @@ const IMAGE_BYTES: usize = 32 << 20;
 const RECORD_BYTES: usize = 64 << 10;
 
 fn tool(name: &str) -> Command {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{name}` is not installed: run scripts/setup.sh (it installs qemu-utils and prometheus, which has promtool)"
-    );
-    Command::new(name)
+    l2arc_testkit::tool(name, "qemu-utils and prometheus, which has promtool")
 }
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    l2arc_testkit::run(cmd)
 }
 
 fn l2arc() -> Command {

@@ -11,26 +11,11 @@ use std::time::Duration;
 const IMAGE_BYTES: usize = 64 << 20;
 
 fn tool(name: &str) -> Command {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{name}` is not installed: run scripts/setup.sh (it installs fio, qemu-utils, libnbd-bin and nbdkit)"
-    );
-    Command::new(name)
+    l2arc_testkit::tool(name, "fio, qemu-utils, libnbd-bin and nbdkit")
 }
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    l2arc_testkit::run(cmd)
 }
 
 /// Deterministic, incompressible-looking bytes.

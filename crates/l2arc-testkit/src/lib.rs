@@ -47,3 +47,31 @@ pub fn assert_one_line_error(out: &Output, program: &str, must_contain: &str) {
         "{stderr}"
     );
 }
+
+/// A command for an outside tool the tests drive (fio, qemu-io, promtool,
+/// ...). Fails the test, never skips it, when the tool is not installed,
+/// naming `installs`: what `scripts/setup.sh` installs that provides it.
+pub fn tool(name: &str, installs: &str) -> std::process::Command {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{name}` is not installed: run scripts/setup.sh (it installs {installs})"
+    );
+    std::process::Command::new(name)
+}
+
+/// Runs a command that must succeed; its output, or a failure that shows
+/// the command, its status and both its outputs.
+pub fn run(cmd: &mut std::process::Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
