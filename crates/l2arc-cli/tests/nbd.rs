@@ -56,15 +56,7 @@ impl Served {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let rx = l2arc_testkit::stderr_lines(&mut child);
         let line = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("serve-nbd printed nothing within 20 s");

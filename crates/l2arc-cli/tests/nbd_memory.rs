@@ -6,7 +6,7 @@
 //! test's memory is counted; it sits alone in this file so that the other
 //! NBD tests do not compete with its clients for the two cores.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -125,15 +125,7 @@ fn serve() -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = l2arc_testkit::stderr_lines(&mut child);
     let ready = rx.recv_timeout(Duration::from_secs(30)).unwrap();
     assert!(ready.starts_with("l2arc: serving "), "{ready}");
     let memory = rx.recv_timeout(Duration::from_secs(5)).unwrap();

@@ -75,3 +75,22 @@ pub fn run(cmd: &mut std::process::Command) -> Output {
     );
     out
 }
+
+/// The lines a spawned child writes to its stderr (piped), as they come,
+/// read by a thread of their own so the child never blocks on a full pipe.
+pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("the child's stderr is piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}

@@ -275,17 +275,7 @@ impl<'c> ReadQueue<'c> {
                         return self.start_op(index, slot, (token, fill_sequence), claim, pending);
                     }
                     // A device the ring cannot read: read it here.
-                    let mut pending = pending;
-                    let timer = self.cache.analytics.start();
-                    let io_result = pending.read_psync();
-                    self.finish_flash_read(
-                        (index, slot),
-                        (token, fill_sequence),
-                        claim,
-                        pending,
-                        io_result,
-                        timer,
-                    );
+                    self.read_here((index, slot), (token, fill_sequence), claim, pending);
                     return Ok(());
                 }
                 let result = if self.ring.is_some() {
@@ -329,16 +319,7 @@ impl<'c> ReadQueue<'c> {
         if pushed.is_err() {
             // The ring refused it: read it here instead.
             self.free_ops.push(op_index);
-            let timer = self.cache.analytics.start();
-            let io_result = pending.read_psync();
-            self.finish_flash_read(
-                (index, slot),
-                (token, fill_sequence),
-                claim,
-                pending,
-                io_result,
-                timer,
-            );
+            self.read_here((index, slot), (token, fill_sequence), claim, pending);
             return Ok(());
         }
         self.ops[op_index as usize] = Some(Op {
@@ -489,6 +470,27 @@ impl<'c> ReadQueue<'c> {
             timer,
         );
         self.finish_if_resolved(index);
+    }
+
+    /// Reads a pending flash read with a positioned read in this thread
+    /// (a device the ring cannot read, or a submission it refused).
+    fn read_here(
+        &mut self,
+        (index, slot): (u32, u32),
+        token_and_sequence: (u64, u64),
+        claim: FillClaim<'c>,
+        mut pending: PendingRead,
+    ) {
+        let timer = self.cache.analytics.start();
+        let io_result = pending.read_psync();
+        self.finish_flash_read(
+            (index, slot),
+            token_and_sequence,
+            claim,
+            pending,
+            io_result,
+            timer,
+        );
     }
 
     /// Checks what a flash read returned (checksum, decompression) and
