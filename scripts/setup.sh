@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus      # promtool: the analytics tests check /metrics with `promtool check metrics`
   chromium        # the live page's test runs it headless (through Playwright, below)
   python3-venv    # the Python environment for Playwright
+  rclone          # the rclone mount peer in l2arc bench --scenario s3
 )
 
 missing=()
@@ -72,4 +73,14 @@ if ! "$VENV/bin/python" -c "import playwright, sys; from importlib.metadata impo
   echo "setup: installing Playwright $PLAYWRIGHT_VERSION for Python in $VENV" >&2
   /usr/bin/python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "playwright==$PLAYWRIGHT_VERSION"
+fi
+
+# versitygw: a real S3 server over a local directory, started by the
+# object-store tests and the s3 benchmark (l2arc-testkit). Built from its Go
+# module into $HOME/go/bin, where the tests look for it.
+if [ ! -x "$HOME/go/bin/versitygw" ]; then
+  GO=/usr/local/go/bin/go
+  [ -x "$GO" ] || GO=go
+  echo "setup: installing versitygw with $GO install" >&2
+  GOBIN="$HOME/go/bin" "$GO" install github.com/versity/versitygw/cmd/versitygw@latest
 fi

@@ -58,12 +58,14 @@ pub mod creds;
 pub mod fs;
 pub mod inodes;
 pub mod locks;
+pub mod object_fs;
 pub mod readahead;
 pub mod sys;
 
 pub use fs::{CachedFs, FsOptions};
 /// A mounted file system served from background threads (fuser's).
 pub use fuser::BackgroundSession as Session;
+pub use object_fs::{ObjectFs, ObjectFsOptions};
 
 /// How the mount is made.
 #[derive(Clone, Debug)]
@@ -96,6 +98,28 @@ pub fn mount(
     mountpoint: &Path,
     options: &MountOptions,
 ) -> io::Result<fuser::BackgroundSession> {
+    let notifier = std::sync::Arc::clone(&fs.notifier);
+    mount_with(fs, notifier, mountpoint, options, false)
+}
+
+/// Mounts an object store file system (read-only: the "ro" mount option)
+/// at `mountpoint`, as [`mount`] does.
+pub fn mount_objects(
+    fs: ObjectFs,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> io::Result<fuser::BackgroundSession> {
+    let notifier = std::sync::Arc::clone(&fs.notifier);
+    mount_with(fs, notifier, mountpoint, options, true)
+}
+
+fn mount_with<F: fuser::Filesystem + Send + Sync + 'static>(
+    fs: F,
+    notifier: fs::NotifierSlot,
+    mountpoint: &Path,
+    options: &MountOptions,
+    read_only: bool,
+) -> io::Result<fuser::BackgroundSession> {
     use fuser::{MountOption, SessionACL};
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -106,6 +130,9 @@ pub fn mount(
         // Released by fusermount3 when this process dies, however it dies.
         MountOption::AutoUnmount,
     ];
+    if read_only {
+        config.mount_options.push(MountOption::RO);
+    }
     // auto_unmount needs allow_other at the kernel level; without
     // --allow-other fuser itself refuses every user but root and the owner.
     config.acl = if options.allow_other {
@@ -120,7 +147,6 @@ pub fn mount(
     unsafe { libc::umask(0) };
     // Before the session's threads start: they inherit it.
     creds::keep_capabilities();
-    let notifier = std::sync::Arc::clone(&fs.notifier);
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     Ok(session)
@@ -138,6 +164,19 @@ impl MountGuard {
     /// Mounts `fs` at `mountpoint` (see [`mount`]) behind a guard.
     pub fn mount(fs: CachedFs, mountpoint: &Path, options: &MountOptions) -> io::Result<Self> {
         let session = mount(fs, mountpoint, options)?;
+        Ok(Self {
+            mountpoint: mountpoint.to_path_buf(),
+            session: Some(session),
+        })
+    }
+
+    /// Mounts an object store file system (see [`mount_objects`]) behind a guard.
+    pub fn mount_objects(
+        fs: ObjectFs,
+        mountpoint: &Path,
+        options: &MountOptions,
+    ) -> io::Result<Self> {
+        let session = mount_objects(fs, mountpoint, options)?;
         Ok(Self {
             mountpoint: mountpoint.to_path_buf(),
             session: Some(session),

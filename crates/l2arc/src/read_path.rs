@@ -200,17 +200,59 @@ struct ObjectState {
     token: AtomicU64,
     size_bytes: AtomicU64,
     /// Last generation seen, and a count of explicit invalidations.
-    generation: Mutex<(Generation, u64)>,
+    generation: Mutex<GenerationState>,
+}
+
+/// What `ObjectState::generation` guards.
+struct GenerationState {
+    /// The generation last seen (our own writes adopt theirs here without
+    /// a new token).
+    current: Generation,
+    /// Explicit invalidations so far.
+    epoch: u64,
+    /// The generation the current token was derived from: the version a
+    /// conditional primary read must ask for (`Primary::read_at_generation`).
+    of_token: Generation,
+}
+
+impl ObjectState {
+    /// The generation that `token` stands for, if it is still the object's
+    /// token (`None`: the token moved on since the caller loaded it).
+    fn generation_of(&self, token: u64) -> Option<Generation> {
+        let generation = self.generation.lock().expect("object state poisoned");
+        (self.token.load(Ordering::Acquire) == token).then_some(generation.of_token)
+    }
 }
 
 fn generation_token(generation: &Generation, epoch: u64) -> u64 {
+    if generation.version_hash == 0 {
+        // Files: the token as it was before objects had versions, so that
+        // persistent caches written then keep matching.
+        return hash_one(&(
+            generation.ino,
+            generation.size_bytes,
+            generation.mtime_ns,
+            generation.ctime_ns,
+            epoch,
+        ));
+    }
     hash_one(&(
         generation.ino,
         generation.size_bytes,
         generation.mtime_ns,
         generation.ctime_ns,
+        generation.version_hash,
         epoch,
     ))
+}
+
+/// How many times a read re-stats and tries again when the object changed
+/// under a conditional primary read (412): each try follows a fresh stat,
+/// so only an object rewritten faster than we can read one record loses.
+const STALE_RETRIES_MAX: u32 = 4;
+
+fn is_stale(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StaleNetworkFileHandle
 }
 
 /// An open object, ready for reads and writes through the cache. Clones
@@ -239,6 +281,14 @@ impl ObjectHandle {
 
     pub fn recordsize_bytes(&self) -> u32 {
         self.dataset.config.recordsize_bytes
+    }
+
+    /// The object's generation token now: it changes exactly when the
+    /// cache stops trusting what it holds of the object (a change behind
+    /// it, an invalidation), so a front end can tell when pages it handed
+    /// out belong to an older version.
+    pub fn generation_token(&self) -> u64 {
+        self.token()
     }
 
     /// The object's current generation token (records must carry it).
@@ -666,7 +716,11 @@ impl Cache {
             id: info.id,
             token: AtomicU64::new(generation_token(&info.generation, epoch)),
             size_bytes: AtomicU64::new(info.size_bytes()),
-            generation: Mutex::new((info.generation, epoch)),
+            generation: Mutex::new(GenerationState {
+                current: info.generation,
+                epoch,
+                of_token: info.generation,
+            }),
         });
         objects.insert((dataset_id.0, info.id), Arc::clone(&state));
         state
@@ -691,11 +745,12 @@ impl Cache {
     fn adopt(&self, handle: &ObjectHandle, info: ObjectInfo, outside_change: bool) {
         let state = &handle.state;
         let mut generation = state.generation.lock().expect("object state poisoned");
-        if generation.0 != info.generation {
-            generation.0 = info.generation;
+        if generation.current != info.generation {
+            generation.current = info.generation;
             if outside_change {
+                generation.of_token = info.generation;
                 state.token.store(
-                    generation_token(&generation.0, generation.1),
+                    generation_token(&generation.current, generation.epoch),
                     Ordering::Release,
                 );
             }
@@ -707,9 +762,10 @@ impl Cache {
     pub fn invalidate_object(&self, handle: &ObjectHandle) {
         let state = &handle.state;
         let mut generation = state.generation.lock().expect("object state poisoned");
-        generation.1 += 1;
+        generation.epoch += 1;
+        generation.of_token = generation.current;
         state.token.store(
-            generation_token(&generation.0, generation.1),
+            generation_token(&generation.current, generation.epoch),
             Ordering::Release,
         );
     }
@@ -799,23 +855,42 @@ impl Cache {
         kind: AccessKind,
     ) -> io::Result<Arc<Record>> {
         let key = handle.record_key(index);
+        let mut stale_tries = 0u32;
         loop {
             let token = handle.token();
-            match self.arc.lookup(key, token, kind) {
+            let result = match self.arc.lookup(key, token, kind) {
                 Lookup::Hit(record) => return Ok(record),
                 Lookup::InFlight(fill) => {
                     self.analytics.note_below();
-                    let record = fill.wait()?;
-                    if record.generation_token == token {
-                        return Ok(record);
+                    match fill.wait() {
+                        Ok(record) if record.generation_token == token => return Ok(record),
+                        // Filled under another generation: look again.
+                        Ok(_) => continue,
+                        Err(e) => Err(io::Error::from(e)),
                     }
-                    // Filled under another generation: look again.
                 }
                 Lookup::Claimed(claim) => {
                     let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
                     let result = self.fill_record(handle, index, token);
-                    return self.publish_fill(claim, result, token, fill_sequence);
+                    self.publish_fill(claim, result, token, fill_sequence)
                 }
+            };
+            match result {
+                // The object is no longer the version the token stands for
+                // (a conditional read saw 412): learn the new one and read
+                // again under its token. Nothing of the old version was
+                // returned or cached under the new token.
+                Err(e) if is_stale(&e) && stale_tries < STALE_RETRIES_MAX => {
+                    stale_tries += 1;
+                    self.counters.primary_stale.add(1);
+                    self.revalidate(handle)?;
+                }
+                Err(e) if is_stale(&e) => {
+                    return Err(io::Error::other(format!(
+                        "the object kept changing while record {index} was read ({STALE_RETRIES_MAX} tries)"
+                    )));
+                }
+                other => return other,
             }
         }
     }
@@ -872,7 +947,7 @@ impl Cache {
                 return Ok(data);
             }
         }
-        self.read_primary(handle, index)
+        self.read_primary(handle, index, token)
     }
 
     /// Counts an L2ARC hit of `bytes` for the analytics (latency from `timer`).
@@ -904,12 +979,23 @@ impl Cache {
     }
 
     /// Reads a whole record from primary storage.
-    pub(crate) fn read_primary(&self, handle: &ObjectHandle, index: u64) -> io::Result<AlignedBuf> {
+    /// `token` is the one the record will carry: the read asks primary
+    /// storage for the version it stands for.
+    pub(crate) fn read_primary(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> io::Result<AlignedBuf> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
         let mut data = AlignedBuf::zeroed(recordsize);
         let offset = index * recordsize as u64;
+        let expected = handle.state.generation_of(token);
         let timer = self.analytics.start();
-        match handle.object.read_at(offset, data.as_mut_slice()) {
+        match handle
+            .object
+            .read_at_generation(offset, data.as_mut_slice(), expected.as_ref())
+        {
             Ok(n) => {
                 data.set_len(n);
                 self.counters.primary_reads.add(1);
@@ -920,7 +1006,9 @@ impl Cache {
                 Ok(data)
             }
             Err(e) => {
-                self.counters.primary_errors.add(1);
+                if !is_stale(&e) {
+                    self.counters.primary_errors.add(1);
+                }
                 Err(e)
             }
         }
@@ -1092,6 +1180,7 @@ impl Cache {
             primary_reads: c.primary_reads.get(),
             primary_read_bytes: c.primary_read_bytes.get(),
             primary_errors: c.primary_errors.get(),
+            primary_stale: c.primary_stale.get(),
             l2: self.l2.get().map(|l2| l2.stats()),
         }
     }

@@ -280,7 +280,7 @@ impl<'c> ReadQueue<'c> {
                 }
                 let result = if self.ring.is_some() {
                     // Not on flash (or not allowed there): primary storage.
-                    self.cache.read_primary(&handle, record)
+                    self.cache.read_primary(&handle, record, token)
                 } else {
                     self.cache.fill_record(&handle, record, token)
                 };
@@ -521,7 +521,7 @@ impl<'c> ReadQueue<'c> {
                 Ok(data)
             }
             // Any failure on flash is a miss: primary storage has it.
-            None => self.cache.read_primary(&handle, record),
+            None => self.cache.read_primary(&handle, record, token),
         };
         let record = self.cache.publish_fill(claim, result, token, fill_sequence);
         self.deliver(index, slot, record);

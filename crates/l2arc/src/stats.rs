@@ -26,6 +26,7 @@ pub(crate) struct ReadPathCounters {
     pub(crate) primary_reads: Counter,
     pub(crate) primary_read_bytes: Counter,
     pub(crate) primary_errors: Counter,
+    pub(crate) primary_stale: Counter,
 }
 
 /// A snapshot of every statistic, under ZFS's names where one exists.
@@ -42,6 +43,9 @@ pub struct CacheStats {
     pub primary_reads: u64,
     pub primary_read_bytes: u64,
     pub primary_errors: u64,
+    /// Primary reads refused because the object changed under them
+    /// (a conditional GET answered 412): each was re-stated and read again.
+    pub primary_stale: u64,
     /// The L2ARC's statistics, when cache devices were added.
     pub l2: Option<crate::l2arc::L2Stats>,
 }
@@ -58,6 +62,7 @@ impl CacheStats {
             ("primary_reads", self.primary_reads),
             ("primary_read_bytes", self.primary_read_bytes),
             ("primary_errors", self.primary_errors),
+            ("primary_stale", self.primary_stale),
             ("l2_ioengine_uring", u64::from(self.ioengine_uring)),
         ]);
         if let Some(l2) = &self.l2 {

@@ -14,7 +14,10 @@
 //! - [`image::ImagePrimary`]: one image file or block device, O_DIRECT where
 //!   the file system allows it (one object, named "");
 //! - [`emulated_hdd::EmulatedHdd`]: wraps another primary and makes it behave
-//!   like an array of spinning disks, for benchmarks on machines with no HDD.
+//!   like an array of spinning disks, for benchmarks on machines with no HDD;
+//! - `object_store::ObjectStorePrimary` (cargo feature `object-store`): a
+//!   bucket of an object store (S3 and the other OpenDAL services), read by
+//!   ranged GETs made conditional on the ETag the cached records carry.
 
 use std::io;
 use std::sync::Arc;
@@ -22,6 +25,8 @@ use std::sync::Arc;
 pub mod dir;
 pub mod emulated_hdd;
 pub mod image;
+#[cfg(feature = "object-store")]
+pub mod object_store;
 
 /// Which version of an object the cache saw: for a file, inode, size,
 /// modification time and change time. Any difference means the cached bytes
@@ -33,12 +38,21 @@ pub mod image;
 /// keeps its finer change counter, i_version, to itself: statx does not
 /// report it.) A ctime change that is not a content change (chmod, a new
 /// hard link) costs a needless miss, never a wrong hit.
+///
+/// Objects of an object store have no inode and no ctime: what names a
+/// version there is the ETag (and the version id in a versioned bucket).
+/// `version_hash` carries a stable 64-bit hash of those (see
+/// [`Generation::version_hash_of`]); it is zero for files, and a zero keeps
+/// the token of a file exactly what it was before the field existed, so
+/// persistent caches written then stay valid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Generation {
     pub ino: u64,
     pub size_bytes: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    /// Hash of the object store's version (ETag, version id); 0 for files.
+    pub version_hash: u64,
 }
 
 impl Generation {
@@ -50,6 +64,7 @@ impl Generation {
             size_bytes: meta.size(),
             mtime_ns: nanos(meta.mtime(), meta.mtime_nsec()),
             ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
+            version_hash: 0,
         }
     }
 
@@ -60,7 +75,24 @@ impl Generation {
             size_bytes: st.st_size as u64,
             mtime_ns: nanos(st.st_mtime, st.st_mtime_nsec),
             ctime_ns: nanos(st.st_ctime, st.st_ctime_nsec),
+            version_hash: 0,
         }
+    }
+
+    /// A stable (same in every process, every run) nonzero hash of an
+    /// object store's version strings: the ETag, then the version id (empty
+    /// where the bucket keeps no versions). FNV-1a, with a separator byte
+    /// that cannot occur in either string, so ("ab", "c") and ("a", "bc")
+    /// differ.
+    pub fn version_hash_of(etag: &str, version_id: &str) -> u64 {
+        const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+        let mut h = FNV_OFFSET;
+        for b in etag.bytes().chain([0u8]).chain(version_id.bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(FNV_PRIME);
+        }
+        h.max(1)
     }
 }
 
@@ -113,6 +145,25 @@ pub trait PrimaryObject: Send + Sync + 'static {
     /// `offset` and returns fewer bytes only at the end of the object (0 at or
     /// past it). `offset` and `buf` honour [`Self::read_alignment_bytes`].
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Reads like [`Self::read_at`], but only from the version `expected`
+    /// names: the generation the records being filled will carry, or `None`
+    /// when the cache no longer knows which one that is (its token moved on
+    /// while the fill was being claimed). Files ignore it (their staleness
+    /// is caught by re-stating). An object store makes the read conditional
+    /// (If-Match on the ETag) and returns `ErrorKind::StaleNetworkFileHandle`
+    /// when the object is no longer that version, or when `expected` is
+    /// `None`: the read path then re-stats and reads again under the new
+    /// generation, so a record never holds bytes of two versions.
+    fn read_at_generation(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        expected: Option<&Generation>,
+    ) -> io::Result<usize> {
+        let _ = expected;
+        self.read_at(offset, buf)
+    }
 
     /// Writes all of `data` at `offset` (write-through; the object may grow).
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;

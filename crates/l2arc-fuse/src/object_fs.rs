@@ -1,0 +1,734 @@
+//! A read-only FUSE file system over an object store bucket, served
+//! through the cache.
+//!
+//! Why a file system of its own and not the pass-through one: a bucket has
+//! no inodes, no descriptors and no directories, only keys; "directories"
+//! are what a '/'-delimited listing says is a common prefix. So names are
+//! resolved here from listings (`ObjectStorePrimary::list_dir`, trusted for
+//! the metadata TTL, which also fills the stat cache: a lookup or an `ls -l`
+//! costs one LIST per directory per TTL, not a HEAD per file), and node ids
+//! are a stable hash of the key, so they survive a remount.
+//!
+//! Freshness is the object store primary's: a stat is trusted for the TTL;
+//! reads of records not in the cache are conditional on the ETag the
+//! object was opened under (a 412 makes the read path re-stat and read the
+//! new version, never a mix within a record). The kernel's page cache is
+//! kept across opens (FOPEN_KEEP_CACHE) while the object's version is the
+//! one the pages came from, and dropped when it is not: at open, at a
+//! getattr (the attribute timeout is the metadata TTL, and with
+//! FUSE_AUTO_INVAL_DATA the kernel asks at least once a TTL while a file is
+//! read), and when a read finds that the object's generation moved under
+//! an open file. As in the pass-through mount, the invalidation is sent
+//! after the reply, on a thread of its own, never waited for.
+//!
+//! Writes: the mount is read-only (the "ro" mount option, and EROFS from
+//! every call that would change something). Read-ahead splits its window
+//! into records queued to a bounded pool of threads, so a sequential
+//! reader has several ranged GETs in flight at once.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+};
+use l2arc::arc::AccessKind;
+use l2arc::primary::object_store::{ObjectMeta, ObjectStorePrimary};
+use l2arc::{Cache, DatasetId, ObjectHandle};
+
+use crate::fs::NotifierSlot;
+use crate::readahead::ReadAhead;
+
+/// Tunables of the object file system.
+#[derive(Clone, Debug)]
+pub struct ObjectFsOptions {
+    /// How long the kernel may trust attributes and names (the metadata TTL).
+    pub attr_timeout: Duration,
+    /// Largest read-ahead window, in records (0 = none).
+    pub readahead_max_records: u32,
+    /// Threads fetching read-ahead records (GETs in flight for read-ahead).
+    pub prefetch_threads: usize,
+    /// Open files and directories at most (EMFILE beyond).
+    pub max_open_handles: usize,
+    /// Nodes the kernel may hold at most (ENFILE beyond).
+    pub max_nodes: usize,
+}
+
+impl Default for ObjectFsOptions {
+    fn default() -> Self {
+        Self {
+            attr_timeout: Duration::from_secs(60),
+            readahead_max_records: 16,
+            prefetch_threads: 8,
+            max_open_handles: 1 << 16,
+            max_nodes: 1 << 20,
+        }
+    }
+}
+
+/// Read-ahead records waiting for a thread; more are dropped (a hint).
+const PREFETCH_QUEUE_LEN: usize = 256;
+/// Kernel invalidations waiting for the notifier thread; more are dropped
+/// (the next getattr or open catches the change again).
+const INVALIDATE_QUEUE_LEN: usize = 1024;
+const ROOT_ID: u64 = 1;
+/// Block size reported in attributes (st_blksize): what `cp` reads at once.
+const BLKSIZE_BYTES: u32 = 1 << 20;
+
+struct Node {
+    /// Key (for objects) or prefix without trailing '/' (directories);
+    /// "" for the root.
+    path: String,
+    is_dir: bool,
+    /// Kernel references (lookups not yet forgotten).
+    lookups: u64,
+    /// (version hash, size) the kernel's pages of this object reflect.
+    page_version: Option<(u64, u64)>,
+}
+
+struct OpenObject {
+    ino: u64,
+    handle: ObjectHandle,
+    readahead: Mutex<ReadAhead>,
+    last_revalidate: Mutex<Instant>,
+    /// The cache's generation token when the kernel's pages were last
+    /// known good for this open: a change means the pages must go.
+    token_seen: AtomicU64,
+}
+
+enum Handle {
+    File(Arc<OpenObject>),
+    Dir(Arc<Vec<(String, FileType, u64)>>),
+}
+
+type PrefetchJob = (Arc<OpenObject>, u64, u64);
+
+/// A bucket (or prefix) served read-only through the cache.
+pub struct ObjectFs {
+    cache: Arc<Cache>,
+    dataset: DatasetId,
+    store: Arc<ObjectStorePrimary>,
+    options: ObjectFsOptions,
+    nodes: Mutex<HashMap<u64, Node>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    prefetch: Option<SyncSender<PrefetchJob>>,
+    invalidate: SyncSender<u64>,
+    pub(crate) notifier: NotifierSlot,
+    mounted_at: SystemTime,
+}
+
+fn errno(e: &io::Error) -> Errno {
+    use io::ErrorKind as K;
+    Errno::from_i32(match e.kind() {
+        K::NotFound => libc::ENOENT,
+        K::PermissionDenied => libc::EACCES,
+        K::NotADirectory => libc::ENOTDIR,
+        K::IsADirectory => libc::EISDIR,
+        K::ReadOnlyFilesystem => libc::EROFS,
+        K::TimedOut => libc::ETIMEDOUT,
+        K::FileTooLarge => libc::EFBIG,
+        _ => libc::EIO,
+    })
+}
+
+/// A stable node id for a path: the same in every mount (1 is the root).
+fn node_id(path: &str) -> u64 {
+    if path.is_empty() {
+        return ROOT_ID;
+    }
+    // FNV-1a, never 0 or 1.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h.max(2)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+impl ObjectFs {
+    /// `dataset` must be a dataset of `cache` whose primary is `store`.
+    pub fn new(
+        cache: Arc<Cache>,
+        dataset: DatasetId,
+        store: Arc<ObjectStorePrimary>,
+        options: ObjectFsOptions,
+    ) -> io::Result<Self> {
+        assert!(options.max_open_handles > 0 && options.max_nodes > 1);
+        let prefetch =
+            (options.readahead_max_records > 0 && options.prefetch_threads > 0).then(|| {
+                let (tx, rx) = sync_channel::<PrefetchJob>(PREFETCH_QUEUE_LEN);
+                let rx = Arc::new(Mutex::new(rx));
+                for i in 0..options.prefetch_threads {
+                    let rx = Arc::clone(&rx);
+                    let cache = Arc::clone(&cache);
+                    std::thread::Builder::new()
+                        .name(format!("l2arc-s3-prefetch-{i}"))
+                        .spawn(move || prefetch_worker(&cache, &rx))
+                        .expect("spawn a prefetch thread");
+                }
+                tx
+            });
+        let notifier: NotifierSlot = Arc::new(OnceLock::new());
+        let (invalidate, jobs) = sync_channel::<u64>(INVALIDATE_QUEUE_LEN);
+        {
+            let notifier = Arc::clone(&notifier);
+            std::thread::Builder::new()
+                .name("l2arc-s3-inval".into())
+                .spawn(move || invalidate_worker(&notifier, &jobs))?;
+        }
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT_ID,
+            Node {
+                path: String::new(),
+                is_dir: true,
+                lookups: 1,
+                page_version: None,
+            },
+        );
+        Ok(Self {
+            cache,
+            dataset,
+            store,
+            options,
+            nodes: Mutex::new(nodes),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            prefetch,
+            invalidate,
+            notifier,
+            mounted_at: SystemTime::now(),
+        })
+    }
+
+    fn ttl(&self) -> Duration {
+        self.options.attr_timeout
+    }
+
+    fn node(&self, ino: INodeNo) -> Result<(String, bool), Errno> {
+        self.nodes
+            .lock()
+            .expect("node table poisoned")
+            .get(&ino.0)
+            .map(|n| (n.path.clone(), n.is_dir))
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn dir_attr(&self, ino: u64) -> FileAttr {
+        self.attr(ino, FileType::Directory, 0, self.mounted_at)
+    }
+
+    fn attr(&self, ino: u64, kind: FileType, size: u64, mtime: SystemTime) -> FileAttr {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind,
+            perm: if kind == FileType::Directory {
+                0o555
+            } else {
+                0o444
+            },
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid,
+            gid,
+            rdev: 0,
+            blksize: BLKSIZE_BYTES,
+            flags: 0,
+        }
+    }
+
+    fn file_attr(&self, ino: u64, meta: &ObjectMeta) -> FileAttr {
+        self.attr(
+            ino,
+            FileType::RegularFile,
+            meta.size_bytes,
+            meta.mtime.unwrap_or(UNIX_EPOCH),
+        )
+    }
+
+    /// Counts a kernel reference to the node of `path` (made if new).
+    fn remember(&self, path: &str, is_dir: bool) -> Result<u64, Errno> {
+        let ino = node_id(path);
+        let mut nodes = self.nodes.lock().expect("node table poisoned");
+        if let Some(node) = nodes.get_mut(&ino) {
+            if node.path != path {
+                // Two keys with one 64-bit hash: refuse the second rather
+                // than serve one for the other.
+                return Err(Errno::EIO);
+            }
+            node.lookups += 1;
+            node.is_dir = is_dir;
+            return Ok(ino);
+        }
+        if nodes.len() >= self.options.max_nodes {
+            return Err(Errno::ENFILE);
+        }
+        nodes.insert(
+            ino,
+            Node {
+                path: path.to_string(),
+                is_dir,
+                lookups: 1,
+                page_version: None,
+            },
+        );
+        Ok(ino)
+    }
+
+    fn do_lookup(&self, parent: INodeNo, name: &OsStr) -> Result<FileAttr, Errno> {
+        let (dir, is_dir) = self.node(parent)?;
+        if !is_dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let name = name.to_str().ok_or(Errno::ENOENT)?;
+        let entries = self.store.list_dir(&dir).map_err(|e| errno(&e))?;
+        let entry = entries
+            .iter()
+            .find(|e| e.name == name && e.is_dir)
+            .or_else(|| entries.iter().find(|e| e.name == name))
+            .ok_or(Errno::ENOENT)?;
+        let path = join(&dir, name);
+        if entry.is_dir {
+            let ino = self.remember(&path, true)?;
+            return Ok(self.dir_attr(ino));
+        }
+        let meta = self.store.stat(&path).map_err(|e| errno(&e))?;
+        let ino = self.remember(&path, false)?;
+        Ok(self.file_attr(ino, &meta))
+    }
+
+    fn add_handle(&self, handle: Handle) -> Result<u64, Errno> {
+        let mut handles = self.handles.lock().expect("handle table poisoned");
+        if handles.len() >= self.options.max_open_handles {
+            return Err(Errno::EMFILE);
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let old = handles.insert(fh, handle);
+        assert!(old.is_none(), "file handles are never reused");
+        Ok(fh)
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<OpenObject>, Errno> {
+        match self
+            .handles
+            .lock()
+            .expect("handle table poisoned")
+            .get(&fh.0)
+        {
+            Some(Handle::File(f)) => Ok(Arc::clone(f)),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    /// Notes the version the kernel's pages of `ino` now reflect; true if
+    /// it is the one they reflected before (the pages may stay).
+    fn note_page_version(&self, ino: u64, version: (u64, u64)) -> bool {
+        let mut nodes = self.nodes.lock().expect("node table poisoned");
+        let Some(node) = nodes.get_mut(&ino) else {
+            return false;
+        };
+        let same = node.page_version == Some(version);
+        node.page_version = Some(version);
+        same
+    }
+
+    fn invalidate_kernel_later(&self, ino: u64) {
+        // Dropped when full: the next getattr or open sees the change again.
+        let _ = self.invalidate.try_send(ino);
+    }
+
+    fn do_open(&self, ino: INodeNo, flags: OpenFlags) -> Result<(u64, FopenFlags), Errno> {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return Err(Errno::from_i32(libc::EROFS));
+        }
+        let (path, is_dir) = self.node(ino)?;
+        if is_dir {
+            return Err(Errno::EISDIR);
+        }
+        let handle = self
+            .cache
+            .open(self.dataset, &path, false)
+            .map_err(|e| errno(&e))?;
+        let meta = self.store.stat(&path).map_err(|e| errno(&e))?;
+        let version = (
+            l2arc::primary::Generation::version_hash_of(&meta.etag, &meta.version_id),
+            meta.size_bytes,
+        );
+        let keep = self.note_page_version(ino.0, version);
+        let file = Arc::new(OpenObject {
+            ino: ino.0,
+            token_seen: AtomicU64::new(handle.generation_token()),
+            handle,
+            readahead: Mutex::new(ReadAhead::new(self.options.readahead_max_records)),
+            last_revalidate: Mutex::new(Instant::now()),
+        });
+        let fh = self.add_handle(Handle::File(file))?;
+        let flags = if keep {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        Ok((fh, flags))
+    }
+
+    fn do_opendir(&self, ino: INodeNo) -> Result<u64, Errno> {
+        let (path, is_dir) = self.node(ino)?;
+        if !is_dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let listed = self.store.list_dir(&path).map_err(|e| errno(&e))?;
+        let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+        let mut entries = Vec::with_capacity(listed.len() + 2);
+        entries.push((".".to_string(), FileType::Directory, ino.0));
+        entries.push(("..".to_string(), FileType::Directory, node_id(parent)));
+        for e in listed.iter() {
+            let kind = if e.is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            entries.push((e.name.clone(), kind, node_id(&join(&path, &e.name))));
+        }
+        self.add_handle(Handle::Dir(Arc::new(entries)))
+    }
+
+    /// Revalidates an open file at most once per attribute timeout (a HEAD
+    /// at most once per metadata TTL, fewer when the stat cache answers).
+    fn maybe_revalidate(&self, file: &OpenObject) -> io::Result<()> {
+        let mut last = file.last_revalidate.lock().expect("poisoned");
+        if last.elapsed() >= self.options.attr_timeout {
+            *last = Instant::now();
+            drop(last);
+            self.cache.revalidate(&file.handle)?;
+        }
+        Ok(())
+    }
+
+    fn do_read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
+        let timer = self.cache.analytics().start();
+        let file = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        if let Err(e) = self.maybe_revalidate(&file) {
+            return reply.error(errno(&e));
+        }
+        let view =
+            match self
+                .cache
+                .read_view(&file.handle, offset, size as usize, AccessKind::Demand)
+            {
+                Ok(v) => v,
+                Err(e) => return reply.error(errno(&e)),
+            };
+        if let Some(tx) = &self.prefetch {
+            let recordsize = u64::from(file.handle.recordsize_bytes());
+            let ahead = file.readahead.lock().expect("poisoned").on_read(
+                offset,
+                view.len() as u64,
+                recordsize,
+                file.handle.size_bytes(),
+            );
+            if let Some((from, len)) = ahead {
+                // One job a record: the pool fetches them concurrently.
+                let mut at = from;
+                while at < from + len {
+                    let n = recordsize.min(from + len - at);
+                    match tx.try_send((Arc::clone(&file), at, n)) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => break,
+                    }
+                    at += n;
+                }
+            }
+        }
+        match view.as_single_slice() {
+            Some(bytes) => reply.data(bytes),
+            None => {
+                let mut buf = vec![0u8; view.len()];
+                view.copy_to(&mut buf);
+                reply.data(&buf);
+            }
+        }
+        // The object's generation moved under this open (a 412, or a
+        // revalidate saw a new ETag): what the kernel cached before is of
+        // the old version. Dropped after this reply (never before: see the
+        // module comment of fs.rs).
+        let token = file.handle.generation_token();
+        if file.token_seen.swap(token, Ordering::AcqRel) != token {
+            self.invalidate_kernel_later(file.ino);
+        }
+        self.cache.analytics().frontend.finish(timer);
+    }
+
+    /// Open handles (tests).
+    pub fn open_handles(&self) -> usize {
+        self.handles.lock().expect("poisoned").len()
+    }
+}
+
+fn prefetch_worker(cache: &Cache, jobs: &Mutex<Receiver<PrefetchJob>>) {
+    loop {
+        let job = jobs.lock().expect("prefetch queue poisoned").recv();
+        let Ok((file, offset, len)) = job else {
+            return;
+        };
+        // A failed read-ahead is only a lost hint; the demand read reports errors.
+        let _ = cache.prefetch(&file.handle, offset, len as usize);
+    }
+}
+
+fn invalidate_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<u64>) {
+    while let Ok(ino) = jobs.recv() {
+        if let Some(notifier) = notifier.get() {
+            let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+        }
+    }
+}
+
+fn erofs() -> Errno {
+    Errno::from_i32(libc::EROFS)
+}
+
+impl Filesystem for ObjectFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        use fuser::InitFlags;
+        for flag in [
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.do_lookup(parent, name) {
+            Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if ino.0 == ROOT_ID {
+            return;
+        }
+        let mut nodes = self.nodes.lock().expect("node table poisoned");
+        if let Some(node) = nodes.get_mut(&ino.0) {
+            node.lookups = node.lookups.saturating_sub(nlookup);
+            if node.lookups == 0 {
+                nodes.remove(&ino.0);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (path, is_dir) = match self.node(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        if is_dir {
+            return reply.attr(&self.ttl(), &self.dir_attr(ino.0));
+        }
+        let file = fh.and_then(|fh| self.file(fh).ok());
+        if let Some(file) = &file {
+            // Through an open file: let the cache see a new ETag now.
+            let _ = self.cache.revalidate(&file.handle);
+            *file.last_revalidate.lock().expect("poisoned") = Instant::now();
+        }
+        let meta = match self.store.stat(&path) {
+            Ok(m) => m,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let version = (
+            l2arc::primary::Generation::version_hash_of(&meta.etag, &meta.version_id),
+            meta.size_bytes,
+        );
+        let changed = !self.note_page_version(ino.0, version);
+        reply.attr(&self.ttl(), &self.file_attr(ino.0, &meta));
+        if changed {
+            // After the answer (fs.rs explains why never before it).
+            self.invalidate_kernel_later(ino.0);
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.do_open(ino, flags) {
+            Ok((fh, open_flags)) => reply.opened(FileHandle(fh), open_flags),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.do_read(fh, offset, size, reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().expect("poisoned").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.do_opendir(ino) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.handles.lock().expect("poisoned").get(&fh.0) {
+            Some(Handle::Dir(d)) => Arc::clone(d),
+            _ => return reply.error(Errno::EBADF),
+        };
+        for (i, (name, kind, ino)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().expect("poisoned").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(0, 0, 0, 0, 0, BLKSIZE_BYTES, 1024, BLKSIZE_BYTES);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        if mask.bits() & libc::W_OK != 0 {
+            return reply.error(erofs());
+        }
+        match self.node(ino) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    // Everything that would change the bucket: EROFS (the mount is "ro",
+    // so the kernel answers most of these itself).
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(erofs());
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(erofs());
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(erofs());
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(erofs());
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(erofs());
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(erofs());
+    }
+}

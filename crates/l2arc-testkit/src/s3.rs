@@ -1,0 +1,402 @@
+//! A real S3 server for the tests and the benchmark, and a TCP proxy in
+//! front of it that makes it behave like a distant object store.
+//!
+//! The server is versitygw over a local directory (`scripts/setup.sh`
+//! installs it with `go install` into `$HOME/go/bin`). A test that needs it
+//! and does not find it fails loudly: a skipped S3 test would read as a
+//! passed one.
+//!
+//! The proxy works on TCP, below HTTP, so that every system under test
+//! (l2arc, rclone, mountpoint-s3) pays the same: a request is the first
+//! bytes a client sends after the server last answered on that connection
+//! (S3 clients do not pipeline). Each request waits a delay drawn from a
+//! range before it is forwarded (a 20-50 ms round trip to a bucket);
+//! injected faults replace the next requests with a 503 SlowDown answer or
+//! a dropped connection. It counts requests by method, which is how the
+//! benchmark counts the GETs a system issued.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The root credentials every test server takes.
+pub const ACCESS_KEY: &str = "l2arctestaccess";
+pub const SECRET_KEY: &str = "l2arctestsecret0123456789";
+
+/// versitygw's path: `$VERSITYGW`, `$HOME/go/bin/versitygw`, or on PATH.
+/// Panics (fails the test) with what to run when it is nowhere.
+pub fn versitygw_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("VERSITYGW") {
+        return PathBuf::from(p);
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let p = Path::new(&home).join("go/bin/versitygw");
+        if p.is_file() {
+            return p;
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let p = dir.join("versitygw");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "versitygw is not installed: run scripts/setup.sh (it runs `go install github.com/versity/versitygw/cmd/versitygw@latest` into $HOME/go/bin)"
+    );
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+/// A versitygw process serving a temporary directory; killed on drop.
+pub struct S3Server {
+    child: Child,
+    root: tempfile::TempDir,
+    addr: SocketAddr,
+    client: Client,
+}
+
+impl S3Server {
+    /// Starts a server on a free local port and waits until it answers.
+    pub fn start() -> Self {
+        let bin = versitygw_path();
+        let root = tempfile::tempdir().expect("temp dir");
+        let data = root.path().join("data");
+        std::fs::create_dir(&data).expect("data dir");
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+            let mut child = Command::new(&bin)
+                .args(["--access", ACCESS_KEY, "--secret", SECRET_KEY])
+                .args(["--port", &addr.to_string(), "--quiet", "posix"])
+                .arg(&data)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    last_error = format!("versitygw exited ({status}): {err}");
+                    break;
+                }
+                if TcpStream::connect(addr).is_ok() {
+                    let endpoint = format!("http://{addr}");
+                    return Self {
+                        child,
+                        root,
+                        addr,
+                        client: Client::new(&endpoint),
+                    };
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("versitygw did not start: {last_error}");
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// "http://127.0.0.1:PORT".
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The directory versitygw serves (buckets are its subdirectories).
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    /// Makes a bucket (the posix back end: a directory under the root).
+    pub fn create_bucket(&self, bucket: &str) {
+        std::fs::create_dir_all(self.data_dir().join(bucket)).expect("bucket dir");
+    }
+
+    /// Writes an object through the S3 API (a PUT, new ETag).
+    pub fn put(&self, bucket: &str, key: &str, data: &[u8]) {
+        self.client.put(bucket, key, data);
+    }
+
+    /// Deletes an object through the S3 API.
+    pub fn delete(&self, bucket: &str, key: &str) {
+        self.client.delete(bucket, key);
+    }
+
+    /// Environment for a child process that reaches this server with the
+    /// AWS tools' conventions.
+    pub fn aws_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+        ]
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes and deletes through the S3 API (OpenDAL on a small runtime).
+pub struct Client {
+    endpoint: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Client {
+    pub fn new(endpoint: &str) -> Self {
+        opendal::install_default();
+        Self {
+            endpoint: endpoint.to_string(),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime"),
+        }
+    }
+
+    fn op(&self, bucket: &str) -> opendal::Operator {
+        let _guard = self.runtime.enter();
+        opendal::Operator::via_iter(
+            "s3",
+            [
+                ("bucket", bucket),
+                ("endpoint", self.endpoint.as_str()),
+                ("region", "us-east-1"),
+                ("access_key_id", ACCESS_KEY),
+                ("secret_access_key", SECRET_KEY),
+                ("disable_config_load", "true"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .expect("operator")
+    }
+
+    pub fn put(&self, bucket: &str, key: &str, data: &[u8]) {
+        let op = self.op(bucket);
+        let data = data.to_vec();
+        self.runtime
+            .block_on(op.write(key, data))
+            .unwrap_or_else(|e| panic!("PUT {bucket}/{key}: {e}"));
+    }
+
+    pub fn delete(&self, bucket: &str, key: &str) {
+        let op = self.op(bucket);
+        self.runtime
+            .block_on(op.delete(key))
+            .unwrap_or_else(|e| panic!("DELETE {bucket}/{key}: {e}"));
+    }
+}
+
+/// Counts of what went through a [`FaultProxy`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProxyCounts {
+    pub requests: u64,
+    pub gets: u64,
+    pub heads: u64,
+    /// Bytes from the server to the clients.
+    pub bytes_down: u64,
+    pub injected_503: u64,
+    pub dropped: u64,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    delay_ms: Mutex<(u64, u64)>,
+    fail_503: AtomicU64,
+    drop_next: AtomicU64,
+    requests: AtomicU64,
+    gets: AtomicU64,
+    heads: AtomicU64,
+    bytes_down: AtomicU64,
+    injected_503: AtomicU64,
+    dropped: AtomicU64,
+    stop: AtomicBool,
+    seed: AtomicU64,
+}
+
+/// A TCP proxy with per-request delay and injected faults.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    state: Arc<ProxyState>,
+}
+
+impl FaultProxy {
+    /// Listens on a free local port and forwards to `upstream`.
+    pub fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
+        let addr = listener.local_addr().expect("proxy addr");
+        let state = Arc::new(ProxyState::default());
+        state.seed.store(0x2545_f491_4f6c_dd1d, Ordering::Relaxed);
+        let st = Arc::clone(&state);
+        std::thread::Builder::new()
+            .name("s3-proxy".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if st.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Ok(client) = conn else { continue };
+                    let st = Arc::clone(&st);
+                    std::thread::spawn(move || {
+                        let _ = serve(client, upstream, &st);
+                    });
+                }
+            })
+            .expect("proxy thread");
+        Self { addr, state }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request waits a delay drawn uniformly from [min, max] ms.
+    pub fn set_delay_ms(&self, min_ms: u64, max_ms: u64) {
+        assert!(min_ms <= max_ms);
+        *self.state.delay_ms.lock().expect("proxy poisoned") = (min_ms, max_ms);
+    }
+
+    /// The next `n` requests are answered 503 SlowDown (never forwarded).
+    pub fn fail_next_with_503(&self, n: u64) {
+        self.state.fail_503.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` requests see their connection closed, unanswered.
+    pub fn drop_next(&self, n: u64) {
+        self.state.drop_next.store(n, Ordering::SeqCst);
+    }
+
+    pub fn counts(&self) -> ProxyCounts {
+        let s = &self.state;
+        ProxyCounts {
+            requests: s.requests.load(Ordering::Relaxed),
+            gets: s.gets.load(Ordering::Relaxed),
+            heads: s.heads.load(Ordering::Relaxed),
+            bytes_down: s.bytes_down.load(Ordering::Relaxed),
+            injected_503: s.injected_503.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr); // wake the accept loop
+    }
+}
+
+fn take_one(counter: &AtomicU64) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn slow_down_answer() -> Vec<u8> {
+    let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+    format!(
+        "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::Result<()> {
+    let server = TcpStream::connect(upstream)?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    // Set by the server->client pump when an answer went out: the next
+    // bytes from the client start a new request.
+    let answered = Arc::new(AtomicBool::new(true));
+    let (mut s_read, mut c_write) = (server.try_clone()?, client.try_clone()?);
+    let answered_down = Arc::clone(&answered);
+    let st_down = Arc::clone(st);
+    let down = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s_read.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    st_down.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
+                    answered_down.store(true, Ordering::Release);
+                    if c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = c_write.shutdown(Shutdown::Write);
+    });
+    let (mut c_read, mut s_write) = (client.try_clone()?, server.try_clone()?);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match c_read.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if answered.swap(false, Ordering::AcqRel) {
+            // A new request.
+            st.requests.fetch_add(1, Ordering::Relaxed);
+            if buf[..n].starts_with(b"GET ") {
+                st.gets.fetch_add(1, Ordering::Relaxed);
+            } else if buf[..n].starts_with(b"HEAD ") {
+                st.heads.fetch_add(1, Ordering::Relaxed);
+            }
+            if take_one(&st.drop_next) {
+                st.dropped.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            if take_one(&st.fail_503) {
+                st.injected_503.fetch_add(1, Ordering::Relaxed);
+                let mut c = client.try_clone()?;
+                let _ = c.write_all(&slow_down_answer());
+                break;
+            }
+            let (lo, hi) = *st.delay_ms.lock().expect("proxy poisoned");
+            if hi > 0 {
+                let x = st
+                    .seed
+                    .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+                    .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                let ms = lo + (x >> 33) % (hi - lo + 1);
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+        }
+        if s_write.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+    let _ = server.shutdown(Shutdown::Both);
+    let _ = down.join();
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! The object-store primary against a real S3 server (versitygw, started
+//! per test; a missing versitygw fails the test): ranged GETs aligned to
+//! records, freshness by ETag (TTL, conditional GETs, 412), deleted
+//! objects, throttling and dropped connections through a fault proxy,
+//! wrong credentials and a missing bucket, and the L2ARC kept across a
+//! restart while ETags match.
+
+mod l2arc_util;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use l2arc::l2arc::format::Compression;
+use l2arc::primary::Primary;
+use l2arc::primary::object_store::{ObjectStoreConfig, ObjectStorePrimary, S3Location};
+use l2arc::{Cache, CacheConfig, DatasetConfig, DatasetId};
+use l2arc_testkit::s3::{FaultProxy, S3Server};
+use l2arc_util::*;
+
+const BUCKET: &str = "data";
+
+fn config(endpoint: &str, bucket: &str, ttl_ms: u64) -> ObjectStoreConfig {
+    let mut c = ObjectStoreConfig::s3(&S3Location {
+        bucket: bucket.to_string(),
+        endpoint: Some(endpoint.to_string()),
+        region: Some("us-east-1".to_string()),
+        ..S3Location::default()
+    });
+    c.options.extend(
+        [
+            ("access_key_id", l2arc_testkit::s3::ACCESS_KEY),
+            ("secret_access_key", l2arc_testkit::s3::SECRET_KEY),
+            ("disable_config_load", "true"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    c.metadata_ttl_ms = ttl_ms;
+    c.backoff_base_ms = 5;
+    c.request_timeout_ms = 5_000;
+    c
+}
+
+fn primary(endpoint: &str, ttl_ms: u64) -> Arc<ObjectStorePrimary> {
+    let p = ObjectStorePrimary::new(config(endpoint, BUCKET, ttl_ms)).unwrap();
+    p.check().unwrap();
+    Arc::new(p)
+}
+
+fn cache_over(primary: Arc<dyn Primary>) -> (Arc<Cache>, DatasetId) {
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: 4 << 20,
+        arc_shards: 2,
+        l2arc: quiet_l2(),
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    let ds = cache
+        .add_dataset(
+            "s3",
+            primary,
+            DatasetConfig {
+                recordsize_bytes: RS as u32,
+                compression: Compression::Lz4,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    (cache, ds)
+}
+
+/// An object whose every byte says which version and record it is: a
+/// record of version `v` is `v` in its first byte, then a pattern.
+fn versioned(len: usize, version: u8) -> Vec<u8> {
+    let mut data = content(len, u64::from(version));
+    for (i, chunk) in data.chunks_mut(RS).enumerate() {
+        chunk[0] = version;
+        if chunk.len() > 1 {
+            chunk[1] = i as u8;
+        }
+    }
+    data
+}
+
+fn read_all(cache: &Cache, handle: &l2arc::ObjectHandle) -> Vec<u8> {
+    let mut out = vec![0u8; handle.size_bytes() as usize];
+    let n = cache.read(handle, 0, &mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+#[test]
+fn objects_read_through_the_cache_one_aligned_get_per_record() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let sizes = [0usize, 1, RS - 1, RS, RS * 3 + RS / 2];
+    let objects: Vec<(String, Vec<u8>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (format!("dir/obj{i}"), content(len, i as u64 + 7)))
+        .collect();
+    for (key, data) in &objects {
+        server.put(BUCKET, key, data);
+    }
+    let store = primary(&server.endpoint(), 60_000);
+    let (cache, ds) = cache_over(store.clone());
+    let mut records_total = 0u64;
+    for (key, data) in &objects {
+        let handle = cache.open(ds, key, false).unwrap();
+        assert_eq!(handle.size_bytes(), data.len() as u64);
+        check_all(&cache, &handle, data, key);
+        // Unaligned reads across record boundaries, from the ARC.
+        let mut rng = Rng(data.len() as u64 + 1);
+        for _ in 0..20 {
+            if data.is_empty() {
+                break;
+            }
+            let off = rng.below(data.len() as u64) as usize;
+            let len = 1 + rng.below((data.len() - off) as u64) as usize;
+            let mut buf = vec![0u8; len];
+            assert_eq!(cache.read(&handle, off as u64, &mut buf).unwrap(), len);
+            assert_eq!(buf, data[off..off + len], "{key} at {off}+{len}");
+        }
+        records_total += records(data) as u64;
+    }
+    let s = store.stats();
+    assert_eq!(s.gets, records_total, "one GET per record: {s:?}");
+    assert_eq!(
+        s.get_bytes,
+        objects.iter().map(|(_, d)| d.len() as u64).sum::<u64>()
+    );
+    // A second pass is all ARC hits: no more GETs.
+    for (key, data) in &objects {
+        let handle = cache.open(ds, key, false).unwrap();
+        check_all(&cache, &handle, data, key);
+    }
+    assert_eq!(store.stats().gets, records_total);
+    // Listing: one level at a time, objects with their sizes.
+    let top = store.list_dir("").unwrap();
+    assert_eq!(top.len(), 1);
+    assert!(top[0].is_dir && top[0].name == "dir");
+    let dir = store.list_dir("dir").unwrap();
+    let names: Vec<&str> = dir.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["obj0", "obj1", "obj2", "obj3", "obj4"]);
+    assert_eq!(dir[4].meta.as_ref().unwrap().size_bytes, sizes[4] as u64);
+    // Read-only.
+    assert_eq!(
+        store.open("dir/obj1", true).err().unwrap().kind(),
+        std::io::ErrorKind::ReadOnlyFilesystem
+    );
+}
+
+#[test]
+fn an_overwrite_is_served_after_the_ttl_and_never_mixed() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let len = RS * 6;
+    let v1 = versioned(len, 1);
+    server.put(BUCKET, "obj", &v1);
+    let ttl_ms = 400;
+    let store = primary(&server.endpoint(), ttl_ms);
+    let (cache, ds) = cache_over(store.clone());
+    let handle = cache.open(ds, "obj", false).unwrap();
+    // Half of the records cached under version 1.
+    for index in 0..3 {
+        check_record(&cache, &handle, &v1, index, "v1");
+    }
+    let v2 = versioned(len, 2);
+    server.put(BUCKET, "obj", &v2);
+    // Within the TTL the cache may serve version 1, but a record it must
+    // fetch is conditional on version 1's ETag: 412, re-stat, and from
+    // then on only version 2. Every record is one version, never a mix.
+    cache.revalidate(&handle).unwrap();
+    let got = read_all(&cache, &handle);
+    let mut versions = Vec::new();
+    for (i, chunk) in got.chunks(RS).enumerate() {
+        let v = chunk[0];
+        let expected = if v == 1 { &v1 } else { &v2 };
+        assert!(v == 1 || v == 2, "record {i}: version byte {v}");
+        assert_eq!(
+            chunk,
+            &expected[i * RS..(i + 1) * RS],
+            "record {i} is not whole version {v}"
+        );
+        versions.push(v);
+    }
+    assert_eq!(
+        &versions[3..],
+        &[2, 2, 2],
+        "records fetched after the overwrite must be version 2"
+    );
+    assert!(
+        store.stats().precondition_failed >= 1,
+        "{:?}",
+        store.stats()
+    );
+    assert!(cache.stats().primary_stale >= 1);
+    // The 412 made the object's generation new: every older record is a
+    // miss at once.
+    assert_eq!(read_all(&cache, &handle), v2);
+    // After the TTL, a revalidate sees version 3 without any read failing.
+    let v3 = versioned(len, 3);
+    server.put(BUCKET, "obj", &v3);
+    std::thread::sleep(Duration::from_millis(ttl_ms + 100));
+    cache.revalidate(&handle).unwrap();
+    assert_eq!(read_all(&cache, &handle), v3);
+    // A new open after the TTL sees a size change too.
+    let v4 = versioned(RS * 2 + 5, 4);
+    server.put(BUCKET, "obj", &v4);
+    std::thread::sleep(Duration::from_millis(ttl_ms + 100));
+    let handle = cache.open(ds, "obj", false).unwrap();
+    assert_eq!(handle.size_bytes(), v4.len() as u64);
+    assert_eq!(read_all(&cache, &handle), v4);
+}
+
+#[test]
+fn a_deleted_object_reads_as_not_found_and_is_remembered_missing() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let data = content(RS * 4, 3);
+    server.put(BUCKET, "gone", &data);
+    let ttl_ms = 300;
+    let store = primary(&server.endpoint(), ttl_ms);
+    let (cache, ds) = cache_over(store.clone());
+    let handle = cache.open(ds, "gone", false).unwrap();
+    check_record(&cache, &handle, &data, 0, "before delete");
+    server.delete(BUCKET, "gone");
+    let mut buf = vec![0u8; RS];
+    let e = cache.read(&handle, RS as u64, &mut buf).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    // Missing keys are cached negatively for the TTL.
+    assert_eq!(
+        store.stat("never").unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    let heads = store.stats().heads;
+    assert_eq!(
+        store.stat("never").unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    assert_eq!(store.stats().heads, heads, "a missing key asked twice");
+    server.put(BUCKET, "never", b"now here");
+    std::thread::sleep(Duration::from_millis(ttl_ms + 100));
+    assert_eq!(store.stat("never").unwrap().size_bytes, 8);
+    assert!(cache.open(ds, "gone", false).is_err());
+}
+
+#[test]
+fn throttling_and_dropped_connections_are_retried_within_a_bound() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let data = content(RS * 8, 5);
+    server.put(BUCKET, "obj", &data);
+    let proxy = FaultProxy::start(server.addr());
+    let store = primary(&proxy.endpoint(), 60_000);
+    let (cache, ds) = cache_over(store.clone());
+    let handle = cache.open(ds, "obj", false).unwrap();
+    proxy.fail_next_with_503(3);
+    check_record(&cache, &handle, &data, 0, "after 503s");
+    assert_eq!(proxy.counts().injected_503, 3);
+    proxy.drop_next(2);
+    check_record(&cache, &handle, &data, 1, "after dropped connections");
+    assert_eq!(proxy.counts().dropped, 2);
+    assert!(store.stats().retries >= 5, "{:?}", store.stats());
+    // Past the bound the read fails (EIO-like), in bounded time, and
+    // returns no bytes.
+    proxy.fail_next_with_503(1000);
+    let started = std::time::Instant::now();
+    let mut buf = vec![0u8; RS];
+    let e = cache.read(&handle, 2 * RS as u64, &mut buf).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+    proxy.fail_next_with_503(0);
+    // And the next read works.
+    check_record(&cache, &handle, &data, 2, "after the storm");
+}
+
+#[test]
+fn a_missing_bucket_or_refused_credentials_fail_the_check() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let missing = ObjectStorePrimary::new(config(&server.endpoint(), "nosuchbucket", 1000))
+        .unwrap()
+        .check()
+        .unwrap_err();
+    assert!(missing.to_string().contains("no such bucket"), "{missing}");
+    let mut bad = config(&server.endpoint(), BUCKET, 1000);
+    for (k, v) in &mut bad.options {
+        if k == "secret_access_key" {
+            *v = "wrong-secret-000000".to_string();
+        }
+    }
+    let refused = ObjectStorePrimary::new(bad).unwrap().check().unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{refused}"
+    );
+    assert!(!refused.to_string().contains("wrong-secret"), "{refused}");
+    assert!(!refused.to_string().contains('\n'), "{refused}");
+}
+
+#[test]
+fn the_l2arc_stays_valid_across_a_restart_while_etags_match() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let same = content(RS * 16, 11);
+    let changed_old = content(RS * 16, 12);
+    server.put(BUCKET, "same", &same);
+    server.put(BUCKET, "changed", &changed_old);
+    let world = World::new();
+    let device = world.device_path("cache.dev");
+    {
+        let store = primary(&server.endpoint(), 60_000);
+        let (cache, ds) = cache_over(store.clone());
+        add_path(&cache, &device, Some(DEVICE_BYTES)).unwrap();
+        for (key, data) in [("same", &same), ("changed", &changed_old)] {
+            let handle = cache.open(ds, key, false).unwrap();
+            fill(&cache, &handle, data);
+        }
+        assert!(l2(&cache).get("l2_bufs") >= 30, "{:?}", l2(&cache));
+        shutdown(cache);
+    }
+    // While the cache is down, one object changes.
+    let changed_new = content(RS * 16, 13);
+    server.put(BUCKET, "changed", &changed_new);
+
+    let store = primary(&server.endpoint(), 60_000);
+    let (cache, ds) = cache_over(store.clone());
+    add_path(&cache, &device, None).unwrap();
+    wait_rebuild(&cache);
+    let handle = cache.open(ds, "same", false).unwrap();
+    check_all(&cache, &handle, &same, "unchanged object after restart");
+    assert_eq!(store.stats().gets, 0, "the unchanged object went to S3");
+    assert_eq!(l2(&cache).get("l2_hits"), 16);
+    let handle = cache.open(ds, "changed", false).unwrap();
+    check_all(
+        &cache,
+        &handle,
+        &changed_new,
+        "changed object after restart",
+    );
+    assert_eq!(store.stats().gets, 16, "{:?}", store.stats());
+    assert_eq!(l2(&cache).get("l2_hits"), 16, "old records served");
+    shutdown(cache);
+}
