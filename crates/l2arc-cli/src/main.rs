@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod mount_cmd;
 mod nbd_cmd;
+mod s3_opts;
 mod stat;
 mod trace_cmd;
 

@@ -1,5 +1,6 @@
 //! `l2arc mount SRC MNT`: serve the directory tree SRC at MNT through the
-//! cache (FUSE).
+//! cache (FUSE). SRC may be `s3://BUCKET[/PREFIX]`: the bucket is then
+//! served read-only (`l2arc_fuse::ObjectFs`, docs/object-storage.md).
 //!
 //! Runs in the foreground until SIGINT or SIGTERM, like any service a unit
 //! file starts, and then unmounts. The mount also asks for fusermount3's
@@ -20,11 +21,12 @@ use clap::Args;
 use l2arc::primary::dir::DirPrimary;
 use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 
+use crate::s3_opts::{S3Options, is_s3};
 use crate::service::CacheOptions;
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
-    /// Directory tree to serve.
+    /// Directory tree to serve, or s3://BUCKET[/PREFIX] (read-only).
     pub src: PathBuf,
     /// Mount point.
     pub mnt: PathBuf,
@@ -47,9 +49,14 @@ pub struct MountArgs {
     pub allow_remote: bool,
     #[command(flatten)]
     pub cache: CacheOptions,
+    #[command(flatten)]
+    pub s3: S3Options,
 }
 
 pub fn run(args: MountArgs) -> Result<()> {
+    if is_s3(&args.src) {
+        return run_s3(args);
+    }
     let resolved = args.cache.resolve(128 << 10)?;
     if !(args.attr_timeout.is_finite() && (0.0..=3600.0).contains(&args.attr_timeout)) {
         bail!(
@@ -145,6 +152,88 @@ pub fn run(args: MountArgs) -> Result<()> {
         eprintln!("l2arc: FUSE session ended with an error: {e}");
     }
     eprintln!("l2arc: unmounted {}", args.mnt.display());
+    for (name, value) in cache.stats().kstats() {
+        eprintln!("{name:<28} {value}");
+    }
+    Ok(())
+}
+
+/// Records of object store datasets: 1 MiB by default, the block size of
+/// mountpoint-s3's cache, so that a miss is one GET of a size that S3
+/// serves at full speed (measured in docs/benchmarks.md).
+const S3_RECORDSIZE_DEFAULT_BYTES: u64 = 1 << 20;
+
+fn run_s3(args: MountArgs) -> Result<()> {
+    let uri = args.src.to_str().expect("is_s3 checked UTF-8").to_string();
+    let resolved = args.cache.resolve(S3_RECORDSIZE_DEFAULT_BYTES)?;
+    if !(1..=64).contains(&args.threads) {
+        bail!("--threads must be between 1 and 64, not {}", args.threads);
+    }
+    let mnt_meta = std::fs::metadata(&args.mnt)
+        .with_context(|| format!("mount point {}", args.mnt.display()))?;
+    if !mnt_meta.is_dir() {
+        bail!("mount point {} is not a directory", args.mnt.display());
+    }
+    // Fails here, before anything is mounted, with one line: no bucket,
+    // credentials refused, endpoint unreachable.
+    let store = args.s3.connect(&uri, false)?;
+    let cache = resolved.build_cache()?;
+    let _control = resolved.start_control(&cache)?;
+    let _http = resolved.start_http(&cache, args.allow_remote)?;
+    let dataset = cache.add_dataset(
+        "s3",
+        Arc::clone(&store) as Arc<dyn l2arc::primary::Primary>,
+        resolved.dataset_config,
+    )?;
+    let ttl = Duration::from_millis(store.config().metadata_ttl_ms);
+    let fs = l2arc_fuse::ObjectFs::new(
+        Arc::clone(&cache),
+        dataset,
+        Arc::clone(&store),
+        l2arc_fuse::ObjectFsOptions {
+            attr_timeout: ttl,
+            readahead_max_records: args.readahead_records,
+            ..l2arc_fuse::ObjectFsOptions::default()
+        },
+    )?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let session = l2arc_fuse::mount_objects(
+        fs,
+        &args.mnt,
+        &MountOptions {
+            allow_other: args.allow_other,
+            threads: args.threads,
+        },
+    )
+    .with_context(|| {
+        format!(
+            "mount {uri} at {} (is fusermount3 installed? scripts/setup.sh installs it)",
+            args.mnt.display()
+        )
+    })?;
+    eprintln!(
+        "l2arc: mounted {uri} at {} (read-only: writes fail with EROFS; metadata trusted for {} s)",
+        args.mnt.display(),
+        ttl.as_secs_f64()
+    );
+    while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !session.guard.is_finished() && l2arc_fuse::unmount(&args.mnt).is_err() {
+        let _ = l2arc_fuse::detach_mount(&args.mnt);
+    }
+    if let Err(e) = session.join() {
+        eprintln!("l2arc: FUSE session ended with an error: {e}");
+    }
+    eprintln!("l2arc: unmounted {}", args.mnt.display());
+    let s = store.stats();
+    eprintln!(
+        "l2arc: s3 requests: {} GETs ({} bytes), {} HEADs, {} LISTs, {} retries, {} precondition failed",
+        s.gets, s.get_bytes, s.heads, s.lists, s.retries, s.precondition_failed
+    );
     for (name, value) in cache.stats().kstats() {
         eprintln!("{name:<28} {value}");
     }

@@ -21,7 +21,8 @@ use crate::service::CacheOptions;
 
 #[derive(Args, Debug)]
 pub struct ServeNbdArgs {
-    /// Image file or block device to export.
+    /// Image file or block device to export, or s3://BUCKET/KEY (an image
+    /// object, exported read-only).
     pub image: PathBuf,
     /// Where to listen: unix:PATH or HOST:PORT (loopback only without --allow-remote).
     #[arg(long, default_value = "127.0.0.1:10809")]
@@ -54,6 +55,8 @@ pub struct ServeNbdArgs {
     pub nbd_buffer_max: u64,
     #[command(flatten)]
     pub cache: CacheOptions,
+    #[command(flatten)]
+    pub s3: crate::s3_opts::S3Options,
 }
 
 fn is_block_device(path: &std::path::Path) -> bool {
@@ -63,7 +66,9 @@ fn is_block_device(path: &std::path::Path) -> bool {
 
 pub fn run(args: ServeNbdArgs) -> Result<()> {
     l2arc_nbd::pool::map_large_buffers_alone();
-    let resolved = args.cache.resolve(64 << 10)?;
+    // Objects: 1 MiB records (one GET a MiB), as for an s3:// mount.
+    let s3 = crate::s3_opts::is_s3(&args.image);
+    let resolved = args.cache.resolve(if s3 { 1 << 20 } else { 64 << 10 })?;
     if let ListenAddr::Tcp(addr) = &args.listen
         && !addr.ip().is_loopback()
         && !args.allow_remote
@@ -82,9 +87,20 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
     if args.export_name.len() > l2arc_nbd::protocol::NAME_MAX_BYTES {
         bail!("--export-name is longer than 4096 bytes");
     }
+    if s3 && !args.read_only {
+        bail!(
+            "{} is an object: exports of objects are read-only for now; add --read-only",
+            args.image.display()
+        );
+    }
     let writable = !args.read_only;
-    let image = ImagePrimary::open(&args.image, writable)?;
-    let primary = resolved.wrap_primary(Arc::new(image))?;
+    let primary = if s3 {
+        let uri = args.image.to_str().expect("is_s3 checked UTF-8");
+        args.s3.connect(uri, true)? as Arc<dyn l2arc::primary::Primary>
+    } else {
+        let image = ImagePrimary::open(&args.image, writable)?;
+        resolved.wrap_primary(Arc::new(image))?
+    };
     let cache = resolved.build_cache()?;
     let _control = resolved.start_control(&cache)?;
     let _http = resolved.start_http(&cache, args.allow_remote)?;
@@ -120,7 +136,7 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
         args.nbd_buffer_max >> 20,
         l2arc_nbd::server::CONNECTION_FIXED_BYTES >> 10,
     );
-    if is_block_device(&args.image) {
+    if !s3 && is_block_device(&args.image) {
         eprintln!(
             "l2arc: {} is a block device: writes made to it by anything but this export are not detected, while l2arc runs or while it is stopped (a block device has no ctime that moves on writes); do not write to it behind l2arc, or start once with --l2arc-rebuild-enabled false after you did (docs/nbd.md)",
             args.image.display()
