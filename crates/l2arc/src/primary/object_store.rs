@@ -436,7 +436,7 @@ impl ObjectStorePrimary {
         let op = {
             let _guard = runtime.enter();
             opendal::Operator::via_iter(&config.scheme, config.options.clone())
-                .map_err(|e| to_io(e, &format!("{}", config.display_name)))?
+                .map_err(|e| to_io(e, &config.display_name))?
         };
         Ok(Self {
             shared: Arc::new(Shared {
