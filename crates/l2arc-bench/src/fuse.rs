@@ -129,7 +129,7 @@ fn fio(job: &FioJob) -> Result<Side> {
     })
 }
 
-fn drop_page_cache() -> bool {
+pub(crate) fn drop_page_cache() -> bool {
     let _ = Command::new("sync").status();
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }

@@ -38,6 +38,7 @@ mod nbd;
 
 mod report;
 mod runner;
+mod s3;
 
 mod targets;
 mod throughput;
@@ -70,6 +71,8 @@ pub enum Scenario {
     All,
     /// Feeder capture: an image read whole four times through an ARC an eighth its size; L2 hits per pass and the evict_l2_* counters, write-back vs intake wake vs timer.
     FeedCapture,
+    /// Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up.
+    S3,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -316,6 +319,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::Latency => latency::run(&args),
         Scenario::Warmup => warmup::run(&args),
         Scenario::FeedCapture => feed_capture::run(&args),
+        Scenario::S3 => s3::run(&args),
         Scenario::All => {
             throughput::run(&args)?;
             latency::run(&args)?;
