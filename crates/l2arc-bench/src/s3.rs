@@ -158,6 +158,9 @@ impl System for RcloneSystem {
             .args(["--buffer-size", &format!("{}", self.buffer_bytes)])
             .args(["--vfs-cache-max-age", "24h", "--dir-cache-time", "60s"])
             .args(["--attr-timeout", "60s"])
+            // A CA bundle from the environment makes rclone 1.60 refuse to
+            // start over plain HTTP ("unsupported transport").
+            .env_remove("AWS_CA_BUNDLE")
             .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
             .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
             .env("RCLONE_CONFIG_BENCH_ENDPOINT", &self.endpoint)
@@ -165,11 +168,15 @@ impl System for RcloneSystem {
             .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("RCLONE_CONFIG_BENCH_REGION", "us-east-1")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(self.cache_dir.with_extension("log"))?)
             .spawn()
             .context("rclone (scripts/setup.sh installs it)")?;
         self.child = Some(child);
-        wait_mounted(mnt, Duration::from_secs(30))
+        wait_mounted(mnt, Duration::from_secs(30)).map_err(|e| {
+            let log = std::fs::read_to_string(self.cache_dir.with_extension("log"))
+                .unwrap_or_default();
+            anyhow::anyhow!("rclone mount: {e}: {}", log.trim())
+        })
     }
 
     fn unmount(&mut self, mnt: &Path) -> Result<()> {
