@@ -92,10 +92,13 @@ impl System for L2arcSystem {
         );
         let store = Arc::new(ObjectStorePrimary::new(config)?);
         store.check()?;
-        let cache = Cache::new(CacheConfig {
+        let mut cache_config = CacheConfig {
             arc_max_bytes: self.arc_max_bytes,
             ..CacheConfig::default()
-        })?;
+        };
+        // As `l2arc mount s3://` does: read-ahead records go to flash too.
+        cache_config.l2arc.l2arc_noprefetch = false;
+        let cache = Cache::new(cache_config)?;
         cache.add_cache_path(&self.device, Some(self.cache_bytes))?;
         let dataset = cache.add_dataset(
             "s3",
@@ -119,6 +122,25 @@ impl System for L2arcSystem {
     fn unmount(&mut self, _mnt: &Path) -> Result<()> {
         if let Some((guard, cache)) = self.mounted.take() {
             drop(guard);
+            let wanted = [
+                "hits",
+                "misses",
+                "primary_reads",
+                "l2_hits",
+                "l2_misses",
+                "l2_size",
+                "l2_write_bytes",
+                "evict_l2_eligible",
+                "evict_l2_queued",
+            ];
+            let shown: Vec<String> = cache
+                .stats()
+                .kstats()
+                .into_iter()
+                .filter(|(n, _)| wanted.contains(n))
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            eprintln!("s3: l2arc at unmount: {}", shown.join(" "));
             let weak = Arc::downgrade(&cache);
             drop(cache);
             let deadline = Instant::now() + Duration::from_secs(20);
@@ -173,8 +195,8 @@ impl System for RcloneSystem {
             .context("rclone (scripts/setup.sh installs it)")?;
         self.child = Some(child);
         wait_mounted(mnt, Duration::from_secs(30)).map_err(|e| {
-            let log = std::fs::read_to_string(self.cache_dir.with_extension("log"))
-                .unwrap_or_default();
+            let log =
+                std::fs::read_to_string(self.cache_dir.with_extension("log")).unwrap_or_default();
             anyhow::anyhow!("rclone mount: {e}: {}", log.trim())
         })
     }
@@ -377,7 +399,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         DELAY_MS.1,
         loadavg()
     );
-    println!("mountpoint-s3: not measured (not buildable here: docs/benchmarks.md says what was tried)");
+    println!(
+        "mountpoint-s3: not measured (not buildable here: docs/benchmarks.md says what was tried)"
+    );
     println!(
         "{:<72} {:>10} {:>9} {:>10} {:>10} {:>11} {:>12}",
         "system", "cold MiB/s", "GETs/GiB", "warm IOPS", "p99 us", "restart s", "restart GETs"

@@ -165,7 +165,12 @@ const S3_RECORDSIZE_DEFAULT_BYTES: u64 = 1 << 20;
 
 fn run_s3(args: MountArgs) -> Result<()> {
     let uri = args.src.to_str().expect("is_s3 checked UTF-8").to_string();
-    let resolved = args.cache.resolve(S3_RECORDSIZE_DEFAULT_BYTES)?;
+    let mut resolved = args.cache.resolve(S3_RECORDSIZE_DEFAULT_BYTES)?;
+    if !resolved.l2arc_noprefetch_set {
+        // A read-ahead record of an object cost a GET: worth keeping on
+        // flash (OpenZFS's default of leaving prefetches out assumes a disk).
+        resolved.cache_config.l2arc.l2arc_noprefetch = false;
+    }
     if !(1..=64).contains(&args.threads) {
         bail!("--threads must be between 1 and 64, not {}", args.threads);
     }

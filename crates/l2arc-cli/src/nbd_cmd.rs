@@ -68,7 +68,12 @@ pub fn run(args: ServeNbdArgs) -> Result<()> {
     l2arc_nbd::pool::map_large_buffers_alone();
     // Objects: 1 MiB records (one GET a MiB), as for an s3:// mount.
     let s3 = crate::s3_opts::is_s3(&args.image);
-    let resolved = args.cache.resolve(if s3 { 1 << 20 } else { 64 << 10 })?;
+    let mut resolved = args.cache.resolve(if s3 { 1 << 20 } else { 64 << 10 })?;
+    if s3 && !resolved.l2arc_noprefetch_set {
+        // A read-ahead record of an object cost a GET: worth keeping on
+        // flash (OpenZFS's default of leaving prefetches out assumes a disk).
+        resolved.cache_config.l2arc.l2arc_noprefetch = false;
+    }
     if let ListenAddr::Tcp(addr) = &args.listen
         && !addr.ip().is_loopback()
         && !args.allow_remote

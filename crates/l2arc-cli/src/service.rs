@@ -155,6 +155,8 @@ pub struct ResolvedOptions {
     pub http: Option<std::net::SocketAddr>,
     /// Some: wrap the primary in an emulated HDD array.
     pub emulate_hdd: Option<HddConfig>,
+    /// `l2arc_noprefetch` was set (flag or file), not left at its default.
+    pub l2arc_noprefetch_set: bool,
 }
 
 impl CacheOptions {
@@ -316,6 +318,7 @@ impl CacheOptions {
             control_socket: self.control.clone().or(file.control),
             http: self.http.or(file.http),
             emulate_hdd,
+            l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
         })
     }
 }
