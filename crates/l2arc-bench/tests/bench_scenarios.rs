@@ -136,3 +136,44 @@ fn warmup_draws_the_fill_curve() {
     assert!(f(&ours["final_iops"]) > f(&r["no_cache_iops"]));
     assert!(f(&r["no_cache_iops"]) > 0.0);
 }
+
+/// `--scenario s3` at a tiny size: both systems measured, and l2arc's
+/// restart read whole from its L2ARC (only listings reach the bucket).
+#[test]
+fn s3_scenario_measures_l2arc_and_rclone() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
+        .args(["--scenario", "s3", "--dataset-size", "8MiB", "--files", "2"])
+        .args([
+            "--arc-max",
+            "16MiB",
+            "--cache-size",
+            "64MiB",
+            "--recordsize",
+            "1M",
+        ])
+        .args(["--measure-secs", "1", "--data"])
+        .arg(dir.path())
+        .output()
+        .expect("run l2arc-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let row = |prefix: &str| -> Vec<String> {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} row in {stdout}"));
+        line.split_whitespace().map(String::from).collect()
+    };
+    let l2arc = row("l2arc (");
+    let rclone = row("rclone mount");
+    for r in [&l2arc, &rclone] {
+        let cold: f64 = r[r.len() - 6].parse().unwrap();
+        assert!(cold > 0.0, "{r:?}");
+    }
+    assert!(
+        stderr.contains("primary_reads=0 l2_hits=8"),
+        "the restart did not read from the L2ARC: {stderr}"
+    );
+}
