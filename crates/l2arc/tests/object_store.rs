@@ -268,6 +268,10 @@ fn throttling_and_dropped_connections_are_retried_within_a_bound() {
     let mut buf = vec![0u8; RS];
     let e = cache.read(&handle, 2 * RS as u64, &mut buf).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+    assert!(
+        e.to_string().contains("SlowDown") && e.to_string().contains("gave up"),
+        "{e}"
+    );
     proxy.fail_next_with_503(0);
     // And the next read works.
     check_record(&cache, &handle, &data, 2, "after the storm");

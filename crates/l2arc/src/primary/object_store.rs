@@ -325,14 +325,18 @@ impl Shared {
             let result = self
                 .runtime
                 .block_on(async { tokio::time::timeout(timeout, op().into_future()).await });
-            let error = match result {
+            let retry_allowed = tries < self.config.retries_max;
+            match result {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if retryable(&e) && tries < self.config.retries_max => to_io(e, what),
-                Ok(Err(e)) => return Err(to_io(e, what)),
-                Err(_) if tries < self.config.retries_max => {
-                    io::Error::new(io::ErrorKind::TimedOut, format!("{what}: timed out"))
+                Ok(Err(e)) if !retryable(&e) => return Err(to_io(e, what)),
+                Ok(Err(e)) if !retry_allowed => {
+                    let e = to_io(e, what);
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("{e} (gave up after {} tries)", tries + 1),
+                    ));
                 }
-                Err(_) => {
+                Err(_) if !retry_allowed => {
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         format!(
@@ -342,7 +346,9 @@ impl Shared {
                         ),
                     ));
                 }
-            };
+                // Throttled, timed out or cut off, with tries left.
+                Ok(Err(_)) | Err(_) => {}
+            }
             tries += 1;
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
             let backoff_ms = self
@@ -350,14 +356,13 @@ impl Shared {
                 .backoff_base_ms
                 .saturating_mul(1u64 << (tries - 1).min(16))
                 .min(BACKOFF_MAX_MS);
-            // Full jitter from the clock's low bits: many clients throttled
-            // together must not come back together.
+            // Half the backoff plus jitter from the clock's low bits: many
+            // clients throttled together must not come back together.
             let nanos = SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| u64::from(d.subsec_nanos()))
                 .unwrap_or(0);
             let sleep_ms = backoff_ms / 2 + nanos % (backoff_ms / 2 + 1);
-            let _ = error;
             std::thread::sleep(Duration::from_millis(sleep_ms));
         }
     }
