@@ -346,3 +346,36 @@ fn the_l2arc_stays_valid_across_a_restart_while_etags_match() {
     assert_eq!(l2(&cache).get("l2_hits"), 16, "old records served");
     shutdown(cache);
 }
+
+#[test]
+fn records_of_one_object_are_fetched_concurrently_behind_a_slow_store() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let data = content(RS * 8, 21);
+    server.put(BUCKET, "obj", &data);
+    let proxy = FaultProxy::start(server.addr());
+    let store = primary(&proxy.endpoint(), 60_000);
+    let (cache, ds) = cache_over(store.clone());
+    let handle = cache.open(ds, "obj", false).unwrap();
+    let delay_ms = 300;
+    proxy.set_delay_ms(delay_ms, delay_ms);
+    // Eight readers of eight records at once (what the mount's read-ahead
+    // pool does): the GETs overlap, so the whole takes about one delay,
+    // not eight.
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for index in 0..8u64 {
+            let (cache, handle) = (&cache, &handle);
+            scope.spawn(move || cache.prefetch(handle, index * RS as u64, RS).unwrap());
+        }
+    });
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(delay_ms * 4),
+        "8 records took {elapsed:?} behind a {delay_ms} ms store"
+    );
+    assert_eq!(store.stats().gets, 8);
+    proxy.set_delay_ms(0, 0);
+    check_all(&cache, &handle, &data, "after concurrent fills");
+    assert_eq!(store.stats().gets, 8, "the prefetched records were hits");
+}
