@@ -235,10 +235,12 @@ fn s3_mount_serves_the_bucket_read_only() {
             "--size=4M",
             "--ioengine=psync",
             "--verify=crc32c",
+            "--verify_state_save=0",
             "--randrepeat=1",
             &format!("--rw={rw}"),
         ])
-        .arg(format!("--filename={}", file.display()));
+        .arg(format!("--filename={}", file.display()))
+        .current_dir(dir.path());
         c
     };
     run(job("write", &fio_local).arg("--do_verify=0"));
