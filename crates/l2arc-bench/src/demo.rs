@@ -141,7 +141,7 @@ impl Warmup {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let file_size_bytes = (args.dataset_size / u64::from(args.files)).max(args.read_size);
     let spec = DatasetSpec {
         files: args.files,

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use l2arc::l2arc::L2ArcConfig;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
+use l2arc::L2ArcConfig;
 use l2arc::primary::Primary;
 use l2arc::primary::image::ImagePrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
@@ -66,7 +66,7 @@ struct Report {
     load_average: String,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let temp;
     let dir = match &args.data {
         Some(dir) => dir.clone(),

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 /// The read side of one fio job (or of a group, with `--group_reporting`).
 #[derive(Clone, Debug, Serialize)]
-pub struct FioRead {
+pub(crate) struct FioRead {
     pub iops: f64,
     pub mib_per_sec: f64,
     pub latency_us_p50: f64,
@@ -22,7 +22,7 @@ pub struct FioRead {
 
 /// Runs fio with `args` (which must include `--output-format=json` and
 /// `--lat_percentiles=1`) in `dir` and returns its first job's reads.
-pub fn run_json(dir: Option<&Path>, args: &[String]) -> Result<FioRead> {
+pub(crate) fn run_json(dir: Option<&Path>, args: &[String]) -> Result<FioRead> {
     let mut command = Command::new("fio");
     if let Some(dir) = dir {
         command.current_dir(dir);
@@ -79,7 +79,7 @@ pub fn run_json(dir: Option<&Path>, args: &[String]) -> Result<FioRead> {
 /// fio writes with `--write_iops_log=PREFIX --log_avg_msec=1000` (one file
 /// per job: PREFIX_iops.N.log, lines of `msec, iops, dir, bs, offset`).
 /// The last, partial second of each job is left out.
-pub fn iops_per_second(prefix: &Path) -> Result<Vec<f64>> {
+pub(crate) fn iops_per_second(prefix: &Path) -> Result<Vec<f64>> {
     let dir = prefix
         .parent()
         .context("iops log prefix has no directory")?;
@@ -117,7 +117,7 @@ pub fn iops_per_second(prefix: &Path) -> Result<Vec<f64>> {
 }
 
 /// `fio --version`, or an error that says how to install fio.
-pub fn version() -> Result<String> {
+pub(crate) fn version() -> Result<String> {
     match Command::new("fio").arg("--version").output() {
         Ok(out) if out.status.success() => {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())

@@ -142,7 +142,7 @@ fn read_all(files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let fio_version = super::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     if !(secs > 0.0 && secs <= 3600.0) {
@@ -173,7 +173,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let data_bytes = FILES as u64 * FILE_BYTES;
 
-    let recordsize_bytes = l2arc::read_path::validate_recordsize(args.recordsize)?;
+    let recordsize_bytes = l2arc::validate_recordsize(args.recordsize)?;
     let cache: Arc<Cache> = Cache::new(CacheConfig {
         arc_max_bytes: 2 * data_bytes,
         ..CacheConfig::default()

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use l2arc::arc::AccessKind;
-use l2arc::arc::Record;
-use l2arc::buf::AlignedBuf;
+use l2arc::internals::AlignedBuf;
+use l2arc::internals::Record;
 use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
@@ -68,7 +68,7 @@ struct Row {
     analytics_cost_cpu: f64,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let temp = tempfile::tempdir().context("cannot make a temporary directory")?;
     let spec = DatasetSpec {
         files: 1,

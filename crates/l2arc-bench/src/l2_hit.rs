@@ -45,13 +45,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use l2arc::buf::AlignedBuf;
-use l2arc::l2arc::device::{DeviceIo, FileDevice};
-use l2arc::l2arc::format::{Compression, DATA_START_BYTES};
-use l2arc::l2arc::{DeviceOpen, L2ArcConfig};
+use l2arc::internals::AlignedBuf;
+use l2arc::internals::format::{Compression, DATA_START_BYTES};
 use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
+use l2arc::{DeviceIo, FileDevice};
+use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
@@ -130,7 +130,7 @@ struct Report {
 }
 
 #[derive(Serialize)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpus: usize,
     pub ram_gib: f64,
     pub kernel: String,
@@ -138,7 +138,7 @@ pub struct Machine {
 }
 
 /// The machine, for reports: CPUs, RAM, kernel, and the file system of `dir`.
-pub fn machine(dir: &Path) -> Machine {
+pub(crate) fn machine(dir: &Path) -> Machine {
     let ram_kib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| {
@@ -234,7 +234,7 @@ impl FioJob<'_> {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let fio_version = super::fio::version()?;
     if args.cache.len() > 1 {
         bail!(

@@ -23,7 +23,7 @@
 //!   8 KiB records (13,107,200 records) cost OpenZFS 1.17 GiB of DRAM.
 //!
 //! The entries are synthetic (hashed keys, plausible location words) and go
-//! in through the public `l2arc::l2arc::index::L2Index` API, one at a time,
+//! in through the public `l2arc::internals::index::L2Index` API, one at a time,
 //! as a feeder or a rebuild inserts them.
 
 use std::process::Command;
@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use l2arc::hash::mix64;
-use l2arc::l2arc::index::{IndexEntry, L2Index};
+use l2arc::internals::index::{IndexEntry, L2Index};
 use serde::{Deserialize, Serialize};
 
 use super::BenchArgs;
@@ -190,7 +190,7 @@ fn measure_in_child(records: u64, build: Build) -> Result<Measured> {
     serde_json::from_slice(&out.stdout).context("child's measurement")
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         let (records, build): (u64, Build) =
             serde_json::from_str(&spec).context("bad child measurement spec")?;

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use l2arc::hash::mix64;
-use l2arc::l2arc::device::{DeviceIo, FileDevice};
-use l2arc::l2arc::format::{self, Compression, DATA_START_BYTES};
-use l2arc::l2arc::{BATCH_BYTES_MAX, DeviceOpen, FeedRecord, L2Arc, L2ArcConfig};
+use l2arc::internals::format::{self, Compression, DATA_START_BYTES};
+use l2arc::internals::{BATCH_BYTES_MAX, FeedRecord, L2Arc};
+use l2arc::{DeviceIo, FileDevice};
+use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
@@ -139,7 +140,7 @@ fn drop_page_cache() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let counts = if args.records.is_empty() {
         vec![DEFAULT_RECORDS]
     } else {

@@ -41,7 +41,7 @@ const SEED_IOPS_FACTOR: f64 = 8.3;
 const SEED_LATENCY_FACTOR: f64 = 20.0;
 
 #[derive(Serialize, Clone)]
-pub struct Phase {
+pub(crate) struct Phase {
     pub name: String,
     pub seconds: f64,
     pub ios: u64,
@@ -60,7 +60,7 @@ pub struct Phase {
 }
 
 #[derive(Serialize)]
-pub struct TargetRun {
+pub(crate) struct TargetRun {
     pub target: String,
     pub cold: Phase,
     pub warm: Option<Phase>,
@@ -74,7 +74,7 @@ pub struct TargetRun {
 }
 
 #[derive(Serialize)]
-pub struct LatencyReport {
+pub(crate) struct LatencyReport {
     pub scenario: &'static str,
     #[serde(flatten)]
     pub setup: Setup,
@@ -112,13 +112,13 @@ fn phase(name: &str, run: &PhaseRun, before: &TargetCounters) -> Phase {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let began = Instant::now();
     let measure = Duration::from_secs_f64(args.measure_secs.unwrap_or(DEFAULT_MEASURE_SECS));
     let warm_max = Duration::from_secs_f64(args.warm_secs.unwrap_or(DEFAULT_WARM_SECS));
     let bench = Bench::prepare(args)?;
     let files = bench.files_for(WORKING_SET_OF_ARC * args.arc_max);
-    let compression = args.compression != l2arc::l2arc::format::Compression::Off;
+    let compression = args.compression != l2arc::Compression::Off;
     let spec = TargetSpec {
         recordsize_bytes: RECORDSIZE_BYTES,
         ..bench.spec(args, files, compression)

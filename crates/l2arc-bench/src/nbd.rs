@@ -241,7 +241,7 @@ fn shell_words(cmd: &Command) -> String {
         .join(" ")
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     require("fio")?;
     require("nbdkit")?;
     let delay_ms = (args.seek_ms_min + args.seek_ms_max) / 2.0;

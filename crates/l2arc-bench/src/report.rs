@@ -24,13 +24,13 @@ const PALETTE: [&str; 7] = [
 
 /// A named sequence of values.
 #[derive(Clone, Debug)]
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub values: Vec<f64>,
 }
 
 impl Series {
-    pub fn new(name: impl Into<String>, values: Vec<f64>) -> Self {
+    pub(crate) fn new(name: impl Into<String>, values: Vec<f64>) -> Self {
         Self {
             name: name.into(),
             values,
@@ -39,7 +39,7 @@ impl Series {
 }
 
 /// Escapes text for HTML and SVG.
-pub fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -47,7 +47,7 @@ pub fn escape(text: &str) -> String {
 }
 
 /// A round upper bound and step for an axis from 0 to at least `max`.
-pub fn nice_axis(max: f64) -> (f64, f64) {
+pub(crate) fn nice_axis(max: f64) -> (f64, f64) {
     let max = if max.is_finite() && max > 0.0 {
         max
     } else {
@@ -64,7 +64,7 @@ pub fn nice_axis(max: f64) -> (f64, f64) {
 }
 
 /// Short label of an axis value, three significant digits: 1979 -> "1.98k".
-pub fn short_number(v: f64) -> String {
+pub(crate) fn short_number(v: f64) -> String {
     let a = v.abs();
     let (scaled, suffix) = if a >= 1e9 {
         (v / 1e9, "G")
@@ -163,7 +163,12 @@ fn legend(out: &mut String, names: &[(String, String, bool)]) {
 }
 
 /// Grouped bars: one group per category, one bar per series.
-pub fn bar_chart(title: &str, categories: &[String], series: &[Series], y_label: &str) -> String {
+pub(crate) fn bar_chart(
+    title: &str,
+    categories: &[String],
+    series: &[Series],
+    y_label: &str,
+) -> String {
     assert!(series.iter().all(|s| s.values.len() == categories.len()));
     let mut out = String::new();
     svg_open(&mut out, title);
@@ -308,7 +313,7 @@ fn polyline(
 
 /// Lines against a shared x: `left` series on the left axis (solid),
 /// `right` series on the right axis (dashed).
-pub fn line_chart_two_axes(
+pub(crate) fn line_chart_two_axes(
     title: &str,
     x: &[f64],
     x_label: &str,
@@ -387,7 +392,7 @@ fn heat_colour(count: u64, max: u64) -> String {
 /// latency bucket from `bucket_lower_us[j]` (a log scale, lowest at the
 /// bottom), colour the count. Rows with no count in any column at either
 /// end are trimmed. `markers` are labelled vertical lines (phase changes).
-pub fn heatmap(
+pub(crate) fn heatmap(
     title: &str,
     x_end: &[f64],
     x_label: &str,
@@ -512,7 +517,7 @@ pub fn heatmap(
 }
 
 /// An HTML table (cells are escaped).
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = String::from("<table><tr>");
     for h in headers {
         write!(out, "<th>{}</th>", escape(h)).expect("write");
@@ -531,7 +536,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 
 /// A whole page: a title, a preamble paragraph and sections of raw HTML
 /// (charts, tables) under headings.
-pub fn page(title: &str, preamble: &str, sections: &[(String, String)]) -> String {
+pub(crate) fn page(title: &str, preamble: &str, sections: &[(String, String)]) -> String {
     let mut out = format!(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{0}</title><style>\
          body{{font-family:sans-serif;max-width:900px;margin:1em auto;color:#222}}\
@@ -549,7 +554,7 @@ pub fn page(title: &str, preamble: &str, sections: &[(String, String)]) -> Strin
 }
 
 /// Writes `<dir>/<name>.json` and `<dir>/<name>.html`; returns the HTML path.
-pub fn write_report(
+pub(crate) fn write_report(
     dir: &std::path::Path,
     name: &str,
     json: &str,

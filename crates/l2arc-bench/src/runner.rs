@@ -25,39 +25,39 @@ pub(crate) fn latency_histogram() -> Histogram<u64> {
 }
 
 /// A small, fast, seeded generator (splitmix64) for workload choices.
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed)
     }
 
     #[inline]
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         l2arc::hash::mix64(self.0)
     }
 
     /// Uniform in [0, n).
     #[inline]
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
     /// True with probability `p`.
     #[inline]
-    pub fn chance(&mut self, p: f64) -> bool {
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct Interval {
+pub(crate) struct Interval {
     pub end_secs: f64,
     pub iops: f64,
 }
 
-pub struct PhaseResult {
+pub(crate) struct PhaseResult {
     pub ops: u64,
     pub bytes: u64,
     pub elapsed_secs: f64,
@@ -66,16 +66,16 @@ pub struct PhaseResult {
 }
 
 impl PhaseResult {
-    pub fn iops(&self) -> f64 {
+    pub(crate) fn iops(&self) -> f64 {
         self.ops as f64 / self.elapsed_secs
     }
 
-    pub fn mib_per_sec(&self) -> f64 {
+    pub(crate) fn mib_per_sec(&self) -> f64 {
         self.bytes as f64 / self.elapsed_secs / (1 << 20) as f64
     }
 
     /// IOPS over the last quarter of the phase: the warm figure.
-    pub fn tail_iops(&self) -> f64 {
+    pub(crate) fn tail_iops(&self) -> f64 {
         let n = self.intervals.len();
         if n == 0 {
             return self.iops();
@@ -84,7 +84,7 @@ impl PhaseResult {
         tail.iter().map(|i| i.iops).sum::<f64>() / tail.len() as f64
     }
 
-    pub fn latency_us(&self, quantile: f64) -> f64 {
+    pub(crate) fn latency_us(&self, quantile: f64) -> f64 {
         self.latency_ns.value_at_quantile(quantile) as f64 / 1000.0
     }
 }
@@ -92,7 +92,7 @@ impl PhaseResult {
 /// Runs `op(thread, rng)` from `threads` threads for `duration`. `op`
 /// returns the bytes it moved. The first error stops every thread and is
 /// returned.
-pub fn run_phase<F>(
+pub(crate) fn run_phase<F>(
     label: &str,
     threads: usize,
     duration: Duration,

@@ -46,7 +46,7 @@ const DEFAULT_WARM_SECS: f64 = 30.0;
 const FLOOR_SECS: f64 = 2.0;
 
 #[derive(Serialize)]
-pub struct Cell {
+pub(crate) struct Cell {
     pub multiple: f64,
     pub dataset_bytes: u64,
     pub files: usize,
@@ -64,14 +64,14 @@ pub struct Cell {
 }
 
 #[derive(Serialize)]
-pub struct Ratios {
+pub(crate) struct Ratios {
     pub multiple: f64,
     pub l2arc_lz4_over_l2arc: f64,
     pub l2arc_over_no_l2arc: f64,
 }
 
 #[derive(Serialize)]
-pub struct Floor {
+pub(crate) struct Floor {
     /// One 128 KiB read on one emulated disk: mean positioning plus transfer.
     pub hdd_service_ms_128k: f64,
     /// The array's capacity for 128 KiB reads with every spindle busy.
@@ -84,7 +84,7 @@ pub struct Floor {
 }
 
 #[derive(Serialize)]
-pub struct ThroughputReport {
+pub(crate) struct ThroughputReport {
     pub scenario: &'static str,
     pub threads: usize,
     pub io_bytes: u64,
@@ -113,7 +113,7 @@ impl ThroughputReport {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let began = Instant::now();
     let multiples = args.multiples.clone();
     if multiples.is_empty() || multiples.iter().any(|m| !(*m > 0.0 && *m <= 100.0)) {
@@ -288,7 +288,7 @@ fn warm_then_measure(
 /// configuration, the cache file's by `THREADS` threads of random O_DIRECT
 /// reads over its filled part.
 fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Floor> {
-    use l2arc::l2arc::device::{DeviceIo, FileDevice};
+    use l2arc::{DeviceIo, FileDevice};
     let device = FileDevice::open(&spec.cache_path, None)?;
     let filled = run
         .samples
@@ -303,7 +303,7 @@ fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Flo
             .map(|t| {
                 let device = &device;
                 scope.spawn(move || -> Result<u64> {
-                    let mut buf = l2arc::buf::AlignedBuf::zeroed(IO_BYTES as usize);
+                    let mut buf = l2arc::internals::AlignedBuf::zeroed(IO_BYTES as usize);
                     let mut rng = Rng::new(0xf100 + t as u64);
                     let mut reads = 0;
                     while began.elapsed() < duration {

@@ -39,7 +39,7 @@ const NO_CACHE_SECS: f64 = 5.0;
 const FINAL_SHARE: f64 = 0.25;
 
 #[derive(Serialize)]
-pub struct WarmupRun {
+pub(crate) struct WarmupRun {
     pub target: String,
     pub iops: f64,
     pub final_iops: f64,
@@ -49,7 +49,7 @@ pub struct WarmupRun {
 }
 
 #[derive(Serialize)]
-pub struct WarmupReport {
+pub(crate) struct WarmupReport {
     pub scenario: &'static str,
     #[serde(flatten)]
     pub setup: Setup,
@@ -62,12 +62,12 @@ pub struct WarmupReport {
     pub elapsed_secs: f64,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let began = Instant::now();
     let secs = args.measure_secs.unwrap_or(DEFAULT_SECS);
     let bench = Bench::prepare(args)?;
     let files = bench.files_for((args.cache_size as f64 * WORKING_SET_OF_CACHE) as u64);
-    let compression = args.compression != l2arc::l2arc::format::Compression::Off;
+    let compression = args.compression != l2arc::Compression::Off;
     let spec = TargetSpec {
         recordsize_bytes: RECORDSIZE_BYTES,
         ..bench.spec(args, files, compression)

@@ -34,26 +34,26 @@ use super::targets::{ReadTarget, TargetCounters};
 /// Latencies are recorded in nanoseconds from 100 ns to 60 s, 3 digits.
 /// Heatmap buckets: 5 per decade from 10 µs (bucket 0 also takes anything
 /// faster) to 10 s (the last also takes anything slower).
-pub const HEATMAP_BUCKETS: usize = 30;
+pub(crate) const HEATMAP_BUCKETS: usize = 30;
 const HEATMAP_FIRST_NS: f64 = 10_000.0;
 const HEATMAP_PER_DECADE: f64 = 5.0;
 /// Longest phase, a bound on the per-interval rows allocated up front.
 const MAX_INTERVALS: usize = 100_000;
 
 /// The heatmap bucket of a latency.
-pub fn latency_bucket(latency_ns: u64) -> usize {
+pub(crate) fn latency_bucket(latency_ns: u64) -> usize {
     let decades = (latency_ns.max(1) as f64 / HEATMAP_FIRST_NS).log10();
     ((decades * HEATMAP_PER_DECADE).floor().max(0.0) as usize).min(HEATMAP_BUCKETS - 1)
 }
 
 /// Lower edge of heatmap bucket `i`, in nanoseconds.
-pub fn bucket_lower_ns(i: usize) -> f64 {
+pub(crate) fn bucket_lower_ns(i: usize) -> f64 {
     HEATMAP_FIRST_NS * 10f64.powf(i as f64 / HEATMAP_PER_DECADE)
 }
 
 /// One interval of a phase.
 #[derive(Clone, Debug, Serialize)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub end_secs: f64,
     pub ios: u64,
     pub bytes: u64,
@@ -68,7 +68,7 @@ pub struct Sample {
 /// What every closed-loop scenario report says about its set-up (flattened
 /// into the report's JSON, so the fields sit beside the scenario's own).
 #[derive(Serialize)]
-pub struct Setup {
+pub(crate) struct Setup {
     pub read_bytes: u64,
     pub working_set_bytes: u64,
     pub arc_max_bytes: u64,
@@ -82,7 +82,7 @@ pub struct Setup {
 }
 
 impl Setup {
-    pub fn new(
+    pub(crate) fn new(
         args: &super::BenchArgs,
         bench: &super::targets::Bench,
         spec: &super::targets::TargetSpec,
@@ -105,7 +105,7 @@ impl Setup {
     }
 }
 
-pub struct PhaseRun {
+pub(crate) struct PhaseRun {
     pub ios: u64,
     pub bytes: u64,
     pub elapsed_secs: f64,
@@ -114,15 +114,15 @@ pub struct PhaseRun {
 }
 
 impl PhaseRun {
-    pub fn iops(&self) -> f64 {
+    pub(crate) fn iops(&self) -> f64 {
         self.ios as f64 / self.elapsed_secs.max(1e-9)
     }
 
-    pub fn mib_per_sec(&self) -> f64 {
+    pub(crate) fn mib_per_sec(&self) -> f64 {
         self.bytes as f64 / self.elapsed_secs.max(1e-9) / (1 << 20) as f64
     }
 
-    pub fn latency_us(&self, quantile: f64) -> f64 {
+    pub(crate) fn latency_us(&self, quantile: f64) -> f64 {
         self.latency_ns.value_at_quantile(quantile) as f64 / 1000.0
     }
 }
@@ -137,7 +137,7 @@ struct Shared {
 }
 
 /// What one reader thread uses to read: times, verifies and records.
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     target: &'a dyn ReadTarget,
     dataset: &'a DatasetSpec,
     shared: &'a Shared,
@@ -148,7 +148,7 @@ pub struct Reader<'a> {
 impl Reader<'_> {
     /// Reads `len_bytes` of `file` at `offset`, checks every byte, records
     /// the latency. A short read or a wrong byte is an error.
-    pub fn read(&mut self, file: u32, offset: u64, len_bytes: usize) -> Result<()> {
+    pub(crate) fn read(&mut self, file: u32, offset: u64, len_bytes: usize) -> Result<()> {
         if self.buf.len() < len_bytes {
             self.buf.resize(len_bytes, 0);
         }
@@ -182,7 +182,7 @@ impl Reader<'_> {
 /// Runs `op` from `threads` threads until `stop(samples)` says so at an
 /// interval boundary or `max_duration` has passed.
 #[allow(clippy::too_many_arguments)]
-pub fn run<F, S>(
+pub(crate) fn run<F, S>(
     target: &dyn ReadTarget,
     dataset: &DatasetSpec,
     threads: usize,
@@ -302,7 +302,7 @@ where
 /// sits near 100% while the flash tier is still being written, and peers
 /// count their fill differently (foyer reports bytes written, capped at its
 /// capacity), so a full cache may still be improving its hit ratio.
-pub fn misses_settled(
+pub(crate) fn misses_settled(
     min_intervals: usize,
     window: usize,
     min_relative_drop: f64,

@@ -157,7 +157,7 @@ pub fn prometheus(cache: &Cache) -> String {
 
     // Per cache device.
     if let Some(l2) = &stats.l2 {
-        let label = |d: &l2arc::l2arc::DeviceStats| {
+        let label = |d: &l2arc::DeviceStats| {
             format!("slot=\"{}\",device=\"{}\"", d.slot, escape(&d.description))
         };
         let _ = writeln!(

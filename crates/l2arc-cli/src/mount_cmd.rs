@@ -23,7 +23,7 @@ use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 use crate::service::CacheOptions;
 
 #[derive(Args, Debug)]
-pub struct MountArgs {
+pub(crate) struct MountArgs {
     /// Directory tree to serve.
     pub src: PathBuf,
     /// Mount point.
@@ -49,7 +49,7 @@ pub struct MountArgs {
     pub cache: CacheOptions,
 }
 
-pub fn run(args: MountArgs) -> Result<()> {
+pub(crate) fn run(args: MountArgs) -> Result<()> {
     let resolved = args.cache.resolve(128 << 10)?;
     if !(args.attr_timeout.is_finite() && (0.0..=3600.0).contains(&args.attr_timeout)) {
         bail!(

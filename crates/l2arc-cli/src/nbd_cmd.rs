@@ -20,7 +20,7 @@ use l2arc_nbd::{ListenAddr, Listener, Server, ServerConfig};
 use crate::service::CacheOptions;
 
 #[derive(Args, Debug)]
-pub struct ServeNbdArgs {
+pub(crate) struct ServeNbdArgs {
     /// Image file or block device to export.
     pub image: PathBuf,
     /// Where to listen: unix:PATH or HOST:PORT (loopback only without --allow-remote).
@@ -61,7 +61,7 @@ fn is_block_device(path: &std::path::Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
-pub fn run(args: ServeNbdArgs) -> Result<()> {
+pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     l2arc_nbd::pool::map_large_buffers_alone();
     let resolved = args.cache.resolve(64 << 10)?;
     if let ListenAddr::Tcp(addr) = &args.listen

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
 use l2arc::primary::emulated_hdd::HddConfig;
 use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig};
 use serde::Deserialize;
@@ -88,6 +88,7 @@ pub struct CacheOptions {
     /// Emulated HDD positioning time range, ms (default 4 to 12).
     #[arg(long)]
     pub emulate_hdd_seek_ms_min: Option<f64>,
+    /// Longest emulated positioning time, ms.
     #[arg(long)]
     pub emulate_hdd_seek_ms_max: Option<f64>,
 }
@@ -145,9 +146,13 @@ impl SizeValue {
 /// Everything a service needs to build its cache.
 #[derive(Clone, Debug)]
 pub struct ResolvedOptions {
+    /// The cache's settings.
     pub cache_config: CacheConfig,
+    /// The one dataset's settings.
     pub dataset_config: DatasetConfig,
+    /// Cache devices to add, in order.
     pub cache_devices: Vec<PathBuf>,
+    /// Size of a cache file created where none exists.
     pub cache_size_bytes: u64,
     /// Where to listen for `l2arc ctl`.
     pub control_socket: Option<PathBuf>,
@@ -268,7 +273,7 @@ impl CacheOptions {
             (None, None) => Compression::Lz4,
         };
         let dataset_config = DatasetConfig {
-            recordsize_bytes: l2arc::read_path::validate_recordsize(recordsize)?,
+            recordsize_bytes: l2arc::validate_recordsize(recordsize)?,
             primarycache: mode(self.primarycache, "primarycache", &file.primarycache)?,
             secondarycache: mode(self.secondarycache, "secondarycache", &file.secondarycache)?,
             compression,
@@ -396,8 +401,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_compression(s: &str) -> Result<Compression, String> {
-    s.parse()
-        .map_err(|e: l2arc::l2arc::format::FormatError| e.to_string())
+    s.parse().map_err(|e: l2arc::FormatError| e.to_string())
 }
 
 fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {

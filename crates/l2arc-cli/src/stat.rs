@@ -34,7 +34,7 @@ const INTERVAL_SECS_MIN: f64 = 0.1;
 const INTERVAL_SECS_MAX: f64 = 86_400.0;
 
 #[derive(Args, Debug)]
-pub struct StatArgs {
+pub(crate) struct StatArgs {
     /// The service's control socket (its --control PATH).
     #[arg(short = 's', long)]
     pub socket: PathBuf,
@@ -60,7 +60,7 @@ pub struct StatArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Csv,
 }
@@ -335,7 +335,7 @@ fn usage_of_fields() -> String {
     out
 }
 
-pub fn run(args: StatArgs) -> Result<()> {
+pub(crate) fn run(args: StatArgs) -> Result<()> {
     if args.verbose {
         print!("{}", usage_of_fields());
         return Ok(());

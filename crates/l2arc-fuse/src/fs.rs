@@ -118,7 +118,7 @@ const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 const FD_RESERVE: u64 = 256;
 
 /// One open of a regular file.
-pub struct OpenFile {
+pub(crate) struct OpenFile {
     handle: ObjectHandle,
     writable: bool,
     readahead: Mutex<ReadAhead>,

@@ -54,12 +54,12 @@
 use std::io;
 use std::path::Path;
 
-pub mod creds;
-pub mod fs;
-pub mod inodes;
-pub mod locks;
-pub mod readahead;
-pub mod sys;
+mod creds;
+mod fs;
+mod inodes;
+mod locks;
+mod readahead;
+mod sys;
 
 pub use fs::{CachedFs, FsOptions};
 /// A mounted file system served from background threads (fuser's).
@@ -144,6 +144,7 @@ impl MountGuard {
         })
     }
 
+    /// Where the file system is mounted.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }

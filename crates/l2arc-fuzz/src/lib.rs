@@ -17,7 +17,7 @@
 //! the block targets fix the CRC of their input when its first byte says so
 //! and reach the checks that follow it.
 
-use l2arc::l2arc::format::{
+use l2arc::internals::format::{
     self, DeviceHeader, LogBlockHeader, LogEntry, decode_compressed_frame, decode_log_block,
     encode_log_block, log_block_size_bytes,
 };

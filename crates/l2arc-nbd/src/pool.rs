@@ -81,6 +81,7 @@ pub struct BufferPool {
 }
 
 impl BufferPool {
+    /// A pool that lends at most `max_bytes`.
     pub fn new(max_bytes: u64) -> Self {
         Self {
             max_bytes,
@@ -290,10 +291,12 @@ pub struct Account {
 pub const PAYLOAD_RATE_MIN_BYTES_PER_SEC: u64 = 1 << 20;
 
 impl Account {
+    /// A connection's empty account.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Bytes this account holds now.
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes.load(Ordering::Relaxed)
     }
@@ -364,6 +367,7 @@ impl Account {
         pool.wake_all();
     }
 
+    /// Whether the pool was closed (the server is stopping).
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

@@ -98,7 +98,9 @@ const IDLE_EVICT_MIN: Duration = Duration::from_secs(2);
 /// Where to listen: `unix:PATH` or `HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenAddr {
+    /// A unix socket path.
     Unix(PathBuf),
+    /// A TCP address.
     Tcp(SocketAddr),
 }
 
@@ -133,7 +135,9 @@ impl std::fmt::Display for ListenAddr {
 
 /// A bound listening socket.
 pub enum Listener {
+    /// A unix socket and the path it removes when dropped.
     Unix(UnixListener, PathBuf),
+    /// A TCP socket.
     Tcp(TcpListener),
 }
 
@@ -254,9 +258,13 @@ pub struct ServerConfig {
     pub export_name: String,
     /// Refuse writes, trims and zeroing (EPERM); advertise NBD_FLAG_READ_ONLY.
     pub read_only: bool,
+    /// Most connections at once (`--max-connections`).
     pub max_connections: usize,
+    /// Threads serving one connection's requests.
     pub workers_per_connection: usize,
+    /// Most requests of one connection in flight.
     pub max_in_flight_requests: usize,
+    /// Most bytes of one connection's requests in flight.
     pub max_in_flight_bytes: u64,
     /// Longest read or write request.
     pub max_payload_bytes: u32,
@@ -331,7 +339,9 @@ impl ServerConfig {
 /// Counters of what the server did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerStats {
+    /// Connections that finished the handshake.
     pub connections_accepted: u64,
+    /// Connections turned away (table full).
     pub connections_refused: u64,
     /// Idle connections closed to make room for a new client.
     pub connections_evicted: u64,
@@ -346,8 +356,11 @@ pub struct ServerStats {
     pub buffer_high_water_bytes: u64,
     /// Requests over the advertised maximum payload, served by splitting.
     pub requests_split: u64,
+    /// Sessions ended by broken framing.
     pub protocol_errors: u64,
+    /// Requests served.
     pub requests: u64,
+    /// Requests answered with an error.
     pub request_errors: u64,
 }
 
@@ -422,10 +435,12 @@ impl Server {
         Arc::clone(&self.shared.stop)
     }
 
+    /// Size of the export.
     pub fn export_size_bytes(&self) -> u64 {
         self.shared.export.size_bytes
     }
 
+    /// What the server did so far.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.counters;
         ServerStats {

@@ -55,10 +55,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::format::Compression;
-use l2arc::l2arc::{DeviceOpen, L2ArcConfig};
+use l2arc::Compression;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
+use l2arc::{DeviceOpen, L2ArcConfig};
 use rand::{Rng, SeedableRng};
 
 const CHILD_ENV: &str = "L2ARC_CRASH_CHILD";
@@ -434,9 +434,10 @@ mod crash_points {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use l2arc::l2arc::device::DeviceIo;
-    use l2arc::l2arc::format::{self, BLOCK_BYTES, Compression, DeviceHeader};
-    use l2arc::l2arc::{FeedRecord, L2Arc, L2ArcConfig};
+    use l2arc::DeviceIo;
+    use l2arc::L2ArcConfig;
+    use l2arc::internals::format::{self, BLOCK_BYTES, Compression, DeviceHeader};
+    use l2arc::internals::{FeedRecord, L2Arc};
 
     const DATA_START_BLOCKS: u32 = 256;
     const DATA_BLOCKS: u32 = 1024;

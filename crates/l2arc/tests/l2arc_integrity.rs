@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::device::{FaultyDevice, FileDevice};
-use l2arc::l2arc::format::{self, BLOCK_BYTES, Compression, DATA_START_BYTES};
-use l2arc::l2arc::{DEVICE_ERRORS_MAX, DeviceOpen};
+use l2arc::DeviceOpen;
+use l2arc::FileDevice;
+use l2arc::internals::DEVICE_ERRORS_MAX;
+use l2arc::internals::FaultyDevice;
+use l2arc::internals::format::{self, BLOCK_BYTES, Compression, DATA_START_BYTES};
 use l2arc_util::*;
 
 // ---------------------------------------------------------------------------
@@ -222,7 +224,7 @@ fn compressed_records_that_fail_to_decompress_are_misses() {
 // ---------------------------------------------------------------------------
 // 2. Device failure
 
-fn faulty_device(path: &std::path::Path) -> (FaultyDevice, Arc<l2arc::l2arc::device::Faults>) {
+fn faulty_device(path: &std::path::Path) -> (FaultyDevice, Arc<l2arc::internals::Faults>) {
     let device = FaultyDevice::new(Box::new(
         FileDevice::open(path, Some(DEVICE_BYTES)).unwrap(),
     ));
@@ -619,13 +621,13 @@ fn concurrent_writes_and_feeds_never_resurrect_old_bytes() {
 /// and evicted around it must never reach the index.
 #[test]
 fn concurrent_writes_and_write_back_never_resurrect_old_bytes() {
-    writes_racing_feeds(l2arc::l2arc::L2ArcConfig {
+    writes_racing_feeds(l2arc::L2ArcConfig {
         l2arc_writeback_max_bytes: 2 << 20,
         ..quiet_l2()
     });
 }
 
-fn writes_racing_feeds(l2_config: l2arc::l2arc::L2ArcConfig) {
+fn writes_racing_feeds(l2_config: l2arc::L2ArcConfig) {
     let write_back = l2_config.l2arc_writeback_max_bytes > 0;
     const N: u64 = 40;
     let mut world = World::new();

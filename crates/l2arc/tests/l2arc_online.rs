@@ -7,8 +7,8 @@ mod l2arc_util;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::DeviceOpen;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
+use l2arc::DeviceOpen;
 use l2arc_util::*;
 
 const FILES: usize = 4;

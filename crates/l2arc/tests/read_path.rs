@@ -18,7 +18,7 @@ use l2arc::arc::AccessKind;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::primary::image::ImagePrimary;
 use l2arc::primary::{ObjectInfo, Primary, PrimaryObject};
-use l2arc::read_path::validate_recordsize;
+use l2arc::validate_recordsize;
 use l2arc::{Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle};
 
 const KIB: u32 = 1024;
@@ -58,7 +58,7 @@ fn dataset(
                 recordsize_bytes: recordsize,
                 primarycache: mode,
                 secondarycache: CacheMode::All,
-                compression: l2arc::l2arc::format::Compression::Off,
+                compression: l2arc::Compression::Off,
             },
         )
         .expect("valid dataset config")
@@ -1117,7 +1117,7 @@ fn writes_at_impossible_offsets_fail_cleanly() {
 
 #[test]
 fn object_states_are_bounded_and_a_dropped_state_never_revives_stale_records() {
-    use l2arc::read_path::OBJECT_STATES_MAX;
+    use l2arc::internals::OBJECT_STATES_MAX;
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::new(CacheConfig {
         arc_max_bytes: 64 << 20,

@@ -299,7 +299,7 @@ fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
                 recordsize_bytes: recordsize,
                 primarycache: CacheMode::All,
                 secondarycache: CacheMode::All,
-                compression: l2arc::l2arc::format::Compression::Off,
+                compression: l2arc::Compression::Off,
             },
         )
         .unwrap();

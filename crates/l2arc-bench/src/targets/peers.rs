@@ -58,7 +58,7 @@ use foyer::{
     HybridCacheBuilder, HybridCachePolicy, LruConfig, Source,
 };
 use l2arc::arc::DramPolicy;
-use l2arc::buf::AlignedBuf;
+use l2arc::internals::AlignedBuf;
 use l2arc::primary::emulated_hdd::EmulatedHdd;
 use l2arc::primary::{Primary, PrimaryObject};
 
@@ -66,7 +66,7 @@ use super::ours::L2arcTarget;
 use super::{ReadTarget, TargetCounters, TargetKind, TargetSpec};
 
 /// Builds a peer target (`TargetKind::Foyer` or `TargetKind::L2arcLru`).
-pub fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
+pub(super) fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
     match kind {
         TargetKind::L2arcLru => {
             let spec = TargetSpec {
@@ -94,7 +94,7 @@ const FOYER_BLOCKS_MIN: u64 = 32;
 /// One cached record: the bytes of one `recordsize` block of a file (shorter
 /// at the end of a file), in a page-aligned buffer as our ARC holds them.
 #[derive(Debug)]
-pub struct RecordBytes(AlignedBuf);
+pub(super) struct RecordBytes(AlignedBuf);
 
 impl Code for RecordBytes {
     fn encode(&self, writer: &mut impl Write) -> foyer::Result<()> {
@@ -155,7 +155,7 @@ impl StripedCounter {
 }
 
 /// foyer's `HybridCache` over the emulated disks.
-pub struct FoyerTarget {
+pub(super) struct FoyerTarget {
     // Dropped in this order: the cache, whose tasks run on the runtime,
     // before the runtime.
     hybrid: HybridCache<u64, RecordBytes>,
@@ -178,7 +178,7 @@ pub struct FoyerTarget {
 }
 
 /// Where foyer keeps its device for a cache file path: a directory beside it.
-pub fn foyer_device_dir(cache_path: &Path) -> PathBuf {
+pub(super) fn foyer_device_dir(cache_path: &Path) -> PathBuf {
     let mut name = cache_path
         .file_name()
         .map(|n| n.to_os_string())
@@ -188,12 +188,12 @@ pub fn foyer_device_dir(cache_path: &Path) -> PathBuf {
 }
 
 impl FoyerTarget {
-    pub fn new(spec: &TargetSpec) -> Result<Self> {
+    pub(super) fn new(spec: &TargetSpec) -> Result<Self> {
         assert_eq!(spec.file_names.len(), spec.file_sizes_bytes.len());
         if spec.file_names.is_empty() {
             bail!("a target needs at least one dataset file");
         }
-        l2arc::read_path::validate_recordsize(u64::from(spec.recordsize_bytes))?;
+        l2arc::validate_recordsize(u64::from(spec.recordsize_bytes))?;
         assert!(
             spec.file_names.len() < 1 << 24,
             "file index must fit the key"

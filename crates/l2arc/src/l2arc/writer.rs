@@ -52,8 +52,11 @@ impl WriteGate for AdmitAll {
 
 /// One record handed to the feeder's batch writer.
 pub struct FeedRecord<'a> {
+    /// Hash of the record's identity.
     pub key_hash: u64,
+    /// The record's bytes, uncompressed.
     pub data: &'a [u8],
+    /// How to store it.
     pub compression: Compression,
 }
 
