@@ -803,122 +803,155 @@ impl RequestDecoder {
     pub fn push(&mut self, input: &[u8]) -> Result<(usize, Option<Decoded>), ProtocolError> {
         let mut used = 0usize;
         loop {
-            match &mut self.state {
+            let step = match self.state {
                 DecoderState::Failed => return Err(ProtocolError::Finished),
-                DecoderState::Header => {
-                    let take = (REQUEST_BYTES - self.header_len).min(input.len() - used);
-                    self.header[self.header_len..self.header_len + take]
-                        .copy_from_slice(&input[used..used + take]);
-                    self.header_len += take;
-                    used += take;
-                    if self.header_len < REQUEST_BYTES {
-                        return Ok((used, None));
-                    }
-                    self.header_len = 0;
-                    let request = match Request::decode(&self.header) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            self.state = DecoderState::Failed;
-                            return Err(e);
-                        }
-                    };
-                    if request.command != NBD_CMD_WRITE || request.length_bytes == 0 {
-                        return Ok((
-                            used,
-                            Some(Decoded::Request {
-                                request,
-                                payload: Vec::new(),
-                            }),
-                        ));
-                    }
-                    self.state = DecoderState::Gate { request };
-                    if self.gated {
-                        return Ok((used, Some(Decoded::WriteHeader(request))));
-                    }
-                }
+                DecoderState::Header => self.take_header(input, used)?,
                 DecoderState::Gate { .. } => {
                     // No mode chosen: as an ungated decoder would.
                     let chosen = self.choose_payload(PayloadMode::Buffer);
                     debug_assert!(chosen);
+                    Step::Again(used)
                 }
-                DecoderState::Chunks {
-                    request,
-                    at_bytes,
-                    chunk_bytes,
-                    data,
-                } => {
-                    let left_bytes = request.length_bytes - *at_bytes;
-                    let piece_bytes = left_bytes.min(*chunk_bytes) as usize;
-                    if data.capacity() == 0 {
-                        // Allocated only once a byte of this piece is here.
-                        if used == input.len() {
-                            return Ok((used, None));
-                        }
-                        data.reserve_exact(piece_bytes);
-                    }
-                    let take = (piece_bytes - data.len()).min(input.len() - used);
-                    data.extend_from_slice(&input[used..used + take]);
-                    used += take;
-                    if data.len() < piece_bytes {
-                        return Ok((used, None));
-                    }
-                    let request = *request;
-                    let piece_at = *at_bytes;
-                    let data = std::mem::take(data);
-                    let last = piece_bytes as u32 == left_bytes;
-                    if last {
-                        self.state = DecoderState::Header;
-                    } else if let DecoderState::Chunks { at_bytes, .. } = &mut self.state {
-                        *at_bytes += piece_bytes as u32;
-                    }
-                    return Ok((
-                        used,
-                        Some(Decoded::WriteChunk {
-                            request,
-                            at_bytes: piece_at,
-                            data,
-                            last,
-                        }),
-                    ));
-                }
-                DecoderState::Payload { request, data } => {
-                    let want = request.length_bytes as usize - data.len();
-                    if data.capacity() == 0 {
-                        // Allocated only once a byte of the payload is here.
-                        if used == input.len() {
-                            return Ok((used, None));
-                        }
-                        data.reserve_exact(request.length_bytes as usize);
-                    }
-                    let take = want.min(input.len() - used);
-                    data.extend_from_slice(&input[used..used + take]);
-                    used += take;
-                    if take < want {
-                        return Ok((used, None));
-                    }
-                    debug_assert_eq!(data.len(), request.length_bytes as usize);
-                    let request = *request;
-                    let payload = std::mem::take(data);
-                    self.state = DecoderState::Header;
-                    return Ok((used, Some(Decoded::Request { request, payload })));
-                }
-                DecoderState::Discard {
-                    request,
-                    remaining_bytes,
-                } => {
-                    let take = (*remaining_bytes as usize).min(input.len() - used);
-                    *remaining_bytes -= take as u32;
-                    used += take;
-                    if *remaining_bytes > 0 {
-                        return Ok((used, None));
-                    }
-                    let request = *request;
-                    self.state = DecoderState::Header;
-                    return Ok((used, Some(Decoded::Oversized(request))));
-                }
+                DecoderState::Chunks { .. } => self.take_chunk(input, used),
+                DecoderState::Payload { .. } => self.take_payload(input, used),
+                DecoderState::Discard { .. } => self.take_discarded(input, used),
+            };
+            match step {
+                Step::Again(u) => used = u,
+                Step::Done(u, decoded) => return Ok((u, decoded)),
             }
         }
     }
+
+    /// Gathers a request header; a write with data goes on to its payload.
+    fn take_header(&mut self, input: &[u8], mut used: usize) -> Result<Step, ProtocolError> {
+        let take = (REQUEST_BYTES - self.header_len).min(input.len() - used);
+        self.header[self.header_len..self.header_len + take]
+            .copy_from_slice(&input[used..used + take]);
+        self.header_len += take;
+        used += take;
+        if self.header_len < REQUEST_BYTES {
+            return Ok(Step::Done(used, None));
+        }
+        self.header_len = 0;
+        let request = match Request::decode(&self.header) {
+            Ok(r) => r,
+            Err(e) => {
+                self.state = DecoderState::Failed;
+                return Err(e);
+            }
+        };
+        if request.command != NBD_CMD_WRITE || request.length_bytes == 0 {
+            let payload = Vec::new();
+            return Ok(Step::Done(
+                used,
+                Some(Decoded::Request { request, payload }),
+            ));
+        }
+        self.state = DecoderState::Gate { request };
+        if self.gated {
+            return Ok(Step::Done(used, Some(Decoded::WriteHeader(request))));
+        }
+        Ok(Step::Again(used))
+    }
+
+    /// Gathers one piece of a write taken in pieces.
+    fn take_chunk(&mut self, input: &[u8], mut used: usize) -> Step {
+        let DecoderState::Chunks {
+            request,
+            at_bytes,
+            chunk_bytes,
+            data,
+        } = &mut self.state
+        else {
+            unreachable!("called in the Chunks state");
+        };
+        let left_bytes = request.length_bytes - *at_bytes;
+        let piece_bytes = left_bytes.min(*chunk_bytes) as usize;
+        if data.capacity() == 0 {
+            // Allocated only once a byte of this piece is here.
+            if used == input.len() {
+                return Step::Done(used, None);
+            }
+            data.reserve_exact(piece_bytes);
+        }
+        let take = (piece_bytes - data.len()).min(input.len() - used);
+        data.extend_from_slice(&input[used..used + take]);
+        used += take;
+        if data.len() < piece_bytes {
+            return Step::Done(used, None);
+        }
+        let request = *request;
+        let piece_at = *at_bytes;
+        let data = std::mem::take(data);
+        let last = piece_bytes as u32 == left_bytes;
+        if last {
+            self.state = DecoderState::Header;
+        } else {
+            *at_bytes += piece_bytes as u32;
+        }
+        let chunk = Decoded::WriteChunk {
+            request,
+            at_bytes: piece_at,
+            data,
+            last,
+        };
+        Step::Done(used, Some(chunk))
+    }
+
+    /// Gathers a whole write payload.
+    fn take_payload(&mut self, input: &[u8], mut used: usize) -> Step {
+        let DecoderState::Payload { request, data } = &mut self.state else {
+            unreachable!("called in the Payload state");
+        };
+        let want = request.length_bytes as usize - data.len();
+        if data.capacity() == 0 {
+            // Allocated only once a byte of the payload is here.
+            if used == input.len() {
+                return Step::Done(used, None);
+            }
+            data.reserve_exact(request.length_bytes as usize);
+        }
+        let take = want.min(input.len() - used);
+        data.extend_from_slice(&input[used..used + take]);
+        used += take;
+        if take < want {
+            return Step::Done(used, None);
+        }
+        debug_assert_eq!(data.len(), request.length_bytes as usize);
+        let request = *request;
+        let payload = std::mem::take(data);
+        self.state = DecoderState::Header;
+        Step::Done(used, Some(Decoded::Request { request, payload }))
+    }
+
+    /// Skips a payload that will not be kept.
+    fn take_discarded(&mut self, input: &[u8], mut used: usize) -> Step {
+        let DecoderState::Discard {
+            request,
+            remaining_bytes,
+        } = &mut self.state
+        else {
+            unreachable!("called in the Discard state");
+        };
+        let take = (*remaining_bytes as usize).min(input.len() - used);
+        *remaining_bytes -= take as u32;
+        used += take;
+        if *remaining_bytes > 0 {
+            return Step::Done(used, None);
+        }
+        let request = *request;
+        self.state = DecoderState::Header;
+        Step::Done(used, Some(Decoded::Oversized(request)))
+    }
+}
+
+/// What one state of the decoder did with the input.
+enum Step {
+    /// Moved to another state; go on at this many bytes used.
+    Again(usize),
+    /// Return to the caller: bytes used, and a request if one completed.
+    Done(usize, Option<Decoded>),
 }
 
 /// Appends a simple reply header.

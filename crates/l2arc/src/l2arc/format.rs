@@ -807,37 +807,9 @@ pub fn decode_log_block(
     expected_device_guid: u128,
 ) -> Result<(LogBlockHeader, Vec<LogEntry>), FormatError> {
     let b = checked_preamble(buf, LOG_MAGIC, "log block", &[LOG_BLOCK_VERSION])?;
-    let size_bytes = rd_u32(b, 64);
+    let size_bytes = check_log_block_size(b, buf)?;
     let size = size_bytes as usize;
-    if size > buf.len() {
-        return Err(FormatError::Truncated {
-            needed: size,
-            got: buf.len(),
-        });
-    }
-    if size != buf.len() {
-        return Err(FormatError::SizeMismatch {
-            field: u64::from(size_bytes),
-            buffer: buf.len(),
-        });
-    }
-    if !(size as u64).is_multiple_of(BLOCK_BYTES) {
-        return Err(inconsistent(format!(
-            "log block: size {size} is not a multiple of 4 KiB"
-        )));
-    }
-    let stored = rd_u32(b, CRC_FIELD);
-    let computed = crc32c::crc32c_append(
-        crc32c::crc32c_append(crc32c::crc32c(&b[..CRC_FIELD]), &[0; 4]),
-        &buf[LOG_BLOCK_HEADER_BYTES..],
-    );
-    if stored != computed {
-        return Err(FormatError::BadChecksum {
-            what: "log block",
-            stored,
-            computed,
-        });
-    }
+    check_log_block_crc(b, buf)?;
     let device_guid = rd_u128(b, 16);
     if device_guid != expected_device_guid {
         return Err(FormatError::ForeignDevice {
@@ -873,13 +845,65 @@ pub fn decode_log_block(
     if header.sequence == 0 {
         return Err(inconsistent("log block: sequence 0"));
     }
+    let entries = decode_log_entries(
+        &buf[LOG_BLOCK_HEADER_BYTES..LOG_BLOCK_HEADER_BYTES + n * LOG_ENTRY_BYTES],
+        &header,
+    )?;
+    Ok((header, entries))
+}
+
+/// The size field: equal to the buffer's length and whole 4 KiB blocks.
+fn check_log_block_size(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<u32, FormatError> {
+    let size_bytes = rd_u32(b, 64);
+    let size = size_bytes as usize;
+    if size > buf.len() {
+        return Err(FormatError::Truncated {
+            needed: size,
+            got: buf.len(),
+        });
+    }
+    if size != buf.len() {
+        return Err(FormatError::SizeMismatch {
+            field: u64::from(size_bytes),
+            buffer: buf.len(),
+        });
+    }
+    if !(size as u64).is_multiple_of(BLOCK_BYTES) {
+        return Err(inconsistent(format!(
+            "log block: size {size} is not a multiple of 4 KiB"
+        )));
+    }
+    Ok(size_bytes)
+}
+
+/// The block's own CRC, computed with its CRC field as zeros.
+fn check_log_block_crc(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<(), FormatError> {
+    let stored = rd_u32(b, CRC_FIELD);
+    let computed = crc32c::crc32c_append(
+        crc32c::crc32c_append(crc32c::crc32c(&b[..CRC_FIELD]), &[0; 4]),
+        &buf[LOG_BLOCK_HEADER_BYTES..],
+    );
+    if stored != computed {
+        return Err(FormatError::BadChecksum {
+            what: "log block",
+            stored,
+            computed,
+        });
+    }
+    Ok(())
+}
+
+/// Every entry of a log block, each checked against its block's header.
+fn decode_log_entries(
+    raw_entries: &[u8],
+    header: &LogBlockHeader,
+) -> Result<Vec<LogEntry>, FormatError> {
+    debug_assert!(raw_entries.len().is_multiple_of(LOG_ENTRY_BYTES));
     let lap_mod32 = (header.lap % 32) as u8;
-    // n <= capacity, so this allocation is bounded by the buffer's length.
-    let mut entries = Vec::with_capacity(n);
-    for (i, raw) in buf[LOG_BLOCK_HEADER_BYTES..LOG_BLOCK_HEADER_BYTES + n * LOG_ENTRY_BYTES]
-        .chunks_exact(LOG_ENTRY_BYTES)
-        .enumerate()
-    {
+    // The caller checked the count against the block's capacity, so this
+    // allocation is bounded by the buffer's length.
+    let mut entries = Vec::with_capacity(raw_entries.len() / LOG_ENTRY_BYTES);
+    for (i, raw) in raw_entries.chunks_exact(LOG_ENTRY_BYTES).enumerate() {
         let e = LogEntry::decode(raw.try_into().expect("chunk of LOG_ENTRY_BYTES"));
         let loc = e.location;
         let problem = if e.key_hash == 0 {
@@ -905,7 +929,7 @@ pub fn decode_log_block(
         }
         entries.push(e);
     }
-    Ok((header, entries))
+    Ok(entries)
 }
 
 // ---------------------------------------------------------------------------
