@@ -854,7 +854,7 @@ fn failed_primary_reads_are_reported_and_not_cached() {
 
 /// Waiters on a fill that fails get the error too, and the next reader retries.
 #[test]
-fn waiters_on_a_failed_fill_see_the_error() {
+fn waiters_on_a_failed_fill_see_the_error_and_its_kind() {
     let tmp = tempfile::tempdir().unwrap();
     let data = pattern(4096, 1);
     fs::write(tmp.path().join("f"), &data).unwrap();
@@ -888,6 +888,9 @@ fn waiters_on_a_failed_fill_see_the_error() {
                 .unwrap()
                 .expect_err("every reader sees the failure");
             assert!(e.to_string().contains("injected failure"), "{e}");
+            // The claimant and every waiter keep the error's kind, which
+            // front ends turn into errno (NBD error, FUSE reply).
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         }
     });
     assert_eq!(state.reads.load(Ordering::SeqCst), 1);
