@@ -39,7 +39,8 @@ enum Kind {
 
 fn kind_of(name: &str) -> Kind {
     match name {
-        "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size" => Kind::GaugeBytes,
+        "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size"
+        | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" | "l2_rebuild_success" => Kind::Gauge,
         "l2_rebuild_time_us" => Kind::GaugeMicros,

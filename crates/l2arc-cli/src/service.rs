@@ -31,6 +31,10 @@ pub struct CacheOptions {
     /// Read-only HTTP endpoint: /metrics (Prometheus), / (live page); loopback only without --allow-remote.
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// Keep the analytics' history (per second for an hour, per minute for
+    /// 7 days) in this file (about 16 MiB, fixed); the live page shows it.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
     /// `arc_max`: DRAM for cached records (default 1GiB).
     #[arg(long, value_parser = parse_size)]
     pub arc_max: Option<u64>,
@@ -105,6 +109,7 @@ struct FileOptions {
     compression: Option<String>,
     control: Option<PathBuf>,
     http: Option<std::net::SocketAddr>,
+    history: Option<PathBuf>,
     #[serde(default)]
     cache: Vec<PathBuf>,
     cache_size: Option<SizeValue>,
@@ -143,6 +148,13 @@ impl SizeValue {
     }
 }
 
+/// A service's HTTP endpoint and history recorder; both stop when dropped
+/// (the endpoint first).
+pub struct Observers {
+    _http: Option<crate::http::HttpServer>,
+    _recorder: Option<crate::history::Recorder>,
+}
+
 /// Everything a service needs to build its cache.
 #[derive(Clone, Debug)]
 pub struct ResolvedOptions {
@@ -158,6 +170,8 @@ pub struct ResolvedOptions {
     pub control_socket: Option<PathBuf>,
     /// Where to serve /metrics and the live page.
     pub http: Option<std::net::SocketAddr>,
+    /// Where to keep the analytics' history.
+    pub history: Option<PathBuf>,
     /// Some: wrap the primary in an emulated HDD array.
     pub emulate_hdd: Option<HddConfig>,
 }
@@ -320,6 +334,7 @@ impl CacheOptions {
             cache_size_bytes,
             control_socket: self.control.clone().or(file.control),
             http: self.http.or(file.http),
+            history: self.history.clone().or(file.history),
             emulate_hdd,
         })
     }
@@ -359,19 +374,35 @@ impl ResolvedOptions {
             .transpose()
     }
 
-    /// Starts the HTTP endpoint when one was asked for, and says where it
-    /// listens on stderr; keep the result alive for as long as the service runs.
-    pub fn start_http(
-        &self,
-        cache: &Arc<Cache>,
-        allow_remote: bool,
-    ) -> Result<Option<crate::http::HttpServer>> {
-        let Some(addr) = self.http else {
-            return Ok(None);
+    /// Starts the history recorder and the HTTP endpoint when asked for,
+    /// and says where it listens on stderr; keep the result alive for as
+    /// long as the service runs.
+    pub fn start_http(&self, cache: &Arc<Cache>, allow_remote: bool) -> Result<Observers> {
+        let history = match &self.history {
+            Some(path) => Some(Arc::new(crate::history::History::open(path)?)),
+            None => None,
         };
-        let server = crate::http::HttpServer::start(Arc::clone(cache), addr, allow_remote)?;
-        eprintln!("l2arc: http on http://{}/", server.local_addr());
-        Ok(Some(server))
+        let http = match self.http {
+            Some(addr) => {
+                let server = crate::http::HttpServer::start(
+                    Arc::clone(cache),
+                    history.clone(),
+                    addr,
+                    allow_remote,
+                )?;
+                eprintln!("l2arc: http on http://{}/", server.local_addr());
+                Some(server)
+            }
+            None => None,
+        };
+        let recorder = match history {
+            Some(h) => Some(crate::history::Recorder::start(Arc::clone(cache), h)?),
+            None => None,
+        };
+        Ok(Observers {
+            _http: http,
+            _recorder: recorder,
+        })
     }
 
     /// Wraps `primary` in the emulated HDD when asked to.

@@ -85,6 +85,8 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
             .arg("--cache")
             .arg(dir.path().join("l2.img"))
             .args(["--cache-size", "64MiB"])
+            .arg("--history")
+            .arg(dir.path().join("history.bin"))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),

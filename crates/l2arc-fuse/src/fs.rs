@@ -164,6 +164,8 @@ pub struct CachedFs {
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<InvalidateJob>,
     pub(crate) notifier: NotifierSlot,
+    /// The source directory's path now, to name open files in analytics.
+    source_root: std::path::PathBuf,
 }
 
 fn errno(e: &io::Error) -> Errno {
@@ -191,6 +193,11 @@ fn errno(e: &io::Error) -> Errno {
 
 fn err(e: io::Error) -> Errno {
     errno(&e)
+}
+
+/// `/proc/self/fd/N`: its link names the file a descriptor holds.
+fn fd_path(fd: std::os::fd::RawFd) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{fd}"))
 }
 
 fn leaf(name: &OsStr) -> Result<CString, Errno> {
@@ -276,6 +283,7 @@ impl CachedFs {
 
         let root_fd = primary.open_fd_beneath("", libc::O_PATH | libc::O_DIRECTORY)?;
         let root = sys::stat_at(root_fd.as_raw_fd(), c"")?;
+        let source_root = std::fs::read_link(fd_path(root_fd.as_raw_fd()))?;
         let inodes = InodeTable::new(root_fd, root.st_dev, root.st_ino, options.max_nodes);
 
         let prefetch =
@@ -310,6 +318,7 @@ impl CachedFs {
             prefetch,
             invalidate,
             notifier,
+            source_root,
             options,
         })
     }
@@ -469,10 +478,22 @@ impl CachedFs {
             *seen = Some(now);
             keep
         };
+        // The file's path below the source now, for the drill-down (the
+        // descriptor knows it even after renames).
+        let name = std::fs::read_link(fd_path(fd.as_raw_fd()))
+            .ok()
+            .and_then(|p| {
+                p.strip_prefix(&self.source_root)
+                    .ok()
+                    .map(|p| p.to_string_lossy().into_owned())
+            });
         let handle = self
             .cache
             .open_file(self.dataset, std::fs::File::from(fd), writable)
             .map_err(err)?;
+        if let Some(name) = name {
+            self.cache.name_object(&handle, &name);
+        }
         let file = Arc::new(OpenFile {
             handle,
             writable,

@@ -641,6 +641,13 @@ impl Cache {
         self.open_object(dataset_id, dataset, object)
     }
 
+    /// Names an object for the analytics' drill-down: for front ends that
+    /// open by descriptor ([`Cache::open_file`]) and know a path.
+    pub fn name_object(&self, handle: &ObjectHandle, name: &str) {
+        self.analytics
+            .name_object(handle.dataset_id.0, handle.state.id, name);
+    }
+
     fn open_object(
         &self,
         dataset_id: DatasetId,

@@ -123,6 +123,8 @@ impl L2Arc {
             ("l2_devices", devices.len() as u64),
             ("l2_feed_wakeups", self.feed_wakeups.load(Ordering::Relaxed)),
             ("l2_writeback_size", self.writeback.held_bytes()),
+            ("l2_dwpd_limit", self.dwpd_bytes_per_day()),
+            ("l2_dwpd_credit", self.dwpd_credit_bytes()),
         ];
         kstats.extend(self.evict_counters.kstats());
         kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));

@@ -92,6 +92,31 @@ impl L2Arc {
         budget
     }
 
+    /// `l2arc_dwpd` in bytes: what the online devices may be written per
+    /// day (0 = unlimited).
+    pub(crate) fn dwpd_bytes_per_day(&self) -> u64 {
+        if self.config.l2arc_dwpd <= 0.0 {
+            return 0;
+        }
+        let online_bytes: u64 = self
+            .all_devices()
+            .iter()
+            .filter(|d| d.is_online())
+            .map(|d| d.data_blocks() * BLOCK_BYTES)
+            .sum();
+        (self.config.l2arc_dwpd * online_bytes as f64) as u64
+    }
+
+    /// Bytes the endurance budget lets the feeder write now (as of its last
+    /// refill; at most one batch). 0 when there is no budget.
+    pub(crate) fn dwpd_credit_bytes(&self) -> u64 {
+        if self.config.l2arc_dwpd <= 0.0 {
+            return 0;
+        }
+        let bucket = self.budget_bytes.lock().expect("budget poisoned");
+        bucket.0.max(0.0) as u64
+    }
+
     pub(super) fn spend_budget(&self, bytes: u64) {
         if self.config.l2arc_dwpd > 0.0 {
             let mut bucket = self.budget_bytes.lock().expect("budget poisoned");
