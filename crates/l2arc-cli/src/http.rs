@@ -41,7 +41,13 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often the acceptor checks for stop when idle.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
-const PAGE_HTML: &str = include_str!("web/index.html");
+/// The live page's template; the shared chart code is inlined once.
+const PAGE_TEMPLATE: &str = include_str!("web/index.html");
+
+fn page_html() -> &'static str {
+    static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PAGE.get_or_init(|| l2arc_web::inline_charts(PAGE_TEMPLATE))
+}
 
 /// A listening endpoint; stops on drop.
 pub struct HttpServer {
@@ -247,7 +253,7 @@ fn serve(cache: &Cache, history: Option<&History>, stream: &TcpStream) -> std::i
             stream,
             200,
             "text/html; charset=utf-8",
-            PAGE_HTML.as_bytes(),
+            page_html().as_bytes(),
             head_only,
         ),
         "/metrics" => respond(
