@@ -280,36 +280,13 @@ fn samples(text: &str) -> HashMap<String, f64> {
         .collect()
 }
 
-fn promtool_check(text: &str) {
-    let mut child = tool("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn metrics_pass_promtool_and_agree_with_ctl_stats() {
     let served = Served::start();
     served.read_records(32, 3);
     let (status, page) = http_get(served.http, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_eq!(status, 200);
-    promtool_check(&page);
+    l2arc_testkit::promtool_check(&page);
 
     // Histograms by tier: every ARC hit path and fill was timed.
     let m = samples(&page);

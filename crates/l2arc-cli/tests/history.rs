@@ -155,27 +155,7 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
     // /metrics of the mount passes promtool.
     let (status, metrics) = get(m.http, "/metrics");
     assert_eq!(status, 200);
-    let mut promtool = l2arc_testkit::tool("promtool", "prometheus, which has promtool");
-    let mut child = promtool
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    l2arc_testkit::promtool_check(&metrics);
     // A sample a second, with the reads counted.
     wait_for("no history samples with the reads", || {
         samples(m.http, 60).iter().any(|s| s.2 > 0)

@@ -94,3 +94,30 @@ pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receive
     });
     rx
 }
+
+/// Checks a Prometheus text page with `promtool check metrics` (Debian
+/// `prometheus`); fails with promtool's words if it finds anything.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = tool("promtool", "prometheus, which has promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start promtool");
+    child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool ran");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
