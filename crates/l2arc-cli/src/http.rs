@@ -248,50 +248,42 @@ fn serve(cache: &Cache, history: Option<&History>, stream: &TcpStream) -> std::i
             false,
         );
     }
+    let (status, content_type, body) = route(cache, history, &request);
+    respond(stream, status, content_type, &body, head_only)
+}
+
+/// The answer to a well-formed GET: status, content type and body.
+fn route(
+    cache: &Cache,
+    history: Option<&History>,
+    request: &Request,
+) -> (u16, &'static str, Vec<u8>) {
+    const JSON: &str = "application/json";
+    const TEXT: &str = "text/plain";
     match request.path.as_str() {
-        "/" | "/index.html" => respond(
-            stream,
+        "/" | "/index.html" => (
             200,
             "text/html; charset=utf-8",
-            page_html().as_bytes(),
-            head_only,
+            page_html().as_bytes().to_vec(),
         ),
-        "/metrics" => respond(
-            stream,
+        "/metrics" => (
             200,
             "text/plain; version=0.0.4; charset=utf-8",
-            crate::metrics::prometheus(cache).as_bytes(),
-            head_only,
+            crate::metrics::prometheus(cache).into_bytes(),
         ),
-        "/api/stats" => respond(
-            stream,
+        "/api/stats" => (
             200,
-            "application/json",
-            stats_json(cache, history).to_string().as_bytes(),
-            head_only,
+            JSON,
+            stats_json(cache, history).to_string().into_bytes(),
         ),
         "/api/history" => match history_json(history, &request.query) {
-            Ok(json) => respond(
-                stream,
-                200,
-                "application/json",
-                json.to_string().as_bytes(),
-                head_only,
-            ),
-            Err(Refusal(status, why)) => respond(
-                stream,
-                status,
-                "text/plain",
-                format!("{why}\n").as_bytes(),
-                head_only,
-            ),
+            Ok(json) => (200, JSON, json.to_string().into_bytes()),
+            Err(Refusal(status, why)) => (status, TEXT, format!("{why}\n").into_bytes()),
         },
-        _ => respond(
-            stream,
+        _ => (
             404,
-            "text/plain",
-            b"not found: /, /metrics, /api/stats and /api/history are served\n",
-            head_only,
+            TEXT,
+            b"not found: /, /metrics, /api/stats and /api/history are served\n".to_vec(),
         ),
     }
 }

@@ -144,6 +144,7 @@ fn sum(stats: &HashMap<String, u64>, names: &[&str]) -> u64 {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn stat_columns_are_the_counter_deltas() {
     let served = Served::start();
     let before = served.ctl_stats();

@@ -305,6 +305,7 @@ fn check(dir: &Path, data: &[u8], round: u32) -> Checked {
     }
 }
 
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn crash_rounds(test: &str, setup: Setup) {
     if std::env::var_os(CHILD_ENV).is_some() {
         let dir = PathBuf::from(std::env::var_os("L2ARC_CRASH_DIR").unwrap());
@@ -686,6 +687,7 @@ mod crash_points {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn every_crash_point_rebuilds_exactly_the_completed_log() {
         // The reference run: where every batch lands, and how many writes.
         let bytes = Arc::new(Mutex::new(vec![0u8; DEVICE_BYTES as usize]));

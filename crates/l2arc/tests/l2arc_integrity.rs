@@ -23,6 +23,7 @@ use l2arc_util::*;
 /// while readers read through the cache: every read returns primary's
 /// bytes, and the checksum catches the damage (`l2_cksum_bad`).
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn corruption_of_the_live_device_never_reaches_a_reader() {
     for (round, compression) in [Compression::Off, Compression::Lz4, Compression::Zstd]
         .into_iter()
@@ -136,6 +137,7 @@ fn corruption_of_the_live_device_never_reaches_a_reader() {
 /// but whose frame or stream is broken: decompression fails, the read is a
 /// miss counted in `l2_cksum_bad`, and primary's bytes are returned.
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn compressed_records_that_fail_to_decompress_are_misses() {
     for (round, compression) in [Compression::Lz4, Compression::Zstd]
         .into_iter()
@@ -361,6 +363,7 @@ fn deleted_device_file_reads_go_on() {
 /// are right. After the failure clears, feeding works again and the log
 /// stays a valid chain across the failed batches (a restart rebuilds it).
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn failing_writes_fail_feeds_and_reads_stay_right() {
     let mut world = World::new();
     let data = world.add_file("f", 4 << 20, 500);
@@ -627,6 +630,7 @@ fn concurrent_writes_and_write_back_never_resurrect_old_bytes() {
     });
 }
 
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn writes_racing_feeds(l2_config: l2arc::L2ArcConfig) {
     let write_back = l2_config.l2arc_writeback_max_bytes > 0;
     const N: u64 = 40;

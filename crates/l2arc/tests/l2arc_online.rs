@@ -38,6 +38,7 @@ fn run_for(duration: Duration, reads: &AtomicUsize, at_least: usize) {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn devices_come_and_go_under_readers() {
     let mut world = World::new();
     let mut files = Vec::new();

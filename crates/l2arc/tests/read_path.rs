@@ -341,6 +341,7 @@ fn read_all(c: &Cache, h: &ObjectHandle, len: usize) -> Vec<u8> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn rewritten_file_is_never_served_stale_after_revalidate() {
     let epoch = SystemTime::UNIX_EPOCH;
     for rs in [4 * KIB, 128 * KIB] {

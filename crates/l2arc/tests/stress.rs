@@ -255,6 +255,7 @@ impl Run<'_> {
     }
 }
 
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
     let secs: f64 = std::env::var("L2ARC_STRESS_SECS")
         .map(|s| {

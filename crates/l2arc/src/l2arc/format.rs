@@ -1547,6 +1547,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn header_rejects_inconsistent_fields() {
         let base = sample_header();
         let bad = |h: DeviceHeader, why: &str| {

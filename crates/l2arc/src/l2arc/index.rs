@@ -1059,6 +1059,7 @@ mod tests {
     /// Prints (run with `--nocapture`) DRAM per entry and single-threaded
     /// throughput at 10 M entries, the index against hashbrown. About 5 s.
     #[test]
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn measure_memory_and_throughput() {
         const N: u64 = 10_000_000;
         const GETS: u64 = 1_000_000;

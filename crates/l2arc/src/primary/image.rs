@@ -742,6 +742,7 @@ mod tests {
 
     /// The image checks on a real block device: a loop device over a sparse
     /// file, with 512-byte or 4 KiB logical sectors.
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn block_device(sector_size: Option<u32>) {
         const DEV_SIZE: u64 = 4 << 20;
         let tmp = tempfile::tempdir().unwrap();
