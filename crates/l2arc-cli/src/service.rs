@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use l2arc::Compression;
 use l2arc::primary::emulated_hdd::HddConfig;
-use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig};
+use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, L2ArcConfig};
 use serde::Deserialize;
 
 /// Cache flags; every one may also be set in `--config FILE`.
@@ -148,6 +148,14 @@ impl SizeValue {
     }
 }
 
+/// A size given as a flag (bytes) or as a config-file value ("64MiB").
+fn size_of(flag: Option<u64>, key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
+    match flag {
+        Some(v) => Ok(Some(v)),
+        None => value.as_ref().map(|v| v.bytes(key)).transpose(),
+    }
+}
+
 /// A service's HTTP endpoint and history recorder; both stop when dropped
 /// (the endpoint first).
 pub struct Observers {
@@ -205,33 +213,36 @@ impl CacheOptions {
         file: FileOptions,
         default_recordsize_bytes: u64,
     ) -> Result<ResolvedOptions> {
-        let size =
-            |flag: Option<u64>, key: &str, value: &Option<SizeValue>| -> Result<Option<u64>> {
-                match flag {
-                    Some(v) => Ok(Some(v)),
-                    None => value.as_ref().map(|v| v.bytes(key)).transpose(),
-                }
-            };
-        let mode = |flag: Option<CacheMode>,
-                    key: &str,
-                    value: &Option<String>|
-         -> Result<CacheMode> {
-            match (flag, value) {
-                (Some(m), _) => Ok(m),
-                (None, Some(s)) => parse_cache_mode(s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
-                (None, None) => Ok(CacheMode::All),
-            }
-        };
-
         let mut cache_config = CacheConfig::default();
-        if let Some(v) = size(self.arc_max, "arc_max", &file.arc_max)? {
+        if let Some(v) = size_of(self.arc_max, "arc_max", &file.arc_max)? {
             cache_config.arc_max_bytes = v;
         }
         if let Some(v) = self.arc_shards.or(file.arc_shards) {
             cache_config.arc_shards = v;
         }
-        let l2 = &mut cache_config.l2arc;
-        if let Some(v) = size(
+        self.resolve_l2arc(&file, &mut cache_config.l2arc)?;
+        let dataset_config = self.resolve_dataset(&file, default_recordsize_bytes)?;
+        let mut cache_devices = self.cache.clone();
+        if cache_devices.is_empty() {
+            cache_devices = file.cache.clone();
+        }
+        let cache_size_bytes =
+            size_of(self.cache_size, "cache_size", &file.cache_size)?.unwrap_or(1 << 30);
+        Ok(ResolvedOptions {
+            cache_config,
+            dataset_config,
+            cache_devices,
+            cache_size_bytes,
+            control_socket: self.control.clone().or(file.control.clone()),
+            http: self.http.or(file.http),
+            history: self.history.clone().or(file.history.clone()),
+            emulate_hdd: self.resolve_emulated_hdd(&file)?,
+        })
+    }
+
+    /// The L2ARC tunables: flags over the file over ZFS's defaults.
+    fn resolve_l2arc(&self, file: &FileOptions, l2: &mut L2ArcConfig) -> Result<()> {
+        if let Some(v) = size_of(
             self.l2arc_write_max,
             "l2arc_write_max",
             &file.l2arc_write_max,
@@ -269,15 +280,34 @@ impl CacheOptions {
             }
             (None, None) => {}
         }
-        if let Some(v) = size(
+        if let Some(v) = size_of(
             self.l2arc_writeback_max,
             "l2arc_writeback_max",
             &file.l2arc_writeback_max,
         )? {
             l2.l2arc_writeback_max_bytes = v;
         }
+        Ok(())
+    }
 
-        let recordsize = size(self.recordsize, "recordsize", &file.recordsize)?
+    /// The dataset's properties: recordsize, primarycache, secondarycache,
+    /// compression.
+    fn resolve_dataset(
+        &self,
+        file: &FileOptions,
+        default_recordsize_bytes: u64,
+    ) -> Result<DatasetConfig> {
+        let mode = |flag: Option<CacheMode>,
+                    key: &str,
+                    value: &Option<String>|
+         -> Result<CacheMode> {
+            match (flag, value) {
+                (Some(m), _) => Ok(m),
+                (None, Some(s)) => parse_cache_mode(s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
+                (None, None) => Ok(CacheMode::All),
+            }
+        };
+        let recordsize = size_of(self.recordsize, "recordsize", &file.recordsize)?
             .unwrap_or(default_recordsize_bytes);
         let compression = match (self.compression, &file.compression) {
             (Some(c), _) => c,
@@ -286,57 +316,41 @@ impl CacheOptions {
             }
             (None, None) => Compression::Lz4,
         };
-        let dataset_config = DatasetConfig {
+        Ok(DatasetConfig {
             recordsize_bytes: l2arc::validate_recordsize(recordsize)?,
             primarycache: mode(self.primarycache, "primarycache", &file.primarycache)?,
             secondarycache: mode(self.secondarycache, "secondarycache", &file.secondarycache)?,
             compression,
-        };
+        })
+    }
 
-        let mut cache_devices = self.cache.clone();
-        if cache_devices.is_empty() {
-            cache_devices = file.cache.clone();
-        }
-        let cache_size_bytes =
-            size(self.cache_size, "cache_size", &file.cache_size)?.unwrap_or(1 << 30);
-
+    /// The emulated HDD array, if asked for (spindles > 0).
+    fn resolve_emulated_hdd(&self, file: &FileOptions) -> Result<Option<HddConfig>> {
         let spindles = self
             .emulate_hdd_spindles
             .or(file.emulate_hdd_spindles)
             .unwrap_or(0);
-        let emulate_hdd = if spindles == 0 {
-            None
-        } else {
-            let mut hdd = HddConfig {
-                spindles,
-                ..HddConfig::default()
-            };
-            if let Some(v) = self
-                .emulate_hdd_seek_ms_min
-                .or(file.emulate_hdd_seek_ms_min)
-            {
-                hdd.seek_ms_min = v;
-            }
-            if let Some(v) = self
-                .emulate_hdd_seek_ms_max
-                .or(file.emulate_hdd_seek_ms_max)
-            {
-                hdd.seek_ms_max = v;
-            }
-            hdd.validate()?;
-            Some(hdd)
+        if spindles == 0 {
+            return Ok(None);
+        }
+        let mut hdd = HddConfig {
+            spindles,
+            ..HddConfig::default()
         };
-
-        Ok(ResolvedOptions {
-            cache_config,
-            dataset_config,
-            cache_devices,
-            cache_size_bytes,
-            control_socket: self.control.clone().or(file.control),
-            http: self.http.or(file.http),
-            history: self.history.clone().or(file.history),
-            emulate_hdd,
-        })
+        if let Some(v) = self
+            .emulate_hdd_seek_ms_min
+            .or(file.emulate_hdd_seek_ms_min)
+        {
+            hdd.seek_ms_min = v;
+        }
+        if let Some(v) = self
+            .emulate_hdd_seek_ms_max
+            .or(file.emulate_hdd_seek_ms_max)
+        {
+            hdd.seek_ms_max = v;
+        }
+        hdd.validate()?;
+        Ok(Some(hdd))
     }
 }
 
