@@ -65,7 +65,8 @@ const L2Charts = (() => {
   }
 
   // spec: {series: [{name, points: [[x, y]...], right}], xMin, xMax, xFmt,
-  // yFmt, yRightFmt, gap (x distance that breaks a line), lastInLegend}
+  // xLabel, yFmt, yLabel, yRightFmt, yRightLabel, gap (x distance that
+  // breaks a line), lastInLegend}
   function line(c, spec) {
     const [g, w, h] = size(c);
     const col = colours(c);
@@ -103,6 +104,8 @@ const L2Charts = (() => {
       const f = s.right ? yrf : yf;
       names.push([s.name + (s.right ? " (right)" : "") + (spec.lastInLegend && lastY !== undefined ? " " + f(lastY) : ""), colour]);
     });
+    const axes = [spec.yLabel, hasRight && spec.yRightLabel ? spec.yRightLabel + " (right)" : null].filter(Boolean);
+    if (axes.length) names.unshift([axes.join(" · ") + ":", col.dim]);
     legend(g, names, box.left);
     g.fillStyle = col.dim;
     g.fillText(xf(spec.xMin), box.left, h - 4);
@@ -112,7 +115,7 @@ const L2Charts = (() => {
     c.dataset.points = String(points);
   }
 
-  // spec: {categories: [...], series: [{name, values}], yFmt}
+  // spec: {categories: [...], series: [{name, values}], yFmt, yLabel}
   function bars(c, spec) {
     const [g, w, h] = size(c);
     const col = colours(c);
@@ -139,7 +142,9 @@ const L2Charts = (() => {
       g.fillStyle = col.fg;
       g.fillText(cat, gx + groupW / 2 - g.measureText(cat).width / 2, h - 6);
     });
-    legend(g, spec.series.map((s, k) => [s.name, PALETTE[k % PALETTE.length]]), box.left);
+    const names = spec.series.map((s, k) => [s.name, PALETTE[k % PALETTE.length]]);
+    if (spec.yLabel) names.unshift([spec.yLabel + ":", col.dim]);
+    legend(g, names, box.left);
     c.dataset.bars = String(drawn);
   }
 
@@ -167,13 +172,16 @@ const L2Charts = (() => {
         g.fillRect(x, box.top + box.h - (r + 1) * rh, Math.ceil(cw), Math.ceil(rh));
       });
     }
-    // Latency labels at every 32x step, on the rows that start there.
+    // Latency labels on the rows that start at a round latency: every 32x
+    // for power-of-two rows, every 10x for decade rows.
     g.fillStyle = col.dim; g.strokeStyle = col.grid;
+    const whole = v => Math.abs(v - Math.round(v)) < 1e-6;
     let lastLabelY = Infinity;
     spec.rowLowNs.forEach((low, r) => {
       const y = box.top + box.h - r * rh;
-      const l2 = Math.log2(Math.max(1, low));
-      if (Math.abs(l2 - Math.round(l2)) > 1e-6 || Math.round(l2) % 5 !== 0 || lastLabelY - y < 12) return;
+      const l2 = Math.log2(Math.max(1, low)), l10 = Math.log10(Math.max(1, low));
+      const round = (whole(l2) && Math.round(l2) % 5 === 0) || whole(l10);
+      if (!round || lastLabelY - y < 12) return;
       g.fillText(fmt.ns(low), 2, y + 4);
       g.beginPath(); g.moveTo(box.left, y); g.lineTo(box.left + box.w, y); g.stroke();
       lastLabelY = y;
@@ -187,6 +195,7 @@ const L2Charts = (() => {
     const xf = formatter(spec.xFmt);
     g.fillStyle = col.dim;
     g.fillText(xf(spec.xMin), box.left, h - 3);
+    if (spec.xLabel) g.fillText(spec.xLabel, box.left + box.w / 2 - g.measureText(spec.xLabel).width / 2, h - 3);
     const note = max > 0 ? "max " + fmt.count(max) + (spec.perSecond ? "/s" : "") : "no events";
     g.fillText(note, box.left + box.w - g.measureText(note).width, h - 3);
     c.dataset.columns = String(spec.columns.length);
