@@ -34,7 +34,8 @@ use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
 use super::dataset::{Content, DatasetSpec};
-use super::runner::{Interval, PhaseResult, Rng, run_phase};
+use super::runner;
+use super::runner::{Phase, PhaseResult, Until};
 use super::{BenchArgs, OnOff};
 
 #[derive(Serialize)]
@@ -54,7 +55,14 @@ struct PhaseReport {
     l2_size_bytes: u64,
     l2_asize_bytes: u64,
     hdd_reads: u64,
-    intervals: Vec<Interval>,
+    intervals: Vec<IntervalIops>,
+}
+
+/// The IOPS of one interval of a phase (a point of the warm-up curve).
+#[derive(Serialize)]
+struct IntervalIops {
+    end_secs: f64,
+    iops: f64,
 }
 
 #[derive(Serialize)]
@@ -115,7 +123,7 @@ impl Warmup {
         let half = tail.len() / 2;
         // Medians of the two halves of the last quarter: one disturbed
         // interval on a shared machine should not read as a trend.
-        let median = |s: &[Interval]| {
+        let median = |s: &[IntervalIops]| {
             let mut v: Vec<f64> = s.iter().map(|i| i.iops).collect();
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -254,7 +262,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             l2_size_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_size")),
             l2_asize_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_asize")),
             hdd_reads: hdd.stats().reads,
-            intervals: result.intervals,
+            intervals: result
+                .intervals
+                .iter()
+                .map(|i| IntervalIops {
+                    end_secs: i.end_secs,
+                    iops: i.iops(),
+                })
+                .collect(),
         });
         if primarycache == CacheMode::All {
             arcstats = stats.kstats();
@@ -306,33 +321,33 @@ fn run_reads(
     let blocks_per_file = spec.file_size_bytes / args.read_size;
     let total_blocks = blocks_per_file * u64::from(spec.files);
     let hot_blocks = ((total_blocks as f64 * args.hot_data_fraction) as u64).max(1);
-    run_phase(
+    let phase = Phase::new(
         label,
         args.threads,
-        Duration::from_secs_f64(args.seconds),
-        Duration::from_secs(1),
-        args.seed,
-        !args.json,
-        |_, rng: &mut Rng| {
-            // The hot blocks are a contiguous stretch at the start of the
-            // dataset's address space: whole records, a few files.
-            let block = if rng.chance(args.hot_read_fraction) {
-                rng.below(hot_blocks)
-            } else {
-                rng.below(total_blocks)
-            };
-            let file = (block / blocks_per_file) as u32;
-            let offset = (block % blocks_per_file) * args.read_size;
-            let mut buf = vec![0u8; read_size];
-            let n = cache.read(&handles[file as usize], offset, &mut buf)?;
-            if n != read_size || !spec.verify(file, offset, &buf) {
-                bail!(
-                    "wrong bytes: file {file} offset {offset}: read {n} bytes that do not match the dataset"
-                );
-            }
-            Ok(n as u64)
-        },
+        Until::Elapsed(Duration::from_secs_f64(args.seconds)),
     )
+    .interval(Duration::from_secs(1))
+    .seed(args.seed)
+    .progress(!args.json);
+    runner::run_timed(&phase, |rng| {
+        // The hot blocks are a contiguous stretch at the start of the
+        // dataset's address space: whole records, a few files.
+        let block = if rng.chance(args.hot_read_fraction) {
+            rng.below(hot_blocks)
+        } else {
+            rng.below(total_blocks)
+        };
+        let file = (block / blocks_per_file) as u32;
+        let offset = (block % blocks_per_file) * args.read_size;
+        let mut buf = vec![0u8; read_size];
+        let n = cache.read(&handles[file as usize], offset, &mut buf)?;
+        if n != read_size || !spec.verify(file, offset, &buf) {
+            bail!(
+                "wrong bytes: file {file} offset {offset}: read {n} bytes that do not match the dataset"
+            );
+        }
+        Ok(n as u64)
+    })
 }
 
 fn print_report(r: &DemoReport) {

@@ -30,6 +30,7 @@ use l2arc::{Cache, CacheConfig, DatasetConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
+use super::runner::{self, Phase, Until};
 
 const PASSES: usize = 4;
 const READERS: usize = 4;
@@ -189,30 +190,23 @@ fn write_random_image(path: &Path, bytes: u64, seed: u64) -> Result<()> {
 /// Reads the image whole: `READERS` threads, each taking the next 1 MiB
 /// chunk, every byte read once.
 fn read_whole(cache: &Cache, handle: &l2arc::ObjectHandle, image_bytes: u64) -> Result<()> {
-    let next = std::sync::atomic::AtomicU64::new(0);
-    std::thread::scope(|scope| {
-        let readers: Vec<_> = (0..READERS)
-            .map(|_| {
-                scope.spawn(|| -> Result<()> {
-                    let mut buf = vec![0u8; CHUNK_BYTES as usize];
-                    loop {
-                        let offset =
-                            next.fetch_add(CHUNK_BYTES, std::sync::atomic::Ordering::Relaxed);
-                        if offset >= image_bytes {
-                            return Ok(());
-                        }
-                        let n = cache.read(handle, offset, &mut buf)?;
-                        if n as u64 != CHUNK_BYTES {
-                            bail!("short read at {offset}: {n} bytes");
-                        }
-                    }
-                })
+    let phase = Phase::new("pass", READERS, Until::Ops(image_bytes / CHUNK_BYTES));
+    runner::run(
+        &phase,
+        &mut (),
+        |_| Ok(vec![0u8; CHUNK_BYTES as usize]),
+        |buf, worker| {
+            let offset = worker.op_index() * CHUNK_BYTES;
+            worker.timed(|_| {
+                let n = cache.read(handle, offset, buf)?;
+                if n as u64 != CHUNK_BYTES {
+                    bail!("short read at {offset}: {n} bytes");
+                }
+                Ok(CHUNK_BYTES)
             })
-            .collect();
-        readers
-            .into_iter()
-            .try_for_each(|r| r.join().expect("reader panicked"))
-    })
+        },
+    )?;
+    Ok(())
 }
 
 fn print_report(r: &Report) {

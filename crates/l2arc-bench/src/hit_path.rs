@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::dataset::DatasetSpec;
-use super::runner::{Rng, run_phase};
+use super::runner::{self, Phase, Until};
 
 const RECORD_BYTES: u64 = 8 * 1024;
 const WORKING_SET_BYTES: u64 = 64 << 20;
@@ -123,35 +123,31 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for mode in [Mode::ZeroCopy, Mode::Copy] {
         for threads in [1usize, 2] {
-            let arc_hits = |label: &str, seconds: Duration| {
-                run_phase(
-                    label,
-                    threads,
-                    seconds,
-                    seconds,
-                    args.seed,
-                    !args.json,
-                    |_, rng: &mut Rng| {
-                        let r = rng.below(records);
-                        match mode {
-                            Mode::ZeroCopy => {
-                                let view = cache.read_view(
-                                    &handle,
-                                    r * RECORD_BYTES,
-                                    RECORD_BYTES as usize,
-                                    AccessKind::Demand,
-                                )?;
-                                let (record, range) = &view.segments[0];
-                                expect(r, &record.data[range.clone()])
-                            }
-                            Mode::Copy => OUT.with_borrow_mut(|out| {
-                                let n =
-                                    cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;
-                                expect(r, &out[..n])
-                            }),
+            let phase = |label: &'static str, seconds| {
+                Phase::new(label, threads, Until::Elapsed(seconds))
+                    .seed(args.seed)
+                    .progress(!args.json)
+            };
+            let arc_hits = |label: &'static str, seconds: Duration| {
+                runner::run_timed(&phase(label, seconds), |rng| {
+                    let r = rng.below(records);
+                    match mode {
+                        Mode::ZeroCopy => {
+                            let view = cache.read_view(
+                                &handle,
+                                r * RECORD_BYTES,
+                                RECORD_BYTES as usize,
+                                AccessKind::Demand,
+                            )?;
+                            let (record, range) = &view.segments[0];
+                            expect(r, &record.data[range.clone()])
                         }
-                    },
-                )
+                        Mode::Copy => OUT.with_borrow_mut(|out| {
+                            let n = cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;
+                            expect(r, &out[..n])
+                        }),
+                    }
+                })
             };
             let ours = arc_hits("arc hit", seconds)?;
             // Off and on in turns, the first of each pair alternating.
@@ -183,31 +179,23 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 ons_cpu.push(off_on_cpu[1]);
                 costs_cpu.push(off_on_cpu[1] / off_on_cpu[0] - 1.0);
             }
-            let theirs = run_phase(
-                "hashmap",
-                threads,
-                seconds,
-                seconds,
-                args.seed,
-                !args.json,
-                |_, rng: &mut Rng| {
-                    let r = rng.below(records);
-                    let record = Arc::clone(
-                        baseline
-                            .lock()
-                            .expect("poisoned")
-                            .get(&r)
-                            .expect("preloaded"),
-                    );
-                    match mode {
-                        Mode::ZeroCopy => expect(r, &record.data),
-                        Mode::Copy => OUT.with_borrow_mut(|out| {
-                            out.as_mut_slice().copy_from_slice(&record.data);
-                            expect(r, out)
-                        }),
-                    }
-                },
-            )?;
+            let theirs = runner::run_timed(&phase("hashmap", seconds), |rng| {
+                let r = rng.below(records);
+                let record = Arc::clone(
+                    baseline
+                        .lock()
+                        .expect("poisoned")
+                        .get(&r)
+                        .expect("preloaded"),
+                );
+                match mode {
+                    Mode::ZeroCopy => expect(r, &record.data),
+                    Mode::Copy => OUT.with_borrow_mut(|out| {
+                        out.as_mut_slice().copy_from_slice(&record.data);
+                        expect(r, out)
+                    }),
+                }
+            })?;
             rows.push(Row {
                 mode,
                 threads,

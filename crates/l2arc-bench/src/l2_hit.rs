@@ -39,33 +39,28 @@
 //! checked by its CRC); the ARC and L2ARC hit ratios of each measured phase
 //! are reported, and the run fails if fewer than 95% of reads were L2 hits.
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use l2arc::internals::AlignedBuf;
 use l2arc::internals::format::{Compression, DATA_START_BYTES};
 use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
-use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
+use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle, ReadCompletion, ReadQueue};
 use l2arc::{DeviceIo, FileDevice};
 use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
 use super::dataset::DatasetSpec;
-use super::runner::{PhaseResult, Rng, run_phase};
+use super::runner::{self, Phase, Until, Worker};
 
 const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
 const QUEUE_DEPTH: usize = 32;
 /// Longest measured phase (each of ours and each fio run).
 const PHASE_SECS_MAX: f64 = 3.0;
-
-thread_local! {
-    static OUT: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
-}
 
 #[derive(Clone, Debug, Serialize)]
 struct Side {
@@ -544,19 +539,20 @@ fn measure_pread(
 ) -> Result<Side> {
     let blocks = (region.1 / record_bytes).max(1);
     let label = format!("pread {}K QD{threads}", record_bytes >> 10);
-    let result = run_phase(
+    let phase = Phase::new(
         &label,
         threads,
-        Duration::from_secs_f64(secs),
-        Duration::from_secs_f64(secs),
-        seed,
-        !json,
-        |_, rng: &mut Rng| {
-            let offset = region.0 + rng.below(blocks) * record_bytes;
-            OUT.with_borrow_mut(|out| {
-                if out.len() != record_bytes as usize {
-                    *out = AlignedBuf::zeroed(record_bytes as usize);
-                }
+        Until::Elapsed(Duration::from_secs_f64(secs)),
+    )
+    .seed(seed)
+    .progress(!json);
+    let result = runner::run(
+        &phase,
+        &mut (),
+        |_| Ok(AlignedBuf::zeroed(record_bytes as usize)),
+        |out, worker| {
+            worker.timed(|rng| {
+                let offset = region.0 + rng.below(blocks) * record_bytes;
                 device.read_at(offset, out.as_mut_slice())?;
                 Ok(record_bytes)
             })
@@ -628,28 +624,23 @@ fn measure(
     let total = per_file * u64::from(spec.files);
     let before = cache.stats();
     let label = format!("ours {}K QD{threads}", record_bytes >> 10);
-    let result: PhaseResult = run_phase(
+    let phase = Phase::new(
         &label,
         threads,
-        Duration::from_secs_f64(secs),
-        Duration::from_secs_f64(secs),
-        seed,
-        !json,
-        |_, rng: &mut Rng| {
-            let r = rng.below(total);
-            let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
-            OUT.with_borrow_mut(|out| {
-                if out.len() != record_bytes as usize {
-                    *out = AlignedBuf::zeroed(record_bytes as usize);
-                }
+        Until::Elapsed(Duration::from_secs_f64(secs)),
+    )
+    .seed(seed)
+    .progress(!json);
+    let result = runner::run(
+        &phase,
+        &mut (),
+        |_| Ok(AlignedBuf::zeroed(record_bytes as usize)),
+        |out, worker| {
+            worker.timed(|rng| {
+                let r = rng.below(total);
+                let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
                 let n = cache.read(&handles[file as usize], offset, out.as_mut_slice())?;
-                let last = (offset + record_bytes) / 8 - 1;
-                if n as u64 != record_bytes
-                    || out[..8] != spec.word(file, offset / 8).to_le_bytes()
-                    || out[n - 8..] != spec.word(file, last).to_le_bytes()
-                {
-                    bail!("wrong bytes: file {file} offset {offset}");
-                }
+                check_record(spec, file, offset, record_bytes, &out[..n])?;
                 Ok(n as u64)
             })
         },
@@ -703,7 +694,8 @@ fn queue_threads() -> usize {
 /// Random reads of whole records from `queue_threads()` threads, each with a
 /// read queue (the engine's many-in-flight API, flash read through
 /// io_uring), `depth` in flight in all, against the warm L2ARC; latency is
-/// from submit to completion.
+/// from submit to completion. The queues fill for a quarter of the phase
+/// (at most a quarter second) before anything is counted.
 fn measure_queue(
     spec: &DatasetSpec,
     cache: &Cache,
@@ -714,66 +706,36 @@ fn measure_queue(
     seed: u64,
 ) -> Result<Ours> {
     let threads = queue_threads().min(depth);
-    let start = std::time::Instant::now();
-    let warm_until = start + Duration::from_secs_f64(secs.min(1.0) / 4.0);
-    let end = warm_until + Duration::from_secs_f64(secs);
-    let before = std::sync::Mutex::new(None);
-    let results: Vec<Result<(u64, hdrhistogram::Histogram<u64>, f64)>> =
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|t| {
-                    let thread_depth = depth / threads + usize::from(t < depth % threads);
-                    let before = &before;
-                    scope.spawn(move || {
-                        queue_loop(
-                            spec,
-                            cache,
-                            handles,
-                            record_bytes,
-                            thread_depth,
-                            (warm_until, end),
-                            seed ^ l2arc::hash::mix64(t as u64 + 1),
-                            || {
-                                let mut before = before.lock().expect("lock");
-                                if before.is_none() {
-                                    *before = Some(cache.stats());
-                                }
-                            },
-                        )
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("queue thread panicked"))
-                .collect()
-        });
-    let elapsed_secs = end.duration_since(warm_until).as_secs_f64();
-    let mut ops = 0;
-    let mut cpu_secs = 0.0;
-    let mut latency_ns = super::runner::latency_histogram();
-    for result in results {
-        let (n, histogram, cpu) = result?;
-        ops += n;
-        cpu_secs += cpu;
-        latency_ns
-            .add(&histogram)
-            .context("merging latency histograms")?;
-    }
-    let before = before
-        .into_inner()
-        .expect("lock")
-        .context("the measured phase never started")?;
+    let phase = Phase::new(
+        "queue",
+        threads,
+        Until::Elapsed(Duration::from_secs_f64(secs)),
+    )
+    .warmup(Duration::from_secs_f64(secs.min(1.0) / 4.0))
+    .seed(seed);
+    let mut watch = StatsAtStart {
+        cache,
+        before: None,
+    };
+    let result = runner::run(
+        &phase,
+        &mut watch,
+        |worker| {
+            let thread_depth = depth / threads + usize::from(worker.thread < depth % threads);
+            QueueReader::new(cache, thread_depth)
+        },
+        |queue, worker| queue.step(spec, handles, record_bytes, worker),
+    )?;
+    let before = watch.before.context("the measured phase never started")?;
     let after = cache.stats();
     let (arc_hit_ratio, l2_hit_ratio) = warm_hit_ratios(&before, &after)?;
-    let iops = ops as f64 / elapsed_secs;
     Ok(Ours {
         side: Side {
-            iops,
-            mib_per_sec: iops * record_bytes as f64 / (1 << 20) as f64,
-            latency_us_p50: latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
-            latency_us_p99: latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
-            cpu_us_per_read: cpu_secs * 1e6 / ops.max(1) as f64,
+            iops: result.iops(),
+            mib_per_sec: result.mib_per_sec(),
+            latency_us_p50: result.latency_us(0.5),
+            latency_us_p99: result.latency_us(0.99),
+            cpu_us_per_read: result.cpu_secs * 1e6 / result.ops.max(1) as f64,
         },
         arc_hit_ratio,
         l2_hit_ratio,
@@ -781,98 +743,112 @@ fn measure_queue(
     })
 }
 
-/// One thread of `measure_queue`: keeps `depth` reads in flight until
-/// `window.1`, counting those that complete after `window.0` (when it calls
-/// `at_start`). Returns the reads counted, their latencies, and the CPU
-/// time (user + system) the thread spent meanwhile.
-#[allow(clippy::too_many_arguments)]
-fn queue_loop(
-    spec: &DatasetSpec,
-    cache: &Cache,
-    handles: &[ObjectHandle],
-    record_bytes: u64,
-    depth: usize,
-    window: (std::time::Instant, std::time::Instant),
-    seed: u64,
-    at_start: impl Fn(),
-) -> Result<(u64, hdrhistogram::Histogram<u64>, f64)> {
-    let per_file = spec.file_size_bytes / record_bytes;
-    let total = per_file * u64::from(spec.files);
-    let mut queue = cache.read_queue(depth)?;
-    if queue.ioengine() != l2arc::IoEngine::IoUring {
-        bail!(
-            "the read queue reads flash with {} here, not io_uring ({})",
-            queue.ioengine().name(),
-            cache.ioengine_fallback_reason().unwrap_or("forced")
-        );
+/// Takes the cache's statistics when the measured part of a phase begins.
+struct StatsAtStart<'a> {
+    cache: &'a Cache,
+    before: Option<l2arc::CacheStats>,
+}
+
+impl runner::Watch for StatsAtStart<'_> {
+    fn started(&mut self) {
+        self.before = Some(self.cache.stats());
     }
-    let mut rng = Rng::new(seed);
-    let mut latency_ns = super::runner::latency_histogram();
-    // Per tag: when it was submitted, and which record it reads.
-    let mut started = vec![(std::time::Instant::now(), 0u32, 0u64); depth];
-    let mut free: Vec<u64> = (0..depth as u64).collect();
-    let mut done = Vec::with_capacity(depth);
-    let mut ops = 0u64;
-    let mut measuring = false;
-    let mut cpu_at_start = 0.0;
-    let cpu_secs;
-    loop {
-        let now = std::time::Instant::now();
-        if !measuring && now >= window.0 {
-            at_start();
-            measuring = true;
-            cpu_at_start = thread_cpu_secs();
+}
+
+/// One thread of `measure_queue`: a read queue kept full, and what each of
+/// its tags is reading.
+struct QueueReader<'c> {
+    queue: ReadQueue<'c>,
+    /// Per tag: when it was submitted, and which record it reads.
+    started: Vec<(Instant, u32, u64)>,
+    free: Vec<u64>,
+    done: Vec<ReadCompletion>,
+}
+
+impl<'c> QueueReader<'c> {
+    fn new(cache: &'c Cache, depth: usize) -> Result<Self> {
+        let queue = cache.read_queue(depth)?;
+        if queue.ioengine() != l2arc::IoEngine::IoUring {
+            bail!(
+                "the read queue reads flash with {} here, not io_uring ({})",
+                queue.ioengine().name(),
+                cache.ioengine_fallback_reason().unwrap_or("forced")
+            );
         }
-        if now >= window.1 {
-            cpu_secs = thread_cpu_secs() - cpu_at_start;
-            break;
-        }
-        while let Some(tag) = free.pop() {
-            let r = rng.below(total);
+        Ok(Self {
+            queue,
+            started: vec![(Instant::now(), 0u32, 0u64); depth],
+            free: (0..depth as u64).collect(),
+            done: Vec::with_capacity(depth),
+        })
+    }
+
+    /// Fills the queue with random records, waits for at least one
+    /// completion, checks and records every completion.
+    fn step(
+        &mut self,
+        spec: &DatasetSpec,
+        handles: &[ObjectHandle],
+        record_bytes: u64,
+        worker: &mut Worker,
+    ) -> Result<()> {
+        let per_file = spec.file_size_bytes / record_bytes;
+        let total = per_file * u64::from(spec.files);
+        while let Some(tag) = self.free.pop() {
+            let r = worker.rng.below(total);
             let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
-            started[tag as usize] = (std::time::Instant::now(), file, offset);
-            queue.submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
+            self.started[tag as usize] = (Instant::now(), file, offset);
+            self.queue
+                .submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
         }
-        queue.wait(1, &mut done)?;
-        let now = std::time::Instant::now();
-        for completion in done.drain(..) {
-            let (at, file, offset) = started[completion.tag as usize];
+        self.queue.wait(1, &mut self.done)?;
+        let now = Instant::now();
+        for completion in self.done.drain(..) {
+            let (at, file, offset) = self.started[completion.tag as usize];
             let view = completion.result?;
             let bytes = view
                 .as_single_slice()
                 .context("a whole-record read spans one record")?;
-            let last = (offset + record_bytes) / 8 - 1;
-            if bytes.len() as u64 != record_bytes
-                || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
-                || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
-            {
-                bail!("wrong bytes: file {file} offset {offset}");
-            }
-            if measuring {
-                let _ = latency_ns.record((now - at).as_nanos() as u64);
-                ops += 1;
-            }
-            free.push(completion.tag);
+            check_record(spec, file, offset, record_bytes, bytes)?;
+            worker.record(at, now, record_bytes);
+            self.free.push(completion.tag);
         }
+        Ok(())
     }
-    // Drain what is still in flight (not counted).
-    while queue.pending() > 0 {
-        queue.wait(queue.pending(), &mut done)?;
-        done.clear();
-    }
-    Ok((ops, latency_ns, cpu_secs))
 }
 
-/// CPU time (user + system) of the calling thread, in seconds.
-fn thread_cpu_secs() -> f64 {
-    // SAFETY: getrusage writes one rusage into the zeroed struct given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(usage.ru_utime) + secs(usage.ru_stime)
+impl Drop for QueueReader<'_> {
+    /// Drains what is still in flight (not counted).
+    fn drop(&mut self) {
+        while self.queue.pending() > 0 {
+            if self
+                .queue
+                .wait(self.queue.pending(), &mut self.done)
+                .is_err()
+            {
+                return;
+            }
+            self.done.clear();
+        }
+    }
+}
+
+/// Checks the first and last word of a whole record read at `offset`.
+fn check_record(
+    spec: &DatasetSpec,
+    file: u32,
+    offset: u64,
+    record_bytes: u64,
+    bytes: &[u8],
+) -> Result<()> {
+    let last = (offset + record_bytes) / 8 - 1;
+    if bytes.len() as u64 != record_bytes
+        || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
+        || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
+    {
+        bail!("wrong bytes: file {file} offset {offset}");
+    }
+    Ok(())
 }
 
 fn print_report(r: &Report) {

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::report::{self, Series};
-use super::runner::Rng;
+use super::runner::{self, Until};
 use super::targets::{Bench, TargetKind, TargetSpec, build};
 use super::targets::{ReadTarget, TargetCounters};
 use super::workload::{self, PhaseRun, Sample, Setup};
@@ -98,14 +98,14 @@ fn phase(name: &str, run: &PhaseRun, before: &TargetCounters) -> Phase {
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     Phase {
         name: name.to_string(),
-        seconds: run.elapsed_secs,
-        ios: run.ios,
-        iops: run.iops(),
-        latency_us_p50: run.latency_us(0.5),
-        latency_us_p90: run.latency_us(0.9),
-        latency_us_p99: run.latency_us(0.99),
-        latency_us_p999: run.latency_us(0.999),
-        latency_us_max: run.latency_ns.max() as f64 / 1000.0,
+        seconds: run.phase.elapsed_secs,
+        ios: run.phase.ops,
+        iops: run.phase.iops(),
+        latency_us_p50: run.phase.latency_us(0.5),
+        latency_us_p90: run.phase.latency_us(0.9),
+        latency_us_p99: run.phase.latency_us(0.99),
+        latency_us_p999: run.phase.latency_us(0.999),
+        latency_us_max: run.phase.latency_ns.max() as f64 / 1000.0,
         arc_hit_ratio: ratio(counters.dram_hits, total),
         l2arc_hit_ratio: ratio(counters.flash_hits, counters.flash_hits + counters.misses),
         counters,
@@ -192,8 +192,8 @@ fn run_target(
     // database reads blocks, not files).
     let blocks: Vec<u64> = sizes.iter().map(|s| s / READ_BYTES).collect();
     let total_blocks: u64 = blocks.iter().sum();
-    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
-        let mut block = rng.below(total_blocks);
+    let op = |reader: &mut workload::Reader| {
+        let mut block = reader.rng().below(total_blocks);
         let mut file = 0usize;
         while block >= blocks[file] {
             block -= blocks[file];
@@ -201,19 +201,14 @@ fn run_target(
         }
         reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
     };
-    let interval = Duration::from_secs(1);
-    let cold_run = workload::run(
-        target,
-        &data,
-        CLIENTS,
-        measure,
-        interval,
-        args.seed,
-        |_| false,
-        op,
-    )?;
+    let phase_for = |until, seed| {
+        runner::Phase::new(target.name(), CLIENTS, Until::Elapsed(until))
+            .interval(Duration::from_secs(1))
+            .seed(seed)
+    };
+    let cold_run = workload::run(target, &data, &phase_for(measure, args.seed), |_| false, op)?;
     let cold = phase("cold", &cold_run, &TargetCounters::default());
-    let mut bytes = cold_run.bytes;
+    let mut bytes = cold_run.phase.bytes;
     let mut samples = cold_run.samples.clone();
     if !kind.has_flash() {
         let run = TargetRun {
@@ -232,14 +227,11 @@ fn run_target(
     let warming = workload::run(
         target,
         &data,
-        CLIENTS,
-        warm_max,
-        interval,
-        args.seed ^ 1,
+        &phase_for(warm_max, args.seed ^ 1),
         settle,
         op,
     )?;
-    bytes += warming.bytes;
+    bytes += warming.phase.bytes;
     let before = warming
         .samples
         .last()
@@ -248,16 +240,13 @@ fn run_target(
     let warm_run = workload::run(
         target,
         &data,
-        CLIENTS,
-        measure,
-        interval,
-        args.seed ^ 2,
+        &phase_for(measure, args.seed ^ 2),
         |_| false,
         op,
     )?;
-    bytes += warm_run.bytes;
+    bytes += warm_run.phase.bytes;
     let warm = phase("warm", &warm_run, &before);
-    let offset = cold_run.elapsed_secs;
+    let offset = cold_run.phase.elapsed_secs;
     let secs_to_90pct_of_warm = warming
         .samples
         .iter()
@@ -268,7 +257,7 @@ fn run_target(
         s.end_secs += if samples.len() < cold_run.samples.len() + warming.samples.len() {
             offset
         } else {
-            offset + warming.elapsed_secs
+            offset + warming.phase.elapsed_secs
         };
         samples.push(s);
     }
@@ -278,7 +267,7 @@ fn run_target(
         latency_p50_factor: Some(cold.latency_us_p50 / warm.latency_us_p50.max(1e-9)),
         cold,
         warm: Some(warm),
-        warmup_secs: warming.elapsed_secs,
+        warmup_secs: warming.phase.elapsed_secs,
         secs_to_90pct_of_warm,
         samples,
     };

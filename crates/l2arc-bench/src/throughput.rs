@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::report::{self, Series};
-use super::runner::Rng;
+use super::runner::{self, Phase, Until};
 use super::targets::{Bench, L2arcTarget, TargetKind, TargetSpec, build};
 use super::targets::{ReadTarget, TargetCounters};
 use super::workload::{self, PhaseRun, Sample};
@@ -151,7 +151,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             if floor.is_none() && setting == "l2arc" {
                 floor = Some(measure_floor(&spec, &bench, &run)?);
             }
-            verified += warm.bytes + run.bytes;
+            verified += warm.phase.bytes + run.phase.bytes;
             let before = warm.samples.last().map(|s| s.counters).unwrap_or_default();
             let counters = run
                 .samples
@@ -164,11 +164,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 dataset_bytes: spec.total_bytes(),
                 files,
                 setting: setting.clone(),
-                warm_secs: warm.elapsed_secs,
-                mib_per_sec: run.mib_per_sec(),
-                iops: run.iops(),
-                latency_us_p50: run.latency_us(0.5),
-                latency_us_p99: run.latency_us(0.99),
+                warm_secs: warm.phase.elapsed_secs,
+                mib_per_sec: run.phase.mib_per_sec(),
+                iops: run.phase.iops(),
+                latency_us_p50: run.phase.latency_us(0.5),
+                latency_us_p99: run.phase.latency_us(0.99),
                 hit_ratio: counters.hit_ratio(),
                 counters,
                 warm_samples: warm.samples,
@@ -254,11 +254,11 @@ fn warm_then_measure(
 ) -> Result<(PhaseRun, PhaseRun)> {
     let data = bench.dataset.spec();
     let sizes = &spec.file_sizes_bytes;
-    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
-        let file = rng.below(sizes.len() as u64) as u32;
+    let op = |reader: &mut workload::Reader| {
+        let file = reader.rng().below(sizes.len() as u64) as u32;
         let units = sizes[file as usize] / IO_BYTES;
         assert!(units >= READS_PER_LOOP, "files hold at least 8 reads");
-        let first = rng.below(units - READS_PER_LOOP + 1);
+        let first = reader.rng().below(units - READS_PER_LOOP + 1);
         for i in 0..READS_PER_LOOP {
             reader.read(file, (first + i) * IO_BYTES, IO_BYTES as usize)?;
         }
@@ -266,21 +266,16 @@ fn warm_then_measure(
     };
     let interval = Duration::from_secs(1);
     let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
-    let warm = workload::run(
-        target, &data, THREADS, warm_max, interval, args.seed, settle, op,
-    )
-    .with_context(|| format!("{label}: warm-up"))?;
-    let run = workload::run(
-        target,
-        &data,
-        THREADS,
-        measure,
-        interval,
-        args.seed ^ 0x6d65_6173,
-        |_| false,
-        op,
-    )
-    .with_context(|| format!("{label}: measured phase"))?;
+    let warm_phase = Phase::new(label, THREADS, Until::Elapsed(warm_max))
+        .interval(interval)
+        .seed(args.seed);
+    let warm = workload::run(target, &data, &warm_phase, settle, op)
+        .with_context(|| format!("{label}: warm-up"))?;
+    let measure_phase = Phase::new(label, THREADS, Until::Elapsed(measure))
+        .interval(interval)
+        .seed(args.seed ^ 0x6d65_6173);
+    let run = workload::run(target, &data, &measure_phase, |_| false, op)
+        .with_context(|| format!("{label}: measured phase"))?;
     Ok((warm, run))
 }
 
@@ -296,32 +291,25 @@ fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Flo
         .map_or(0, |s| s.counters.flash_alloc_bytes)
         .clamp(IO_BYTES, device.size_bytes());
     let blocks = (filled / IO_BYTES).max(1);
-    let duration = Duration::from_secs_f64(FLOOR_SECS);
-    let began = Instant::now();
-    let reads: u64 = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let device = &device;
-                scope.spawn(move || -> Result<u64> {
-                    let mut buf = l2arc::internals::AlignedBuf::zeroed(IO_BYTES as usize);
-                    let mut rng = Rng::new(0xf100 + t as u64);
-                    let mut reads = 0;
-                    while began.elapsed() < duration {
-                        device.read_at(rng.below(blocks) * IO_BYTES, buf.as_mut_slice())?;
-                        reads += 1;
-                    }
-                    Ok(reads)
-                })
+    let phase = Phase::new(
+        "floor",
+        THREADS,
+        Until::Elapsed(Duration::from_secs_f64(FLOOR_SECS)),
+    )
+    .seed(0xf100);
+    let floor = runner::run(
+        &phase,
+        &mut (),
+        |_| Ok(l2arc::internals::AlignedBuf::zeroed(IO_BYTES as usize)),
+        |buf, worker| {
+            worker.timed(|rng| {
+                device.read_at(rng.below(blocks) * IO_BYTES, buf.as_mut_slice())?;
+                Ok(IO_BYTES)
             })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("floor reader panicked"))
-            .sum::<Result<u64>>()
-    })?;
-    let elapsed_secs = began.elapsed().as_secs_f64();
+        },
+    )?;
+    let cache_file_mib_per_sec = floor.mib_per_sec();
     let mib = |reads: f64| reads * IO_BYTES as f64 / (1 << 20) as f64;
-    let cache_file_mib_per_sec = mib(reads as f64) / elapsed_secs;
     let hdd_ms = bench.hdd_service_ms(IO_BYTES);
     let hdd_mib_per_sec = mib(bench.hdd.spindles as f64 * 1000.0 / hdd_ms);
     Ok(Floor {

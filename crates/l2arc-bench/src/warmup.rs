@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::report::{self, Series};
-use super::runner::Rng;
+use super::runner::{Phase, Until};
 use super::targets::{Bench, TargetKind, TargetSpec, build};
 use super::workload::{self, Sample, Setup};
 
@@ -79,8 +79,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         .map(|s| s / READ_BYTES)
         .collect();
     let total_blocks: u64 = blocks.iter().sum();
-    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
-        let mut block = rng.below(total_blocks);
+    let op = |reader: &mut workload::Reader| {
+        let mut block = reader.rng().below(total_blocks);
         let mut file = 0usize;
         while block >= blocks[file] {
             block -= blocks[file];
@@ -100,18 +100,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         } else {
             NO_CACHE_SECS.min(secs)
         };
-        let run = workload::run(
-            target.as_ref(),
-            &data,
+        let phase = Phase::new(
+            &name,
             QUEUE_DEPTH,
-            Duration::from_secs_f64(duration),
-            Duration::from_secs(1),
-            args.seed,
-            |_| false,
-            op,
+            Until::Elapsed(Duration::from_secs_f64(duration)),
         )
-        .with_context(|| format!("warmup: {name}"))?;
-        verified += run.bytes;
+        .interval(Duration::from_secs(1))
+        .seed(args.seed);
+        let run = workload::run(target.as_ref(), &data, &phase, |_| false, op)
+            .with_context(|| format!("warmup: {name}"))?;
+        verified += run.phase.bytes;
         let n = run.samples.len();
         let tail = &run.samples[n - ((n as f64 * FINAL_SHARE).ceil() as usize).clamp(1, n)..];
         let mut tail_iops: Vec<f64> = tail.iter().map(|s| s.iops).collect();
@@ -123,11 +121,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             .find(|s| s.iops >= 0.9 * final_iops)
             .map(|s| s.end_secs);
         if !kind.has_flash() {
-            no_cache_iops = run.iops();
+            no_cache_iops = run.phase.iops();
         }
         let result = WarmupRun {
             target: name.clone(),
-            iops: run.iops(),
+            iops: run.phase.iops(),
             final_iops,
             secs_to_90pct,
             final_flash_bytes: run.samples.last().map_or(0, |s| s.counters.flash_bytes),
