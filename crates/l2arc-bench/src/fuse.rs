@@ -29,6 +29,7 @@ use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 use serde::Serialize;
 
 use super::BenchArgs;
+use super::fio::{FioJob, FioTarget};
 
 /// Files and their size: 128 MiB in all, small enough to stay in the ARC.
 const FILES: usize = 4;
@@ -77,48 +78,34 @@ struct Report {
 }
 
 /// One fio run over `files`: `jobs` psync readers.
-struct FioJob<'a> {
+struct FioRun<'a> {
     files: &'a [PathBuf],
-    rw: &'a str,
+    rw: &'static str,
     block_bytes: u64,
     direct: bool,
     jobs: u32,
     secs: f64,
 }
 
-fn fio(job: &FioJob) -> Result<Side> {
-    let names: Vec<String> = job
-        .files
-        .iter()
-        .map(|f| f.display().to_string().replace(':', "\\:"))
-        .collect();
-    let logs = tempfile::tempdir()?;
-    let prefix = logs.path().join("run");
-    let args = [
-        "--name=fuse".to_string(),
-        format!("--filename={}", names.join(":")),
-        "--readonly".into(),
-        format!("--direct={}", u8::from(job.direct)),
-        "--invalidate=0".into(),
-        format!("--rw={}", job.rw),
-        format!("--bs={}", job.block_bytes),
-        "--ioengine=psync".into(),
-        format!("--numjobs={}", job.jobs),
-        "--group_reporting".into(),
-        "--time_based".into(),
-        format!("--runtime={}", job.secs.ceil().max(2.0) as u64),
-        "--norandommap".into(),
-        "--randrepeat=0".into(),
-        "--lat_percentiles=1".into(),
-        format!("--write_iops_log={}", prefix.display()),
-        "--log_avg_msec=1000".into(),
-        "--output-format=json".into(),
-    ];
-    let read = super::fio::run_json(None, &args)?;
-    let per_second = super::fio::iops_per_second(&prefix)?;
+fn fio(run: &FioRun) -> Result<Side> {
+    let read = FioJob::new(
+        "fuse",
+        "psync",
+        FioTarget::Files(run.files.to_vec()),
+        run.rw,
+        run.block_bytes,
+        run.secs.ceil().max(2.0) as u64,
+    )
+    .readonly()
+    .direct(run.direct)
+    .keep_page_cache()
+    .numjobs(run.jobs as usize)
+    .iops_log()
+    .run(None)?;
     Ok(Side {
         iops: read.iops,
-        iops_min_1s: per_second
+        iops_min_1s: read
+            .iops_per_second
             .iter()
             .copied()
             .fold(f64::INFINITY, f64::min)
@@ -214,7 +201,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         ("random 4 KiB", "randread", 4096, 32),
         ("sequential 128 KiB", "read", 128 << 10, 1),
     ] {
-        let job = |files| FioJob {
+        let job = |files| FioRun {
             files,
             rw,
             block_bytes,
@@ -243,7 +230,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         ("random 4 KiB", "randread", 4096u64),
         ("sequential 128 KiB", "read", 128 << 10),
     ] {
-        let job = |files| FioJob {
+        let job = |files| FioRun {
             files,
             rw,
             block_bytes,

@@ -55,6 +55,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::dataset::DatasetSpec;
+use super::fio::{FioJob, FioRead, FioTarget};
 use super::runner::{self, Phase, Until, Worker};
 
 const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
@@ -176,56 +177,15 @@ fn file_system(dir: &Path) -> Option<(String, String)> {
         .map(|(_, fs, source)| (fs, source))
 }
 
-struct FioJob<'a> {
-    path: &'a Path,
-    offset: u64,
-    size: u64,
-    block_bytes: u64,
-    engine: &'static str,
-    iodepth: usize,
-    jobs: usize,
-    secs: f64,
-}
-
-impl FioJob<'_> {
-    fn describe(&self) -> String {
-        if self.jobs > 1 {
-            format!("{} x{} jobs", self.engine, self.jobs)
-        } else {
-            format!("{} iodepth {}", self.engine, self.iodepth)
-        }
-    }
-
-    fn run(&self) -> Result<Side> {
-        let args = [
-            "--name=l2hit".to_string(),
-            format!("--filename={}", self.path.display()),
-            "--readonly".into(),
-            "--direct=1".into(),
-            "--rw=randread".into(),
-            format!("--bs={}", self.block_bytes),
-            format!("--offset={}", self.offset),
-            format!("--size={}", self.size),
-            format!("--ioengine={}", self.engine),
-            format!("--iodepth={}", self.iodepth),
-            format!("--numjobs={}", self.jobs),
-            "--thread".into(),
-            "--time_based".into(),
-            format!("--runtime={}", self.secs.ceil().max(1.0) as u64),
-            "--group_reporting".into(),
-            "--norandommap".into(),
-            "--randrepeat=0".into(),
-            "--lat_percentiles=1".into(),
-            "--output-format=json".into(),
-        ];
-        let read = super::fio::run_json(None, &args)?;
-        Ok(Side {
+impl From<FioRead> for Side {
+    fn from(read: FioRead) -> Self {
+        Side {
             iops: read.iops,
             mib_per_sec: read.mib_per_sec,
             latency_us_p50: read.latency_us_p50,
             latency_us_p99: read.latency_us_p99,
             cpu_us_per_read: read.cpu_us_per_read,
-        })
+        }
     }
 }
 
@@ -351,15 +311,22 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             );
         }
 
-        let fio = |engine: &'static str, iodepth: usize, jobs: usize| FioJob {
-            path: &cache_path,
-            offset: DATA_START_BYTES,
-            size: written,
-            block_bytes: record_bytes,
-            engine,
-            iodepth,
-            jobs,
-            secs,
+        let fio = |engine: &'static str, iodepth: usize, jobs: usize| {
+            FioJob::new(
+                "l2hit",
+                engine,
+                FioTarget::Files(vec![cache_path.clone()]),
+                "randread",
+                record_bytes,
+                secs.ceil().max(1.0) as u64,
+            )
+            .readonly()
+            .direct(true)
+            .offset_bytes(DATA_START_BYTES)
+            .size_bytes(written)
+            .iodepth(iodepth)
+            .numjobs(jobs)
+            .threads()
         };
         let jobs = [
             (1, fio("psync", 1, 1)),
@@ -417,11 +384,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                     // with an io_uring; the bare preads as in the row above.
                     let last = trios.last().context("the QD32 psync trio")?;
                     let (ours, fio) = if reverse {
-                        let fio = job.run()?;
+                        let fio = Side::from(job.run(None)?);
                         (queue_at(*qd)?, fio)
                     } else {
                         let ours = queue_at(*qd)?;
-                        (ours, job.run()?)
+                        (ours, Side::from(job.run(None)?))
                     };
                     Trio {
                         ours,
@@ -429,7 +396,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                         pread: last.pread.clone(),
                     }
                 } else if reverse {
-                    let fio = job.run()?;
+                    let fio = Side::from(job.run(None)?);
                     let pread = pread_at(*qd)?;
                     Trio {
                         ours: ours_at(*qd)?,
@@ -442,7 +409,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                     Trio {
                         ours,
                         pread,
-                        fio: job.run()?,
+                        fio: Side::from(job.run(None)?),
                     }
                 };
                 trios.push(trio);

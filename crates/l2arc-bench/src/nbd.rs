@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
+use super::fio::{FioJob, FioTarget};
 use super::{BenchArgs, emit};
 
 const BLOCK_BYTES: u64 = 4096;
@@ -195,6 +196,8 @@ fn wait_for_socket(server: &mut ServerProcess, socket: &Path) -> Result<()> {
     bail!("no server on {} after 30 s", socket.display())
 }
 
+/// The fio job both servers are read with (the same on each side but
+/// for the export's address).
 struct Fio {
     size_bytes: u64,
     queue_depth: usize,
@@ -203,28 +206,23 @@ struct Fio {
 }
 
 impl Fio {
-    fn args(&self, uri: &str, seed: u64) -> Vec<String> {
-        vec![
-            "--name=nbd".into(),
-            "--ioengine=nbd".into(),
-            format!("--uri={uri}"),
-            "--rw=randread".into(),
-            format!("--bs={BLOCK_BYTES}"),
-            format!("--size={}", self.size_bytes),
-            format!("--iodepth={}", self.queue_depth),
-            format!("--random_distribution={}", self.distribution),
-            "--time_based".into(),
-            format!("--runtime={}", self.secs.ceil().max(1.0) as u64),
-            "--norandommap".into(),
-            format!("--randseed={seed}"),
-            "--lat_percentiles=1".into(),
-            "--output-format=json".into(),
-        ]
+    fn job(&self, uri: &str, seed: u64) -> FioJob {
+        FioJob::new(
+            "nbd",
+            "nbd",
+            FioTarget::NbdUri(uri.to_string()),
+            "randread",
+            BLOCK_BYTES,
+            self.secs.ceil().max(1.0) as u64,
+        )
+        .size_bytes(self.size_bytes)
+        .iodepth(self.queue_depth)
+        .random_distribution(&self.distribution)
+        .seed(seed)
     }
 
     fn run(&self, dir: &Path, uri: &str, seed: u64) -> Result<Phase> {
-        let args = self.args(uri, seed);
-        let read = super::fio::run_json(Some(dir), &args)?;
+        let read = self.job(uri, seed).run(Some(dir))?;
         Ok(Phase {
             iops: read.iops,
             latency_us_p50: read.latency_us_p50,
@@ -412,7 +410,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         distribution,
         ours_command,
         nbdkit_command,
-        fio_command: format!("fio {}", fio.args("URI", seeds[0]).join(" ")),
+        fio_command: fio.job("URI", seeds[0]).command_line(),
         rows: vec![
             row("cold", ours_cold, kit_cold),
             row("warm", ours_warm, kit_warm),
