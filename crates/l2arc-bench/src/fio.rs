@@ -439,7 +439,10 @@ mod tests {
             ])
         );
         assert_eq!(job.describe(), "psync x32 jobs");
+    }
 
+    #[test]
+    fn iops_logs_and_colons_in_file_names() {
         let job = FioJob::new(
             "fuse",
             "psync",
