@@ -854,6 +854,14 @@ fn check_record(
 }
 
 fn print_report(r: &Report) {
+    print_setup(r);
+    println!();
+    print_rows(&r.rows);
+    println!();
+    print_notes(r);
+}
+
+fn print_setup(r: &Report) {
     let m = &r.machine;
     println!(
         "L2ARC hit path: random whole-record reads from a warm L2ARC, against fio on the same cache file (O_DIRECT)"
@@ -870,7 +878,9 @@ fn print_report(r: &Report) {
         r.phase_secs,
         r.rounds
     );
-    println!();
+}
+
+fn print_rows(rows: &[Row]) {
     println!(
         "{:>6} {:>3} {:>9} {:>7} {:>7} {:>5} {:>6}  {:>9} {:>7}  {:<18} {:>9} {:>7} {:>7}  {:>8} {:>9}  {:>10}",
         "record",
@@ -890,7 +900,7 @@ fn print_report(r: &Report) {
         "(rounds)",
         "ours/pread"
     );
-    for row in &r.rows {
+    for row in rows {
         let (o, p, f) = (&row.ours, &row.pread, &row.fio);
         println!(
             "{:>4} K {:>3} {:>9.0} {:>7.1} {:>7.1} {:>4.1}% {:>5.1}%  {:>9.0} {:>7.1}  {:<18} {:>9.0} {:>7.1} {:>7.1}  {:>7.1}% {:>9}  {:>9.1}%",
@@ -912,7 +922,10 @@ fn print_report(r: &Report) {
             100.0 * row.ours_over_pread
         );
     }
-    println!();
+}
+
+/// What the columns mean, CPU per read, and whether io_uring pays here.
+fn print_notes(r: &Report) {
     println!(
         "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
          against fio psync; against fio io_uring it is {} thread(s) with read queues, {QUEUE_DEPTH} in flight in all \
