@@ -206,20 +206,21 @@ fn run_target(
             .interval(Duration::from_secs(1))
             .seed(seed)
     };
-    let cold_run = workload::run(target, &data, &phase_for(measure, args.seed), |_| false, op)?;
+    let cold_run =
+        workload::read_phase(target, &data, &phase_for(measure, args.seed), |_| false, op)?;
     if !kind.has_flash() {
         let bytes = cold_run.phase.bytes;
         return Ok((TargetRun::cold_only(target.name(), cold_run), bytes));
     }
     let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
-    let warming = workload::run(
+    let warming = workload::read_phase(
         target,
         &data,
         &phase_for(warm_max, args.seed ^ 1),
         settle,
         op,
     )?;
-    let warm_run = workload::run(
+    let warm_run = workload::read_phase(
         target,
         &data,
         &phase_for(measure, args.seed ^ 2),

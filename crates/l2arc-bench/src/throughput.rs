@@ -272,7 +272,7 @@ impl Cells<'_> {
                 .seed(seed)
         };
         let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
-        let warm = workload::run(
+        let warm = workload::read_phase(
             target,
             &data,
             &phase(self.warm_max, self.args.seed),
@@ -281,7 +281,7 @@ impl Cells<'_> {
         )
         .with_context(|| format!("{label}: warm-up"))?;
         let measure_phase = phase(self.measure, self.args.seed ^ 0x6d65_6173);
-        let run = workload::run(target, &data, &measure_phase, |_| false, op)
+        let run = workload::read_phase(target, &data, &measure_phase, |_| false, op)
             .with_context(|| format!("{label}: measured phase"))?;
         Ok((warm, run))
     }

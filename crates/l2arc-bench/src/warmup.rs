@@ -142,7 +142,7 @@ fn run_target(
     )
     .interval(Duration::from_secs(1))
     .seed(args.seed);
-    let run = workload::run(target.as_ref(), &data, &phase, |_| false, op)
+    let run = workload::read_phase(target.as_ref(), &data, &phase, |_| false, op)
         .with_context(|| format!("warmup: {name}"))?;
     let bytes = run.phase.bytes;
     let (final_iops, secs_to_90pct) = final_level(&run.samples);

@@ -142,7 +142,7 @@ impl<S: FnMut(&[Sample]) -> bool> runner::Watch for CounterWatch<'_, S> {
 
 /// Runs `op` as `phase` through `target` until `stop(samples)` says so at
 /// an interval boundary or the phase's time is up.
-pub(crate) fn run<F, S>(
+pub(crate) fn read_phase<F, S>(
     target: &dyn ReadTarget,
     dataset: &DatasetSpec,
     phase: &Phase,
