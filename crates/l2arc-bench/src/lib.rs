@@ -14,10 +14,12 @@
 //!
 //! Layout: `lib.rs` the flags and the dispatch; one module per scenario
 //! (`demo`, `hit_path`, `l2_hit`, `l2_index`, `l2_rebuild`, `fuse`, `nbd`,
-//! `throughput`, `latency`, `warmup`); the systems under test behind one
-//! trait (`target`, `targets`, `peers`); the shared workload and phase
-//! runner (`workload`, `runner`), the generated datasets (`dataset`), fio
-//! (`fio`) and the report writers (`report`).
+//! `throughput`, `latency`, `warmup`, `feed_capture`); the systems under
+//! test behind one trait (`targets`, with `targets/ours.rs` and
+//! `targets/peers.rs`); the one phase runner every timed phase goes
+//! through (`runner`) and the verified reads through a target on top of it
+//! (`workload`), the generated datasets (`dataset`), fio (`fio`) and the
+//! report writers (`report`).
 
 use std::path::PathBuf;
 

@@ -187,6 +187,72 @@ pub(super) fn foyer_device_dir(cache_path: &Path) -> PathBuf {
     cache_path.with_file_name(name)
 }
 
+/// foyer's device for a cache path: the block device itself, or a
+/// directory beside the cache file (emptied: a cold start, as for ours;
+/// foyer would recover a warm device), which is returned to be removed.
+fn foyer_device(
+    cache_path: &Path,
+    capacity_bytes: u64,
+) -> Result<(Arc<dyn foyer::Device>, Option<PathBuf>)> {
+    let is_block_device = fs::metadata(cache_path)
+        .map(|m| m.file_type().is_block_device())
+        .unwrap_or(false);
+    if is_block_device {
+        let device = FileDeviceBuilder::new(cache_path)
+            .with_capacity(capacity_bytes as usize)
+            .with_direct(true)
+            .build()
+            .with_context(|| format!("foyer device {}", cache_path.display()))?;
+        return Ok((device, None));
+    }
+    let dir = foyer_device_dir(cache_path);
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot remove {}", dir.display()));
+        }
+    }
+    let device = FsDeviceBuilder::new(&dir)
+        .with_capacity(capacity_bytes as usize)
+        .with_direct(true)
+        .build()
+        .with_context(|| format!("foyer device {}", dir.display()))?;
+    Ok((device, Some(dir)))
+}
+
+/// foyer's hybrid cache as `spec` sets it up: the DRAM budget, our shard
+/// count, LZ4 or not, written to flash on eviction, psync reads.
+async fn hybrid_cache(
+    spec: &TargetSpec,
+    device: Arc<dyn foyer::Device>,
+    block_bytes: u64,
+) -> foyer::Result<HybridCache<u64, RecordBytes>> {
+    let shards = spec
+        .arc_shards
+        .unwrap_or_else(|| l2arc::CacheConfig::default().arc_shards);
+    let compression = if spec.compression {
+        foyer::Compression::Lz4
+    } else {
+        foyer::Compression::None
+    };
+    HybridCacheBuilder::new()
+        .with_name("foyer")
+        .with_policy(HybridCachePolicy::WriteOnEviction)
+        // Teardown only: nothing is measured after the target is dropped.
+        .with_flush_on_close(false)
+        .memory(spec.dram_budget_bytes as usize)
+        .with_shards(shards)
+        .with_eviction_config(foyer_eviction())
+        .with_weighter(|_key: &u64, value: &RecordBytes| value.0.capacity_bytes())
+        .storage()
+        .with_io_engine_config(foyer::PsyncIoEngineConfig::new())
+        .with_engine_config(BlockEngineConfig::new(device).with_block_size(block_bytes as usize))
+        .with_compression(compression)
+        .build()
+        .await
+}
+
 impl FoyerTarget {
     pub(super) fn new(spec: &TargetSpec) -> Result<Self> {
         assert_eq!(spec.file_names.len(), spec.file_sizes_bytes.len());
@@ -206,34 +272,8 @@ impl FoyerTarget {
             .map(|name| hdd.open(name, false))
             .collect::<io::Result<Vec<_>>>()?;
 
-        let is_block_device = fs::metadata(&spec.cache_path)
-            .map(|m| m.file_type().is_block_device())
-            .unwrap_or(false);
         let device_capacity_bytes = spec.cache_size_bytes / 4096 * 4096;
-        let (device, device_dir) = if is_block_device {
-            let device = FileDeviceBuilder::new(&spec.cache_path)
-                .with_capacity(device_capacity_bytes as usize)
-                .with_direct(true)
-                .build()
-                .with_context(|| format!("foyer device {}", spec.cache_path.display()))?;
-            (device, None)
-        } else {
-            let dir = foyer_device_dir(&spec.cache_path);
-            // A cold start, as for ours (foyer would recover a warm device).
-            match fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot remove {}", dir.display()));
-                }
-            }
-            let device = FsDeviceBuilder::new(&dir)
-                .with_capacity(device_capacity_bytes as usize)
-                .with_direct(true)
-                .build()
-                .with_context(|| format!("foyer device {}", dir.display()))?;
-            (device, Some(dir))
-        };
+        let (device, device_dir) = foyer_device(&spec.cache_path, device_capacity_bytes)?;
         let block_bytes = (device_capacity_bytes / FOYER_BLOCKS_MIN)
             .clamp(4 * recordsize_bytes, FOYER_BLOCK_BYTES_MAX)
             .next_multiple_of(4096);
@@ -243,38 +283,12 @@ impl FoyerTarget {
                 spec.cache_size_bytes
             );
         }
-        let shards = spec
-            .arc_shards
-            .unwrap_or_else(|| l2arc::CacheConfig::default().arc_shards);
-        let compression = if spec.compression {
-            foyer::Compression::Lz4
-        } else {
-            foyer::Compression::None
-        };
-
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("foyer-worker")
             .enable_all()
             .build()?;
-        let hybrid = runtime.block_on(
-            HybridCacheBuilder::new()
-                .with_name("foyer")
-                .with_policy(HybridCachePolicy::WriteOnEviction)
-                // Teardown only: nothing is measured after the target is dropped.
-                .with_flush_on_close(false)
-                .memory(spec.dram_budget_bytes as usize)
-                .with_shards(shards)
-                .with_eviction_config(foyer_eviction())
-                .with_weighter(|_key: &u64, value: &RecordBytes| value.0.capacity_bytes())
-                .storage()
-                .with_io_engine_config(foyer::PsyncIoEngineConfig::new())
-                .with_engine_config(
-                    BlockEngineConfig::new(device).with_block_size(block_bytes as usize),
-                )
-                .with_compression(compression)
-                .build(),
-        )?;
+        let hybrid = runtime.block_on(hybrid_cache(spec, device, block_bytes))?;
         Ok(Self {
             hybrid,
             runtime,
