@@ -58,18 +58,7 @@ impl Served {
             .spawn()
             .unwrap();
         let rx = l2arc_testkit::stderr_lines(&mut child);
-        let mut http = None;
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(20))
-                .expect("serve-nbd did not get ready within 20 s");
-            if let Some(rest) = line.strip_prefix("l2arc: http on http://") {
-                http = Some(rest.trim_end_matches('/').parse().unwrap());
-            }
-            if line.starts_with("l2arc: serving ") {
-                break;
-            }
-        }
+        let http = l2arc_testkit::wait_ready(&rx, "l2arc: serving ");
         Served {
             _dir: dir,
             socket,

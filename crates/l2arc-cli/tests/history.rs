@@ -34,18 +34,7 @@ impl Mounted {
             .spawn()
             .unwrap();
         let rx = l2arc_testkit::stderr_lines(&mut child);
-        let mut http = None;
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(20))
-                .expect("mount did not get ready within 20 s");
-            if let Some(rest) = line.strip_prefix("l2arc: http on http://") {
-                http = Some(rest.trim_end_matches('/').parse().unwrap());
-            }
-            if line.starts_with("l2arc: mounted") {
-                break;
-            }
-        }
+        let http = l2arc_testkit::wait_ready(&rx, "l2arc: mounted");
         Mounted {
             mnt: mnt.to_path_buf(),
             http: http.expect("no `l2arc: http on` line before the ready line"),

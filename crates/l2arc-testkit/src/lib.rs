@@ -121,3 +121,24 @@ pub fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Waits (20 s at most) for a spawned service's ready line, a stderr line
+/// starting with `ready`; returns the address of its HTTP endpoint when it
+/// printed one before (`l2arc: http on http://ADDR/`).
+pub fn wait_ready(
+    rx: &std::sync::mpsc::Receiver<String>,
+    ready: &str,
+) -> Option<std::net::SocketAddr> {
+    let mut http = None;
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no `{ready}` line within 20 s"));
+        if let Some(rest) = line.strip_prefix("l2arc: http on http://") {
+            http = Some(rest.trim_end_matches('/').parse().expect("an address"));
+        }
+        if line.starts_with(ready) {
+            return http;
+        }
+    }
+}
