@@ -124,7 +124,7 @@ fn text_lines() -> &'static [[u64; UNIT_WORDS as usize]; TEXT_LINES] {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DatasetSpec {
+pub(crate) struct DatasetSpec {
     pub files: u32,
     pub file_size_bytes: u64,
     pub seed: u64,
@@ -134,17 +134,17 @@ pub struct DatasetSpec {
 }
 
 impl DatasetSpec {
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         u64::from(self.files) * self.file_size_bytes
     }
 
-    pub fn file_name(index: u32) -> String {
+    pub(crate) fn file_name(index: u32) -> String {
         format!("file-{index:05}.bin")
     }
 
     /// The 8-byte word at `word_index` of file `file`.
     #[inline]
-    pub fn word(&self, file: u32, word_index: u64) -> u64 {
+    pub(crate) fn word(&self, file: u32, word_index: u64) -> u64 {
         let base = self.seed ^ (u64::from(file) << 48);
         match self.content {
             Content::Random => mix64(base ^ word_index),
@@ -163,7 +163,7 @@ impl DatasetSpec {
     /// LZ4's ratio (logical / compressed bytes) over `samples` records of
     /// `record_bytes` spread over the dataset: what `compression=lz4` can
     /// gain before the L2ARC rounds records up to 4 KiB blocks.
-    pub fn lz4_ratio(&self, record_bytes: u64, samples: u64) -> f64 {
+    pub(crate) fn lz4_ratio(&self, record_bytes: u64, samples: u64) -> f64 {
         let records_per_file = (self.file_size_bytes / record_bytes).max(1);
         let records = records_per_file * u64::from(self.files);
         let samples = samples.clamp(1, records);
@@ -178,9 +178,9 @@ impl DatasetSpec {
             );
             self.fill(file, offset, &mut data);
             logical += data.len() as u64;
-            stored += if l2arc::l2arc::format::compress(
+            stored += if l2arc::internals::format::compress(
                 &data,
-                l2arc::l2arc::format::Compression::Lz4,
+                l2arc::Compression::Lz4,
                 &mut compressed,
             ) {
                 compressed.len() as u64
@@ -192,7 +192,7 @@ impl DatasetSpec {
     }
 
     /// Fills `buf` with the bytes of `file` starting at `offset`.
-    pub fn fill(&self, file: u32, offset: u64, buf: &mut [u8]) {
+    pub(crate) fn fill(&self, file: u32, offset: u64, buf: &mut [u8]) {
         if offset.is_multiple_of(8) {
             for (i, chunk) in buf.chunks_mut(8).enumerate() {
                 let bytes = self.word(file, offset / 8 + i as u64).to_le_bytes();
@@ -208,7 +208,7 @@ impl DatasetSpec {
 
     /// Checks that `buf` holds the bytes of `file` at `offset` (fast path for
     /// word-aligned reads).
-    pub fn verify(&self, file: u32, offset: u64, buf: &[u8]) -> bool {
+    pub(crate) fn verify(&self, file: u32, offset: u64, buf: &[u8]) -> bool {
         if offset.is_multiple_of(8) && buf.len().is_multiple_of(8) {
             return buf
                 .chunks_exact(8)
@@ -221,7 +221,7 @@ impl DatasetSpec {
     }
 
     /// Makes the dataset in `dir` unless a matching one is there already.
-    pub fn materialise(&self, dir: &Path) -> Result<()> {
+    pub(crate) fn materialise(&self, dir: &Path) -> Result<()> {
         let sizes = vec![self.file_size_bytes; self.files as usize];
         write_files(
             dir,
@@ -291,11 +291,11 @@ fn write_files(
 /// Layout tag of `MixedSizeDataset` manifests; bump when the generator changes.
 const MIXED_SIZES_LAYOUT: &str = "mixed_sizes_v1";
 /// File sizes are whole multiples of this (eight of them fit the smallest file).
-pub const SIZE_UNIT_BYTES: u64 = 128 << 10;
+pub(crate) const SIZE_UNIT_BYTES: u64 = 128 << 10;
 
 /// Files of mixed sizes summing to a total (see the module comment).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MixedSizeDataset {
+pub(crate) struct MixedSizeDataset {
     /// Always `MIXED_SIZES_LAYOUT`: tells this manifest from a `DatasetSpec` one.
     pub layout: String,
     pub seed: u64,
@@ -311,7 +311,7 @@ impl MixedSizeDataset {
     /// Draws file sizes log-uniformly from [min, max] (whole `SIZE_UNIT_BYTES`)
     /// until they reach `total_bytes`; a last piece smaller than `min` is
     /// added to the file before it. Pure function of the arguments.
-    pub fn new(
+    pub(crate) fn new(
         total_bytes: u64,
         min_file_bytes: u64,
         max_file_bytes: u64,
@@ -361,12 +361,12 @@ impl MixedSizeDataset {
         })
     }
 
-    pub fn files(&self) -> u32 {
+    pub(crate) fn files(&self) -> u32 {
         self.file_sizes_bytes.len() as u32
     }
 
     /// The byte generator (every byte is a function of seed, file, offset).
-    pub fn spec(&self) -> DatasetSpec {
+    pub(crate) fn spec(&self) -> DatasetSpec {
         DatasetSpec {
             files: self.files(),
             file_size_bytes: self.min_file_bytes,
@@ -377,7 +377,7 @@ impl MixedSizeDataset {
 
     /// How many of the first files come closest to `bytes` (at least one):
     /// the scenarios use prefixes of one dataset as their smaller datasets.
-    pub fn prefix_files(&self, bytes: u64) -> usize {
+    pub(crate) fn prefix_files(&self, bytes: u64) -> usize {
         let mut sum = 0u64;
         for (i, &size) in self.file_sizes_bytes.iter().enumerate() {
             if sum + size >= bytes {
@@ -392,7 +392,7 @@ impl MixedSizeDataset {
 
     /// LZ4's ratio over `samples` records of `record_bytes` spread over the
     /// dataset's bytes (see `DatasetSpec::lz4_ratio`).
-    pub fn lz4_ratio(&self, record_bytes: u64, samples: u64) -> f64 {
+    pub(crate) fn lz4_ratio(&self, record_bytes: u64, samples: u64) -> f64 {
         let spec = self.spec();
         let records = (self.total_bytes / record_bytes).max(1);
         let samples = samples.clamp(1, records);
@@ -414,9 +414,9 @@ impl MixedSizeDataset {
             let n = n as usize;
             spec.fill(file, at, &mut data[..n]);
             logical += n as u64;
-            stored += if l2arc::l2arc::format::compress(
+            stored += if l2arc::internals::format::compress(
                 &data[..n],
-                l2arc::l2arc::format::Compression::Lz4,
+                l2arc::Compression::Lz4,
                 &mut compressed,
             ) {
                 compressed.len() as u64
@@ -428,7 +428,7 @@ impl MixedSizeDataset {
     }
 
     /// Makes the dataset in `dir` unless a matching one is there already.
-    pub fn materialise(&self, dir: &Path) -> Result<()> {
+    pub(crate) fn materialise(&self, dir: &Path) -> Result<()> {
         write_files(
             dir,
             &self.spec(),

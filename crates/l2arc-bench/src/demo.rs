@@ -23,6 +23,7 @@
 //! `random` does not compress) is measured on a sample of records, and the
 //! cache phase reports the logical and allocated bytes of the L2ARC.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +35,8 @@ use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
 use super::dataset::{Content, DatasetSpec};
-use super::runner::{Interval, PhaseResult, Rng, run_phase};
+use super::runner;
+use super::runner::{Phase, PhaseResult, Until};
 use super::{BenchArgs, OnOff};
 
 #[derive(Serialize)]
@@ -54,7 +56,14 @@ struct PhaseReport {
     l2_size_bytes: u64,
     l2_asize_bytes: u64,
     hdd_reads: u64,
-    intervals: Vec<Interval>,
+    intervals: Vec<IntervalIops>,
+}
+
+/// The IOPS of one interval of a phase (a point of the warm-up curve).
+#[derive(Serialize)]
+struct IntervalIops {
+    end_secs: f64,
+    iops: f64,
 }
 
 #[derive(Serialize)]
@@ -115,7 +124,7 @@ impl Warmup {
         let half = tail.len() / 2;
         // Medians of the two halves of the last quarter: one disturbed
         // interval on a shared machine should not read as a trend.
-        let median = |s: &[Interval]| {
+        let median = |s: &[IntervalIops]| {
             let mut v: Vec<f64> = s.iter().map(|i| i.iops).collect();
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -141,56 +150,29 @@ impl Warmup {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
-    let file_size_bytes = (args.dataset_size / u64::from(args.files)).max(args.read_size);
-    let spec = DatasetSpec {
-        files: args.files,
-        file_size_bytes,
-        seed: args.seed,
-        content: args.content,
-    };
-    let temp;
-    let dir = match &args.data {
-        Some(dir) => dir.clone(),
-        None => {
-            temp = tempfile::tempdir().context("cannot make a temporary directory")?;
-            temp.path().to_path_buf()
-        }
-    };
-    let hdd_config = HddConfig {
-        spindles: args.spindles,
-        seek_ms_min: args.seek_ms_min,
-        seek_ms_max: args.seek_ms_max,
-        transfer_mib_per_sec: args.transfer_mib_per_sec,
-        ..HddConfig::default()
-    };
-    hdd_config.validate()?;
-    let mut cache_config = CacheConfig {
-        arc_max_bytes: args.arc_max,
-        ..CacheConfig::default()
-    };
-    if let Some(shards) = args.arc_shards {
-        cache_config.arc_shards = shards;
-    }
-    Cache::new(cache_config.clone())?; // check the settings before writing a dataset
-    spec.materialise(&dir)?;
-    let dataset_lz4_ratio = spec.lz4_ratio(args.recordsize, 64);
-    if !args.json {
-        eprintln!(
-            "dataset: {} files x {} MiB in {}, content {} (LZ4 ratio {:.2} in {} KiB records)",
-            spec.files,
-            file_size_bytes >> 20,
-            dir.display(),
-            format!("{:?}", spec.content).to_lowercase(),
-            dataset_lz4_ratio,
-            args.recordsize >> 10
-        );
-    }
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    let demo = Demo::prepare(args)?;
     let mut phases = Vec::new();
-    let mut verified = 0u64;
+    let mut bytes_verified = 0u64;
     let mut arcstats = Vec::new();
-    let mut hdd_description = String::new();
-    let settings: &[(&'static str, CacheMode, bool)] = if args.l2arc == OnOff::On {
+    let mut hdd = String::new();
+    for &(setting, primarycache, with_l2arc) in settings(args.l2arc) {
+        let measured = demo.measure(setting, primarycache, with_l2arc)?;
+        bytes_verified += measured.bytes_verified;
+        if primarycache == CacheMode::All {
+            arcstats = measured.arcstats;
+        }
+        hdd = measured.hdd;
+        phases.push(measured.phase);
+    }
+    let report = demo.report(phases, bytes_verified, hdd, arcstats);
+    super::emit(args.json, &report, print_report)
+}
+
+/// The two settings measured, by name: no cache, then the ARC (and the
+/// L2ARC unless `--l2arc off`).
+fn settings(l2arc: OnOff) -> &'static [(&'static str, CacheMode, bool)] {
+    if l2arc == OnOff::On {
         &[
             ("no_cache", CacheMode::None, false),
             ("arc_l2arc", CacheMode::All, true),
@@ -200,12 +182,102 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ("no_cache", CacheMode::None, false),
             ("arc", CacheMode::All, false),
         ]
-    };
-    for &(setting, primarycache, with_l2arc) in settings {
-        let dir_primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
-        let hdd = Arc::new(EmulatedHdd::new(dir_primary, hdd_config.clone())?);
-        hdd_description = hdd.describe();
-        let cache = Cache::new(cache_config.clone())?;
+    }
+}
+
+/// The demo's set-up: the dataset on disk, the emulated HDD's and the
+/// cache's settings.
+struct Demo<'a> {
+    args: &'a BenchArgs,
+    spec: DatasetSpec,
+    dir: PathBuf,
+    /// The temporary directory `dir` is, without `--data` (removed on drop).
+    _temp: Option<tempfile::TempDir>,
+    hdd_config: HddConfig,
+    cache_config: CacheConfig,
+    dataset_lz4_ratio: f64,
+}
+
+/// One setting's phase and what the report takes from it.
+struct Measured {
+    phase: PhaseReport,
+    bytes_verified: u64,
+    hdd: String,
+    arcstats: Vec<(&'static str, u64)>,
+}
+
+impl<'a> Demo<'a> {
+    /// Checks the settings, then writes the dataset (or finds it in `--data`).
+    fn prepare(args: &'a BenchArgs) -> Result<Self> {
+        let file_size_bytes = (args.dataset_size / u64::from(args.files)).max(args.read_size);
+        let spec = DatasetSpec {
+            files: args.files,
+            file_size_bytes,
+            seed: args.seed,
+            content: args.content,
+        };
+        let (dir, temp) = match &args.data {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let temp = tempfile::tempdir().context("cannot make a temporary directory")?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
+        };
+        let hdd_config = HddConfig {
+            spindles: args.spindles,
+            seek_ms_min: args.seek_ms_min,
+            seek_ms_max: args.seek_ms_max,
+            transfer_mib_per_sec: args.transfer_mib_per_sec,
+            ..HddConfig::default()
+        };
+        hdd_config.validate()?;
+        let mut cache_config = CacheConfig {
+            arc_max_bytes: args.arc_max,
+            ..CacheConfig::default()
+        };
+        if let Some(shards) = args.arc_shards {
+            cache_config.arc_shards = shards;
+        }
+        Cache::new(cache_config.clone())?; // check the settings before writing a dataset
+        spec.materialise(&dir)?;
+        let demo = Self {
+            args,
+            dataset_lz4_ratio: spec.lz4_ratio(args.recordsize, 64),
+            spec,
+            dir,
+            _temp: temp,
+            hdd_config,
+            cache_config,
+        };
+        demo.describe_dataset();
+        Ok(demo)
+    }
+
+    fn describe_dataset(&self) {
+        if !self.args.json {
+            eprintln!(
+                "dataset: {} files x {} MiB in {}, content {} (LZ4 ratio {:.2} in {} KiB records)",
+                self.spec.files,
+                self.spec.file_size_bytes >> 20,
+                self.dir.display(),
+                format!("{:?}", self.spec.content).to_lowercase(),
+                self.dataset_lz4_ratio,
+                self.args.recordsize >> 10
+            );
+        }
+    }
+
+    /// A fresh cache over fresh emulated disks, with the L2ARC or without,
+    /// and the dataset's files opened.
+    fn open(
+        &self,
+        primarycache: CacheMode,
+        with_l2arc: bool,
+    ) -> Result<(Arc<Cache>, Arc<EmulatedHdd>, Vec<ObjectHandle>)> {
+        let args = self.args;
+        let dir_primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&self.dir)?);
+        let hdd = Arc::new(EmulatedHdd::new(dir_primary, self.hdd_config.clone())?);
+        let cache = Cache::new(self.cache_config.clone())?;
         let dataset = cache.add_dataset(
             "bench",
             Arc::clone(&hdd) as Arc<dyn Primary>,
@@ -218,20 +290,91 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         )?;
         if with_l2arc {
             if args.cache.is_empty() {
-                cache.add_cache_path(dir.join("l2arc-cache.img"), Some(args.cache_size))?;
+                cache.add_cache_path(self.dir.join("l2arc-cache.img"), Some(args.cache_size))?;
             } else {
                 for path in &args.cache {
                     cache.add_cache_path(path, Some(args.cache_size))?;
                 }
             }
         }
-        let handles: Vec<ObjectHandle> = (0..spec.files)
+        let handles = (0..self.spec.files)
             .map(|f| cache.open(dataset, &DatasetSpec::file_name(f), false))
             .collect::<std::io::Result<_>>()?;
-        let result = run_reads(args, &spec, &cache, &handles, setting)?;
-        verified += result.bytes;
+        Ok((cache, hdd, handles))
+    }
+
+    /// One setting's phase from a cold cache.
+    fn measure(
+        &self,
+        setting: &'static str,
+        primarycache: CacheMode,
+        with_l2arc: bool,
+    ) -> Result<Measured> {
+        let (cache, hdd, handles) = self.open(primarycache, with_l2arc)?;
+        let result = run_reads(self.args, &self.spec, &cache, &handles, setting)?;
         let stats = cache.stats();
-        phases.push(PhaseReport {
+        let measured = Measured {
+            bytes_verified: result.bytes,
+            phase: PhaseReport::new(setting, &result, &stats, hdd.stats().reads),
+            hdd: hdd.describe(),
+            arcstats: stats.kstats(),
+        };
+        if with_l2arc && self.args.cache.is_empty() {
+            drop(handles);
+            drop(cache);
+            let _ = std::fs::remove_file(self.dir.join("l2arc-cache.img"));
+        }
+        Ok(measured)
+    }
+
+    fn report(
+        &self,
+        phases: Vec<PhaseReport>,
+        bytes_verified: u64,
+        hdd: String,
+        arcstats: Vec<(&'static str, u64)>,
+    ) -> DemoReport {
+        let args = self.args;
+        let (base, ours) = (&phases[0], &phases[1]);
+        let dataset_bytes = self.spec.total_bytes();
+        DemoReport {
+            dataset_bytes,
+            arc_max_bytes: args.arc_max,
+            recordsize_bytes: args.recordsize,
+            read_size_bytes: args.read_size,
+            threads: args.threads,
+            hot_read_fraction: args.hot_read_fraction,
+            hot_data_fraction: args.hot_data_fraction,
+            hdd,
+            iops_ratio: ours.iops / base.iops,
+            warm_iops_ratio: ours.warm_iops / base.warm_iops,
+            p50_latency_ratio: base.latency_us_p50 / ours.latency_us_p50,
+            bytes_verified,
+            content: self.spec.content,
+            compression: format!("{:?}", args.compression).to_lowercase(),
+            dataset_lz4_ratio: self.dataset_lz4_ratio,
+            cache_device_bytes: if args.l2arc == OnOff::On {
+                args.cache_size
+            } else {
+                0
+            },
+            warmup: Warmup::new(ours, base, dataset_bytes, args, self.spec.files),
+            arcstats,
+            phases,
+        }
+    }
+}
+
+impl PhaseReport {
+    fn new(
+        setting: &'static str,
+        result: &PhaseResult,
+        stats: &l2arc::CacheStats,
+        hdd_reads: u64,
+    ) -> Self {
+        let l2 = |name| stats.l2.as_ref().map_or(0, |l2| l2.get(name));
+        let (l2_hits, l2_misses) = (l2("l2_hits"), l2("l2_misses"));
+        Self {
             setting,
             ops: result.ops,
             seconds: result.elapsed_secs,
@@ -243,56 +386,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             latency_us_p999: result.latency_us(0.999),
             latency_us_max: result.latency_ns.max() as f64 / 1000.0,
             arc_hit_ratio: stats.arc_hit_ratio(),
-            l2_hit_ratio: stats.l2.as_ref().map_or(0.0, |l2| {
-                let (hits, misses) = (l2.get("l2_hits"), l2.get("l2_misses"));
-                if hits + misses == 0 {
-                    0.0
-                } else {
-                    hits as f64 / (hits + misses) as f64
-                }
-            }),
-            l2_size_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_size")),
-            l2_asize_bytes: stats.l2.as_ref().map_or(0, |l2| l2.get("l2_asize")),
-            hdd_reads: hdd.stats().reads,
-            intervals: result.intervals,
-        });
-        if primarycache == CacheMode::All {
-            arcstats = stats.kstats();
-        }
-        if with_l2arc && args.cache.is_empty() {
-            drop(handles);
-            drop(cache);
-            let _ = std::fs::remove_file(dir.join("l2arc-cache.img"));
+            l2_hit_ratio: if l2_hits + l2_misses == 0 {
+                0.0
+            } else {
+                l2_hits as f64 / (l2_hits + l2_misses) as f64
+            },
+            l2_size_bytes: l2("l2_size"),
+            l2_asize_bytes: l2("l2_asize"),
+            hdd_reads,
+            intervals: result
+                .intervals
+                .iter()
+                .map(|i| IntervalIops {
+                    end_secs: i.end_secs,
+                    iops: i.iops(),
+                })
+                .collect(),
         }
     }
-    let (base, ours) = (&phases[0], &phases[1]);
-    let warmup = Warmup::new(ours, base, spec.total_bytes(), args, spec.files);
-    let report = DemoReport {
-        dataset_bytes: spec.total_bytes(),
-        arc_max_bytes: args.arc_max,
-        recordsize_bytes: args.recordsize,
-        read_size_bytes: args.read_size,
-        threads: args.threads,
-        hot_read_fraction: args.hot_read_fraction,
-        hot_data_fraction: args.hot_data_fraction,
-        hdd: hdd_description,
-        iops_ratio: ours.iops / base.iops,
-        warm_iops_ratio: ours.warm_iops / base.warm_iops,
-        p50_latency_ratio: base.latency_us_p50 / ours.latency_us_p50,
-        bytes_verified: verified,
-        content: spec.content,
-        compression: format!("{:?}", args.compression).to_lowercase(),
-        dataset_lz4_ratio,
-        cache_device_bytes: if args.l2arc == OnOff::On {
-            args.cache_size
-        } else {
-            0
-        },
-        warmup,
-        arcstats,
-        phases,
-    };
-    super::emit(args.json, &report, print_report)
 }
 
 fn run_reads(
@@ -306,36 +417,45 @@ fn run_reads(
     let blocks_per_file = spec.file_size_bytes / args.read_size;
     let total_blocks = blocks_per_file * u64::from(spec.files);
     let hot_blocks = ((total_blocks as f64 * args.hot_data_fraction) as u64).max(1);
-    run_phase(
+    let phase = Phase::new(
         label,
         args.threads,
-        Duration::from_secs_f64(args.seconds),
-        Duration::from_secs(1),
-        args.seed,
-        !args.json,
-        |_, rng: &mut Rng| {
-            // The hot blocks are a contiguous stretch at the start of the
-            // dataset's address space: whole records, a few files.
-            let block = if rng.chance(args.hot_read_fraction) {
-                rng.below(hot_blocks)
-            } else {
-                rng.below(total_blocks)
-            };
-            let file = (block / blocks_per_file) as u32;
-            let offset = (block % blocks_per_file) * args.read_size;
-            let mut buf = vec![0u8; read_size];
-            let n = cache.read(&handles[file as usize], offset, &mut buf)?;
-            if n != read_size || !spec.verify(file, offset, &buf) {
-                bail!(
-                    "wrong bytes: file {file} offset {offset}: read {n} bytes that do not match the dataset"
-                );
-            }
-            Ok(n as u64)
-        },
+        Until::Elapsed(Duration::from_secs_f64(args.seconds)),
     )
+    .interval(Duration::from_secs(1))
+    .seed(args.seed)
+    .progress(!args.json);
+    runner::run_timed(&phase, |rng| {
+        // The hot blocks are a contiguous stretch at the start of the
+        // dataset's address space: whole records, a few files.
+        let block = if rng.chance(args.hot_read_fraction) {
+            rng.below(hot_blocks)
+        } else {
+            rng.below(total_blocks)
+        };
+        let file = (block / blocks_per_file) as u32;
+        let offset = (block % blocks_per_file) * args.read_size;
+        let mut buf = vec![0u8; read_size];
+        let n = cache.read(&handles[file as usize], offset, &mut buf)?;
+        if n != read_size || !spec.verify(file, offset, &buf) {
+            bail!(
+                "wrong bytes: file {file} offset {offset}: read {n} bytes that do not match the dataset"
+            );
+        }
+        Ok(n as u64)
+    })
 }
 
 fn print_report(r: &DemoReport) {
+    print_setup(r);
+    println!();
+    print_phases(r);
+    println!();
+    print_ratios(r);
+    print_warmup(r);
+}
+
+fn print_setup(r: &DemoReport) {
     println!(
         "l2arc bench: {} threads, random {} KiB reads, {:.0}% of them to {:.0}% of {} MiB; arc_max {} MiB, recordsize {} KiB",
         r.threads,
@@ -359,7 +479,9 @@ fn print_report(r: &DemoReport) {
         },
         r.compression
     );
-    println!();
+}
+
+fn print_phases(r: &DemoReport) {
     println!(
         "{:<10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9}",
         "setting",
@@ -388,7 +510,9 @@ fn print_report(r: &DemoReport) {
             p.l2_size_bytes >> 20
         );
     }
-    println!();
+}
+
+fn print_ratios(r: &DemoReport) {
     println!(
         "cache / no cache: {:.1}x IOPS over the run, {:.1}x once warm, {:.1}x lower median latency",
         r.iops_ratio, r.warm_iops_ratio, r.p50_latency_ratio
@@ -407,32 +531,40 @@ fn print_report(r: &DemoReport) {
             p.l2_size_bytes as f64 / p.l2_asize_bytes as f64
         );
     }
+}
+
+/// Where the working set stands against the ARC and the L2ARC.
+fn working_set_fit(r: &DemoReport) -> String {
+    if r.cache_device_bytes == 0 {
+        return "no L2ARC".to_string();
+    }
+    let working_set_bytes = r.warmup.working_set_bytes;
+    format!(
+        "{} arc_max {} MiB, {} the {} MiB L2ARC",
+        if working_set_bytes > r.arc_max_bytes {
+            "over"
+        } else {
+            "within"
+        },
+        r.arc_max_bytes >> 20,
+        if working_set_bytes < r.cache_device_bytes {
+            "within"
+        } else {
+            "over"
+        },
+        r.cache_device_bytes >> 20
+    )
+}
+
+fn print_warmup(r: &DemoReport) {
     let w = &r.warmup;
-    let fit = if r.cache_device_bytes == 0 {
-        "no L2ARC".to_string()
-    } else {
-        format!(
-            "{} arc_max {} MiB, {} the {} MiB L2ARC",
-            if w.working_set_bytes > r.arc_max_bytes {
-                "over"
-            } else {
-                "within"
-            },
-            r.arc_max_bytes >> 20,
-            if w.working_set_bytes < r.cache_device_bytes {
-                "within"
-            } else {
-                "over"
-            },
-            r.cache_device_bytes >> 20
-        )
-    };
     match w.secs_to_90pct {
         Some(secs) => {
             println!(
-                "warm-up: 90% of the warm {:.0} IOPS after {secs:.0} s (working set {} MiB: {fit}){}",
+                "warm-up: 90% of the warm {:.0} IOPS after {secs:.0} s (working set {} MiB: {}){}",
                 w.warm_iops,
                 w.working_set_bytes >> 20,
+                working_set_fit(r),
                 if w.still_warming {
                     "; IOPS were still climbing at the end: run longer for the warm level"
                 } else {

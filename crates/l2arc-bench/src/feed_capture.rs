@@ -22,14 +22,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use l2arc::l2arc::L2ArcConfig;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
+use l2arc::L2ArcConfig;
 use l2arc::primary::Primary;
 use l2arc::primary::image::ImagePrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
+use super::runner::{self, Phase, Until};
 
 const PASSES: usize = 4;
 const READERS: usize = 4;
@@ -66,7 +67,7 @@ struct Report {
     load_average: String,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let temp;
     let dir = match &args.data {
         Some(dir) => dir.clone(),
@@ -104,8 +105,28 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for (name, write_back, feed_again) in feeders {
         let cache_path = dir.join("feed-capture-cache.img");
         let _ = std::fs::remove_file(&cache_path);
+        let feeder = Feeder::measure(name, &report, &image, &cache_path, write_back, feed_again)?;
+        report.feeders.push(feeder);
+        let _ = std::fs::remove_file(&cache_path);
+    }
+    let _ = std::fs::remove_file(&image);
+    super::emit(args.json, &report, print_report)
+}
+
+impl Feeder {
+    /// A fresh cache over `image` with a fresh cache file at `cache_path`,
+    /// its feeder woken by the write-back, the intake, or its timer alone;
+    /// the image read whole `PASSES` times.
+    fn measure(
+        name: &'static str,
+        sizes: &Report,
+        image: &Path,
+        cache_path: &Path,
+        write_back: bool,
+        feed_again: bool,
+    ) -> Result<Self> {
         let cache = Cache::new(CacheConfig {
-            arc_max_bytes,
+            arc_max_bytes: sizes.arc_max_bytes,
             l2arc: L2ArcConfig {
                 l2arc_feed_again: feed_again,
                 l2arc_writeback_max_bytes: if write_back {
@@ -118,50 +139,56 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             },
             ..CacheConfig::default()
         })?;
-        let primary: Arc<dyn Primary> = Arc::new(ImagePrimary::open(&image, false)?);
+        let primary: Arc<dyn Primary> = Arc::new(ImagePrimary::open(image, false)?);
         let dataset = cache.add_dataset(
             "image",
             primary,
             DatasetConfig {
-                recordsize_bytes: recordsize_bytes as u32,
+                recordsize_bytes: sizes.recordsize_bytes as u32,
                 compression: Compression::Lz4,
                 ..DatasetConfig::default()
             },
         )?;
-        cache.add_cache_path(&cache_path, Some(cache_file_bytes))?;
+        cache.add_cache_path(cache_path, Some(sizes.cache_file_bytes))?;
         let handle = cache.open(dataset, "", false)?;
         let mut passes = Vec::new();
         for pass in 1..=PASSES {
             let before = cache.stats();
             let started = Instant::now();
-            read_whole(&cache, &handle, image_bytes)?;
+            read_whole(&cache, &handle, sizes.image_bytes)?;
             let secs = started.elapsed().as_secs_f64();
-            let after = cache.stats();
-            let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
-            let delta = |name| l2(&after, name) - l2(&before, name);
-            let l2_lookups = delta("l2_hits") + delta("l2_misses");
-            let eligible = delta("evict_l2_eligible");
-            passes.push(Pass {
-                pass,
-                secs,
-                l2_hit_ratio: ratio(delta("l2_hits"), l2_lookups),
-                l2_size_bytes: l2(&after, "l2_size"),
-                evict_l2_eligible: eligible,
-                evict_l2_queued: delta("evict_l2_queued"),
-                evict_l2_skip: delta("evict_l2_skip"),
-                evict_l2_cached: delta("evict_l2_cached"),
-                evict_l2_ineligible: delta("evict_l2_ineligible"),
-                capture_ratio: ratio(delta("evict_l2_queued"), eligible),
-                primary_reads: after.primary_reads - before.primary_reads,
-            });
+            passes.push(Pass::between(pass, secs, &before, &cache.stats()));
         }
-        report.feeders.push(Feeder { name, passes });
-        drop(handle);
-        drop(cache);
-        let _ = std::fs::remove_file(&cache_path);
+        Ok(Feeder { name, passes })
     }
-    let _ = std::fs::remove_file(&image);
-    super::emit(args.json, &report, print_report)
+}
+
+impl Pass {
+    /// Pass `pass`, which took `secs`, from the statistics before and after it.
+    fn between(
+        pass: usize,
+        secs: f64,
+        before: &l2arc::CacheStats,
+        after: &l2arc::CacheStats,
+    ) -> Self {
+        let l2 = |s: &l2arc::CacheStats, name| s.l2.as_ref().map_or(0, |l2| l2.get(name));
+        let delta = |name| l2(after, name) - l2(before, name);
+        let l2_lookups = delta("l2_hits") + delta("l2_misses");
+        let eligible = delta("evict_l2_eligible");
+        Pass {
+            pass,
+            secs,
+            l2_hit_ratio: ratio(delta("l2_hits"), l2_lookups),
+            l2_size_bytes: l2(after, "l2_size"),
+            evict_l2_eligible: eligible,
+            evict_l2_queued: delta("evict_l2_queued"),
+            evict_l2_skip: delta("evict_l2_skip"),
+            evict_l2_cached: delta("evict_l2_cached"),
+            evict_l2_ineligible: delta("evict_l2_ineligible"),
+            capture_ratio: ratio(delta("evict_l2_queued"), eligible),
+            primary_reads: after.primary_reads - before.primary_reads,
+        }
+    }
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -189,30 +216,23 @@ fn write_random_image(path: &Path, bytes: u64, seed: u64) -> Result<()> {
 /// Reads the image whole: `READERS` threads, each taking the next 1 MiB
 /// chunk, every byte read once.
 fn read_whole(cache: &Cache, handle: &l2arc::ObjectHandle, image_bytes: u64) -> Result<()> {
-    let next = std::sync::atomic::AtomicU64::new(0);
-    std::thread::scope(|scope| {
-        let readers: Vec<_> = (0..READERS)
-            .map(|_| {
-                scope.spawn(|| -> Result<()> {
-                    let mut buf = vec![0u8; CHUNK_BYTES as usize];
-                    loop {
-                        let offset =
-                            next.fetch_add(CHUNK_BYTES, std::sync::atomic::Ordering::Relaxed);
-                        if offset >= image_bytes {
-                            return Ok(());
-                        }
-                        let n = cache.read(handle, offset, &mut buf)?;
-                        if n as u64 != CHUNK_BYTES {
-                            bail!("short read at {offset}: {n} bytes");
-                        }
-                    }
-                })
+    let phase = Phase::new("pass", READERS, Until::Ops(image_bytes / CHUNK_BYTES));
+    runner::run(
+        &phase,
+        &mut (),
+        |_| Ok(vec![0u8; CHUNK_BYTES as usize]),
+        |buf, worker| {
+            let offset = worker.op_index() * CHUNK_BYTES;
+            worker.timed(|_| {
+                let n = cache.read(handle, offset, buf)?;
+                if n as u64 != CHUNK_BYTES {
+                    bail!("short read at {offset}: {n} bytes");
+                }
+                Ok(CHUNK_BYTES)
             })
-            .collect();
-        readers
-            .into_iter()
-            .try_for_each(|r| r.join().expect("reader panicked"))
-    })
+        },
+    )?;
+    Ok(())
 }
 
 fn print_report(r: &Report) {

@@ -17,7 +17,7 @@
 //!
 //! fio with psync reads, random 4 KiB and sequential 128 KiB.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +29,7 @@ use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 use serde::Serialize;
 
 use super::BenchArgs;
+use super::fio::{FioJob, FioTarget};
 
 /// Files and their size: 128 MiB in all, small enough to stay in the ARC.
 const FILES: usize = 4;
@@ -76,57 +77,79 @@ struct Report {
     rows: Vec<Row>,
 }
 
-/// One fio run over `files`: `jobs` psync readers.
-struct FioJob<'a> {
-    files: &'a [PathBuf],
-    rw: &'a str,
+/// How a row's reads go: through the page cache, or around it.
+#[derive(Clone, Copy)]
+enum ReadPath {
+    Buffered,
+    Direct,
+}
+
+impl ReadPath {
+    fn name(self) -> &'static str {
+        match self {
+            ReadPath::Buffered => "buffered",
+            ReadPath::Direct => "O_DIRECT",
+        }
+    }
+
+    /// What the source is compared as.
+    fn source_reader(self) -> &'static str {
+        match self {
+            ReadPath::Buffered => "page cache warm",
+            ReadPath::Direct => "uncached",
+        }
+    }
+}
+
+/// One fio run: `jobs` psync readers of `rw` in `block_bytes`.
+struct FioRun {
+    rw: &'static str,
     block_bytes: u64,
-    direct: bool,
+    path: ReadPath,
     jobs: u32,
     secs: f64,
 }
 
-fn fio(job: &FioJob) -> Result<Side> {
-    let names: Vec<String> = job
-        .files
-        .iter()
-        .map(|f| f.display().to_string().replace(':', "\\:"))
-        .collect();
-    let logs = tempfile::tempdir()?;
-    let prefix = logs.path().join("run");
-    let args = [
-        "--name=fuse".to_string(),
-        format!("--filename={}", names.join(":")),
-        "--readonly".into(),
-        format!("--direct={}", u8::from(job.direct)),
-        "--invalidate=0".into(),
-        format!("--rw={}", job.rw),
-        format!("--bs={}", job.block_bytes),
-        "--ioengine=psync".into(),
-        format!("--numjobs={}", job.jobs),
-        "--group_reporting".into(),
-        "--time_based".into(),
-        format!("--runtime={}", job.secs.ceil().max(2.0) as u64),
-        "--norandommap".into(),
-        "--randrepeat=0".into(),
-        "--lat_percentiles=1".into(),
-        format!("--write_iops_log={}", prefix.display()),
-        "--log_avg_msec=1000".into(),
-        "--output-format=json".into(),
-    ];
-    let read = super::fio::run_json(None, &args)?;
-    let per_second = super::fio::iops_per_second(&prefix)?;
-    Ok(Side {
-        iops: read.iops,
-        iops_min_1s: per_second
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
-            .min(read.iops),
-        mib_per_sec: read.mib_per_sec,
-        latency_us_p50: read.latency_us_p50,
-        latency_us_p99: read.latency_us_p99,
-    })
+impl FioRun {
+    fn new(rw: &'static str, block_bytes: u64, jobs: u32, path: ReadPath, secs: f64) -> Self {
+        Self {
+            rw,
+            block_bytes,
+            path,
+            jobs,
+            secs,
+        }
+    }
+
+    /// Runs over `files`.
+    fn run(&self, files: &[PathBuf]) -> Result<Side> {
+        let read = FioJob::new(
+            "fuse",
+            "psync",
+            FioTarget::Files(files.to_vec()),
+            self.rw,
+            self.block_bytes,
+            self.secs.ceil().max(2.0) as u64,
+        )
+        .readonly()
+        .direct(matches!(self.path, ReadPath::Direct))
+        .keep_page_cache()
+        .numjobs(self.jobs as usize)
+        .iops_log()
+        .run(None)?;
+        Ok(Side {
+            iops: read.iops,
+            iops_min_1s: read
+                .iops_per_second
+                .iter()
+                .copied()
+                .fold(f64::INFINITY, f64::min)
+                .min(read.iops),
+            mib_per_sec: read.mib_per_sec,
+            latency_us_p50: read.latency_us_p50,
+            latency_us_p99: read.latency_us_p99,
+        })
+    }
 }
 
 pub(crate) fn drop_page_cache() -> bool {
@@ -142,7 +165,7 @@ fn read_all(files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let fio_version = super::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     if !(secs > 0.0 && secs <= 3600.0) {
@@ -157,9 +180,55 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let src = tmp.path().join("src");
     let mnt = tmp.path().join("mnt");
-    std::fs::create_dir(&src)?;
+    write_source_files(&src, args.seed)?;
     std::fs::create_dir(&mnt)?;
-    let mut x = args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let recordsize_bytes = l2arc::validate_recordsize(args.recordsize)?;
+    let (cache, mounted) = mount(&src, &mnt, recordsize_bytes)?;
+    let bench = FuseBench::new(cache, &src, &mnt)?;
+    let mut rows = Vec::new();
+    let mut dropped_all = true;
+    // Buffered: the mount's kept pages against the source's page cache.
+    read_all(&bench.source)?;
+    for (workload, rw, block_bytes, jobs) in [
+        ("random 4 KiB", "randread", 4096u64, 1u32),
+        ("random 4 KiB", "randread", 4096, 32),
+        ("sequential 128 KiB", "read", 128 << 10, 1),
+    ] {
+        let job = FioRun::new(rw, block_bytes, jobs, ReadPath::Buffered, secs);
+        rows.push(bench.row(workload, &job)?.0);
+    }
+    // O_DIRECT: the daemon's ARC hit path against the uncached source.
+    for (workload, rw, block_bytes) in [
+        ("random 4 KiB", "randread", 4096u64),
+        ("sequential 128 KiB", "read", 128 << 10),
+    ] {
+        let job = FioRun::new(rw, block_bytes, 1, ReadPath::Direct, secs);
+        let (row, dropped) = bench.row(workload, &job)?;
+        dropped_all &= dropped;
+        rows.push(row);
+    }
+    drop(mounted);
+    let report = Report {
+        machine: super::l2_hit::machine(tmp.path()),
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        data_bytes: FILES as u64 * FILE_BYTES,
+        files: FILES,
+        recordsize_bytes,
+        run_secs: secs,
+        page_cache_dropped: dropped_all,
+        fio_version,
+        rows,
+    };
+    super::emit(args.json, &report, print_table)
+}
+
+/// `FILES` files of random bytes in `src` (made).
+fn write_source_files(src: &Path, seed: u64) -> Result<()> {
+    std::fs::create_dir(src)?;
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for i in 0..FILES {
         let data: Vec<u8> = (0..FILE_BYTES / 8)
             .flat_map(|_| {
@@ -171,14 +240,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .collect();
         std::fs::write(src.join(format!("f{i}")), data)?;
     }
-    let data_bytes = FILES as u64 * FILE_BYTES;
+    Ok(())
+}
 
-    let recordsize_bytes = l2arc::read_path::validate_recordsize(args.recordsize)?;
+/// A cache over `src` (an ARC twice the data) mounted at `mnt`.
+fn mount(
+    src: &Path,
+    mnt: &Path,
+    recordsize_bytes: u32,
+) -> Result<(Arc<Cache>, l2arc_fuse::MountGuard)> {
     let cache: Arc<Cache> = Cache::new(CacheConfig {
-        arc_max_bytes: 2 * data_bytes,
+        arc_max_bytes: 2 * FILES as u64 * FILE_BYTES,
         ..CacheConfig::default()
     })?;
-    let primary = Arc::new(DirPrimary::new(&src)?);
+    let primary = Arc::new(DirPrimary::new(src)?);
     let dataset = cache.add_dataset(
         "bench-fuse",
         Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>,
@@ -188,103 +263,63 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         },
     )?;
     let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, FsOptions::default())?;
-    let mounted = l2arc_fuse::MountGuard::mount(fs, &mnt, &MountOptions::default())
+    let mounted = l2arc_fuse::MountGuard::mount(fs, mnt, &MountOptions::default())
         .context("mount (is fusermount3 installed? scripts/setup.sh installs it)")?;
-    let names: Vec<String> = (0..FILES).map(|i| format!("f{i}")).collect();
-    let through: Vec<PathBuf> = names.iter().map(|n| mnt.join(n)).collect();
-    let direct: Vec<PathBuf> = names.iter().map(|n| src.join(n)).collect();
+    Ok((cache, mounted))
+}
 
-    // Warm the ARC through the mount (twice: the second pass must be all hits).
-    let start = Instant::now();
-    read_all(&through)?;
-    read_all(&through)?;
-    eprintln!(
-        "fuse: {} MiB in {FILES} files warmed through the mount in {:.1} s",
-        data_bytes >> 20,
-        start.elapsed().as_secs_f64()
-    );
+/// The same files through the mount and at the source.
+struct FuseBench {
+    cache: Arc<Cache>,
+    through: Vec<PathBuf>,
+    source: Vec<PathBuf>,
+}
 
-    let mut rows = Vec::new();
-    let mut dropped_all = true;
-    let ratio = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
-    // Buffered: the mount's kept pages against the source's page cache.
-    read_all(&direct)?;
-    for (workload, rw, block_bytes, jobs) in [
-        ("random 4 KiB", "randread", 4096u64, 1u32),
-        ("random 4 KiB", "randread", 4096, 32),
-        ("sequential 128 KiB", "read", 128 << 10, 1),
-    ] {
-        let job = |files| FioJob {
-            files,
-            rw,
-            block_bytes,
-            direct: false,
-            jobs,
-            secs,
+impl FuseBench {
+    /// Warms the ARC through the mount (twice: the second pass must be all hits).
+    fn new(cache: Arc<Cache>, src: &Path, mnt: &Path) -> Result<Self> {
+        let names: Vec<String> = (0..FILES).map(|i| format!("f{i}")).collect();
+        let bench = Self {
+            cache,
+            through: names.iter().map(|n| mnt.join(n)).collect(),
+            source: names.iter().map(|n| src.join(n)).collect(),
         };
-        let before = cache.stats();
-        let mount_side = fio(&job(&through))?;
-        let hit_ratio = arc_hit_ratio(&before, &cache.stats());
-        let warm = fio(&job(&direct))?;
-        rows.push(Row {
+        let start = Instant::now();
+        read_all(&bench.through)?;
+        read_all(&bench.through)?;
+        eprintln!(
+            "fuse: {} MiB in {FILES} files warmed through the mount in {:.1} s",
+            (FILES as u64 * FILE_BYTES) >> 20,
+            start.elapsed().as_secs_f64()
+        );
+        Ok(bench)
+    }
+
+    /// `job` through the mount, then at the source (uncached for O_DIRECT:
+    /// the page cache is dropped first; false if it could not be).
+    fn row(&self, workload: &str, job: &FioRun) -> Result<(Row, bool)> {
+        let ratio = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
+        let before = self.cache.stats();
+        let mount_side = job.run(&self.through)?;
+        let hit_ratio = arc_hit_ratio(&before, &self.cache.stats());
+        let dropped = match job.path {
+            ReadPath::Buffered => true,
+            ReadPath::Direct => drop_page_cache(),
+        };
+        let source = job.run(&self.source)?;
+        let row = Row {
             workload: workload.to_string(),
-            jobs,
-            path: "buffered",
-            mount_over_source: ratio(mount_side.iops, warm.iops),
-            mount_over_source_min_1s: ratio(mount_side.iops_min_1s, warm.iops_min_1s),
+            jobs: job.jobs,
+            path: job.path.name(),
+            mount_over_source: ratio(mount_side.iops, source.iops),
+            mount_over_source_min_1s: ratio(mount_side.iops_min_1s, source.iops_min_1s),
             mount_arc_hit_ratio: hit_ratio,
             mount: mount_side,
-            source_reader: "page cache warm",
-            source: warm,
-        });
-    }
-    // O_DIRECT: the daemon's ARC hit path against the uncached source.
-    for (workload, rw, block_bytes) in [
-        ("random 4 KiB", "randread", 4096u64),
-        ("sequential 128 KiB", "read", 128 << 10),
-    ] {
-        let job = |files| FioJob {
-            files,
-            rw,
-            block_bytes,
-            direct: true,
-            jobs: 1,
-            secs,
+            source_reader: job.path.source_reader(),
+            source,
         };
-        let before = cache.stats();
-        let mount_side = fio(&job(&through))?;
-        let hit_ratio = arc_hit_ratio(&before, &cache.stats());
-        dropped_all &= drop_page_cache();
-        let cold = fio(&job(&direct))?;
-        rows.push(Row {
-            workload: workload.to_string(),
-            jobs: 1,
-            path: "O_DIRECT",
-            mount_over_source: ratio(mount_side.iops, cold.iops),
-            mount_over_source_min_1s: ratio(mount_side.iops_min_1s, cold.iops_min_1s),
-            mount_arc_hit_ratio: hit_ratio,
-            mount: mount_side,
-            source_reader: "uncached",
-            source: cold,
-        });
+        Ok((row, dropped))
     }
-    drop(mounted);
-
-    let report = Report {
-        machine: super::l2_hit::machine(tmp.path()),
-        load_average: std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        data_bytes,
-        files: FILES,
-        recordsize_bytes,
-        run_secs: secs,
-        page_cache_dropped: dropped_all,
-        fio_version,
-        rows,
-    };
-    super::emit(args.json, &report, print_table)
 }
 
 fn arc_hit_ratio(before: &l2arc::CacheStats, after: &l2arc::CacheStats) -> Option<f64> {

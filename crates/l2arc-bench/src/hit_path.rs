@@ -15,24 +15,26 @@
 //! hits per CPU second do not count the time they took.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use l2arc::arc::AccessKind;
-use l2arc::arc::Record;
-use l2arc::buf::AlignedBuf;
+use l2arc::internals::AlignedBuf;
+use l2arc::internals::Record;
 use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
-use l2arc::{Cache, CacheConfig, DatasetConfig};
+use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
 use super::BenchArgs;
 use super::dataset::DatasetSpec;
-use super::runner::{Rng, run_phase};
+use super::runner::{self, Phase, PhaseResult, Until};
 
 const RECORD_BYTES: u64 = 8 * 1024;
 const WORKING_SET_BYTES: u64 = 64 << 20;
+const RECORDS: u64 = WORKING_SET_BYTES / RECORD_BYTES;
 
 #[derive(Clone, Copy, Debug, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -68,7 +70,7 @@ struct Row {
     analytics_cost_cpu: f64,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let temp = tempfile::tempdir().context("cannot make a temporary directory")?;
     let spec = DatasetSpec {
         files: 1,
@@ -77,168 +79,240 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         content: super::dataset::Content::Random,
     };
     spec.materialise(temp.path())?;
-    let records = WORKING_SET_BYTES / RECORD_BYTES;
-    let mut config = CacheConfig {
-        arc_max_bytes: 4 * WORKING_SET_BYTES,
-        ..CacheConfig::default()
-    };
-    if let Some(shards) = args.arc_shards {
-        config.arc_shards = shards;
-    }
-    let cache = Cache::new(config)?;
-    let primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(temp.path())?);
-    let dataset = cache.add_dataset(
-        "hit",
-        primary,
-        DatasetConfig {
-            recordsize_bytes: RECORD_BYTES as u32,
-            ..DatasetConfig::default()
-        },
-    )?;
-    let handle = cache.open(dataset, &DatasetSpec::file_name(0), false)?;
-    // The baseline holds the very record buffers the ARC holds.
-    let mut baseline: HashMap<u64, Arc<Record>> = HashMap::new();
-    for r in 0..records {
-        let view = cache.read_view(
-            &handle,
-            r * RECORD_BYTES,
-            RECORD_BYTES as usize,
-            AccessKind::Demand,
-        )?;
-        let (record, _) = view.segments.into_iter().next().context("empty record")?;
-        baseline.insert(r, record);
-    }
-    let warm_misses = cache.stats().arc.misses;
-    let baseline = Mutex::new(baseline);
-    let seconds = Duration::from_secs_f64(args.seconds.min(5.0));
-    let expect = |r: u64, bytes: &[u8]| -> Result<u64> {
-        if bytes.len() != RECORD_BYTES as usize
-            || bytes[..8] != spec.word(0, r * RECORD_BYTES / 8).to_le_bytes()
-        {
-            bail!("wrong bytes for record {r}");
-        }
-        Ok(bytes.len() as u64)
-    };
-
+    let hits = HitPath::new(args, &spec, temp.path())?;
     let mut rows = Vec::new();
     for mode in [Mode::ZeroCopy, Mode::Copy] {
         for threads in [1usize, 2] {
-            let arc_hits = |label: &str, seconds: Duration| {
-                run_phase(
-                    label,
-                    threads,
-                    seconds,
-                    seconds,
-                    args.seed,
-                    !args.json,
-                    |_, rng: &mut Rng| {
-                        let r = rng.below(records);
-                        match mode {
-                            Mode::ZeroCopy => {
-                                let view = cache.read_view(
-                                    &handle,
-                                    r * RECORD_BYTES,
-                                    RECORD_BYTES as usize,
-                                    AccessKind::Demand,
-                                )?;
-                                let (record, range) = &view.segments[0];
-                                expect(r, &record.data[range.clone()])
-                            }
-                            Mode::Copy => OUT.with_borrow_mut(|out| {
-                                let n =
-                                    cache.read(&handle, r * RECORD_BYTES, out.as_mut_slice())?;
-                                expect(r, &out[..n])
-                            }),
-                        }
-                    },
-                )
-            };
-            let ours = arc_hits("arc hit", seconds)?;
-            // Off and on in turns, the first of each pair alternating.
-            let pair_seconds = seconds.min(Duration::from_secs(2));
-            let mut offs = Vec::new();
-            let mut ons = Vec::new();
-            let mut costs = Vec::new();
-            let mut offs_cpu = Vec::new();
-            let mut ons_cpu = Vec::new();
-            let mut costs_cpu = Vec::new();
-            for round in 0..args.rounds {
-                let mut off_on = [0.0; 2];
-                let mut off_on_cpu = [0.0; 2];
-                for turn in 0..2 {
-                    let on = (turn + round) % 2 == 1;
-                    cache.analytics().set_enabled(on);
-                    let label = if on { "analytics on" } else { "analytics off" };
-                    let cpu_before = process_cpu_secs();
-                    let phase = arc_hits(label, pair_seconds)?;
-                    let cpu_secs = (process_cpu_secs() - cpu_before).max(1e-9);
-                    off_on[usize::from(on)] = phase.iops();
-                    off_on_cpu[usize::from(on)] = phase.ops as f64 / cpu_secs;
-                }
-                cache.analytics().set_enabled(true);
-                offs.push(off_on[0]);
-                ons.push(off_on[1]);
-                costs.push(off_on[1] / off_on[0] - 1.0);
-                offs_cpu.push(off_on_cpu[0]);
-                ons_cpu.push(off_on_cpu[1]);
-                costs_cpu.push(off_on_cpu[1] / off_on_cpu[0] - 1.0);
-            }
-            let theirs = run_phase(
-                "hashmap",
-                threads,
-                seconds,
-                seconds,
-                args.seed,
-                !args.json,
-                |_, rng: &mut Rng| {
-                    let r = rng.below(records);
-                    let record = Arc::clone(
-                        baseline
-                            .lock()
-                            .expect("poisoned")
-                            .get(&r)
-                            .expect("preloaded"),
-                    );
-                    match mode {
-                        Mode::ZeroCopy => expect(r, &record.data),
-                        Mode::Copy => OUT.with_borrow_mut(|out| {
-                            out.as_mut_slice().copy_from_slice(&record.data);
-                            expect(r, out)
-                        }),
-                    }
-                },
-            )?;
-            rows.push(Row {
-                mode,
-                threads,
-                arc_hits_per_sec: ours.iops(),
-                arc_hits_per_sec_per_thread: ours.iops() / threads as f64,
-                mutex_hashmap_per_sec: theirs.iops(),
-                ratio: ours.iops() / theirs.iops(),
-                arc_p50_ns: ours.latency_ns.value_at_quantile(0.5),
-                mutex_hashmap_p50_ns: theirs.latency_ns.value_at_quantile(0.5),
-                analytics_off_per_sec: median(&mut offs),
-                analytics_on_per_sec: median(&mut ons),
-                analytics_cost: median(&mut costs),
-                analytics_off_per_cpu_sec: median(&mut offs_cpu),
-                analytics_on_per_cpu_sec: median(&mut ons_cpu),
-                analytics_cost_cpu: median(&mut costs_cpu),
-            });
+            rows.push(hits.row(mode, threads)?);
         }
     }
-    let stats = cache.stats();
-    if stats.arc.misses != warm_misses {
-        bail!(
-            "the hit-path run missed {} times: the working set did not stay cached",
-            stats.arc.misses - warm_misses
-        );
-    }
+    hits.check_all_hits()?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    print_hits(&rows);
+    println!();
+    print_analytics_cost(&rows, args.rounds, &hits.cache);
+    Ok(())
+}
+
+/// A cache holding the whole working set, and a locked hash map of the very
+/// record buffers it holds.
+struct HitPath<'a> {
+    args: &'a BenchArgs,
+    spec: &'a DatasetSpec,
+    cache: Arc<Cache>,
+    handle: ObjectHandle,
+    baseline: Mutex<HashMap<u64, Arc<Record>>>,
+    /// The ARC's misses after the preload: any more and a hit was not one.
+    warm_misses: u64,
+    seconds: Duration,
+}
+
+impl<'a> HitPath<'a> {
+    fn new(args: &'a BenchArgs, spec: &'a DatasetSpec, dir: &Path) -> Result<Self> {
+        let mut config = CacheConfig {
+            arc_max_bytes: 4 * WORKING_SET_BYTES,
+            ..CacheConfig::default()
+        };
+        if let Some(shards) = args.arc_shards {
+            config.arc_shards = shards;
+        }
+        let cache = Cache::new(config)?;
+        let primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(dir)?);
+        let dataset = cache.add_dataset(
+            "hit",
+            primary,
+            DatasetConfig {
+                recordsize_bytes: RECORD_BYTES as u32,
+                ..DatasetConfig::default()
+            },
+        )?;
+        let handle = cache.open(dataset, &DatasetSpec::file_name(0), false)?;
+        let mut baseline: HashMap<u64, Arc<Record>> = HashMap::new();
+        for r in 0..RECORDS {
+            let view = cache.read_view(
+                &handle,
+                r * RECORD_BYTES,
+                RECORD_BYTES as usize,
+                AccessKind::Demand,
+            )?;
+            let (record, _) = view.segments.into_iter().next().context("empty record")?;
+            baseline.insert(r, record);
+        }
+        Ok(Self {
+            args,
+            spec,
+            warm_misses: cache.stats().arc.misses,
+            cache,
+            handle,
+            baseline: Mutex::new(baseline),
+            seconds: Duration::from_secs_f64(args.seconds.min(5.0)),
+        })
+    }
+
+    /// Checks the first word of record `r`; returns the bytes read.
+    fn expect(&self, r: u64, bytes: &[u8]) -> Result<u64> {
+        if bytes.len() != RECORD_BYTES as usize
+            || bytes[..8] != self.spec.word(0, r * RECORD_BYTES / 8).to_le_bytes()
+        {
+            bail!("wrong bytes for record {r}");
+        }
+        Ok(bytes.len() as u64)
+    }
+
+    fn phase(&self, label: &'static str, threads: usize, seconds: Duration) -> Phase<'static> {
+        Phase::new(label, threads, Until::Elapsed(seconds))
+            .seed(self.args.seed)
+            .progress(!self.args.json)
+    }
+
+    /// Random hits from `threads` threads for `seconds`.
+    fn arc_hits(
+        &self,
+        mode: Mode,
+        threads: usize,
+        label: &'static str,
+        seconds: Duration,
+    ) -> Result<PhaseResult> {
+        runner::run_timed(&self.phase(label, threads, seconds), |rng| {
+            let r = rng.below(RECORDS);
+            match mode {
+                Mode::ZeroCopy => {
+                    let view = self.cache.read_view(
+                        &self.handle,
+                        r * RECORD_BYTES,
+                        RECORD_BYTES as usize,
+                        AccessKind::Demand,
+                    )?;
+                    let (record, range) = &view.segments[0];
+                    self.expect(r, &record.data[range.clone()])
+                }
+                Mode::Copy => OUT.with_borrow_mut(|out| {
+                    let n = self
+                        .cache
+                        .read(&self.handle, r * RECORD_BYTES, out.as_mut_slice())?;
+                    self.expect(r, &out[..n])
+                }),
+            }
+        })
+    }
+
+    /// The same lookups in the locked hash map.
+    fn map_hits(&self, mode: Mode, threads: usize) -> Result<PhaseResult> {
+        runner::run_timed(&self.phase("hashmap", threads, self.seconds), |rng| {
+            let r = rng.below(RECORDS);
+            let record = Arc::clone(
+                self.baseline
+                    .lock()
+                    .expect("poisoned")
+                    .get(&r)
+                    .expect("preloaded"),
+            );
+            match mode {
+                Mode::ZeroCopy => self.expect(r, &record.data),
+                Mode::Copy => OUT.with_borrow_mut(|out| {
+                    out.as_mut_slice().copy_from_slice(&record.data);
+                    self.expect(r, out)
+                }),
+            }
+        })
+    }
+
+    /// ARC hits with analytics off and on in turns, `--rounds` pairs, the
+    /// first of each pair alternating; medians over the rounds.
+    fn analytics_cost(&self, mode: Mode, threads: usize) -> Result<AnalyticsCost> {
+        let pair_seconds = self.seconds.min(Duration::from_secs(2));
+        let mut rounds = Vec::new();
+        for round in 0..self.args.rounds {
+            let mut per_sec = [0.0; 2];
+            let mut per_cpu_sec = [0.0; 2];
+            for turn in 0..2 {
+                let on = (turn + round) % 2 == 1;
+                self.cache.analytics().set_enabled(on);
+                let label = if on { "analytics on" } else { "analytics off" };
+                let cpu_before = process_cpu_secs();
+                let phase = self.arc_hits(mode, threads, label, pair_seconds)?;
+                let cpu_secs = (process_cpu_secs() - cpu_before).max(1e-9);
+                per_sec[usize::from(on)] = phase.iops();
+                per_cpu_sec[usize::from(on)] = phase.ops as f64 / cpu_secs;
+            }
+            self.cache.analytics().set_enabled(true);
+            rounds.push((per_sec, per_cpu_sec));
+        }
+        Ok(AnalyticsCost::of(&rounds))
+    }
+
+    /// One mode at one thread count: hits, the map, analytics off and on.
+    fn row(&self, mode: Mode, threads: usize) -> Result<Row> {
+        let ours = self.arc_hits(mode, threads, "arc hit", self.seconds)?;
+        let cost = self.analytics_cost(mode, threads)?;
+        let theirs = self.map_hits(mode, threads)?;
+        Ok(Row {
+            mode,
+            threads,
+            arc_hits_per_sec: ours.iops(),
+            arc_hits_per_sec_per_thread: ours.iops() / threads as f64,
+            mutex_hashmap_per_sec: theirs.iops(),
+            ratio: ours.iops() / theirs.iops(),
+            arc_p50_ns: ours.latency_ns.value_at_quantile(0.5),
+            mutex_hashmap_p50_ns: theirs.latency_ns.value_at_quantile(0.5),
+            analytics_off_per_sec: cost.off_per_sec,
+            analytics_on_per_sec: cost.on_per_sec,
+            analytics_cost: cost.cost,
+            analytics_off_per_cpu_sec: cost.off_per_cpu_sec,
+            analytics_on_per_cpu_sec: cost.on_per_cpu_sec,
+            analytics_cost_cpu: cost.cost_cpu,
+        })
+    }
+
+    /// An error if any read missed: the working set must stay cached.
+    fn check_all_hits(&self) -> Result<()> {
+        let stats = self.cache.stats();
+        if stats.arc.misses != self.warm_misses {
+            bail!(
+                "the hit-path run missed {} times: the working set did not stay cached",
+                stats.arc.misses - self.warm_misses
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One round of the analytics cost: hits per second with analytics [off,
+/// on], and per CPU second [off, on].
+type OffOnRound = ([f64; 2], [f64; 2]);
+
+/// Medians over the rounds of hits per second and per CPU second with
+/// analytics off and on, and of the rounds' costs (on / off - 1).
+struct AnalyticsCost {
+    off_per_sec: f64,
+    on_per_sec: f64,
+    cost: f64,
+    off_per_cpu_sec: f64,
+    on_per_cpu_sec: f64,
+    cost_cpu: f64,
+}
+
+impl AnalyticsCost {
+    fn of(rounds: &[OffOnRound]) -> Self {
+        let med =
+            |f: &dyn Fn(&OffOnRound) -> f64| median(&mut rounds.iter().map(f).collect::<Vec<_>>());
+        Self {
+            off_per_sec: med(&|r| r.0[0]),
+            on_per_sec: med(&|r| r.0[1]),
+            cost: med(&|r| r.0[1] / r.0[0] - 1.0),
+            off_per_cpu_sec: med(&|r| r.1[0]),
+            on_per_cpu_sec: med(&|r| r.1[1]),
+            cost_cpu: med(&|r| r.1[1] / r.1[0] - 1.0),
+        }
+    }
+}
+
+fn print_hits(rows: &[Row]) {
     println!(
-        "ARC hit path: random 8 KiB reads of {records} cached records (all hits), shared (zero-copy) or copied out"
+        "ARC hit path: random 8 KiB reads of {RECORDS} cached records (all hits), shared (zero-copy) or copied out"
     );
     println!(
         "{:<9} {:>7} {:>14} {:>16} {:>18} {:>7} {:>10} {:>12}",
@@ -251,7 +325,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "ARC p50",
         "map p50"
     );
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<9} {:>7} {:>14.0} {:>16.0} {:>18.0} {:>6.2}x {:>8} ns {:>9} ns",
             format!("{:?}", r.mode),
@@ -264,10 +338,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             r.mutex_hashmap_p50_ns
         );
     }
-    println!();
+}
+
+fn print_analytics_cost(rows: &[Row], rounds: usize, cache: &Cache) {
     println!(
-        "analytics cost: ARC hits/s with the latency histograms off and on, {} alternating pairs (medians)",
-        args.rounds
+        "analytics cost: ARC hits/s with the latency histograms off and on, {rounds} alternating pairs (medians)"
     );
     println!(
         "{:<9} {:>7} {:>12} {:>12} {:>7} {:>14} {:>14} {:>7}",
@@ -280,7 +355,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "on hits/CPU-s",
         "cost"
     );
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<9} {:>7} {:>12.0} {:>12.0} {:>+6.1}% {:>14.0} {:>14.0} {:>+6.1}%",
             format!("{:?}", r.mode),
@@ -301,7 +376,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         hits.quantile_ns(0.99),
         hits.count()
     );
-    Ok(())
 }
 
 /// CPU time of this process so far (every thread), in seconds.

@@ -39,33 +39,29 @@
 //! checked by its CRC); the ARC and L2ARC hit ratios of each measured phase
 //! are reported, and the run fails if fewer than 95% of reads were L2 hits.
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use l2arc::buf::AlignedBuf;
-use l2arc::l2arc::device::{DeviceIo, FileDevice};
-use l2arc::l2arc::format::{Compression, DATA_START_BYTES};
-use l2arc::l2arc::{DeviceOpen, L2ArcConfig};
+use l2arc::internals::AlignedBuf;
+use l2arc::internals::format::{Compression, DATA_START_BYTES};
 use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
-use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
+use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle, ReadCompletion, ReadQueue};
+use l2arc::{DeviceIo, FileDevice};
+use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
 use super::dataset::DatasetSpec;
-use super::runner::{PhaseResult, Rng, run_phase};
+use super::fio::{FioJob, FioRead, FioTarget};
+use super::runner::{self, Phase, PhaseResult, Until, Worker};
 
 const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
 const QUEUE_DEPTH: usize = 32;
 /// Longest measured phase (each of ours and each fio run).
 const PHASE_SECS_MAX: f64 = 3.0;
-
-thread_local! {
-    static OUT: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
-}
 
 #[derive(Clone, Debug, Serialize)]
 struct Side {
@@ -130,7 +126,7 @@ struct Report {
 }
 
 #[derive(Serialize)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpus: usize,
     pub ram_gib: f64,
     pub kernel: String,
@@ -138,7 +134,7 @@ pub struct Machine {
 }
 
 /// The machine, for reports: CPUs, RAM, kernel, and the file system of `dir`.
-pub fn machine(dir: &Path) -> Machine {
+pub(crate) fn machine(dir: &Path) -> Machine {
     let ram_kib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| {
@@ -181,92 +177,122 @@ fn file_system(dir: &Path) -> Option<(String, String)> {
         .map(|(_, fs, source)| (fs, source))
 }
 
-struct FioJob<'a> {
-    path: &'a Path,
-    offset: u64,
-    size: u64,
-    block_bytes: u64,
-    engine: &'static str,
-    iodepth: usize,
-    jobs: usize,
-    secs: f64,
-}
-
-impl FioJob<'_> {
-    fn describe(&self) -> String {
-        if self.jobs > 1 {
-            format!("{} x{} jobs", self.engine, self.jobs)
-        } else {
-            format!("{} iodepth {}", self.engine, self.iodepth)
-        }
-    }
-
-    fn run(&self) -> Result<Side> {
-        let args = [
-            "--name=l2hit".to_string(),
-            format!("--filename={}", self.path.display()),
-            "--readonly".into(),
-            "--direct=1".into(),
-            "--rw=randread".into(),
-            format!("--bs={}", self.block_bytes),
-            format!("--offset={}", self.offset),
-            format!("--size={}", self.size),
-            format!("--ioengine={}", self.engine),
-            format!("--iodepth={}", self.iodepth),
-            format!("--numjobs={}", self.jobs),
-            "--thread".into(),
-            "--time_based".into(),
-            format!("--runtime={}", self.secs.ceil().max(1.0) as u64),
-            "--group_reporting".into(),
-            "--norandommap".into(),
-            "--randrepeat=0".into(),
-            "--lat_percentiles=1".into(),
-            "--output-format=json".into(),
-        ];
-        let read = super::fio::run_json(None, &args)?;
-        Ok(Side {
+impl From<FioRead> for Side {
+    fn from(read: FioRead) -> Self {
+        Side {
             iops: read.iops,
             mib_per_sec: read.mib_per_sec,
             latency_us_p50: read.latency_us_p50,
             latency_us_p99: read.latency_us_p99,
             cpu_us_per_read: read.cpu_us_per_read,
+        }
+    }
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    let fio_version = super::fio::version()?;
+    let place = Place::prepare(args)?;
+    let mut rows = Vec::new();
+    let mut records_written = Vec::new();
+    let mut io_uring_over_psync = Vec::new();
+    for record_bytes in RECORD_SIZES {
+        let measured = measure_record_size(args, &place, record_bytes)?;
+        rows.extend(measured.rows);
+        records_written.push((record_bytes, measured.records));
+        io_uring_over_psync.push((record_bytes, measured.io_uring_over_psync));
+    }
+    if place.owned_cache_file {
+        let _ = std::fs::remove_file(&place.cache_path);
+    }
+    let report = Report {
+        cache_file: place.cache_path.display().to_string(),
+        machine: place.machine,
+        cache_file_bytes: args.cache_size,
+        arc_max_bytes: args.arc_max,
+        phase_secs: place.secs,
+        rounds: args.rounds,
+        fio_version,
+        records_written,
+        rows,
+        io_uring_over_psync,
+    };
+    super::emit(args.json, &report, print_report)
+}
+
+/// Where the scenario works: the dataset's directory, the cache file, the
+/// machine, and how long each measurement runs.
+struct Place {
+    dir: PathBuf,
+    /// The temporary directory `dir` is, without `--data` (removed on drop).
+    _temp: Option<tempfile::TempDir>,
+    cache_path: PathBuf,
+    /// The cache file is ours to remove (no `--cache`).
+    owned_cache_file: bool,
+    machine: Machine,
+    spec: DatasetSpec,
+    secs: f64,
+}
+
+impl Place {
+    /// Checks that the cache file is on a disk and writes the dataset.
+    fn prepare(args: &BenchArgs) -> Result<Self> {
+        if args.cache.len() > 1 {
+            bail!(
+                "--scenario l2-hit uses one cache file (--cache given {} times)",
+                args.cache.len()
+            );
+        }
+        let (dir, temp) = match &args.data {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let temp = tempfile::tempdir().context("cannot make a temporary directory")?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
+        };
+        let (cache_path, owned_cache_file) = match args.cache.first() {
+            Some(path) => (path.clone(), false),
+            None => (dir.join("l2arc-hit-cache.img"), true),
+        };
+        let machine = machine(cache_path.parent().unwrap_or(&dir));
+        if machine.fs.starts_with("tmpfs") || machine.fs.starts_with("ramfs") {
+            bail!(
+                "the cache file {} would be on {}: that is RAM, not a disk; give --data DIR (or \
+                 --cache FILE) on the disk to measure",
+                cache_path.display(),
+                machine.fs
+            );
+        }
+        if !dir.is_dir() {
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let spec = dataset_spec(args)?;
+        spec.materialise(&dir)?;
+        if !args.json {
+            eprintln!(
+                "dataset: {} files x {} MiB in {}; cache file {} ({} MiB)",
+                spec.files,
+                spec.file_size_bytes >> 20,
+                dir.display(),
+                cache_path.display(),
+                args.cache_size >> 20
+            );
+        }
+        Ok(Self {
+            dir,
+            _temp: temp,
+            cache_path,
+            owned_cache_file,
+            machine,
+            spec,
+            secs: args.seconds.min(PHASE_SECS_MAX),
         })
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
-    let fio_version = super::fio::version()?;
-    if args.cache.len() > 1 {
-        bail!(
-            "--scenario l2-hit uses one cache file (--cache given {} times)",
-            args.cache.len()
-        );
-    }
-    let temp;
-    let dir = match &args.data {
-        Some(dir) => dir.clone(),
-        None => {
-            temp = tempfile::tempdir().context("cannot make a temporary directory")?;
-            temp.path().to_path_buf()
-        }
-    };
-    let (cache_path, owned_cache_file): (PathBuf, bool) = match args.cache.first() {
-        Some(path) => (path.clone(), false),
-        None => (dir.join("l2arc-hit-cache.img"), true),
-    };
-    let machine = machine(cache_path.parent().unwrap_or(&dir));
-    if machine.fs.starts_with("tmpfs") || machine.fs.starts_with("ramfs") {
-        bail!(
-            "the cache file {} would be on {}: that is RAM, not a disk; give --data DIR (or \
-             --cache FILE) on the disk to measure",
-            cache_path.display(),
-            machine.fs
-        );
-    }
-    if !dir.is_dir() {
-        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    // Three quarters of the data area: the log never wraps during the fill.
+/// The dataset: three quarters of the cache file's data area (the log
+/// never wraps during the fill), in whole 64 KiB per file.
+fn dataset_spec(args: &BenchArgs) -> Result<DatasetSpec> {
     let data_area = args.cache_size.saturating_sub(DATA_START_BYTES);
     let per_file = (data_area * 3 / 4 / u64::from(args.files)) / (64 << 10) * (64 << 10);
     if per_file < 64 << 10 {
@@ -275,213 +301,338 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             args.cache_size
         );
     }
-    let spec = DatasetSpec {
+    Ok(DatasetSpec {
         files: args.files,
         file_size_bytes: per_file,
         seed: args.seed,
         content: super::dataset::Content::Random,
-    };
-    spec.materialise(&dir)?;
-    let secs = args.seconds.min(PHASE_SECS_MAX);
+    })
+}
+
+/// What one record size contributes to the report.
+struct RecordSizeResult {
+    rows: Vec<Row>,
+    records: u64,
+    io_uring_over_psync: f64,
+}
+
+/// One record size: a fresh cache filled until its L2ARC holds every
+/// record, then `--rounds` rounds of paired measurements.
+fn measure_record_size(
+    args: &BenchArgs,
+    place: &Place,
+    record_bytes: u64,
+) -> Result<RecordSizeResult> {
+    if place.owned_cache_file {
+        let _ = std::fs::remove_file(&place.cache_path);
+    }
+    let (cache, handles) = open_cache(args, place, record_bytes)?;
+    let records = fill(args, &place.spec, &cache, &handles, record_bytes)?;
+    let written = cache
+        .l2arc()
+        .context("no L2ARC")?
+        .stats()
+        .get("l2_write_bytes");
     if !args.json {
         eprintln!(
-            "dataset: {} files x {} MiB in {}; cache file {} ({} MiB)",
-            spec.files,
-            per_file >> 20,
-            dir.display(),
-            cache_path.display(),
-            args.cache_size >> 20
+            "{} KiB records: {records} in the L2ARC, {} MiB of the cache file written",
+            record_bytes >> 10,
+            written >> 20
         );
     }
+    let warm = WarmL2 {
+        json: args.json,
+        spec: &place.spec,
+        cache: &cache,
+        handles: &handles,
+        device: FileDevice::open(&place.cache_path, None)?,
+        region: (DATA_START_BYTES, written),
+        record_bytes,
+        secs: place.secs,
+    };
+    let jobs = fio_jobs(place, record_bytes, written);
+    // rounds[round][job]
+    let rounds = (0..args.rounds)
+        .map(|round| warm.round(&jobs, round, args.seed))
+        .collect::<Result<Vec<_>>>()?;
+    let rows = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, (qd, job))| {
+            let trios: Vec<&Trio> = rounds.iter().map(|r| &r[i]).collect();
+            summarise(record_bytes, *qd, job.describe(), &trios)
+        })
+        .collect();
+    let uring_over_psync: Vec<f64> = rounds
+        .iter()
+        .map(|r| r[2].fio.iops / r[1].fio.iops)
+        .collect();
+    Ok(RecordSizeResult {
+        rows,
+        records,
+        io_uring_over_psync: median(&uring_over_psync),
+    })
+}
 
-    let mut rows = Vec::new();
-    let mut records_written = Vec::new();
-    let mut io_uring_over_psync = Vec::new();
-    for record_bytes in RECORD_SIZES {
-        if owned_cache_file {
-            let _ = std::fs::remove_file(&cache_path);
-        }
-        let mut config = CacheConfig {
-            arc_max_bytes: args.arc_max,
-            // The fill feeds the L2ARC itself, between its reads: a feed in
-            // the background holds references to every record it scans, so
-            // an insert meanwhile can find nothing to evict and the record is
-            // never cached (`insert_no_room`). The feeder thread's first pass
-            // finds an empty ARC; then it sleeps for an hour.
-            l2arc: L2ArcConfig {
-                l2arc_rebuild_enabled: false,
-                l2arc_feed_secs: 3600.0,
-                l2arc_feed_min_ms: 3_600_000,
-                l2arc_feed_again: false,
-                ..L2ArcConfig::default()
-            },
-            ..CacheConfig::default()
-        };
-        if let Some(shards) = args.arc_shards {
-            config.arc_shards = shards;
-        }
-        let cache = Cache::new(config)?;
-        let primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&dir)?);
-        let dataset = cache.add_dataset(
+/// A cache over the dataset with `record_bytes` records and the cache file
+/// as its L2ARC, and the dataset's files opened.
+fn open_cache(
+    args: &BenchArgs,
+    place: &Place,
+    record_bytes: u64,
+) -> Result<(Arc<Cache>, Vec<ObjectHandle>)> {
+    let mut config = CacheConfig {
+        arc_max_bytes: args.arc_max,
+        // The fill feeds the L2ARC itself, between its reads: a feed in
+        // the background holds references to every record it scans, so
+        // an insert meanwhile can find nothing to evict and the record is
+        // never cached (`insert_no_room`). The feeder thread's first pass
+        // finds an empty ARC; then it sleeps for an hour.
+        l2arc: L2ArcConfig {
+            l2arc_rebuild_enabled: false,
+            l2arc_feed_secs: 3600.0,
+            l2arc_feed_min_ms: 3_600_000,
+            l2arc_feed_again: false,
+            ..L2ArcConfig::default()
+        },
+        ..CacheConfig::default()
+    };
+    if let Some(shards) = args.arc_shards {
+        config.arc_shards = shards;
+    }
+    let cache = Cache::new(config)?;
+    let primary: Arc<dyn Primary> = Arc::new(DirPrimary::new(&place.dir)?);
+    let dataset = cache.add_dataset(
+        "l2hit",
+        primary,
+        DatasetConfig {
+            recordsize_bytes: record_bytes as u32,
+            compression: Compression::Off,
+            ..DatasetConfig::default()
+        },
+    )?;
+    let device = FileDevice::open(&place.cache_path, Some(args.cache_size))?;
+    if !device.is_direct() {
+        bail!(
+            "the cache file {} refuses O_DIRECT: the comparison with fio --direct=1 would be meaningless",
+            place.cache_path.display()
+        );
+    }
+    let (_, open) = cache.add_cache_device(Box::new(device))?;
+    debug_assert_ne!(open, DeviceOpen::Rebuilding);
+    std::thread::sleep(Duration::from_millis(100));
+    let handles = (0..place.spec.files)
+        .map(|f| cache.open(dataset, &DatasetSpec::file_name(f), false))
+        .collect::<std::io::Result<_>>()?;
+    Ok((cache, handles))
+}
+
+/// The three fio jobs, each with its queue depth: psync with one job,
+/// psync with 32, io_uring at iodepth 32; over the region the fill wrote.
+fn fio_jobs(place: &Place, record_bytes: u64, written: u64) -> [(usize, FioJob); 3] {
+    let fio = |engine: &'static str, iodepth: usize, jobs: usize| {
+        FioJob::new(
             "l2hit",
-            primary,
-            DatasetConfig {
-                recordsize_bytes: record_bytes as u32,
-                compression: Compression::Off,
-                ..DatasetConfig::default()
+            engine,
+            FioTarget::Files(vec![place.cache_path.clone()]),
+            "randread",
+            record_bytes,
+            place.secs.ceil().max(1.0) as u64,
+        )
+        .readonly()
+        .direct(true)
+        .offset_bytes(DATA_START_BYTES)
+        .size_bytes(written)
+        .iodepth(iodepth)
+        .numjobs(jobs)
+        .threads()
+    };
+    [
+        (1, fio("psync", 1, 1)),
+        (QUEUE_DEPTH, fio("psync", 1, QUEUE_DEPTH)),
+        (QUEUE_DEPTH, fio("io_uring", QUEUE_DEPTH, 1)),
+    ]
+}
+
+/// A warm L2ARC at one record size, and what is measured against it.
+struct WarmL2<'a> {
+    json: bool,
+    spec: &'a DatasetSpec,
+    cache: &'a Cache,
+    handles: &'a [ObjectHandle],
+    /// The cache file, for the bare preads.
+    device: FileDevice,
+    /// The part of the cache file the records were written to (offset, length).
+    region: (u64, u64),
+    record_bytes: u64,
+    secs: f64,
+}
+
+impl WarmL2<'_> {
+    /// One round: each fio job paired with ours and the bare preads at its
+    /// queue depth, the order within a pair reversed every other round.
+    /// Ours and the bare preads at QD32 are measured once a round and
+    /// paired with both fio jobs at QD32.
+    fn round(&self, jobs: &[(usize, FioJob)], round: usize, seed: u64) -> Result<Vec<Trio>> {
+        let reverse = round % 2 == 1;
+        // A fresh random sequence for every phase (as fio's randrepeat=0),
+        // so that no phase replays records another read.
+        let seed_for = |qd: usize, salt: u64| {
+            seed ^ l2arc::hash::mix64(
+                (self.record_bytes << 20) ^ ((round as u64) << 8) ^ qd as u64 ^ salt,
+            )
+        };
+        let fio = |job: &FioJob| job.run(None).map(Side::from);
+        let mut trios: Vec<Trio> = Vec::new();
+        for (i, (qd, job)) in jobs.iter().enumerate() {
+            let qd = *qd;
+            let trio = if i == 2 {
+                // One thread with a read queue against fio's one thread
+                // with an io_uring; the bare preads as in the row above.
+                let pread = trios.last().context("the QD32 psync trio")?.pread.clone();
+                let queue = || self.measure_queue(qd, seed_for(qd, 1 << 41));
+                let (ours, fio) = if reverse {
+                    let fio = fio(job)?;
+                    (queue()?, fio)
+                } else {
+                    (queue()?, fio(job)?)
+                };
+                Trio { ours, pread, fio }
+            } else if reverse {
+                let fio = fio(job)?;
+                let pread = self.measure_pread(qd, seed_for(qd, 1 << 40))?;
+                let ours = self.measure(qd, seed_for(qd, 0))?;
+                Trio { ours, pread, fio }
+            } else {
+                let ours = self.measure(qd, seed_for(qd, 0))?;
+                let pread = self.measure_pread(qd, seed_for(qd, 1 << 40))?;
+                Trio {
+                    ours,
+                    pread,
+                    fio: fio(job)?,
+                }
+            };
+            trios.push(trio);
+        }
+        Ok(trios)
+    }
+
+    fn records(&self) -> (u64, u64) {
+        let per_file = self.spec.file_size_bytes / self.record_bytes;
+        (per_file, per_file * u64::from(self.spec.files))
+    }
+
+    fn phase<'l>(&self, label: &'l str, threads: usize, seed: u64) -> Phase<'l> {
+        Phase::new(
+            label,
+            threads,
+            Until::Elapsed(Duration::from_secs_f64(self.secs)),
+        )
+        .seed(seed)
+    }
+
+    /// Random reads of whole records from `threads` threads against the
+    /// warm L2ARC; the ARC and L2ARC hit ratios are those of this phase alone.
+    fn measure(&self, threads: usize, seed: u64) -> Result<Ours> {
+        let record_bytes = self.record_bytes;
+        let (per_file, total) = self.records();
+        let before = self.cache.stats();
+        let label = format!("ours {}K QD{threads}", record_bytes >> 10);
+        let result = runner::run(
+            &self.phase(&label, threads, seed).progress(!self.json),
+            &mut (),
+            |_| Ok(AlignedBuf::zeroed(record_bytes as usize)),
+            |out, worker| {
+                worker.timed(|rng| {
+                    let r = rng.below(total);
+                    let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
+                    let n = self.cache.read(
+                        &self.handles[file as usize],
+                        offset,
+                        out.as_mut_slice(),
+                    )?;
+                    check_record(self.spec, file, offset, record_bytes, &out[..n])?;
+                    Ok(n as u64)
+                })
             },
         )?;
-        let device = FileDevice::open(&cache_path, Some(args.cache_size))?;
-        if !device.is_direct() {
-            bail!(
-                "the cache file {} refuses O_DIRECT: the comparison with fio --direct=1 would be meaningless",
-                cache_path.display()
-            );
-        }
-        let (_, open) = cache.add_cache_device(Box::new(device))?;
-        debug_assert_ne!(open, DeviceOpen::Rebuilding);
-        std::thread::sleep(Duration::from_millis(100));
-        let handles: Vec<ObjectHandle> = (0..spec.files)
-            .map(|f| cache.open(dataset, &DatasetSpec::file_name(f), false))
-            .collect::<std::io::Result<_>>()?;
-        let records = fill(args, &spec, &cache, &handles, record_bytes)?;
-        let l2 = cache.l2arc().context("no L2ARC")?;
-        let written = l2.stats().get("l2_write_bytes");
-        records_written.push((record_bytes, records));
-        if !args.json {
-            eprintln!(
-                "{} KiB records: {records} in the L2ARC, {} MiB of the cache file written",
-                record_bytes >> 10,
-                written >> 20
-            );
-        }
+        self.ours(&before, &result)
+    }
 
-        let fio = |engine: &'static str, iodepth: usize, jobs: usize| FioJob {
-            path: &cache_path,
-            offset: DATA_START_BYTES,
-            size: written,
-            block_bytes: record_bytes,
-            engine,
-            iodepth,
-            jobs,
-            secs,
+    /// Our figures of a measured phase that began at `before`.
+    fn ours(&self, before: &l2arc::CacheStats, result: &PhaseResult) -> Result<Ours> {
+        let after = self.cache.stats();
+        let (arc_hit_ratio, l2_hit_ratio) = warm_hit_ratios(before, &after)?;
+        Ok(Ours {
+            side: Side {
+                iops: result.iops(),
+                mib_per_sec: result.mib_per_sec(),
+                latency_us_p50: result.latency_us(0.5),
+                latency_us_p99: result.latency_us(0.99),
+                cpu_us_per_read: 0.0,
+            },
+            arc_hit_ratio,
+            l2_hit_ratio,
+            primary_reads: after.primary_reads - before.primary_reads,
+        })
+    }
+
+    /// Bare O_DIRECT preads of whole records at random in the written
+    /// region of the cache file, from `threads` threads of our own harness,
+    /// each into its own reused buffer.
+    fn measure_pread(&self, threads: usize, seed: u64) -> Result<Side> {
+        let (record_bytes, region) = (self.record_bytes, self.region);
+        let blocks = (region.1 / record_bytes).max(1);
+        let label = format!("pread {}K QD{threads}", record_bytes >> 10);
+        let result = runner::run(
+            &self.phase(&label, threads, seed).progress(!self.json),
+            &mut (),
+            |_| Ok(AlignedBuf::zeroed(record_bytes as usize)),
+            |out, worker| {
+                worker.timed(|rng| {
+                    let offset = region.0 + rng.below(blocks) * record_bytes;
+                    self.device.read_at(offset, out.as_mut_slice())?;
+                    Ok(record_bytes)
+                })
+            },
+        )?;
+        Ok(Side {
+            iops: result.iops(),
+            mib_per_sec: result.mib_per_sec(),
+            latency_us_p50: result.latency_us(0.5),
+            latency_us_p99: result.latency_us(0.99),
+            cpu_us_per_read: 0.0,
+        })
+    }
+
+    /// Random reads of whole records from `queue_threads()` threads, each
+    /// with a read queue (the engine's many-in-flight API, flash read
+    /// through io_uring), `depth` in flight in all; latency is from submit
+    /// to completion. The queues fill for a quarter of the phase (at most a
+    /// quarter second) before anything is counted.
+    fn measure_queue(&self, depth: usize, seed: u64) -> Result<Ours> {
+        let threads = queue_threads().min(depth);
+        let phase = self
+            .phase("queue", threads, seed)
+            .warmup(Duration::from_secs_f64(self.secs.min(1.0) / 4.0));
+        let mut watch = StatsAtStart {
+            cache: self.cache,
+            before: None,
         };
-        let jobs = [
-            (1, fio("psync", 1, 1)),
-            (QUEUE_DEPTH, fio("psync", 1, QUEUE_DEPTH)),
-            (QUEUE_DEPTH, fio("io_uring", QUEUE_DEPTH, 1)),
-        ];
-        let device = FileDevice::open(&cache_path, None)?;
-        // rounds[round][job]; ours and the bare preads at QD32 are measured
-        // once a round and paired with both fio jobs at QD32.
-        let mut rounds: Vec<Vec<Trio>> = Vec::new();
-        for round in 0..args.rounds {
-            let reverse = round % 2 == 1;
-            let mut trios: Vec<Trio> = Vec::new();
-            // A fresh random sequence for every phase (as fio's
-            // randrepeat=0), so that no phase replays records another read.
-            let ours_at = |qd: usize| {
-                let seed = args.seed
-                    ^ l2arc::hash::mix64((record_bytes << 20) ^ ((round as u64) << 8) ^ qd as u64);
-                measure(
-                    &spec,
-                    &cache,
-                    &handles,
-                    record_bytes,
-                    qd,
-                    secs,
-                    seed,
-                    args.json,
-                )
-            };
-            let pread_at = |qd: usize| {
-                let seed = args.seed
-                    ^ l2arc::hash::mix64(
-                        (record_bytes << 20) ^ ((round as u64) << 8) ^ qd as u64 ^ 1 << 40,
-                    );
-                measure_pread(
-                    &device,
-                    (DATA_START_BYTES, written),
-                    record_bytes,
-                    qd,
-                    secs,
-                    seed,
-                    args.json,
-                )
-            };
-            let queue_at = |qd: usize| {
-                let seed = args.seed
-                    ^ l2arc::hash::mix64(
-                        (record_bytes << 20) ^ ((round as u64) << 8) ^ qd as u64 ^ 1 << 41,
-                    );
-                measure_queue(&spec, &cache, &handles, record_bytes, qd, secs, seed)
-            };
-            for (i, (qd, job)) in jobs.iter().enumerate() {
-                let trio = if i == 2 {
-                    // One thread with a read queue against fio's one thread
-                    // with an io_uring; the bare preads as in the row above.
-                    let last = trios.last().context("the QD32 psync trio")?;
-                    let (ours, fio) = if reverse {
-                        let fio = job.run()?;
-                        (queue_at(*qd)?, fio)
-                    } else {
-                        let ours = queue_at(*qd)?;
-                        (ours, job.run()?)
-                    };
-                    Trio {
-                        ours,
-                        fio,
-                        pread: last.pread.clone(),
-                    }
-                } else if reverse {
-                    let fio = job.run()?;
-                    let pread = pread_at(*qd)?;
-                    Trio {
-                        ours: ours_at(*qd)?,
-                        pread,
-                        fio,
-                    }
-                } else {
-                    let ours = ours_at(*qd)?;
-                    let pread = pread_at(*qd)?;
-                    Trio {
-                        ours,
-                        pread,
-                        fio: job.run()?,
-                    }
-                };
-                trios.push(trio);
-            }
-            rounds.push(trios);
-        }
-        for (i, (qd, job)) in jobs.iter().enumerate() {
-            let trios: Vec<&Trio> = rounds.iter().map(|r| &r[i]).collect();
-            rows.push(summarise(record_bytes, *qd, job.describe(), &trios));
-        }
-        let uring_over_psync: Vec<f64> = rounds
-            .iter()
-            .map(|r| r[2].fio.iops / r[1].fio.iops)
-            .collect();
-        io_uring_over_psync.push((record_bytes, median(&uring_over_psync)));
-        drop(handles);
-        drop(cache);
+        let result = runner::run(
+            &phase,
+            &mut watch,
+            |worker| {
+                let thread_depth = depth / threads + usize::from(worker.thread < depth % threads);
+                QueueReader::new(self.cache, thread_depth)
+            },
+            |queue, worker| queue.step(self, worker),
+        )?;
+        let before = watch.before.context("the measured phase never started")?;
+        let mut ours = self.ours(&before, &result)?;
+        ours.side.cpu_us_per_read = result.cpu_secs * 1e6 / result.ops.max(1) as f64;
+        Ok(ours)
     }
-    if owned_cache_file {
-        let _ = std::fs::remove_file(&cache_path);
-    }
-    let report = Report {
-        machine,
-        cache_file: cache_path.display().to_string(),
-        cache_file_bytes: args.cache_size,
-        arc_max_bytes: args.arc_max,
-        phase_secs: secs,
-        rounds: args.rounds,
-        fio_version,
-        records_written,
-        rows,
-        io_uring_over_psync,
-    };
-    super::emit(args.json, &report, print_report)
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -530,47 +681,6 @@ fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&T
     }
 }
 
-/// Bare O_DIRECT preads of whole records at random in `region` (offset,
-/// length) of the cache file, from `threads` threads of our own harness,
-/// each into its own reused buffer.
-fn measure_pread(
-    device: &FileDevice,
-    region: (u64, u64),
-    record_bytes: u64,
-    threads: usize,
-    secs: f64,
-    seed: u64,
-    json: bool,
-) -> Result<Side> {
-    let blocks = (region.1 / record_bytes).max(1);
-    let label = format!("pread {}K QD{threads}", record_bytes >> 10);
-    let result = run_phase(
-        &label,
-        threads,
-        Duration::from_secs_f64(secs),
-        Duration::from_secs_f64(secs),
-        seed,
-        !json,
-        |_, rng: &mut Rng| {
-            let offset = region.0 + rng.below(blocks) * record_bytes;
-            OUT.with_borrow_mut(|out| {
-                if out.len() != record_bytes as usize {
-                    *out = AlignedBuf::zeroed(record_bytes as usize);
-                }
-                device.read_at(offset, out.as_mut_slice())?;
-                Ok(record_bytes)
-            })
-        },
-    )?;
-    Ok(Side {
-        iops: result.iops(),
-        mib_per_sec: result.mib_per_sec(),
-        latency_us_p50: result.latency_us(0.5),
-        latency_us_p99: result.latency_us(0.99),
-        cpu_us_per_read: 0.0,
-    })
-}
-
 /// Reads every record once through the ARC, feeding the L2ARC as it goes
 /// (half an ARC at a time, so nothing falls out before it is written), and
 /// checks every byte. Returns the records the L2ARC then holds (all of them,
@@ -611,65 +721,6 @@ fn fill(
     Ok(held)
 }
 
-/// Random reads of whole records from `threads` threads against the warm
-/// L2ARC; the ARC and L2ARC hit ratios are those of this phase alone.
-#[allow(clippy::too_many_arguments)]
-fn measure(
-    spec: &DatasetSpec,
-    cache: &Cache,
-    handles: &[ObjectHandle],
-    record_bytes: u64,
-    threads: usize,
-    secs: f64,
-    seed: u64,
-    json: bool,
-) -> Result<Ours> {
-    let per_file = spec.file_size_bytes / record_bytes;
-    let total = per_file * u64::from(spec.files);
-    let before = cache.stats();
-    let label = format!("ours {}K QD{threads}", record_bytes >> 10);
-    let result: PhaseResult = run_phase(
-        &label,
-        threads,
-        Duration::from_secs_f64(secs),
-        Duration::from_secs_f64(secs),
-        seed,
-        !json,
-        |_, rng: &mut Rng| {
-            let r = rng.below(total);
-            let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
-            OUT.with_borrow_mut(|out| {
-                if out.len() != record_bytes as usize {
-                    *out = AlignedBuf::zeroed(record_bytes as usize);
-                }
-                let n = cache.read(&handles[file as usize], offset, out.as_mut_slice())?;
-                let last = (offset + record_bytes) / 8 - 1;
-                if n as u64 != record_bytes
-                    || out[..8] != spec.word(file, offset / 8).to_le_bytes()
-                    || out[n - 8..] != spec.word(file, last).to_le_bytes()
-                {
-                    bail!("wrong bytes: file {file} offset {offset}");
-                }
-                Ok(n as u64)
-            })
-        },
-    )?;
-    let after = cache.stats();
-    let (arc_hit_ratio, l2_hit_ratio) = warm_hit_ratios(&before, &after)?;
-    Ok(Ours {
-        side: Side {
-            iops: result.iops(),
-            mib_per_sec: result.mib_per_sec(),
-            latency_us_p50: result.latency_us(0.5),
-            latency_us_p99: result.latency_us(0.99),
-            cpu_us_per_read: 0.0,
-        },
-        arc_hit_ratio,
-        l2_hit_ratio,
-        primary_reads: after.primary_reads - before.primary_reads,
-    })
-}
-
 /// The ARC hit ratio and the L2 hit ratio (hits over the ARC's misses) of
 /// a measured phase; an error unless at least 95% of the ARC's misses were
 /// L2 hits (otherwise the phase did not measure the warm L2ARC hit path).
@@ -700,182 +751,117 @@ fn queue_threads() -> usize {
         .clamp(1, 4)
 }
 
-/// Random reads of whole records from `queue_threads()` threads, each with a
-/// read queue (the engine's many-in-flight API, flash read through
-/// io_uring), `depth` in flight in all, against the warm L2ARC; latency is
-/// from submit to completion.
-fn measure_queue(
-    spec: &DatasetSpec,
-    cache: &Cache,
-    handles: &[ObjectHandle],
-    record_bytes: u64,
-    depth: usize,
-    secs: f64,
-    seed: u64,
-) -> Result<Ours> {
-    let threads = queue_threads().min(depth);
-    let start = std::time::Instant::now();
-    let warm_until = start + Duration::from_secs_f64(secs.min(1.0) / 4.0);
-    let end = warm_until + Duration::from_secs_f64(secs);
-    let before = std::sync::Mutex::new(None);
-    let results: Vec<Result<(u64, hdrhistogram::Histogram<u64>, f64)>> =
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|t| {
-                    let thread_depth = depth / threads + usize::from(t < depth % threads);
-                    let before = &before;
-                    scope.spawn(move || {
-                        queue_loop(
-                            spec,
-                            cache,
-                            handles,
-                            record_bytes,
-                            thread_depth,
-                            (warm_until, end),
-                            seed ^ l2arc::hash::mix64(t as u64 + 1),
-                            || {
-                                let mut before = before.lock().expect("lock");
-                                if before.is_none() {
-                                    *before = Some(cache.stats());
-                                }
-                            },
-                        )
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("queue thread panicked"))
-                .collect()
-        });
-    let elapsed_secs = end.duration_since(warm_until).as_secs_f64();
-    let mut ops = 0;
-    let mut cpu_secs = 0.0;
-    let mut latency_ns = super::runner::latency_histogram();
-    for result in results {
-        let (n, histogram, cpu) = result?;
-        ops += n;
-        cpu_secs += cpu;
-        latency_ns
-            .add(&histogram)
-            .context("merging latency histograms")?;
-    }
-    let before = before
-        .into_inner()
-        .expect("lock")
-        .context("the measured phase never started")?;
-    let after = cache.stats();
-    let (arc_hit_ratio, l2_hit_ratio) = warm_hit_ratios(&before, &after)?;
-    let iops = ops as f64 / elapsed_secs;
-    Ok(Ours {
-        side: Side {
-            iops,
-            mib_per_sec: iops * record_bytes as f64 / (1 << 20) as f64,
-            latency_us_p50: latency_ns.value_at_quantile(0.5) as f64 / 1000.0,
-            latency_us_p99: latency_ns.value_at_quantile(0.99) as f64 / 1000.0,
-            cpu_us_per_read: cpu_secs * 1e6 / ops.max(1) as f64,
-        },
-        arc_hit_ratio,
-        l2_hit_ratio,
-        primary_reads: after.primary_reads - before.primary_reads,
-    })
+/// Takes the cache's statistics when the measured part of a phase begins.
+struct StatsAtStart<'a> {
+    cache: &'a Cache,
+    before: Option<l2arc::CacheStats>,
 }
 
-/// One thread of `measure_queue`: keeps `depth` reads in flight until
-/// `window.1`, counting those that complete after `window.0` (when it calls
-/// `at_start`). Returns the reads counted, their latencies, and the CPU
-/// time (user + system) the thread spent meanwhile.
-#[allow(clippy::too_many_arguments)]
-fn queue_loop(
-    spec: &DatasetSpec,
-    cache: &Cache,
-    handles: &[ObjectHandle],
-    record_bytes: u64,
-    depth: usize,
-    window: (std::time::Instant, std::time::Instant),
-    seed: u64,
-    at_start: impl Fn(),
-) -> Result<(u64, hdrhistogram::Histogram<u64>, f64)> {
-    let per_file = spec.file_size_bytes / record_bytes;
-    let total = per_file * u64::from(spec.files);
-    let mut queue = cache.read_queue(depth)?;
-    if queue.ioengine() != l2arc::IoEngine::IoUring {
-        bail!(
-            "the read queue reads flash with {} here, not io_uring ({})",
-            queue.ioengine().name(),
-            cache.ioengine_fallback_reason().unwrap_or("forced")
-        );
+impl runner::Watch for StatsAtStart<'_> {
+    fn started(&mut self) {
+        self.before = Some(self.cache.stats());
     }
-    let mut rng = Rng::new(seed);
-    let mut latency_ns = super::runner::latency_histogram();
-    // Per tag: when it was submitted, and which record it reads.
-    let mut started = vec![(std::time::Instant::now(), 0u32, 0u64); depth];
-    let mut free: Vec<u64> = (0..depth as u64).collect();
-    let mut done = Vec::with_capacity(depth);
-    let mut ops = 0u64;
-    let mut measuring = false;
-    let mut cpu_at_start = 0.0;
-    let cpu_secs;
-    loop {
-        let now = std::time::Instant::now();
-        if !measuring && now >= window.0 {
-            at_start();
-            measuring = true;
-            cpu_at_start = thread_cpu_secs();
+}
+
+/// One thread of `measure_queue`: a read queue kept full, and what each of
+/// its tags is reading.
+struct QueueReader<'c> {
+    queue: ReadQueue<'c>,
+    /// Per tag: when it was submitted, and which record it reads.
+    started: Vec<(Instant, u32, u64)>,
+    free: Vec<u64>,
+    done: Vec<ReadCompletion>,
+}
+
+impl<'c> QueueReader<'c> {
+    fn new(cache: &'c Cache, depth: usize) -> Result<Self> {
+        let queue = cache.read_queue(depth)?;
+        if queue.ioengine() != l2arc::IoEngine::IoUring {
+            bail!(
+                "the read queue reads flash with {} here, not io_uring ({})",
+                queue.ioengine().name(),
+                cache.ioengine_fallback_reason().unwrap_or("forced")
+            );
         }
-        if now >= window.1 {
-            cpu_secs = thread_cpu_secs() - cpu_at_start;
-            break;
-        }
-        while let Some(tag) = free.pop() {
-            let r = rng.below(total);
+        Ok(Self {
+            queue,
+            started: vec![(Instant::now(), 0u32, 0u64); depth],
+            free: (0..depth as u64).collect(),
+            done: Vec::with_capacity(depth),
+        })
+    }
+
+    /// Fills the queue with random records, waits for at least one
+    /// completion, checks and records every completion.
+    fn step(&mut self, warm: &WarmL2, worker: &mut Worker) -> Result<()> {
+        let (spec, handles, record_bytes) = (warm.spec, warm.handles, warm.record_bytes);
+        let (per_file, total) = warm.records();
+        while let Some(tag) = self.free.pop() {
+            let r = worker.rng.below(total);
             let (file, offset) = ((r / per_file) as u32, (r % per_file) * record_bytes);
-            started[tag as usize] = (std::time::Instant::now(), file, offset);
-            queue.submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
+            self.started[tag as usize] = (Instant::now(), file, offset);
+            self.queue
+                .submit(&handles[file as usize], offset, record_bytes as usize, tag)?;
         }
-        queue.wait(1, &mut done)?;
-        let now = std::time::Instant::now();
-        for completion in done.drain(..) {
-            let (at, file, offset) = started[completion.tag as usize];
+        self.queue.wait(1, &mut self.done)?;
+        let now = Instant::now();
+        for completion in self.done.drain(..) {
+            let (at, file, offset) = self.started[completion.tag as usize];
             let view = completion.result?;
             let bytes = view
                 .as_single_slice()
                 .context("a whole-record read spans one record")?;
-            let last = (offset + record_bytes) / 8 - 1;
-            if bytes.len() as u64 != record_bytes
-                || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
-                || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
-            {
-                bail!("wrong bytes: file {file} offset {offset}");
-            }
-            if measuring {
-                let _ = latency_ns.record((now - at).as_nanos() as u64);
-                ops += 1;
-            }
-            free.push(completion.tag);
+            check_record(spec, file, offset, record_bytes, bytes)?;
+            worker.record(at, now, record_bytes);
+            self.free.push(completion.tag);
         }
+        Ok(())
     }
-    // Drain what is still in flight (not counted).
-    while queue.pending() > 0 {
-        queue.wait(queue.pending(), &mut done)?;
-        done.clear();
-    }
-    Ok((ops, latency_ns, cpu_secs))
 }
 
-/// CPU time (user + system) of the calling thread, in seconds.
-fn thread_cpu_secs() -> f64 {
-    // SAFETY: getrusage writes one rusage into the zeroed struct given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(usage.ru_utime) + secs(usage.ru_stime)
+impl Drop for QueueReader<'_> {
+    /// Drains what is still in flight (not counted).
+    fn drop(&mut self) {
+        while self.queue.pending() > 0 {
+            if self
+                .queue
+                .wait(self.queue.pending(), &mut self.done)
+                .is_err()
+            {
+                return;
+            }
+            self.done.clear();
+        }
+    }
+}
+
+/// Checks the first and last word of a whole record read at `offset`.
+fn check_record(
+    spec: &DatasetSpec,
+    file: u32,
+    offset: u64,
+    record_bytes: u64,
+    bytes: &[u8],
+) -> Result<()> {
+    let last = (offset + record_bytes) / 8 - 1;
+    if bytes.len() as u64 != record_bytes
+        || bytes[..8] != spec.word(file, offset / 8).to_le_bytes()
+        || bytes[bytes.len() - 8..] != spec.word(file, last).to_le_bytes()
+    {
+        bail!("wrong bytes: file {file} offset {offset}");
+    }
+    Ok(())
 }
 
 fn print_report(r: &Report) {
+    print_setup(r);
+    println!();
+    print_rows(&r.rows);
+    println!();
+    print_notes(r);
+}
+
+fn print_setup(r: &Report) {
     let m = &r.machine;
     println!(
         "L2ARC hit path: random whole-record reads from a warm L2ARC, against fio on the same cache file (O_DIRECT)"
@@ -892,7 +878,9 @@ fn print_report(r: &Report) {
         r.phase_secs,
         r.rounds
     );
-    println!();
+}
+
+fn print_rows(rows: &[Row]) {
     println!(
         "{:>6} {:>3} {:>9} {:>7} {:>7} {:>5} {:>6}  {:>9} {:>7}  {:<18} {:>9} {:>7} {:>7}  {:>8} {:>9}  {:>10}",
         "record",
@@ -912,7 +900,7 @@ fn print_report(r: &Report) {
         "(rounds)",
         "ours/pread"
     );
-    for row in &r.rows {
+    for row in rows {
         let (o, p, f) = (&row.ours, &row.pread, &row.fio);
         println!(
             "{:>4} K {:>3} {:>9.0} {:>7.1} {:>7.1} {:>4.1}% {:>5.1}%  {:>9.0} {:>7.1}  {:<18} {:>9.0} {:>7.1} {:>7.1}  {:>7.1}% {:>9}  {:>9.1}%",
@@ -934,7 +922,10 @@ fn print_report(r: &Report) {
             100.0 * row.ours_over_pread
         );
     }
-    println!();
+}
+
+/// What the columns mean, CPU per read, and whether io_uring pays here.
+fn print_notes(r: &Report) {
     println!(
         "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
          against fio psync; against fio io_uring it is {} thread(s) with read queues, {QUEUE_DEPTH} in flight in all \

@@ -23,7 +23,7 @@
 //!   8 KiB records (13,107,200 records) cost OpenZFS 1.17 GiB of DRAM.
 //!
 //! The entries are synthetic (hashed keys, plausible location words) and go
-//! in through the public `l2arc::l2arc::index::L2Index` API, one at a time,
+//! in through the public `l2arc::internals::index::L2Index` API, one at a time,
 //! as a feeder or a rebuild inserts them.
 
 use std::process::Command;
@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use l2arc::hash::mix64;
-use l2arc::l2arc::index::{IndexEntry, L2Index};
+use l2arc::internals::index::{IndexEntry, L2Index};
 use serde::{Deserialize, Serialize};
 
 use super::BenchArgs;
@@ -190,7 +190,7 @@ fn measure_in_child(records: u64, build: Build) -> Result<Measured> {
     serde_json::from_slice(&out.stdout).context("child's measurement")
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         let (records, build): (u64, Build) =
             serde_json::from_str(&spec).context("bad child measurement spec")?;
@@ -211,24 +211,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             if !args.json {
                 eprint!("building an index of {records} records ({build:?})...\r");
             }
-            let m = measure_in_child(records, build)?;
-            let per = |bytes: u64| bytes as f64 / records as f64;
-            let ours = per(m.index_bytes);
-            let to_gib = |bytes_per_record: f64| {
-                bytes_per_record * RECORDS_PER_100GIB_OF_8K as f64 / (1u64 << 30) as f64
-            };
-            rows.push(Row {
-                records,
-                build,
-                index_bytes_per_record: ours,
-                rss_delta_bytes_per_record: per(m.rss_delta_bytes),
-                rss_peak_delta_bytes_per_record: m.rss_peak_delta_bytes.map(per),
-                openzfs_bytes_per_record: OPENZFS_L2ONLY_HDR_BYTES,
-                openzfs_over_ours: OPENZFS_L2ONLY_HDR_BYTES / ours,
-                gib_per_100gib_of_8k_records: to_gib(ours),
-                openzfs_gib_per_100gib_of_8k_records: to_gib(OPENZFS_L2ONLY_HDR_BYTES),
-                inserts_per_sec: records as f64 / m.insert_seconds,
-            });
+            rows.push(Row::of(&measure_in_child(records, build)?));
         }
     }
     if !args.json {
@@ -241,8 +224,37 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    } else {
+        print_report(&report);
     }
+    Ok(())
+}
+
+impl Row {
+    /// Per record, and scaled to 100 GiB of 8 KiB records.
+    fn of(m: &Measured) -> Self {
+        let records = m.records;
+        let per = |bytes: u64| bytes as f64 / records as f64;
+        let ours = per(m.index_bytes);
+        let to_gib = |bytes_per_record: f64| {
+            bytes_per_record * RECORDS_PER_100GIB_OF_8K as f64 / (1u64 << 30) as f64
+        };
+        Row {
+            records,
+            build: m.build,
+            index_bytes_per_record: ours,
+            rss_delta_bytes_per_record: per(m.rss_delta_bytes),
+            rss_peak_delta_bytes_per_record: m.rss_peak_delta_bytes.map(per),
+            openzfs_bytes_per_record: OPENZFS_L2ONLY_HDR_BYTES,
+            openzfs_over_ours: OPENZFS_L2ONLY_HDR_BYTES / ours,
+            gib_per_100gib_of_8k_records: to_gib(ours),
+            openzfs_gib_per_100gib_of_8k_records: to_gib(OPENZFS_L2ONLY_HDR_BYTES),
+            inserts_per_sec: records as f64 / m.insert_seconds,
+        }
+    }
+}
+
+fn print_report(report: &Report) {
     println!(
         "L2ARC index: DRAM per cached record ({SHARDS} shards), against OpenZFS's \
          {OPENZFS_L2ONLY_HDR_BYTES:.0}-byte L2-only header"
@@ -284,7 +296,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "index B = L2Index::memory_bytes() / records (l2_hdr_size); RSS B = resident growth \
          over the build; peak B = peak resident growth during it (each build in a fresh process)"
     );
-    Ok(())
 }
 
 #[cfg(test)]

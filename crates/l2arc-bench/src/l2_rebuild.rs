@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use l2arc::hash::mix64;
-use l2arc::l2arc::device::{DeviceIo, FileDevice};
-use l2arc::l2arc::format::{self, Compression, DATA_START_BYTES};
-use l2arc::l2arc::{BATCH_BYTES_MAX, DeviceOpen, FeedRecord, L2Arc, L2ArcConfig};
+use l2arc::internals::format::{self, Compression, DATA_START_BYTES};
+use l2arc::internals::{BATCH_BYTES_MAX, FeedRecord, L2Arc};
+use l2arc::{DeviceIo, FileDevice};
+use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
 use super::BenchArgs;
@@ -139,7 +140,7 @@ fn drop_page_cache() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let counts = if args.records.is_empty() {
         vec![DEFAULT_RECORDS]
     } else {
@@ -222,32 +223,8 @@ fn one_device(
         );
     }
     let config = L2ArcConfig::default();
-    let (log_blocks, fill_secs, direct) = {
-        let device = FileDevice::open(&path, Some(device_bytes))?;
-        if device.size_bytes() < device_bytes {
-            bail!(
-                "{}: {} bytes, {device_bytes} needed for {records} records of {record_bytes} bytes",
-                path.display(),
-                device.size_bytes()
-            );
-        }
-        let direct = device.is_direct();
-        // Start empty: an l2arc log left by an earlier run is reused, not
-        // rebuilt (anything else on the device is refused).
-        let fill_config = L2ArcConfig {
-            l2arc_rebuild_enabled: false,
-            ..config.clone()
-        };
-        let l2 = Arc::new(L2Arc::new(fill_config, records as usize));
-        l2.add_device(Box::new(device))?;
-        let (log_blocks, secs) = fill(&l2, record_bytes, records)?;
-        let bufs = l2.stats().get("l2_bufs");
-        if bufs != records {
-            bail!("the warm device holds {bufs} records, not {records}");
-        }
-        l2.stop();
-        (log_blocks, secs, direct)
-    };
+    let (log_blocks, fill_secs, direct) =
+        warm_device(&config, &path, device_bytes, record_bytes, records)?;
 
     let mut rows = Vec::new();
     let dropped_once = drop_page_cache();
@@ -292,6 +269,42 @@ fn one_device(
         std::fs::remove_file(&path).ok();
     }
     Ok(rows)
+}
+
+/// Fills a device of `device_bytes` at `path` with `records` records
+/// through the write path; returns the log blocks written, the seconds
+/// taken, and whether the device is opened O_DIRECT.
+fn warm_device(
+    config: &L2ArcConfig,
+    path: &std::path::Path,
+    device_bytes: u64,
+    record_bytes: u64,
+    records: u64,
+) -> Result<(u64, f64, bool)> {
+    let device = FileDevice::open(path, Some(device_bytes))?;
+    if device.size_bytes() < device_bytes {
+        bail!(
+            "{}: {} bytes, {device_bytes} needed for {records} records of {record_bytes} bytes",
+            path.display(),
+            device.size_bytes()
+        );
+    }
+    let direct = device.is_direct();
+    // Start empty: an l2arc log left by an earlier run is reused, not
+    // rebuilt (anything else on the device is refused).
+    let fill_config = L2ArcConfig {
+        l2arc_rebuild_enabled: false,
+        ..config.clone()
+    };
+    let l2 = Arc::new(L2Arc::new(fill_config, records as usize));
+    l2.add_device(Box::new(device))?;
+    let (log_blocks, secs) = fill(&l2, record_bytes, records)?;
+    let bufs = l2.stats().get("l2_bufs");
+    if bufs != records {
+        bail!("the warm device holds {bufs} records, not {records}");
+    }
+    l2.stop();
+    Ok((log_blocks, secs, direct))
 }
 
 /// Rebuilds the device into a fresh L2Arc and checks that every record came

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::report::{self, Series};
-use super::runner::Rng;
+use super::runner::{self, Until};
 use super::targets::{Bench, TargetKind, TargetSpec, build};
 use super::targets::{ReadTarget, TargetCounters};
 use super::workload::{self, PhaseRun, Sample, Setup};
@@ -41,7 +41,7 @@ const SEED_IOPS_FACTOR: f64 = 8.3;
 const SEED_LATENCY_FACTOR: f64 = 20.0;
 
 #[derive(Serialize, Clone)]
-pub struct Phase {
+pub(crate) struct Phase {
     pub name: String,
     pub seconds: f64,
     pub ios: u64,
@@ -60,7 +60,7 @@ pub struct Phase {
 }
 
 #[derive(Serialize)]
-pub struct TargetRun {
+pub(crate) struct TargetRun {
     pub target: String,
     pub cold: Phase,
     pub warm: Option<Phase>,
@@ -74,7 +74,7 @@ pub struct TargetRun {
 }
 
 #[derive(Serialize)]
-pub struct LatencyReport {
+pub(crate) struct LatencyReport {
     pub scenario: &'static str,
     #[serde(flatten)]
     pub setup: Setup,
@@ -98,27 +98,27 @@ fn phase(name: &str, run: &PhaseRun, before: &TargetCounters) -> Phase {
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     Phase {
         name: name.to_string(),
-        seconds: run.elapsed_secs,
-        ios: run.ios,
-        iops: run.iops(),
-        latency_us_p50: run.latency_us(0.5),
-        latency_us_p90: run.latency_us(0.9),
-        latency_us_p99: run.latency_us(0.99),
-        latency_us_p999: run.latency_us(0.999),
-        latency_us_max: run.latency_ns.max() as f64 / 1000.0,
+        seconds: run.phase.elapsed_secs,
+        ios: run.phase.ops,
+        iops: run.phase.iops(),
+        latency_us_p50: run.phase.latency_us(0.5),
+        latency_us_p90: run.phase.latency_us(0.9),
+        latency_us_p99: run.phase.latency_us(0.99),
+        latency_us_p999: run.phase.latency_us(0.999),
+        latency_us_max: run.phase.latency_ns.max() as f64 / 1000.0,
         arc_hit_ratio: ratio(counters.dram_hits, total),
         l2arc_hit_ratio: ratio(counters.flash_hits, counters.flash_hits + counters.misses),
         counters,
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let began = Instant::now();
     let measure = Duration::from_secs_f64(args.measure_secs.unwrap_or(DEFAULT_MEASURE_SECS));
     let warm_max = Duration::from_secs_f64(args.warm_secs.unwrap_or(DEFAULT_WARM_SECS));
     let bench = Bench::prepare(args)?;
     let files = bench.files_for(WORKING_SET_OF_ARC * args.arc_max);
-    let compression = args.compression != l2arc::l2arc::format::Compression::Off;
+    let compression = args.compression != l2arc::Compression::Off;
     let spec = TargetSpec {
         recordsize_bytes: RECORDSIZE_BYTES,
         ..bench.spec(args, files, compression)
@@ -192,8 +192,8 @@ fn run_target(
     // database reads blocks, not files).
     let blocks: Vec<u64> = sizes.iter().map(|s| s / READ_BYTES).collect();
     let total_blocks: u64 = blocks.iter().sum();
-    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
-        let mut block = rng.below(total_blocks);
+    let op = |reader: &mut workload::Reader| {
+        let mut block = reader.rng().below(total_blocks);
         let mut file = 0usize;
         while block >= blocks[file] {
             block -= blocks[file];
@@ -201,88 +201,88 @@ fn run_target(
         }
         reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
     };
-    let interval = Duration::from_secs(1);
-    let cold_run = workload::run(
+    let phase_for = |until, seed| {
+        runner::Phase::new(target.name(), CLIENTS, Until::Elapsed(until))
+            .interval(Duration::from_secs(1))
+            .seed(seed)
+    };
+    let cold_run =
+        workload::read_phase(target, &data, &phase_for(measure, args.seed), |_| false, op)?;
+    if !kind.has_flash() {
+        let bytes = cold_run.phase.bytes;
+        return Ok((TargetRun::cold_only(target.name(), cold_run), bytes));
+    }
+    let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
+    let warming = workload::read_phase(
         target,
         &data,
-        CLIENTS,
-        measure,
-        interval,
-        args.seed,
+        &phase_for(warm_max, args.seed ^ 1),
+        settle,
+        op,
+    )?;
+    let warm_run = workload::read_phase(
+        target,
+        &data,
+        &phase_for(measure, args.seed ^ 2),
         |_| false,
         op,
     )?;
-    let cold = phase("cold", &cold_run, &TargetCounters::default());
-    let mut bytes = cold_run.bytes;
-    let mut samples = cold_run.samples.clone();
-    if !kind.has_flash() {
-        let run = TargetRun {
-            target: target.name().to_string(),
-            cold,
+    let bytes = cold_run.phase.bytes + warming.phase.bytes + warm_run.phase.bytes;
+    let run = TargetRun::warmed(target.name(), cold_run, warming, warm_run);
+    Ok((run, bytes))
+}
+
+impl TargetRun {
+    /// A target without a flash tier: the cold phase alone.
+    fn cold_only(target: &str, cold_run: PhaseRun) -> Self {
+        TargetRun {
+            target: target.to_string(),
+            cold: phase("cold", &cold_run, &TargetCounters::default()),
             warm: None,
             warmup_secs: 0.0,
             secs_to_90pct_of_warm: None,
             iops_factor: None,
             latency_p50_factor: None,
+            samples: cold_run.samples,
+        }
+    }
+
+    /// Cold, the warm-up, and warm, with every second on one time line.
+    fn warmed(target: &str, cold_run: PhaseRun, warming: PhaseRun, warm_run: PhaseRun) -> Self {
+        let cold = phase("cold", &cold_run, &TargetCounters::default());
+        let before = warming
+            .samples
+            .last()
+            .map(|s| s.counters)
+            .unwrap_or_default();
+        let warm = phase("warm", &warm_run, &before);
+        let secs_to_90pct_of_warm = warming
+            .samples
+            .iter()
+            .find(|s| s.iops >= 0.9 * warm.iops)
+            .map(|s| s.end_secs);
+        let offset = cold_run.phase.elapsed_secs;
+        let mut samples = cold_run.samples;
+        let warm_offset = offset + warming.phase.elapsed_secs;
+        samples.extend(warming.samples.iter().map(|s| Sample {
+            end_secs: s.end_secs + offset,
+            ..s.clone()
+        }));
+        samples.extend(warm_run.samples.iter().map(|s| Sample {
+            end_secs: s.end_secs + warm_offset,
+            ..s.clone()
+        }));
+        TargetRun {
+            target: target.to_string(),
+            iops_factor: Some(warm.iops / cold.iops.max(1e-9)),
+            latency_p50_factor: Some(cold.latency_us_p50 / warm.latency_us_p50.max(1e-9)),
+            cold,
+            warm: Some(warm),
+            warmup_secs: warming.phase.elapsed_secs,
+            secs_to_90pct_of_warm,
             samples,
-        };
-        return Ok((run, bytes));
+        }
     }
-    let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
-    let warming = workload::run(
-        target,
-        &data,
-        CLIENTS,
-        warm_max,
-        interval,
-        args.seed ^ 1,
-        settle,
-        op,
-    )?;
-    bytes += warming.bytes;
-    let before = warming
-        .samples
-        .last()
-        .map(|s| s.counters)
-        .unwrap_or_default();
-    let warm_run = workload::run(
-        target,
-        &data,
-        CLIENTS,
-        measure,
-        interval,
-        args.seed ^ 2,
-        |_| false,
-        op,
-    )?;
-    bytes += warm_run.bytes;
-    let warm = phase("warm", &warm_run, &before);
-    let offset = cold_run.elapsed_secs;
-    let secs_to_90pct_of_warm = warming
-        .samples
-        .iter()
-        .find(|s| s.iops >= 0.9 * warm.iops)
-        .map(|s| s.end_secs);
-    for s in warming.samples.iter().chain(&warm_run.samples) {
-        let mut s = s.clone();
-        s.end_secs += if samples.len() < cold_run.samples.len() + warming.samples.len() {
-            offset
-        } else {
-            offset + warming.elapsed_secs
-        };
-        samples.push(s);
-    }
-    let run = TargetRun {
-        target: target.name().to_string(),
-        iops_factor: Some(warm.iops / cold.iops.max(1e-9)),
-        latency_p50_factor: Some(cold.latency_us_p50 / warm.latency_us_p50.max(1e-9)),
-        cold,
-        warm: Some(warm),
-        warmup_secs: warming.elapsed_secs,
-        secs_to_90pct_of_warm,
-        samples,
-    };
-    Ok((run, bytes))
 }
 
 fn print_tables(r: &LatencyReport) {
@@ -357,113 +357,15 @@ fn print_tables(r: &LatencyReport) {
 }
 
 fn html(r: &LatencyReport) -> String {
-    let mut rows = Vec::new();
-    for run in &r.runs {
-        for p in std::iter::once(&run.cold).chain(run.warm.as_ref()) {
-            rows.push(vec![
-                run.target.clone(),
-                p.name.clone(),
-                format!("{:.0}", p.iops),
-                format!("{:.0}", p.latency_us_p50),
-                format!("{:.0}", p.latency_us_p90),
-                format!("{:.0}", p.latency_us_p99),
-                format!("{:.0}", p.latency_us_p999),
-                format!("{:.1}%", 100.0 * p.arc_hit_ratio),
-                format!("{:.1}%", 100.0 * p.l2arc_hit_ratio),
-            ]);
-        }
-    }
-    let mut sections = vec![(
-        "Cold and warm".to_string(),
-        report::table(
-            &[
-                "target",
-                "phase",
-                "IOPS",
-                "p50 us",
-                "p90 us",
-                "p99 us",
-                "p99.9 us",
-                "ARC hit",
-                "L2ARC hit",
-            ],
-            &rows,
+    let mut sections = vec![
+        ("Cold and warm".to_string(), html_phases(r)),
+        (
+            "Improvement once warm, against the seed".to_string(),
+            html_factors(r),
         ),
-    )];
-    let factors: Vec<Vec<String>> = r
-        .runs
-        .iter()
-        .filter(|x| x.warm.is_some())
-        .map(|x| {
-            vec![
-                x.target.clone(),
-                format!("{:.1}x", x.iops_factor.unwrap_or(0.0)),
-                format!("{:.1}x", r.seed_iops_factor),
-                format!("{:.1}x", x.latency_p50_factor.unwrap_or(0.0)),
-                format!("{:.0}x", r.seed_latency_factor),
-                format!("{:.0}", x.warmup_secs),
-            ]
-        })
-        .collect();
-    sections.push((
-        "Improvement once warm, against the seed".to_string(),
-        report::table(
-            &[
-                "target",
-                "warm/cold IOPS",
-                "seed",
-                "cold/warm p50",
-                "seed",
-                "warm-up s",
-            ],
-            &factors,
-        ),
-    ));
+    ];
     for run in r.runs.iter().filter(|x| x.warm.is_some()) {
-        let x: Vec<f64> = run.samples.iter().map(|s| s.end_secs).collect();
-        let counts: Vec<Vec<u64>> = run
-            .samples
-            .iter()
-            .map(|s| s.latency_buckets.clone())
-            .collect();
-        sections.push((
-            format!("Latency heatmap, {}", run.target),
-            report::heatmap(
-                &format!(
-                    "{}: read latency per second (cold, warm-up, warm)",
-                    run.target
-                ),
-                &x,
-                "seconds",
-                &r.setup.heatmap_bucket_lower_us,
-                &counts,
-                &[
-                    (run.cold.seconds, "warm-up".to_string()),
-                    (run.cold.seconds + run.warmup_secs, "warm".to_string()),
-                ],
-            ),
-        ));
-        sections.push((
-            format!("IOPS and L2ARC fill, {}", run.target),
-            report::line_chart_two_axes(
-                &format!("{}: IOPS and L2ARC fill", run.target),
-                &x,
-                "seconds",
-                &[Series::new(
-                    "IOPS",
-                    run.samples.iter().map(|s| s.iops).collect(),
-                )],
-                "IOPS",
-                &[Series::new(
-                    "L2ARC fill, MiB",
-                    run.samples
-                        .iter()
-                        .map(|s| s.counters.flash_bytes as f64 / (1 << 20) as f64)
-                        .collect(),
-                )],
-                "L2ARC MiB",
-            ),
-        ));
+        sections.extend(html_run_charts(r, run));
     }
     report::page(
         "l2arc bench: latency cold and warm",
@@ -481,4 +383,118 @@ fn html(r: &LatencyReport) -> String {
         ),
         &sections,
     )
+}
+
+/// Every phase of every target: IOPS, percentiles, hit ratios.
+fn html_phases(r: &LatencyReport) -> String {
+    let mut rows = Vec::new();
+    for run in &r.runs {
+        for p in std::iter::once(&run.cold).chain(run.warm.as_ref()) {
+            rows.push(vec![
+                run.target.clone(),
+                p.name.clone(),
+                format!("{:.0}", p.iops),
+                format!("{:.0}", p.latency_us_p50),
+                format!("{:.0}", p.latency_us_p90),
+                format!("{:.0}", p.latency_us_p99),
+                format!("{:.0}", p.latency_us_p999),
+                format!("{:.1}%", 100.0 * p.arc_hit_ratio),
+                format!("{:.1}%", 100.0 * p.l2arc_hit_ratio),
+            ]);
+        }
+    }
+    report::table(
+        &[
+            "target",
+            "phase",
+            "IOPS",
+            "p50 us",
+            "p90 us",
+            "p99 us",
+            "p99.9 us",
+            "ARC hit",
+            "L2ARC hit",
+        ],
+        &rows,
+    )
+}
+
+/// Warm over cold, against the seed's factors.
+fn html_factors(r: &LatencyReport) -> String {
+    let factors: Vec<Vec<String>> = r
+        .runs
+        .iter()
+        .filter(|x| x.warm.is_some())
+        .map(|x| {
+            vec![
+                x.target.clone(),
+                format!("{:.1}x", x.iops_factor.unwrap_or(0.0)),
+                format!("{:.1}x", r.seed_iops_factor),
+                format!("{:.1}x", x.latency_p50_factor.unwrap_or(0.0)),
+                format!("{:.0}x", r.seed_latency_factor),
+                format!("{:.0}", x.warmup_secs),
+            ]
+        })
+        .collect();
+    report::table(
+        &[
+            "target",
+            "warm/cold IOPS",
+            "seed",
+            "cold/warm p50",
+            "seed",
+            "warm-up s",
+        ],
+        &factors,
+    )
+}
+
+/// A target's latency heatmap and its IOPS and L2ARC fill over the run.
+fn html_run_charts(r: &LatencyReport, run: &TargetRun) -> Vec<(String, String)> {
+    let mut sections = Vec::new();
+    let x: Vec<f64> = run.samples.iter().map(|s| s.end_secs).collect();
+    let counts: Vec<Vec<u64>> = run
+        .samples
+        .iter()
+        .map(|s| s.latency_buckets.clone())
+        .collect();
+    sections.push((
+        format!("Latency heatmap, {}", run.target),
+        report::heatmap(
+            &format!(
+                "{}: read latency per second (cold, warm-up, warm)",
+                run.target
+            ),
+            &x,
+            "seconds",
+            &r.setup.heatmap_bucket_lower_us,
+            &counts,
+            &[
+                (run.cold.seconds, "warm-up".to_string()),
+                (run.cold.seconds + run.warmup_secs, "warm".to_string()),
+            ],
+        ),
+    ));
+    sections.push((
+        format!("IOPS and L2ARC fill, {}", run.target),
+        report::line_chart_two_axes(
+            &format!("{}: IOPS and L2ARC fill", run.target),
+            &x,
+            "seconds",
+            &[Series::new(
+                "IOPS",
+                run.samples.iter().map(|s| s.iops).collect(),
+            )],
+            "IOPS",
+            &[Series::new(
+                "L2ARC fill, MiB",
+                run.samples
+                    .iter()
+                    .map(|s| s.counters.flash_bytes as f64 / (1 << 20) as f64)
+                    .collect(),
+            )],
+            "L2ARC MiB",
+        ),
+    ));
+    sections
 }

@@ -14,10 +14,12 @@
 //!
 //! Layout: `lib.rs` the flags and the dispatch; one module per scenario
 //! (`demo`, `hit_path`, `l2_hit`, `l2_index`, `l2_rebuild`, `fuse`, `nbd`,
-//! `throughput`, `latency`, `warmup`); the systems under test behind one
-//! trait (`target`, `targets`, `peers`); the shared workload and phase
-//! runner (`workload`, `runner`), the generated datasets (`dataset`), fio
-//! (`fio`) and the report writers (`report`).
+//! `throughput`, `latency`, `warmup`, `feed_capture`); the systems under
+//! test behind one trait (`targets`, with `targets/ours.rs` and
+//! `targets/peers.rs`); the one phase runner every timed phase goes
+//! through (`runner`) and the verified reads through a target on top of it
+//! (`workload`), the generated datasets (`dataset`), fio (`fio`) and the
+//! report writers (`report`).
 
 use std::path::PathBuf;
 
@@ -45,6 +47,7 @@ mod throughput;
 mod warmup;
 mod workload;
 
+/// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Random reads from several threads over an emulated HDD: cache against no cache.
@@ -75,8 +78,10 @@ pub enum Scenario {
     S3,
 }
 
+/// `l2arc bench` (and `l2arc-bench`): the benchmark suite's options.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
+    /// The benchmark to run.
     #[arg(long, value_enum, default_value = "demo")]
     pub scenario: Scenario,
     /// Directory for the generated dataset (reused when it matches); default: a temporary directory.
@@ -85,6 +90,7 @@ pub struct BenchArgs {
     /// Dataset size (split over --files files).
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     pub dataset_size: u64,
+    /// Files the dataset is split into.
     #[arg(long, default_value_t = 16)]
     pub files: u32,
     /// `arc_max`: DRAM for cached records (default 8 MiB with --scenario l2-hit, so that reads reach the L2ARC).
@@ -117,6 +123,7 @@ pub struct BenchArgs {
     /// Emulated HDD: shortest and longest positioning time, ms.
     #[arg(long, default_value_t = 4.0)]
     pub seek_ms_min: f64,
+    /// Emulated HDD: longest positioning time, ms.
     #[arg(long, default_value_t = 12.0)]
     pub seek_ms_max: f64,
     /// Emulated HDD: media transfer rate per disk.
@@ -136,7 +143,7 @@ pub struct BenchArgs {
     pub cache_size: u64,
     /// How records are stored on the L2ARC: lz4, zstd or off.
     #[arg(long, default_value = "lz4", value_parser = parse_compression)]
-    pub compression: l2arc::l2arc::format::Compression,
+    pub compression: l2arc::Compression,
     /// Rounds of paired measurements (ours, then fio, alternating which goes first) in --scenario l2-hit; the medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -167,6 +174,7 @@ pub struct BenchArgs {
     /// Mixed-size datasets (throughput/latency/warmup): smallest and largest file.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     pub min_file_size: u64,
+    /// Mixed-size datasets: largest file.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     pub max_file_size: u64,
 }
@@ -194,15 +202,17 @@ const SEED_CONTENT: [(&str, &str, &str); 4] = [
     ("scenario", "all", "mixed"),
 ];
 
+/// A switch on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
+    /// Switched on.
     On,
+    /// Switched off.
     Off,
 }
 
-fn parse_compression(s: &str) -> Result<l2arc::l2arc::format::Compression, String> {
-    s.parse()
-        .map_err(|e: l2arc::l2arc::format::FormatError| e.to_string())
+fn parse_compression(s: &str) -> Result<l2arc::Compression, String> {
+    s.parse().map_err(|e: l2arc::FormatError| e.to_string())
 }
 
 /// Prints a scenario's report: JSON with `--json`, otherwise the table.
@@ -273,8 +283,9 @@ pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
         })
 }
 
+/// Runs the chosen scenario and prints its report.
 pub fn run(args: BenchArgs) -> Result<()> {
-    l2arc::read_path::validate_recordsize(args.recordsize)?;
+    l2arc::validate_recordsize(args.recordsize)?;
     if args.threads == 0 || args.threads > 4096 {
         bail!("--threads must be from 1 to 4096, not {}", args.threads);
     }

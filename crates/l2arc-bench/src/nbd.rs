@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
+use super::fio::{FioJob, FioTarget};
 use super::{BenchArgs, emit};
 
 const BLOCK_BYTES: u64 = 4096;
@@ -195,6 +196,8 @@ fn wait_for_socket(server: &mut ServerProcess, socket: &Path) -> Result<()> {
     bail!("no server on {} after 30 s", socket.display())
 }
 
+/// The fio job both servers are read with (the same on each side but
+/// for the export's address).
 struct Fio {
     size_bytes: u64,
     queue_depth: usize,
@@ -203,28 +206,23 @@ struct Fio {
 }
 
 impl Fio {
-    fn args(&self, uri: &str, seed: u64) -> Vec<String> {
-        vec![
-            "--name=nbd".into(),
-            "--ioengine=nbd".into(),
-            format!("--uri={uri}"),
-            "--rw=randread".into(),
-            format!("--bs={BLOCK_BYTES}"),
-            format!("--size={}", self.size_bytes),
-            format!("--iodepth={}", self.queue_depth),
-            format!("--random_distribution={}", self.distribution),
-            "--time_based".into(),
-            format!("--runtime={}", self.secs.ceil().max(1.0) as u64),
-            "--norandommap".into(),
-            format!("--randseed={seed}"),
-            "--lat_percentiles=1".into(),
-            "--output-format=json".into(),
-        ]
+    fn job(&self, uri: &str, seed: u64) -> FioJob {
+        FioJob::new(
+            "nbd",
+            "nbd",
+            FioTarget::NbdUri(uri.to_string()),
+            "randread",
+            BLOCK_BYTES,
+            self.secs.ceil().max(1.0) as u64,
+        )
+        .size_bytes(self.size_bytes)
+        .iodepth(self.queue_depth)
+        .random_distribution(&self.distribution)
+        .seed(seed)
     }
 
     fn run(&self, dir: &Path, uri: &str, seed: u64) -> Result<Phase> {
-        let args = self.args(uri, seed);
-        let read = super::fio::run_json(Some(dir), &args)?;
+        let read = self.job(uri, seed).run(Some(dir))?;
         Ok(Phase {
             iops: read.iops,
             latency_us_p50: read.latency_us_p50,
@@ -241,157 +239,13 @@ fn shell_words(cmd: &Command) -> String {
         .join(" ")
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     require("fio")?;
     require("nbdkit")?;
-    let delay_ms = (args.seek_ms_min + args.seek_ms_max) / 2.0;
-    if !(delay_ms.is_finite() && delay_ms >= 0.0) {
-        bail!("--seek-ms-min/--seek-ms-max must give a delay of at least 0 ms");
-    }
-    let image_bytes = args.dataset_size / BLOCK_BYTES * BLOCK_BYTES;
-    if image_bytes < 16 * STRIPE_BYTES {
-        bail!("--dataset-size must be at least 16 MiB for --scenario nbd");
-    }
-    let tmp = tempfile::Builder::new()
-        .prefix("l2arc-bench-nbd")
-        .tempdir()?;
-    let image: PathBuf = match &args.data {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            dir.join("nbd-bench.img")
-        }
-        None => tmp.path().join("nbd-bench.img"),
-    };
-    eprintln!(
-        "l2arc bench nbd: image {} ({} MiB)",
-        image.display(),
-        image_bytes >> 20
-    );
-    make_image(&image, image_bytes, args.seed)?;
-    let cache_file = match args.cache.first() {
-        Some(p) => p.clone(),
-        None => tmp.path().join("l2arc-cache.bin"),
-    };
-    let queue_depth = args.threads;
-    let hot_read = (args.hot_read_fraction * 100.0).round() as u32;
-    let hot_data = (args.hot_data_fraction * 100.0).round() as u32;
-    let distribution = if hot_read == 0 || hot_data == 0 || hot_read >= 100 || hot_data >= 100 {
-        "random".to_string()
-    } else {
-        format!(
-            "zoned:{hot_read}/{hot_data}:{}/{}",
-            100 - hot_read,
-            100 - hot_data
-        )
-    };
-    let fio = Fio {
-        size_bytes: image_bytes,
-        queue_depth,
-        secs: args.seconds,
-        distribution: distribution.clone(),
-    };
-    let spindles = (image_bytes / STRIPE_BYTES).clamp(1, 65_536);
-    let seeds = [args.seed, args.seed.wrapping_add(1)];
-
-    // Ours.
-    let ours_socket = tmp.path().join("l2arc.sock");
-    let mut ours_cmd = Command::new(crate::sibling_binary("l2arc")?);
-    ours_cmd
-        .arg("serve-nbd")
-        .arg(&image)
-        .arg("--listen")
-        .arg(format!("unix:{}", ours_socket.display()))
-        .args(["--recordsize", "4K"])
-        .arg(format!("--arc-max={}", args.arc_max))
-        .arg(format!("--cache={}", cache_file.display()))
-        .arg(format!("--cache-size={}", args.cache_size))
-        .arg(format!("--compression={}", args.compression))
-        .arg(format!("--workers={queue_depth}"))
-        .arg(format!("--emulate-hdd-spindles={spindles}"))
-        .arg(format!("--emulate-hdd-seek-ms-min={delay_ms}"))
-        .arg(format!("--emulate-hdd-seek-ms-max={delay_ms}"));
-    if let Some(shards) = args.arc_shards {
-        ours_cmd.arg(format!("--arc-shards={shards}"));
-    }
-    let ours_command = shell_words(&ours_cmd);
-    let mut ours_server = spawn(ours_cmd)?;
-    wait_for_socket(&mut ours_server, &ours_socket)?;
-    let ours_uri = format!("nbd+unix:///?socket={}", ours_socket.display());
-    eprintln!("l2arc bench nbd: ours, cold ({} s)", args.seconds);
-    let ours_cold = fio.run(tmp.path(), &ours_uri, seeds[0])?;
-    eprintln!("l2arc bench nbd: ours, warm ({} s)", args.seconds);
-    let ours_warm = fio.run(tmp.path(), &ours_uri, seeds[1])?;
-    let ours_lines = ours_server.stop();
-    let ours_stats: Vec<(String, u64)> = ours_lines
-        .iter()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let (name, value) = (it.next()?, it.next()?);
-            if it.next().is_some() || name.starts_with("l2arc:") {
-                return None;
-            }
-            Some((name.to_string(), value.parse().ok()?))
-        })
-        .collect();
-    if args.cache.is_empty() {
-        let _ = std::fs::remove_file(&cache_file);
-    }
-
-    // nbdkit.
-    let kit_socket = tmp.path().join("nbdkit.sock");
-    let kit_tmp = tmp.path().join("nbdkit-tmp");
-    std::fs::create_dir_all(&kit_tmp)?;
-    let delay_arg = if delay_ms.fract() == 0.0 {
-        format!("delay-read={}ms", delay_ms as u64)
-    } else {
-        format!("delay-read={}", delay_ms / 1000.0)
-    };
-    let mut kit_cmd = Command::new("nbdkit");
-    kit_cmd
-        .env("TMPDIR", &kit_tmp)
-        .args(["-f", "-U"])
-        .arg(&kit_socket)
-        .arg(format!("--threads={queue_depth}"))
-        .args(["--filter=cache", "--filter=delay", "file"])
-        .arg(format!("file={}", image.display()))
-        .arg("cache-on-read=true")
-        .arg(format!("cache-min-block-size={BLOCK_BYTES}"))
-        .arg(format!("cache-max-size={}", args.arc_max + args.cache_size))
-        .arg(delay_arg);
-    let nbdkit_command = shell_words(&kit_cmd);
-    let mut kit_server = spawn(kit_cmd)?;
-    wait_for_socket(&mut kit_server, &kit_socket)?;
-    let kit_uri = format!("nbd+unix:///?socket={}", kit_socket.display());
-    eprintln!("l2arc bench nbd: nbdkit, cold ({} s)", args.seconds);
-    let kit_cold = fio.run(tmp.path(), &kit_uri, seeds[0])?;
-    eprintln!("l2arc bench nbd: nbdkit, warm ({} s)", args.seconds);
-    let kit_warm = fio.run(tmp.path(), &kit_uri, seeds[1])?;
-    kit_server.stop();
-
-    // nbdkit without its cache: the delayed disk alone.
-    let plain_socket = tmp.path().join("nbdkit-plain.sock");
-    let mut plain_cmd = Command::new("nbdkit");
-    plain_cmd
-        .args(["-f", "-U"])
-        .arg(&plain_socket)
-        .arg(format!("--threads={queue_depth}"))
-        .args(["--filter=delay", "file"])
-        .arg(format!("file={}", image.display()))
-        .arg(if delay_ms.fract() == 0.0 {
-            format!("delay-read={}ms", delay_ms as u64)
-        } else {
-            format!("delay-read={}", delay_ms / 1000.0)
-        });
-    let mut plain_server = spawn(plain_cmd)?;
-    wait_for_socket(&mut plain_server, &plain_socket)?;
-    eprintln!("l2arc bench nbd: nbdkit without cache ({} s)", args.seconds);
-    let nbdkit_no_cache = fio.run(
-        tmp.path(),
-        &format!("nbd+unix:///?socket={}", plain_socket.display()),
-        seeds[0],
-    )?;
-    plain_server.stop();
-
+    let bench = NbdBench::prepare(args)?;
+    let ours = bench.measure_ours(args)?;
+    let nbdkit = bench.measure_nbdkit(args)?;
+    let nbdkit_no_cache = bench.measure_uncached_nbdkit()?;
     let row = |phase, ours: Phase, nbdkit: Phase| Row {
         phase,
         ours,
@@ -402,25 +256,250 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let report = Report {
         scenario: "nbd",
-        image_bytes,
+        image_bytes: bench.image_bytes,
         block_bytes: BLOCK_BYTES,
-        delay_ms,
-        queue_depth,
+        delay_ms: bench.delay_ms,
+        queue_depth: bench.queue_depth,
         seconds_per_phase: args.seconds,
         arc_max_bytes: args.arc_max,
         cache_bytes: args.cache_size,
-        distribution,
-        ours_command,
-        nbdkit_command,
-        fio_command: format!("fio {}", fio.args("URI", seeds[0]).join(" ")),
+        distribution: bench.fio.distribution.clone(),
+        ours_command: ours.command,
+        nbdkit_command: nbdkit.command,
+        fio_command: bench.fio.job("URI", bench.seeds[0]).command_line(),
         rows: vec![
-            row("cold", ours_cold, kit_cold),
-            row("warm", ours_warm, kit_warm),
+            row("cold", ours.cold, nbdkit.cold),
+            row("warm", ours.warm, nbdkit.warm),
         ],
         nbdkit_no_cache,
-        ours_stats,
+        ours_stats: ours.stats,
     };
     emit(args.json, &report, print_report)
+}
+
+/// The run's set-up: the image, the emulated disk's delay, the fio job.
+struct NbdBench {
+    /// Sockets, our cache file and nbdkit's cache live here.
+    tmp: tempfile::TempDir,
+    image: PathBuf,
+    image_bytes: u64,
+    delay_ms: f64,
+    queue_depth: usize,
+    fio: Fio,
+    /// The cold phase's, then the warm phase's (the same on both sides).
+    seeds: [u64; 2],
+}
+
+/// One server measured cold, then warm.
+struct Measured {
+    cold: Phase,
+    warm: Phase,
+    /// How the server was started.
+    command: String,
+    /// Its statistics when it stopped (ours only).
+    stats: Vec<(String, u64)>,
+}
+
+impl NbdBench {
+    /// Checks the flags and writes the image (or finds it in `--data`).
+    fn prepare(args: &BenchArgs) -> Result<Self> {
+        let delay_ms = (args.seek_ms_min + args.seek_ms_max) / 2.0;
+        if !(delay_ms.is_finite() && delay_ms >= 0.0) {
+            bail!("--seek-ms-min/--seek-ms-max must give a delay of at least 0 ms");
+        }
+        let image_bytes = args.dataset_size / BLOCK_BYTES * BLOCK_BYTES;
+        if image_bytes < 16 * STRIPE_BYTES {
+            bail!("--dataset-size must be at least 16 MiB for --scenario nbd");
+        }
+        let tmp = tempfile::Builder::new()
+            .prefix("l2arc-bench-nbd")
+            .tempdir()?;
+        let image: PathBuf = match &args.data {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                dir.join("nbd-bench.img")
+            }
+            None => tmp.path().join("nbd-bench.img"),
+        };
+        eprintln!(
+            "l2arc bench nbd: image {} ({} MiB)",
+            image.display(),
+            image_bytes >> 20
+        );
+        make_image(&image, image_bytes, args.seed)?;
+        let fio = Fio {
+            size_bytes: image_bytes,
+            queue_depth: args.threads,
+            secs: args.seconds,
+            distribution: distribution(args.hot_read_fraction, args.hot_data_fraction),
+        };
+        Ok(Self {
+            tmp,
+            image,
+            image_bytes,
+            delay_ms,
+            queue_depth: args.threads,
+            fio,
+            seeds: [args.seed, args.seed.wrapping_add(1)],
+        })
+    }
+
+    /// `l2arc serve-nbd` over the image on the emulated disk.
+    fn measure_ours(&self, args: &BenchArgs) -> Result<Measured> {
+        let socket = self.tmp.path().join("l2arc.sock");
+        let cache_file = match args.cache.first() {
+            Some(p) => p.clone(),
+            None => self.tmp.path().join("l2arc-cache.bin"),
+        };
+        let cmd = self.ours_command(args, &socket, &cache_file)?;
+        let command = shell_words(&cmd);
+        let mut server = spawn(cmd)?;
+        wait_for_socket(&mut server, &socket)?;
+        let (cold, warm) = self.cold_then_warm("ours", &socket, args.seconds)?;
+        let stats = server_stats(&server.stop());
+        if args.cache.is_empty() {
+            let _ = std::fs::remove_file(&cache_file);
+        }
+        Ok(Measured {
+            cold,
+            warm,
+            command,
+            stats,
+        })
+    }
+
+    fn ours_command(&self, args: &BenchArgs, socket: &Path, cache_file: &Path) -> Result<Command> {
+        let spindles = (self.image_bytes / STRIPE_BYTES).clamp(1, 65_536);
+        let delay_ms = self.delay_ms;
+        let mut cmd = Command::new(crate::sibling_binary("l2arc")?);
+        cmd.arg("serve-nbd")
+            .arg(&self.image)
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--recordsize", "4K"])
+            .arg(format!("--arc-max={}", args.arc_max))
+            .arg(format!("--cache={}", cache_file.display()))
+            .arg(format!("--cache-size={}", args.cache_size))
+            .arg(format!("--compression={}", args.compression))
+            .arg(format!("--workers={}", self.queue_depth))
+            .arg(format!("--emulate-hdd-spindles={spindles}"))
+            .arg(format!("--emulate-hdd-seek-ms-min={delay_ms}"))
+            .arg(format!("--emulate-hdd-seek-ms-max={delay_ms}"));
+        if let Some(shards) = args.arc_shards {
+            cmd.arg(format!("--arc-shards={shards}"));
+        }
+        Ok(cmd)
+    }
+
+    /// nbdkit's cache filter over its delay filter, with our capacity.
+    fn measure_nbdkit(&self, args: &BenchArgs) -> Result<Measured> {
+        let socket = self.tmp.path().join("nbdkit.sock");
+        let kit_tmp = self.tmp.path().join("nbdkit-tmp");
+        std::fs::create_dir_all(&kit_tmp)?;
+        let cmd = self.nbdkit_command(&socket, Some((&kit_tmp, args.arc_max + args.cache_size)));
+        let command = shell_words(&cmd);
+        let mut server = spawn(cmd)?;
+        wait_for_socket(&mut server, &socket)?;
+        let (cold, warm) = self.cold_then_warm("nbdkit", &socket, args.seconds)?;
+        server.stop();
+        Ok(Measured {
+            cold,
+            warm,
+            command,
+            stats: Vec::new(),
+        })
+    }
+
+    /// nbdkit without its cache: the delayed disk alone, one cold phase.
+    fn measure_uncached_nbdkit(&self) -> Result<Phase> {
+        let socket = self.tmp.path().join("nbdkit-plain.sock");
+        let mut server = spawn(self.nbdkit_command(&socket, None))?;
+        wait_for_socket(&mut server, &socket)?;
+        eprintln!(
+            "l2arc bench nbd: nbdkit without cache ({} s)",
+            self.fio.secs
+        );
+        let phase = self
+            .fio
+            .run(self.tmp.path(), &nbd_uri(&socket), self.seeds[0])?;
+        server.stop();
+        Ok(phase)
+    }
+
+    /// nbdkit's file plugin under its delay filter; with `cache` (its
+    /// temporary directory and `cache-max-size`), under the cache filter too.
+    fn nbdkit_command(&self, socket: &Path, cache: Option<(&Path, u64)>) -> Command {
+        let mut cmd = Command::new("nbdkit");
+        if let Some((kit_tmp, _)) = cache {
+            cmd.env("TMPDIR", kit_tmp);
+        }
+        cmd.args(["-f", "-U"])
+            .arg(socket)
+            .arg(format!("--threads={}", self.queue_depth));
+        if cache.is_some() {
+            cmd.arg("--filter=cache");
+        }
+        cmd.args(["--filter=delay", "file"])
+            .arg(format!("file={}", self.image.display()));
+        if let Some((_, max_size_bytes)) = cache {
+            cmd.arg("cache-on-read=true")
+                .arg(format!("cache-min-block-size={BLOCK_BYTES}"))
+                .arg(format!("cache-max-size={max_size_bytes}"));
+        }
+        cmd.arg(if self.delay_ms.fract() == 0.0 {
+            format!("delay-read={}ms", self.delay_ms as u64)
+        } else {
+            format!("delay-read={}", self.delay_ms / 1000.0)
+        });
+        cmd
+    }
+
+    /// fio against the server on `socket`: cold, then warm.
+    fn cold_then_warm(&self, name: &str, socket: &Path, seconds: f64) -> Result<(Phase, Phase)> {
+        let uri = nbd_uri(socket);
+        eprintln!("l2arc bench nbd: {name}, cold ({seconds} s)");
+        let cold = self.fio.run(self.tmp.path(), &uri, self.seeds[0])?;
+        eprintln!("l2arc bench nbd: {name}, warm ({seconds} s)");
+        let warm = self.fio.run(self.tmp.path(), &uri, self.seeds[1])?;
+        Ok((cold, warm))
+    }
+}
+
+fn nbd_uri(socket: &Path) -> String {
+    format!("nbd+unix:///?socket={}", socket.display())
+}
+
+/// fio's `--random_distribution` for the demo's skew: `zoned` with
+/// `hot_read` of the reads to `hot_data` of the image (uniform when either
+/// share is 0 or 1).
+fn distribution(hot_read_fraction: f64, hot_data_fraction: f64) -> String {
+    let hot_read = (hot_read_fraction * 100.0).round() as u32;
+    let hot_data = (hot_data_fraction * 100.0).round() as u32;
+    if hot_read == 0 || hot_data == 0 || hot_read >= 100 || hot_data >= 100 {
+        "random".to_string()
+    } else {
+        format!(
+            "zoned:{hot_read}/{hot_data}:{}/{}",
+            100 - hot_read,
+            100 - hot_data
+        )
+    }
+}
+
+/// Our server's statistics from the lines it printed when it stopped
+/// (`name value`, arcstats names).
+fn server_stats(lines: &[String]) -> Vec<(String, u64)> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (name, value) = (it.next()?, it.next()?);
+            if it.next().is_some() || name.starts_with("l2arc:") {
+                return None;
+            }
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
 }
 
 fn print_report(r: &Report) {

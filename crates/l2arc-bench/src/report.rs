@@ -24,13 +24,13 @@ const PALETTE: [&str; 7] = [
 
 /// A named sequence of values.
 #[derive(Clone, Debug)]
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub values: Vec<f64>,
 }
 
 impl Series {
-    pub fn new(name: impl Into<String>, values: Vec<f64>) -> Self {
+    pub(crate) fn new(name: impl Into<String>, values: Vec<f64>) -> Self {
         Self {
             name: name.into(),
             values,
@@ -39,7 +39,7 @@ impl Series {
 }
 
 /// Escapes text for HTML and SVG.
-pub fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -47,7 +47,7 @@ pub fn escape(text: &str) -> String {
 }
 
 /// A round upper bound and step for an axis from 0 to at least `max`.
-pub fn nice_axis(max: f64) -> (f64, f64) {
+pub(crate) fn nice_axis(max: f64) -> (f64, f64) {
     let max = if max.is_finite() && max > 0.0 {
         max
     } else {
@@ -64,7 +64,7 @@ pub fn nice_axis(max: f64) -> (f64, f64) {
 }
 
 /// Short label of an axis value, three significant digits: 1979 -> "1.98k".
-pub fn short_number(v: f64) -> String {
+pub(crate) fn short_number(v: f64) -> String {
     let a = v.abs();
     let (scaled, suffix) = if a >= 1e9 {
         (v / 1e9, "G")
@@ -163,7 +163,12 @@ fn legend(out: &mut String, names: &[(String, String, bool)]) {
 }
 
 /// Grouped bars: one group per category, one bar per series.
-pub fn bar_chart(title: &str, categories: &[String], series: &[Series], y_label: &str) -> String {
+pub(crate) fn bar_chart(
+    title: &str,
+    categories: &[String],
+    series: &[Series],
+    y_label: &str,
+) -> String {
     assert!(series.iter().all(|s| s.values.len() == categories.len()));
     let mut out = String::new();
     svg_open(&mut out, title);
@@ -308,7 +313,7 @@ fn polyline(
 
 /// Lines against a shared x: `left` series on the left axis (solid),
 /// `right` series on the right axis (dashed).
-pub fn line_chart_two_axes(
+pub(crate) fn line_chart_two_axes(
     title: &str,
     x: &[f64],
     x_label: &str,
@@ -387,7 +392,7 @@ fn heat_colour(count: u64, max: u64) -> String {
 /// latency bucket from `bucket_lower_us[j]` (a log scale, lowest at the
 /// bottom), colour the count. Rows with no count in any column at either
 /// end are trimmed. `markers` are labelled vertical lines (phase changes).
-pub fn heatmap(
+pub(crate) fn heatmap(
     title: &str,
     x_end: &[f64],
     x_label: &str,
@@ -399,120 +404,162 @@ pub fn heatmap(
     assert!(counts.iter().all(|c| c.len() == bucket_lower_us.len()));
     let mut out = String::new();
     svg_open(&mut out, title);
-    let used = |j: usize| counts.iter().any(|c| c[j] > 0);
-    let first = (0..bucket_lower_us.len()).find(|&j| used(j)).unwrap_or(0);
-    let last = (0..bucket_lower_us.len())
-        .rev()
-        .find(|&j| used(j))
-        .unwrap_or(0)
-        .max(first);
-    let rows = last - first + 1;
-    let max = counts.iter().flatten().copied().max().unwrap_or(0);
-    let plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
-    let plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM;
-    let (x_top, _) = nice_axis(x_end.last().copied().unwrap_or(1.0));
-    let cell_h = plot_h / rows as f64;
-    let mut x_start = 0.0;
-    for (i, column) in counts.iter().enumerate() {
-        let x0 = MARGIN_LEFT + plot_w * x_start / x_top;
-        let x1 = MARGIN_LEFT + plot_w * x_end[i] / x_top;
-        for j in first..=last {
-            let y = HEIGHT - MARGIN_BOTTOM - (j - first + 1) as f64 * cell_h;
-            if column[j] > 0 {
-                write!(
-                    out,
-                    r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}s, {}us+: {}</title></rect>"#,
-                    (x1 - x0 + 0.3).max(0.5),
-                    cell_h + 0.3,
-                    heat_colour(column[j], max),
-                    short_number(x_end[i]),
-                    short_number(bucket_lower_us[j]),
-                    column[j]
-                )
-                .expect("write");
-            }
-        }
-        x_start = x_end[i];
-    }
-    // y labels: every bucket edge that is a power of ten (or every 5th row).
-    for j in first..=last + 1 {
-        let lower_us = if j < bucket_lower_us.len() {
-            bucket_lower_us[j]
-        } else {
-            bucket_lower_us[j - 1] * (bucket_lower_us[j - 1] / bucket_lower_us[j.saturating_sub(2)])
-        };
-        let decade = lower_us.log10();
-        if (decade - decade.round()).abs() > 1e-6 {
-            continue;
-        }
-        let y = HEIGHT - MARGIN_BOTTOM - (j - first) as f64 * cell_h;
-        let label = if lower_us >= 1000.0 {
-            format!("{} ms", short_number(lower_us / 1000.0))
-        } else {
-            format!("{} us", short_number(lower_us))
-        };
-        write!(
-            out,
-            r##"<line x1="{}" y1="{y:.1}" x2="{MARGIN_LEFT}" y2="{y:.1}" stroke="#000"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
-            MARGIN_LEFT - 4.0,
-            MARGIN_LEFT - 6.0,
-            y + 4.0
-        )
-        .expect("write");
-    }
-    x_axis(&mut out, x_top, x_label);
-    for (x, label) in markers {
-        let px = MARGIN_LEFT + plot_w * x / x_top;
-        write!(
-            out,
-            r##"<line x1="{px:.1}" y1="{MARGIN_TOP}" x2="{px:.1}" y2="{}" stroke="#d00" stroke-width="1.5" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" fill="#d00" font-size="11">{}</text>"##,
-            HEIGHT - MARGIN_BOTTOM,
-            px + 3.0,
-            MARGIN_TOP + 12.0,
-            escape(label)
-        )
-        .expect("write");
-    }
-    let y_mid = MARGIN_TOP + plot_h / 2.0;
+    let grid = HeatGrid::new(x_end, bucket_lower_us, counts);
+    grid.cells(&mut out, x_end, bucket_lower_us, counts);
+    grid.y_labels(&mut out, bucket_lower_us);
+    x_axis(&mut out, grid.x_top, x_label);
+    grid.markers(&mut out, markers);
+    let y_mid = MARGIN_TOP + grid.plot_h / 2.0;
     write!(
         out,
         r#"<text x="14" y="{y_mid}" text-anchor="middle" transform="rotate(-90 14 {y_mid})">latency (log scale)</text>"#
     )
     .expect("write");
-    // Colour scale.
-    let scale_x = WIDTH - MARGIN_RIGHT + 12.0;
-    for k in 0..10 {
-        let count = if max <= 1 {
-            max
-        } else {
-            (max as f64).powf(k as f64 / 9.0).round() as u64
-        };
-        let y = MARGIN_TOP + plot_h - (k + 1) as f64 * plot_h / 10.0;
-        write!(
-            out,
-            r##"<rect x="{scale_x}" y="{y:.1}" width="14" height="{:.1}" fill="{}" stroke="#ccc"/>"##,
-            plot_h / 10.0,
-            heat_colour(count.max(1), max)
-        )
-        .expect("write");
-        if k == 0 || k == 9 {
-            write!(
-                out,
-                r#"<text x="{}" y="{:.1}" font-size="10">{}</text>"#,
-                scale_x + 18.0,
-                y + plot_h / 20.0 + 4.0,
-                short_number(count as f64)
-            )
-            .expect("write");
-        }
-    }
+    grid.colour_scale(&mut out);
     axes_frame(&mut out);
     out.push_str("</svg>");
     out
 }
 
+/// Where a heatmap's cells go: the bucket rows shown (`first..=last`, the
+/// used ones), their height, the x axis' top, the largest count.
+struct HeatGrid {
+    first: usize,
+    last: usize,
+    cell_h: f64,
+    plot_w: f64,
+    plot_h: f64,
+    x_top: f64,
+    max: u64,
+}
+
+impl HeatGrid {
+    fn new(x_end: &[f64], bucket_lower_us: &[f64], counts: &[Vec<u64>]) -> Self {
+        let used = |j: usize| counts.iter().any(|c| c[j] > 0);
+        let first = (0..bucket_lower_us.len()).find(|&j| used(j)).unwrap_or(0);
+        let last = (0..bucket_lower_us.len())
+            .rev()
+            .find(|&j| used(j))
+            .unwrap_or(0)
+            .max(first);
+        let plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM;
+        Self {
+            first,
+            last,
+            cell_h: plot_h / (last - first + 1) as f64,
+            plot_w: WIDTH - MARGIN_LEFT - MARGIN_RIGHT,
+            plot_h,
+            x_top: nice_axis(x_end.last().copied().unwrap_or(1.0)).0,
+            max: counts.iter().flatten().copied().max().unwrap_or(0),
+        }
+    }
+
+    /// One rectangle per nonzero count.
+    fn cells(&self, out: &mut String, x_end: &[f64], bucket_lower_us: &[f64], counts: &[Vec<u64>]) {
+        let mut x_start = 0.0;
+        for (i, column) in counts.iter().enumerate() {
+            let x0 = MARGIN_LEFT + self.plot_w * x_start / self.x_top;
+            let x1 = MARGIN_LEFT + self.plot_w * x_end[i] / self.x_top;
+            for j in self.first..=self.last {
+                let y = HEIGHT - MARGIN_BOTTOM - (j - self.first + 1) as f64 * self.cell_h;
+                if column[j] > 0 {
+                    write!(
+                        out,
+                        r#"<rect x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}s, {}us+: {}</title></rect>"#,
+                        (x1 - x0 + 0.3).max(0.5),
+                        self.cell_h + 0.3,
+                        heat_colour(column[j], self.max),
+                        short_number(x_end[i]),
+                        short_number(bucket_lower_us[j]),
+                        column[j]
+                    )
+                    .expect("write");
+                }
+            }
+            x_start = x_end[i];
+        }
+    }
+
+    /// y labels: every bucket edge that is a power of ten.
+    fn y_labels(&self, out: &mut String, bucket_lower_us: &[f64]) {
+        for j in self.first..=self.last + 1 {
+            let lower_us = if j < bucket_lower_us.len() {
+                bucket_lower_us[j]
+            } else {
+                bucket_lower_us[j - 1]
+                    * (bucket_lower_us[j - 1] / bucket_lower_us[j.saturating_sub(2)])
+            };
+            let decade = lower_us.log10();
+            if (decade - decade.round()).abs() > 1e-6 {
+                continue;
+            }
+            let y = HEIGHT - MARGIN_BOTTOM - (j - self.first) as f64 * self.cell_h;
+            let label = if lower_us >= 1000.0 {
+                format!("{} ms", short_number(lower_us / 1000.0))
+            } else {
+                format!("{} us", short_number(lower_us))
+            };
+            write!(
+                out,
+                r##"<line x1="{}" y1="{y:.1}" x2="{MARGIN_LEFT}" y2="{y:.1}" stroke="#000"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
+                MARGIN_LEFT - 4.0,
+                MARGIN_LEFT - 6.0,
+                y + 4.0
+            )
+            .expect("write");
+        }
+    }
+
+    /// Labelled vertical lines (phase changes).
+    fn markers(&self, out: &mut String, markers: &[(f64, String)]) {
+        for (x, label) in markers {
+            let px = MARGIN_LEFT + self.plot_w * x / self.x_top;
+            write!(
+                out,
+                r##"<line x1="{px:.1}" y1="{MARGIN_TOP}" x2="{px:.1}" y2="{}" stroke="#d00" stroke-width="1.5" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" fill="#d00" font-size="11">{}</text>"##,
+                HEIGHT - MARGIN_BOTTOM,
+                px + 3.0,
+                MARGIN_TOP + 12.0,
+                escape(label)
+            )
+            .expect("write");
+        }
+    }
+
+    /// The colour scale beside the plot, its ends labelled.
+    fn colour_scale(&self, out: &mut String) {
+        let (max, plot_h) = (self.max, self.plot_h);
+        let scale_x = WIDTH - MARGIN_RIGHT + 12.0;
+        for k in 0..10 {
+            let count = if max <= 1 {
+                max
+            } else {
+                (max as f64).powf(k as f64 / 9.0).round() as u64
+            };
+            let y = MARGIN_TOP + plot_h - (k + 1) as f64 * plot_h / 10.0;
+            write!(
+                out,
+                r##"<rect x="{scale_x}" y="{y:.1}" width="14" height="{:.1}" fill="{}" stroke="#ccc"/>"##,
+                plot_h / 10.0,
+                heat_colour(count.max(1), max)
+            )
+            .expect("write");
+            if k == 0 || k == 9 {
+                write!(
+                    out,
+                    r#"<text x="{}" y="{:.1}" font-size="10">{}</text>"#,
+                    scale_x + 18.0,
+                    y + plot_h / 20.0 + 4.0,
+                    short_number(count as f64)
+                )
+                .expect("write");
+            }
+        }
+    }
+}
+
 /// An HTML table (cells are escaped).
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = String::from("<table><tr>");
     for h in headers {
         write!(out, "<th>{}</th>", escape(h)).expect("write");
@@ -531,7 +578,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 
 /// A whole page: a title, a preamble paragraph and sections of raw HTML
 /// (charts, tables) under headings.
-pub fn page(title: &str, preamble: &str, sections: &[(String, String)]) -> String {
+pub(crate) fn page(title: &str, preamble: &str, sections: &[(String, String)]) -> String {
     let mut out = format!(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{0}</title><style>\
          body{{font-family:sans-serif;max-width:900px;margin:1em auto;color:#222}}\
@@ -549,7 +596,7 @@ pub fn page(title: &str, preamble: &str, sections: &[(String, String)]) -> Strin
 }
 
 /// Writes `<dir>/<name>.json` and `<dir>/<name>.html`; returns the HTML path.
-pub fn write_report(
+pub(crate) fn write_report(
     dir: &std::path::Path,
     name: &str,
     json: &str,

@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::report::{self, Series};
-use super::runner::Rng;
+use super::runner::{self, Phase, Until};
 use super::targets::{Bench, L2arcTarget, TargetKind, TargetSpec, build};
 use super::targets::{ReadTarget, TargetCounters};
 use super::workload::{self, PhaseRun, Sample};
@@ -46,7 +46,7 @@ const DEFAULT_WARM_SECS: f64 = 30.0;
 const FLOOR_SECS: f64 = 2.0;
 
 #[derive(Serialize)]
-pub struct Cell {
+pub(crate) struct Cell {
     pub multiple: f64,
     pub dataset_bytes: u64,
     pub files: usize,
@@ -64,14 +64,14 @@ pub struct Cell {
 }
 
 #[derive(Serialize)]
-pub struct Ratios {
+pub(crate) struct Ratios {
     pub multiple: f64,
     pub l2arc_lz4_over_l2arc: f64,
     pub l2arc_over_no_l2arc: f64,
 }
 
 #[derive(Serialize)]
-pub struct Floor {
+pub(crate) struct Floor {
     /// One 128 KiB read on one emulated disk: mean positioning plus transfer.
     pub hdd_service_ms_128k: f64,
     /// The array's capacity for 128 KiB reads with every spindle busy.
@@ -84,7 +84,7 @@ pub struct Floor {
 }
 
 #[derive(Serialize)]
-pub struct ThroughputReport {
+pub(crate) struct ThroughputReport {
     pub scenario: &'static str,
     pub threads: usize,
     pub io_bytes: u64,
@@ -113,104 +113,55 @@ impl ThroughputReport {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let began = Instant::now();
-    let multiples = args.multiples.clone();
-    if multiples.is_empty() || multiples.iter().any(|m| !(*m > 0.0 && *m <= 100.0)) {
-        bail!("--multiples must be positive numbers up to 100: {multiples:?}");
+    if args.multiples.is_empty() || args.multiples.iter().any(|m| !(*m > 0.0 && *m <= 100.0)) {
+        bail!(
+            "--multiples must be positive numbers up to 100: {:?}",
+            args.multiples
+        );
     }
-    let measure = Duration::from_secs_f64(args.measure_secs.unwrap_or(DEFAULT_MEASURE_SECS));
-    let warm_max = Duration::from_secs_f64(args.warm_secs.unwrap_or(DEFAULT_WARM_SECS));
-    let bench = Bench::prepare(args)?;
-    let mut settings: Vec<String> = ["no_l2arc", "l2arc", "l2arc_lz4"]
-        .map(String::from)
-        .to_vec();
-    if args.peers {
-        settings.extend(["foyer", "foyer_lz4", "l2arc_lru"].map(String::from));
-    }
-    let mut cells = Vec::new();
-    let mut floor = None;
-    let mut verified = 0u64;
-    for &multiple in &multiples {
-        let files = bench
+    let cells = Cells {
+        args,
+        bench: Bench::prepare(args)?,
+        warm_max: Duration::from_secs_f64(args.warm_secs.unwrap_or(DEFAULT_WARM_SECS)),
+        measure: Duration::from_secs_f64(args.measure_secs.unwrap_or(DEFAULT_MEASURE_SECS)),
+    };
+    let settings = settings(args.peers);
+    let mut report = cells.empty_report(settings.clone());
+    for &multiple in &args.multiples {
+        let files = cells
+            .bench
             .dataset
             .prefix_files((multiple * args.cache_size as f64) as u64);
         for setting in &settings {
-            let spec = bench.spec(args, files, setting.ends_with("_lz4"));
-            let target = make_target(setting, &spec)?;
-            let label = format!("{multiple}x {setting}");
-            let (warm, run) = warm_then_measure(
-                args,
-                &bench,
-                &spec,
-                target.as_ref(),
-                &label,
-                warm_max,
-                measure,
-            )?;
-            if floor.is_none() && setting == "l2arc" {
-                floor = Some(measure_floor(&spec, &bench, &run)?);
-            }
-            verified += warm.bytes + run.bytes;
-            let before = warm.samples.last().map(|s| s.counters).unwrap_or_default();
-            let counters = run
-                .samples
-                .last()
-                .map(|s| s.counters)
-                .unwrap_or_default()
-                .since(&before);
-            let cell = Cell {
-                multiple,
-                dataset_bytes: spec.total_bytes(),
-                files,
-                setting: setting.clone(),
-                warm_secs: warm.elapsed_secs,
-                mib_per_sec: run.mib_per_sec(),
-                iops: run.iops(),
-                latency_us_p50: run.latency_us(0.5),
-                latency_us_p99: run.latency_us(0.99),
-                hit_ratio: counters.hit_ratio(),
-                counters,
-                warm_samples: warm.samples,
-                samples: run.samples,
-            };
-            if !args.json {
-                eprintln!(
-                    "{label:>18}: {} MiB in {files} files, warmed {:.0} s, {:.1} MiB/s, {:.0} IOPS, hit {:.0}%, L2 {} MiB",
-                    cell.dataset_bytes >> 20,
-                    cell.warm_secs,
-                    cell.mib_per_sec,
-                    cell.iops,
-                    100.0 * cell.hit_ratio,
-                    cell.counters.flash_bytes >> 20
-                );
-            }
-            cells.push(cell);
-            drop(target);
-            spec.remove_cache_file()?;
+            let want_floor = report.floor.is_none() && setting == "l2arc";
+            let (cell, bytes, floor) = cells.measure(multiple, files, setting, want_floor)?;
+            report.cells.push(cell);
+            report.bytes_verified += bytes;
+            report.floor = report.floor.take().or(floor);
         }
     }
-    let mut report = ThroughputReport {
-        scenario: "throughput",
-        threads: THREADS,
-        io_bytes: IO_BYTES,
-        reads_per_loop: READS_PER_LOOP,
-        arc_max_bytes: args.arc_max,
-        cache_size_bytes: args.cache_size,
-        recordsize_bytes: args.recordsize,
-        hdd: bench.describe_hdd(),
-        hdd_spindles: bench.hdd.spindles,
-        content: format!("{:?}", args.content).to_lowercase(),
-        dataset_lz4_ratio: bench.lz4_ratio,
-        settings,
-        multiples: multiples.clone(),
-        cells,
-        ratios: Vec::new(),
-        floor,
-        bytes_verified: verified,
-        elapsed_secs: 0.0,
-    };
-    report.ratios = multiples
+    report.ratios = ratios(&report);
+    report.elapsed_secs = began.elapsed().as_secs_f64();
+    super::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
+}
+
+/// The settings in report order: ours, then with `--peers` the peers.
+fn settings(peers: bool) -> Vec<String> {
+    let mut settings: Vec<String> = ["no_l2arc", "l2arc", "l2arc_lz4"]
+        .map(String::from)
+        .to_vec();
+    if peers {
+        settings.extend(["foyer", "foyer_lz4", "l2arc_lru"].map(String::from));
+    }
+    settings
+}
+
+/// The cache settings' ratios at each dataset size.
+fn ratios(report: &ThroughputReport) -> Vec<Ratios> {
+    report
+        .multiples
         .iter()
         .map(|&m| {
             let mib = |s: &str| report.cell(m, s).map_or(f64::NAN, |c| c.mib_per_sec);
@@ -220,9 +171,154 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 l2arc_over_no_l2arc: mib("l2arc") / mib("no_l2arc"),
             }
         })
-        .collect();
-    report.elapsed_secs = began.elapsed().as_secs_f64();
-    super::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
+        .collect()
+}
+
+/// What every cell shares: the flags, the dataset and disks, the phases' lengths.
+struct Cells<'a> {
+    args: &'a BenchArgs,
+    bench: Bench,
+    warm_max: Duration,
+    measure: Duration,
+}
+
+impl Cells<'_> {
+    /// The report before any cell is measured.
+    fn empty_report(&self, settings: Vec<String>) -> ThroughputReport {
+        let args = self.args;
+        ThroughputReport {
+            scenario: "throughput",
+            threads: THREADS,
+            io_bytes: IO_BYTES,
+            reads_per_loop: READS_PER_LOOP,
+            arc_max_bytes: args.arc_max,
+            cache_size_bytes: args.cache_size,
+            recordsize_bytes: args.recordsize,
+            hdd: self.bench.describe_hdd(),
+            hdd_spindles: self.bench.hdd.spindles,
+            content: format!("{:?}", args.content).to_lowercase(),
+            dataset_lz4_ratio: self.bench.lz4_ratio,
+            settings,
+            multiples: args.multiples.clone(),
+            cells: Vec::new(),
+            ratios: Vec::new(),
+            floor: None,
+            bytes_verified: 0,
+            elapsed_secs: 0.0,
+        }
+    }
+
+    /// One cell from cold: a fresh target of `setting` over the first
+    /// `files` files, warmed, then measured (and, with `want_floor`, the
+    /// floor measured on its cache file). Returns the cell, the bytes it
+    /// read, and the floor.
+    fn measure(
+        &self,
+        multiple: f64,
+        files: usize,
+        setting: &str,
+        want_floor: bool,
+    ) -> Result<(Cell, u64, Option<Floor>)> {
+        let spec = self.bench.spec(self.args, files, setting.ends_with("_lz4"));
+        let target = make_target(setting, &spec)?;
+        let label = format!("{multiple}x {setting}");
+        let (warm, run) = self.warm_then_measure(&spec, target.as_ref(), &label)?;
+        let floor = if want_floor {
+            Some(measure_floor(&spec, &self.bench, &run)?)
+        } else {
+            None
+        };
+        let bytes = warm.phase.bytes + run.phase.bytes;
+        let cell = Cell::new(multiple, files, setting, &spec, warm, run);
+        if !self.args.json {
+            eprintln!(
+                "{label:>18}: {} MiB in {files} files, warmed {:.0} s, {:.1} MiB/s, {:.0} IOPS, hit {:.0}%, L2 {} MiB",
+                cell.dataset_bytes >> 20,
+                cell.warm_secs,
+                cell.mib_per_sec,
+                cell.iops,
+                100.0 * cell.hit_ratio,
+                cell.counters.flash_bytes >> 20
+            );
+        }
+        drop(target);
+        spec.remove_cache_file()?;
+        Ok((cell, bytes, floor))
+    }
+
+    /// Warms `target` until its miss ratio and flash fill settle (or
+    /// `warm_max`), then measures for `measure`.
+    fn warm_then_measure(
+        &self,
+        spec: &TargetSpec,
+        target: &dyn ReadTarget,
+        label: &str,
+    ) -> Result<(PhaseRun, PhaseRun)> {
+        let data = self.bench.dataset.spec();
+        let sizes = &spec.file_sizes_bytes;
+        let op = |reader: &mut workload::Reader| {
+            let file = reader.rng().below(sizes.len() as u64) as u32;
+            let units = sizes[file as usize] / IO_BYTES;
+            assert!(units >= READS_PER_LOOP, "files hold at least 8 reads");
+            let first = reader.rng().below(units - READS_PER_LOOP + 1);
+            for i in 0..READS_PER_LOOP {
+                reader.read(file, (first + i) * IO_BYTES, IO_BYTES as usize)?;
+            }
+            Ok(())
+        };
+        let phase = |until, seed| {
+            Phase::new(label, THREADS, Until::Elapsed(until))
+                .interval(Duration::from_secs(1))
+                .seed(seed)
+        };
+        let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
+        let warm = workload::read_phase(
+            target,
+            &data,
+            &phase(self.warm_max, self.args.seed),
+            settle,
+            op,
+        )
+        .with_context(|| format!("{label}: warm-up"))?;
+        let measure_phase = phase(self.measure, self.args.seed ^ 0x6d65_6173);
+        let run = workload::read_phase(target, &data, &measure_phase, |_| false, op)
+            .with_context(|| format!("{label}: measured phase"))?;
+        Ok((warm, run))
+    }
+}
+
+impl Cell {
+    fn new(
+        multiple: f64,
+        files: usize,
+        setting: &str,
+        spec: &TargetSpec,
+        warm: PhaseRun,
+        run: PhaseRun,
+    ) -> Self {
+        let before = warm.samples.last().map(|s| s.counters).unwrap_or_default();
+        let counters = run
+            .samples
+            .last()
+            .map(|s| s.counters)
+            .unwrap_or_default()
+            .since(&before);
+        Cell {
+            multiple,
+            dataset_bytes: spec.total_bytes(),
+            files,
+            setting: setting.to_string(),
+            warm_secs: warm.phase.elapsed_secs,
+            mib_per_sec: run.phase.mib_per_sec(),
+            iops: run.phase.iops(),
+            latency_us_p50: run.phase.latency_us(0.5),
+            latency_us_p99: run.phase.latency_us(0.99),
+            hit_ratio: counters.hit_ratio(),
+            counters,
+            warm_samples: warm.samples,
+            samples: run.samples,
+        }
+    }
 }
 
 fn make_target(setting: &str, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
@@ -241,54 +337,11 @@ fn make_target(setting: &str, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> 
     }
 }
 
-/// Warms `target` until its miss ratio and flash fill settle (or `warm_max`), then
-/// measures for `measure`.
-fn warm_then_measure(
-    args: &BenchArgs,
-    bench: &Bench,
-    spec: &TargetSpec,
-    target: &dyn ReadTarget,
-    label: &str,
-    warm_max: Duration,
-    measure: Duration,
-) -> Result<(PhaseRun, PhaseRun)> {
-    let data = bench.dataset.spec();
-    let sizes = &spec.file_sizes_bytes;
-    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
-        let file = rng.below(sizes.len() as u64) as u32;
-        let units = sizes[file as usize] / IO_BYTES;
-        assert!(units >= READS_PER_LOOP, "files hold at least 8 reads");
-        let first = rng.below(units - READS_PER_LOOP + 1);
-        for i in 0..READS_PER_LOOP {
-            reader.read(file, (first + i) * IO_BYTES, IO_BYTES as usize)?;
-        }
-        Ok(())
-    };
-    let interval = Duration::from_secs(1);
-    let settle = workload::misses_settled(6, 3, 0.05, (spec.cache_size_bytes / 100).max(1));
-    let warm = workload::run(
-        target, &data, THREADS, warm_max, interval, args.seed, settle, op,
-    )
-    .with_context(|| format!("{label}: warm-up"))?;
-    let run = workload::run(
-        target,
-        &data,
-        THREADS,
-        measure,
-        interval,
-        args.seed ^ 0x6d65_6173,
-        |_| false,
-        op,
-    )
-    .with_context(|| format!("{label}: measured phase"))?;
-    Ok((warm, run))
-}
-
 /// Measures the floor: the disk array's 128 KiB capacity from its
 /// configuration, the cache file's by `THREADS` threads of random O_DIRECT
 /// reads over its filled part.
 fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Floor> {
-    use l2arc::l2arc::device::{DeviceIo, FileDevice};
+    use l2arc::{DeviceIo, FileDevice};
     let device = FileDevice::open(&spec.cache_path, None)?;
     let filled = run
         .samples
@@ -296,32 +349,25 @@ fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Flo
         .map_or(0, |s| s.counters.flash_alloc_bytes)
         .clamp(IO_BYTES, device.size_bytes());
     let blocks = (filled / IO_BYTES).max(1);
-    let duration = Duration::from_secs_f64(FLOOR_SECS);
-    let began = Instant::now();
-    let reads: u64 = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let device = &device;
-                scope.spawn(move || -> Result<u64> {
-                    let mut buf = l2arc::buf::AlignedBuf::zeroed(IO_BYTES as usize);
-                    let mut rng = Rng::new(0xf100 + t as u64);
-                    let mut reads = 0;
-                    while began.elapsed() < duration {
-                        device.read_at(rng.below(blocks) * IO_BYTES, buf.as_mut_slice())?;
-                        reads += 1;
-                    }
-                    Ok(reads)
-                })
+    let phase = Phase::new(
+        "floor",
+        THREADS,
+        Until::Elapsed(Duration::from_secs_f64(FLOOR_SECS)),
+    )
+    .seed(0xf100);
+    let floor = runner::run(
+        &phase,
+        &mut (),
+        |_| Ok(l2arc::internals::AlignedBuf::zeroed(IO_BYTES as usize)),
+        |buf, worker| {
+            worker.timed(|rng| {
+                device.read_at(rng.below(blocks) * IO_BYTES, buf.as_mut_slice())?;
+                Ok(IO_BYTES)
             })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("floor reader panicked"))
-            .sum::<Result<u64>>()
-    })?;
-    let elapsed_secs = began.elapsed().as_secs_f64();
+        },
+    )?;
+    let cache_file_mib_per_sec = floor.mib_per_sec();
     let mib = |reads: f64| reads * IO_BYTES as f64 / (1 << 20) as f64;
-    let cache_file_mib_per_sec = mib(reads as f64) / elapsed_secs;
     let hdd_ms = bench.hdd_service_ms(IO_BYTES);
     let hdd_mib_per_sec = mib(bench.hdd.spindles as f64 * 1000.0 / hdd_ms);
     Ok(Floor {
@@ -334,6 +380,22 @@ fn measure_floor(spec: &TargetSpec, bench: &Bench, run: &PhaseRun) -> Result<Flo
 }
 
 fn print_tables(r: &ThroughputReport) {
+    print_header(r);
+    print_cell_tables(r);
+    println!();
+    print_ratios(r);
+    if let Some(f) = &r.floor {
+        println!();
+        print_floor(r, f);
+    }
+    println!(
+        "every byte checked: {} MiB read, all matching the dataset; {:.0} s",
+        r.bytes_verified >> 20,
+        r.elapsed_secs
+    );
+}
+
+fn print_header(r: &ThroughputReport) {
     println!(
         "throughput: {} threads, loops of {} x {} KiB reads; arc_max {} MiB, L2ARC {} MiB, recordsize {} KiB; {}; content {} (LZ4 {:.2}:1)",
         r.threads,
@@ -346,6 +408,11 @@ fn print_tables(r: &ThroughputReport) {
         r.content,
         r.dataset_lz4_ratio
     );
+}
+
+/// The seed's two tables: MiB/s and 128 KiB reads per second, a row per
+/// dataset size, a column per setting.
+fn print_cell_tables(r: &ThroughputReport) {
     for (title, unit, pick) in [
         (
             "aggregate throughput, MiB/s",
@@ -375,7 +442,10 @@ fn print_tables(r: &ThroughputReport) {
             println!();
         }
     }
-    println!();
+}
+
+/// Our settings against each other, then against the peers.
+fn print_ratios(r: &ThroughputReport) {
     println!(
         "{:<22} {:>16} {:>16}",
         "dataset", "l2arc_lz4/l2arc", "l2arc/no_l2arc"
@@ -404,48 +474,66 @@ fn print_tables(r: &ThroughputReport) {
             }
         }
     }
-    if let Some(f) = &r.floor {
-        println!();
-        println!(
-            "expected floor: cache file {:.0} MiB/s ({} threads of random 128 KiB {} reads, measured) / disk array {:.1} MiB/s ({} spindles, {:.2} ms a read) = {:.1}x",
-            f.cache_file_mib_per_sec,
-            r.threads,
-            if f.cache_file_direct {
-                "O_DIRECT"
-            } else {
-                "buffered"
-            },
-            f.hdd_mib_per_sec,
-            r.hdd_spindles,
-            f.hdd_service_ms_128k,
-            f.ratio
-        );
-        for ratio in r.ratios.iter().filter(|x| x.multiple <= 1.0) {
-            let l2arc = r
-                .cell(ratio.multiple, "l2arc")
-                .map_or(0.0, |c| c.mib_per_sec);
-            println!(
-                "  {}x (fits the L2ARC): l2arc/no_l2arc {:.1}x ({} the floor), l2arc/disk array {:.1}x, l2arc/bare cache file {:.2}x (ARC hits on top of flash)",
-                ratio.multiple,
-                ratio.l2arc_over_no_l2arc,
-                if ratio.l2arc_over_no_l2arc >= f.ratio {
-                    "reaches"
-                } else {
-                    "below"
-                },
-                l2arc / f.hdd_mib_per_sec,
-                l2arc / f.cache_file_mib_per_sec
-            );
-        }
-    }
+}
+
+/// The expected floor, and where `l2arc` stands against it.
+fn print_floor(r: &ThroughputReport, f: &Floor) {
     println!(
-        "every byte checked: {} MiB read, all matching the dataset; {:.0} s",
-        r.bytes_verified >> 20,
-        r.elapsed_secs
+        "expected floor: cache file {:.0} MiB/s ({} threads of random 128 KiB {} reads, measured) / disk array {:.1} MiB/s ({} spindles, {:.2} ms a read) = {:.1}x",
+        f.cache_file_mib_per_sec,
+        r.threads,
+        if f.cache_file_direct {
+            "O_DIRECT"
+        } else {
+            "buffered"
+        },
+        f.hdd_mib_per_sec,
+        r.hdd_spindles,
+        f.hdd_service_ms_128k,
+        f.ratio
     );
+    for ratio in r.ratios.iter().filter(|x| x.multiple <= 1.0) {
+        let l2arc = r
+            .cell(ratio.multiple, "l2arc")
+            .map_or(0.0, |c| c.mib_per_sec);
+        println!(
+            "  {}x (fits the L2ARC): l2arc/no_l2arc {:.1}x ({} the floor), l2arc/disk array {:.1}x, l2arc/bare cache file {:.2}x (ARC hits on top of flash)",
+            ratio.multiple,
+            ratio.l2arc_over_no_l2arc,
+            if ratio.l2arc_over_no_l2arc >= f.ratio {
+                "reaches"
+            } else {
+                "below"
+            },
+            l2arc / f.hdd_mib_per_sec,
+            l2arc / f.cache_file_mib_per_sec
+        );
+    }
 }
 
 fn html(r: &ThroughputReport) -> String {
+    let mut sections = html_charts(r);
+    sections.push(("Cells".to_string(), html_cells(r)));
+    sections.push(("Ratios".to_string(), html_ratios(r)));
+    sections.extend(html_warm_curves(r));
+    report::page(
+        "l2arc bench: throughput by dataset size",
+        &format!(
+            "{} threads, each loop eight 128 KiB reads at a random aligned offset of a random file. arc_max {} MiB, L2ARC {} MiB, {}; content {} (LZ4 {:.2}:1). Every byte verified ({} MiB).",
+            r.threads,
+            r.arc_max_bytes >> 20,
+            r.cache_size_bytes >> 20,
+            r.hdd,
+            r.content,
+            r.dataset_lz4_ratio,
+            r.bytes_verified >> 20
+        ),
+        &sections,
+    )
+}
+
+/// The two bar charts: MiB/s and reads per second by dataset size.
+fn html_charts(r: &ThroughputReport) -> Vec<(String, String)> {
     let categories: Vec<String> = r
         .multiples
         .iter()
@@ -468,7 +556,7 @@ fn html(r: &ThroughputReport) -> String {
             })
             .collect()
     };
-    let mut sections = vec![
+    vec![
         (
             "Aggregate throughput".to_string(),
             report::bar_chart(
@@ -487,7 +575,10 @@ fn html(r: &ThroughputReport) -> String {
                 "IOPS",
             ),
         ),
-    ];
+    ]
+}
+
+fn html_cells(r: &ThroughputReport) -> String {
     let mut rows = Vec::new();
     for c in &r.cells {
         rows.push(vec![
@@ -503,16 +594,16 @@ fn html(r: &ThroughputReport) -> String {
             format!("{}", c.counters.flash_bytes >> 20),
         ]);
     }
-    sections.push((
-        "Cells".to_string(),
-        report::table(
-            &[
-                "dataset", "MiB", "setting", "warm s", "MiB/s", "IOPS", "p50 us", "p99 us", "hit",
-                "L2 MiB",
-            ],
-            &rows,
-        ),
-    ));
+    report::table(
+        &[
+            "dataset", "MiB", "setting", "warm s", "MiB/s", "IOPS", "p50 us", "p99 us", "hit",
+            "L2 MiB",
+        ],
+        &rows,
+    )
+}
+
+fn html_ratios(r: &ThroughputReport) -> String {
     let ratio_rows: Vec<Vec<String>> = r
         .ratios
         .iter()
@@ -530,14 +621,15 @@ fn html(r: &ThroughputReport) -> String {
             f.cache_file_mib_per_sec, r.threads, f.hdd_mib_per_sec, f.ratio
         )
     });
-    sections.push((
-        "Ratios".to_string(),
-        report::table(
-            &["dataset", "l2arc_lz4 / l2arc", "l2arc / no_l2arc"],
-            &ratio_rows,
-        ) + &floor,
-    ));
-    // Warm-up curves of the cached settings at the smallest size.
+    report::table(
+        &["dataset", "l2arc_lz4 / l2arc", "l2arc / no_l2arc"],
+        &ratio_rows,
+    ) + &floor
+}
+
+/// Warm-up curves of the cached settings at the smallest size.
+fn html_warm_curves(r: &ThroughputReport) -> Vec<(String, String)> {
+    let mut sections = Vec::new();
     if let Some(&m) = r.multiples.first() {
         for s in r.settings.iter().filter(|s| *s != "no_l2arc") {
             if let Some(c) = r.cell(m, s) {
@@ -566,18 +658,5 @@ fn html(r: &ThroughputReport) -> String {
             }
         }
     }
-    report::page(
-        "l2arc bench: throughput by dataset size",
-        &format!(
-            "{} threads, each loop eight 128 KiB reads at a random aligned offset of a random file. arc_max {} MiB, L2ARC {} MiB, {}; content {} (LZ4 {:.2}:1). Every byte verified ({} MiB).",
-            r.threads,
-            r.arc_max_bytes >> 20,
-            r.cache_size_bytes >> 20,
-            r.hdd,
-            r.content,
-            r.dataset_lz4_ratio,
-            r.bytes_verified >> 20
-        ),
-        &sections,
-    )
+    sections
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::report::{self, Series};
-use super::runner::Rng;
+use super::runner::{Phase, Until};
 use super::targets::{Bench, TargetKind, TargetSpec, build};
 use super::workload::{self, Sample, Setup};
 
@@ -39,7 +39,7 @@ const NO_CACHE_SECS: f64 = 5.0;
 const FINAL_SHARE: f64 = 0.25;
 
 #[derive(Serialize)]
-pub struct WarmupRun {
+pub(crate) struct WarmupRun {
     pub target: String,
     pub iops: f64,
     pub final_iops: f64,
@@ -49,7 +49,7 @@ pub struct WarmupRun {
 }
 
 #[derive(Serialize)]
-pub struct WarmupReport {
+pub(crate) struct WarmupReport {
     pub scenario: &'static str,
     #[serde(flatten)]
     pub setup: Setup,
@@ -62,88 +62,31 @@ pub struct WarmupReport {
     pub elapsed_secs: f64,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let began = Instant::now();
     let secs = args.measure_secs.unwrap_or(DEFAULT_SECS);
     let bench = Bench::prepare(args)?;
     let files = bench.files_for((args.cache_size as f64 * WORKING_SET_OF_CACHE) as u64);
-    let compression = args.compression != l2arc::l2arc::format::Compression::Off;
+    let compression = args.compression != l2arc::Compression::Off;
     let spec = TargetSpec {
         recordsize_bytes: RECORDSIZE_BYTES,
         ..bench.spec(args, files, compression)
     };
-    let data = bench.dataset.spec();
-    let blocks: Vec<u64> = spec
-        .file_sizes_bytes
-        .iter()
-        .map(|s| s / READ_BYTES)
-        .collect();
-    let total_blocks: u64 = blocks.iter().sum();
-    let op = |rng: &mut Rng, reader: &mut workload::Reader| {
-        let mut block = rng.below(total_blocks);
-        let mut file = 0usize;
-        while block >= blocks[file] {
-            block -= blocks[file];
-            file += 1;
-        }
-        reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
-    };
-    let kinds = TargetKind::in_run(args.peers);
     let mut runs = Vec::new();
     let mut verified = 0u64;
     let mut no_cache_iops = 0.0;
-    for kind in kinds {
-        let target = build(kind, &spec)?;
-        let name = target.name().to_string();
+    for kind in TargetKind::in_run(args.peers) {
         let duration = if kind.has_flash() {
             secs
         } else {
             NO_CACHE_SECS.min(secs)
         };
-        let run = workload::run(
-            target.as_ref(),
-            &data,
-            QUEUE_DEPTH,
-            Duration::from_secs_f64(duration),
-            Duration::from_secs(1),
-            args.seed,
-            |_| false,
-            op,
-        )
-        .with_context(|| format!("warmup: {name}"))?;
-        verified += run.bytes;
-        let n = run.samples.len();
-        let tail = &run.samples[n - ((n as f64 * FINAL_SHARE).ceil() as usize).clamp(1, n)..];
-        let mut tail_iops: Vec<f64> = tail.iter().map(|s| s.iops).collect();
-        tail_iops.sort_by(f64::total_cmp);
-        let final_iops = tail_iops[tail_iops.len() / 2];
-        let secs_to_90pct = run
-            .samples
-            .iter()
-            .find(|s| s.iops >= 0.9 * final_iops)
-            .map(|s| s.end_secs);
+        let (result, bytes) = run_target(args, &bench, &spec, kind, duration)?;
+        verified += bytes;
         if !kind.has_flash() {
-            no_cache_iops = run.iops();
-        }
-        let result = WarmupRun {
-            target: name.clone(),
-            iops: run.iops(),
-            final_iops,
-            secs_to_90pct,
-            final_flash_bytes: run.samples.last().map_or(0, |s| s.counters.flash_bytes),
-            samples: run.samples,
-        };
-        if !args.json {
-            eprintln!(
-                "{name:>12}: {:.0} IOPS over {duration:.0} s, final {:.0}, L2 {} MiB",
-                result.iops,
-                result.final_iops,
-                result.final_flash_bytes >> 20
-            );
+            no_cache_iops = result.iops;
         }
         runs.push(result);
-        drop(target);
-        spec.remove_cache_file()?;
     }
     let records = spec
         .file_sizes_bytes
@@ -163,6 +106,80 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
     super::emit_with_report(args, "warmup", &report, &html(&report), print_tables)
+}
+
+/// One target from an empty cache for `duration_secs`: its curve, and the
+/// bytes it read.
+fn run_target(
+    args: &BenchArgs,
+    bench: &Bench,
+    spec: &TargetSpec,
+    kind: TargetKind,
+    duration_secs: f64,
+) -> Result<(WarmupRun, u64)> {
+    let data = bench.dataset.spec();
+    let blocks: Vec<u64> = spec
+        .file_sizes_bytes
+        .iter()
+        .map(|s| s / READ_BYTES)
+        .collect();
+    let total_blocks: u64 = blocks.iter().sum();
+    let op = |reader: &mut workload::Reader| {
+        let mut block = reader.rng().below(total_blocks);
+        let mut file = 0usize;
+        while block >= blocks[file] {
+            block -= blocks[file];
+            file += 1;
+        }
+        reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
+    };
+    let target = build(kind, spec)?;
+    let name = target.name().to_string();
+    let phase = Phase::new(
+        &name,
+        QUEUE_DEPTH,
+        Until::Elapsed(Duration::from_secs_f64(duration_secs)),
+    )
+    .interval(Duration::from_secs(1))
+    .seed(args.seed);
+    let run = workload::read_phase(target.as_ref(), &data, &phase, |_| false, op)
+        .with_context(|| format!("warmup: {name}"))?;
+    let bytes = run.phase.bytes;
+    let (final_iops, secs_to_90pct) = final_level(&run.samples);
+    let result = WarmupRun {
+        target: name.clone(),
+        iops: run.phase.iops(),
+        final_iops,
+        secs_to_90pct,
+        final_flash_bytes: run.samples.last().map_or(0, |s| s.counters.flash_bytes),
+        samples: run.samples,
+    };
+    if !args.json {
+        eprintln!(
+            "{name:>12}: {:.0} IOPS over {duration_secs:.0} s, final {:.0}, L2 {} MiB",
+            result.iops,
+            result.final_iops,
+            result.final_flash_bytes >> 20
+        );
+    }
+    drop(target);
+    spec.remove_cache_file()?;
+    Ok((result, bytes))
+}
+
+/// The final IOPS (the median second of the last `FINAL_SHARE` of the
+/// run) and the end of the first second at 90% of it.
+fn final_level(samples: &[Sample]) -> (f64, Option<f64>) {
+    let n = samples.len();
+    let tail = &samples[n - ((n as f64 * FINAL_SHARE).ceil() as usize).clamp(1, n)..];
+    let mut tail_iops: Vec<f64> = tail.iter().map(|s| s.iops).collect();
+    tail_iops.sort_by(f64::total_cmp);
+    let final_iops = tail_iops[tail_iops.len() / 2];
+    let secs_to_90pct = samples
+        .iter()
+        .find(|s| s.iops >= 0.9 * final_iops)
+        .map(|s| s.end_secs);
+    (final_iops, secs_to_90pct)
 }
 
 fn print_tables(r: &WarmupReport) {
@@ -214,52 +231,75 @@ fn print_tables(r: &WarmupReport) {
 }
 
 fn html(r: &WarmupReport) -> String {
-    let mut sections = Vec::new();
     let cached: Vec<&WarmupRun> = r.runs.iter().filter(|x| x.target != "no_cache").collect();
-    if let Some(first) = cached.first() {
-        let x: Vec<f64> = first.samples.iter().map(|s| s.end_secs).collect();
-        let len = x.len();
-        let pad = |v: Vec<f64>| -> Vec<f64> {
-            let mut v = v;
-            v.resize(len, f64::NAN);
-            v
-        };
-        let mut left: Vec<Series> = cached
-            .iter()
-            .map(|run| {
-                Series::new(
-                    format!("{} IOPS", run.target),
-                    pad(run.samples.iter().map(|s| s.iops).collect()),
-                )
-            })
-            .collect();
-        left.push(Series::new("no_cache IOPS", vec![r.no_cache_iops; len]));
-        let right: Vec<Series> = cached
-            .iter()
-            .map(|run| {
-                Series::new(
-                    format!("{} L2 fill MiB", run.target),
-                    pad(run
-                        .samples
-                        .iter()
-                        .map(|s| s.counters.flash_bytes as f64 / (1 << 20) as f64)
-                        .collect()),
-                )
-            })
-            .collect();
-        sections.push((
-            "Warm-up curve".to_string(),
-            report::line_chart_two_axes(
-                "IOPS (solid) and L2ARC fill (dashed) from an empty cache",
-                &x,
-                "seconds",
-                &left,
-                "IOPS",
-                &right,
-                "L2ARC MiB",
-            ),
-        ));
-    }
+    let mut sections = Vec::new();
+    sections.extend(html_curve(r, &cached));
+    sections.push(("Summary".to_string(), html_summary(r)));
+    sections.extend(cached.iter().map(|run| html_heatmap(r, run)));
+    report::page(
+        "l2arc bench: warm-up curve",
+        &format!(
+            "Random {} KiB reads at queue depth {} over {} MiB; arc_max {} MiB, L2ARC {} MiB; {}. Every byte verified ({} MiB).",
+            r.setup.read_bytes >> 10,
+            r.queue_depth,
+            r.setup.working_set_bytes >> 20,
+            r.setup.arc_max_bytes >> 20,
+            r.setup.cache_size_bytes >> 20,
+            r.setup.hdd,
+            r.bytes_verified >> 20
+        ),
+        &sections,
+    )
+}
+
+/// The cached targets' IOPS and L2ARC fill over time, no_cache's IOPS as a line.
+fn html_curve(r: &WarmupReport, cached: &[&WarmupRun]) -> Option<(String, String)> {
+    let first = cached.first()?;
+    let x: Vec<f64> = first.samples.iter().map(|s| s.end_secs).collect();
+    let len = x.len();
+    let pad = |v: Vec<f64>| -> Vec<f64> {
+        let mut v = v;
+        v.resize(len, f64::NAN);
+        v
+    };
+    let mut left: Vec<Series> = cached
+        .iter()
+        .map(|run| {
+            Series::new(
+                format!("{} IOPS", run.target),
+                pad(run.samples.iter().map(|s| s.iops).collect()),
+            )
+        })
+        .collect();
+    left.push(Series::new("no_cache IOPS", vec![r.no_cache_iops; len]));
+    let right: Vec<Series> = cached
+        .iter()
+        .map(|run| {
+            Series::new(
+                format!("{} L2 fill MiB", run.target),
+                pad(run
+                    .samples
+                    .iter()
+                    .map(|s| s.counters.flash_bytes as f64 / (1 << 20) as f64)
+                    .collect()),
+            )
+        })
+        .collect();
+    Some((
+        "Warm-up curve".to_string(),
+        report::line_chart_two_axes(
+            "IOPS (solid) and L2ARC fill (dashed) from an empty cache",
+            &x,
+            "seconds",
+            &left,
+            "IOPS",
+            &right,
+            "L2ARC MiB",
+        ),
+    ))
+}
+
+fn html_summary(r: &WarmupReport) -> String {
     let rows: Vec<Vec<String>> = r
         .runs
         .iter()
@@ -274,47 +314,37 @@ fn html(r: &WarmupReport) -> String {
             ]
         })
         .collect();
-    sections.push((
-        "Summary".to_string(),
-        report::table(
-            &["target", "mean IOPS", "final IOPS", "s to 90% of final", "L2 MiB"],
-            &rows,
-        ) + &format!(
-            "<p>One pass over the working set from the emulated disks: {:.0} s. Seed: 2,532 IOPS at 10 minutes, 20,873 at 4 hours.</p>",
-            r.one_pass_secs
+    report::table(
+        &[
+            "target",
+            "mean IOPS",
+            "final IOPS",
+            "s to 90% of final",
+            "L2 MiB",
+        ],
+        &rows,
+    ) + &format!(
+        "<p>One pass over the working set from the emulated disks: {:.0} s. Seed: 2,532 IOPS at 10 minutes, 20,873 at 4 hours.</p>",
+        r.one_pass_secs
+    )
+}
+
+fn html_heatmap(r: &WarmupReport, run: &WarmupRun) -> (String, String) {
+    let x: Vec<f64> = run.samples.iter().map(|s| s.end_secs).collect();
+    let counts: Vec<Vec<u64>> = run
+        .samples
+        .iter()
+        .map(|s| s.latency_buckets.clone())
+        .collect();
+    (
+        format!("Latency heatmap, {}", run.target),
+        report::heatmap(
+            &format!("{}: 4 KiB read latency per second", run.target),
+            &x,
+            "seconds",
+            &r.setup.heatmap_bucket_lower_us,
+            &counts,
+            &[],
         ),
-    ));
-    for run in &cached {
-        let x: Vec<f64> = run.samples.iter().map(|s| s.end_secs).collect();
-        let counts: Vec<Vec<u64>> = run
-            .samples
-            .iter()
-            .map(|s| s.latency_buckets.clone())
-            .collect();
-        sections.push((
-            format!("Latency heatmap, {}", run.target),
-            report::heatmap(
-                &format!("{}: 4 KiB read latency per second", run.target),
-                &x,
-                "seconds",
-                &r.setup.heatmap_bucket_lower_us,
-                &counts,
-                &[],
-            ),
-        ));
-    }
-    report::page(
-        "l2arc bench: warm-up curve",
-        &format!(
-            "Random {} KiB reads at queue depth {} over {} MiB; arc_max {} MiB, L2ARC {} MiB; {}. Every byte verified ({} MiB).",
-            r.setup.read_bytes >> 10,
-            r.queue_depth,
-            r.setup.working_set_bytes >> 20,
-            r.setup.arc_max_bytes >> 20,
-            r.setup.cache_size_bytes >> 20,
-            r.setup.hdd,
-            r.bytes_verified >> 20
-        ),
-        &sections,
     )
 }

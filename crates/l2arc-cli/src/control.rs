@@ -114,19 +114,31 @@ fn serve_one(cache: &Arc<Cache>, stream: UnixStream) -> std::io::Result<()> {
 /// One control command, as decoded from the line a client sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControlCommand {
+    /// `stats`: every counter.
     Stats,
+    /// `devices`: the cache devices.
     Devices,
+    /// `datasets`: datasets and their properties.
     Datasets,
+    /// `set DATASET PROPERTY=VALUE`.
     Set {
+        /// The dataset.
         dataset: String,
+        /// The property (`primarycache`, `secondarycache`, `compression`).
         property: String,
+        /// The new value.
         value: String,
     },
+    /// `add-cache PATH SIZE_BYTES`.
     AddCache {
+        /// The cache file or device.
         path: String,
+        /// Size of a file created there.
         size_bytes: u64,
     },
+    /// `remove-cache SLOT`.
     RemoveCache {
+        /// The device's slot.
         slot: u8,
     },
 }
@@ -244,8 +256,8 @@ fn mode_name(mode: l2arc::CacheMode) -> &'static str {
 
 fn devices(cache: &Cache) -> String {
     let mut out = String::new();
-    if let Some(l2) = cache.l2arc() {
-        for d in l2.stats().devices {
+    if let Some(l2) = cache.stats().l2 {
+        for d in l2.devices {
             let get = |name: &str| {
                 d.kstats
                     .iter()
@@ -288,15 +300,18 @@ pub fn request(socket: &Path, command: &str) -> Result<String> {
     }
 }
 
+/// `l2arc ctl`: commands to a running service.
 #[derive(Args, Debug)]
 pub struct CtlArgs {
     /// The service's control socket (its --control PATH).
     #[arg(long)]
     pub socket: PathBuf,
+    /// What to ask.
     #[command(subcommand)]
     pub command: CtlCommand,
 }
 
+/// The commands of `l2arc ctl`.
 #[derive(Subcommand, Debug)]
 pub enum CtlCommand {
     /// Print the counters (arcstats names), one `name value` per line.
@@ -304,20 +319,30 @@ pub enum CtlCommand {
     /// List cache devices: slot, state, size, bytes held, hits, path.
     Devices,
     /// Add a cache device (a file is created with SIZE if missing; default 1GiB).
-    AddCache { path: PathBuf, size: Option<String> },
+    AddCache {
+        /// The cache file or block device.
+        path: PathBuf,
+        /// Size of a file created there (e.g. 4GiB).
+        size: Option<String>,
+    },
     /// Remove a cache device by slot (waits for reads in flight on it).
-    RemoveCache { slot: u8 },
+    RemoveCache {
+        /// The slot `devices` shows.
+        slot: u8,
+    },
     /// List datasets and their properties.
     Datasets,
     /// Set a dataset property while running: primarycache=all|none,
     /// secondarycache=all|none, compression=lz4|zstd|off.
     Set {
+        /// The dataset's name (`datasets` lists them).
         dataset: String,
         /// PROPERTY=VALUE
         assignment: String,
     },
 }
 
+/// Runs one `l2arc ctl` command and prints the answer.
 pub fn run(args: CtlArgs) -> Result<()> {
     let command = match &args.command {
         CtlCommand::Stats => "stats".to_string(),

@@ -1,5 +1,6 @@
 //! The read-only HTTP endpoint of a service (`--http 127.0.0.1:PORT`):
-//! `/metrics` for Prometheus, `/` the live page, `/api/stats` its JSON.
+//! `/metrics` for Prometheus, `/` the live page, `/api/stats` its JSON,
+//! `/api/history?window=SECS[&end=MS]` the recorded history (`--history`).
 //!
 //! Why a small server of our own rather than a crate: the endpoint serves
 //! three GET routes, and what matters is that a hostile or broken client
@@ -25,6 +26,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use l2arc::Cache;
 
+use crate::history::History;
+
 /// Largest request head (request line and headers).
 pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
 /// Connections served at once.
@@ -38,7 +41,13 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often the acceptor checks for stop when idle.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
-const PAGE_HTML: &str = include_str!("web/index.html");
+/// The live page's template; the shared chart code is inlined once.
+const PAGE_TEMPLATE: &str = include_str!("web/index.html");
+
+fn page_html() -> &'static str {
+    static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PAGE.get_or_init(|| l2arc_web::inline_charts(PAGE_TEMPLATE))
+}
 
 /// A listening endpoint; stops on drop.
 pub struct HttpServer {
@@ -49,7 +58,12 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Listens on `addr`; a non-loopback address needs `allow_remote`.
-    pub fn start(cache: Arc<Cache>, addr: SocketAddr, allow_remote: bool) -> Result<Self> {
+    pub(crate) fn start(
+        cache: Arc<Cache>,
+        history: Option<Arc<History>>,
+        addr: SocketAddr,
+        allow_remote: bool,
+    ) -> Result<Self> {
         if !addr.ip().is_loopback() && !allow_remote {
             bail!(
                 "--http {addr} is not a loopback address: the page shows the cache's load and names; add --allow-remote to serve it to the network"
@@ -66,7 +80,7 @@ impl HttpServer {
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
-                        Ok((stream, _)) => accept(&cache, stream, &active),
+                        Ok((stream, _)) => accept(&cache, history.as_ref(), stream, &active),
                         Err(_) => std::thread::sleep(ACCEPT_POLL),
                     }
                 }
@@ -95,7 +109,12 @@ impl Drop for HttpServer {
 
 /// Serves one connection on a thread of its own, or refuses it when
 /// `CONNECTIONS_MAX` are being served.
-fn accept(cache: &Arc<Cache>, stream: TcpStream, active: &Arc<AtomicUsize>) {
+fn accept(
+    cache: &Arc<Cache>,
+    history: Option<&Arc<History>>,
+    stream: TcpStream,
+    active: &Arc<AtomicUsize>,
+) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
@@ -105,11 +124,12 @@ fn accept(cache: &Arc<Cache>, stream: TcpStream, active: &Arc<AtomicUsize>) {
         return;
     }
     let cache = Arc::clone(cache);
+    let history = history.cloned();
     let active_for_thread = Arc::clone(active);
     let spawned = std::thread::Builder::new()
         .name("l2arc-http-conn".into())
         .spawn(move || {
-            let _ = serve(&cache, &stream);
+            let _ = serve(&cache, history.as_deref(), &stream);
             active_for_thread.fetch_sub(1, Ordering::SeqCst);
         });
     if spawned.is_err() {
@@ -122,6 +142,8 @@ fn accept(cache: &Arc<Cache>, stream: TcpStream, active: &Arc<AtomicUsize>) {
 pub(crate) struct Request {
     pub method: String,
     pub path: String,
+    /// What follows `?` in the target ("" if nothing).
+    pub query: String,
     pub content_length: u64,
 }
 
@@ -163,10 +185,11 @@ pub(crate) fn parse_head(head: &[u8]) -> Result<Request, Refusal> {
             return Err(Refusal(413, "request bodies are not accepted"));
         }
     }
-    let path = target.split('?').next().unwrap_or("/").to_string();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     Ok(Request {
         method: method.to_string(),
-        path,
+        path: path.to_string(),
+        query: query.to_string(),
         content_length,
     })
 }
@@ -192,7 +215,7 @@ fn read_head(mut stream: &TcpStream) -> Result<Vec<u8>, Refusal> {
     }
 }
 
-fn serve(cache: &Cache, stream: &TcpStream) -> std::io::Result<()> {
+fn serve(cache: &Cache, history: Option<&History>, stream: &TcpStream) -> std::io::Result<()> {
     let request = read_head(stream).and_then(|head| parse_head(&head));
     let request = match request {
         Ok(r) => r,
@@ -225,36 +248,80 @@ fn serve(cache: &Cache, stream: &TcpStream) -> std::io::Result<()> {
             false,
         );
     }
+    let (status, content_type, body) = route(cache, history, &request);
+    respond(stream, status, content_type, &body, head_only)
+}
+
+/// The answer to a well-formed GET: status, content type and body.
+fn route(
+    cache: &Cache,
+    history: Option<&History>,
+    request: &Request,
+) -> (u16, &'static str, Vec<u8>) {
+    const JSON: &str = "application/json";
+    const TEXT: &str = "text/plain";
     match request.path.as_str() {
-        "/" | "/index.html" => respond(
-            stream,
+        "/" | "/index.html" => (
             200,
             "text/html; charset=utf-8",
-            PAGE_HTML.as_bytes(),
-            head_only,
+            page_html().as_bytes().to_vec(),
         ),
-        "/metrics" => respond(
-            stream,
+        "/metrics" => (
             200,
             "text/plain; version=0.0.4; charset=utf-8",
-            crate::metrics::prometheus(cache).as_bytes(),
-            head_only,
+            crate::metrics::prometheus(cache).into_bytes(),
         ),
-        "/api/stats" => respond(
-            stream,
+        "/api/stats" => (
             200,
-            "application/json",
-            crate::metrics::json_snapshot(cache).to_string().as_bytes(),
-            head_only,
+            JSON,
+            stats_json(cache, history).to_string().into_bytes(),
         ),
-        _ => respond(
-            stream,
+        "/api/history" => match history_json(history, &request.query) {
+            Ok(json) => (200, JSON, json.to_string().into_bytes()),
+            Err(Refusal(status, why)) => (status, TEXT, format!("{why}\n").into_bytes()),
+        },
+        _ => (
             404,
-            "text/plain",
-            b"not found: /, /metrics and /api/stats are served\n",
-            head_only,
+            TEXT,
+            b"not found: /, /metrics, /api/stats and /api/history are served\n".to_vec(),
         ),
     }
+}
+
+/// `/api/stats`: the live snapshot, and whether a history is kept.
+fn stats_json(cache: &Cache, history: Option<&History>) -> serde_json::Value {
+    let mut json = crate::metrics::json_snapshot(cache);
+    json["history_enabled"] = serde_json::Value::Bool(history.is_some());
+    json
+}
+
+/// `/api/history?window=SECS[&end=MS]` (default: the last hour, now).
+fn history_json(history: Option<&History>, query: &str) -> Result<serde_json::Value, Refusal> {
+    let Some(history) = history else {
+        return Err(Refusal(
+            404,
+            "no history: start the service with --history PATH",
+        ));
+    };
+    let mut window_secs = crate::history::SECONDS_KEPT;
+    let mut end_ms = crate::history::now_ms();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number: u64 = value
+            .parse()
+            .map_err(|_| Refusal(400, "window and end take whole numbers"))?;
+        match name {
+            "window" if (1..=crate::history::WINDOW_SECS_MAX).contains(&number) => {
+                window_secs = number;
+            }
+            "window" => return Err(Refusal(400, "window: 1 to 604800 seconds")),
+            "end" => end_ms = number,
+            _ => return Err(Refusal(400, "unknown parameter: window and end are taken")),
+        }
+    }
+    history
+        .window_json(end_ms, window_secs)
+        .map_err(|_| Refusal(500, "the history file could not be read"))
 }
 
 fn reason(status: u16) -> &'static str {
@@ -342,7 +409,7 @@ mod tests {
             ..CacheConfig::default()
         })
         .unwrap();
-        let server = HttpServer::start(cache, "127.0.0.1:0".parse().unwrap(), false).unwrap();
+        let server = HttpServer::start(cache, None, "127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = server.local_addr();
         let page = get(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
@@ -388,7 +455,7 @@ mod tests {
             ..CacheConfig::default()
         })
         .unwrap();
-        let e = HttpServer::start(cache, "0.0.0.0:0".parse().unwrap(), false)
+        let e = HttpServer::start(cache, None, "0.0.0.0:0".parse().unwrap(), false)
             .err()
             .unwrap();
         assert!(format!("{e}").contains("--allow-remote"), "{e}");

@@ -5,6 +5,7 @@
 //! service starts).
 
 pub mod control;
+mod history;
 pub mod http;
 pub mod metrics;
 pub mod service;

@@ -39,7 +39,8 @@ enum Kind {
 
 fn kind_of(name: &str) -> Kind {
     match name {
-        "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size" => Kind::GaugeBytes,
+        "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size"
+        | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" | "l2_rebuild_success" => Kind::Gauge,
         "l2_rebuild_time_us" => Kind::GaugeMicros,
@@ -83,24 +84,37 @@ pub fn prometheus(cache: &Cache) -> String {
     let mut out = String::with_capacity(16 << 10);
     for (name, value) in stats.kstats() {
         let (metric, kind) = prometheus_name("l2arc_arcstats_", name);
-        let _ = writeln!(out, "# HELP {metric} arcstats `{name}`.");
-        let _ = writeln!(out, "# TYPE {metric} {kind}");
+        write_family_head(&mut out, &metric, kind, &format!("arcstats `{name}`."));
         let _ = writeln!(out, "{metric} {}", exported_value(name, value));
     }
+    write_latency(&mut out, cache);
+    write_datasets(&mut out, cache);
+    if let Some(l2) = &stats.l2 {
+        write_devices(&mut out, &l2.devices);
+    }
+    out
+}
 
-    // Latency by tier.
+fn write_family_head(out: &mut String, metric: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {metric} {help}");
+    let _ = writeln!(out, "# TYPE {metric} {kind}");
+}
+
+/// Latency by the tier that served a read.
+fn write_latency(out: &mut String, cache: &Cache) {
     let metric = "l2arc_read_latency_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {metric} Read latency by the tier that served it (arc_hit sampled 1 in {}, weighted), and front-end requests.",
+    let help = format!(
+        "Read latency by the tier that served it (arc_hit sampled 1 in {}, weighted), and front-end requests.",
         l2arc::analytics::ARC_HIT_SAMPLE_PERIOD
     );
-    let _ = writeln!(out, "# TYPE {metric} histogram");
+    write_family_head(out, metric, "histogram", &help);
     for (tier, h) in cache.analytics().histograms() {
-        write_histogram(&mut out, metric, &format!("tier=\"{tier}\""), &h);
+        write_histogram(out, metric, &format!("tier=\"{tier}\""), &h);
     }
+}
 
-    // Per dataset.
+/// Properties and counters per dataset.
+fn write_datasets(out: &mut String, cache: &Cache) {
     let datasets = cache.dataset_list();
     let families: [(&str, &str, &str); 5] = [
         (
@@ -130,8 +144,7 @@ pub fn prometheus(cache: &Cache) -> String {
         ),
     ];
     for (family, kind, help) in families {
-        let _ = writeln!(out, "# HELP {family} {help}");
-        let _ = writeln!(out, "# TYPE {family} {kind}");
+        write_family_head(out, family, kind, help);
         for (id, name, config) in &datasets {
             let label = format!("dataset=\"{}\"", escape(name));
             let a = cache.analytics().dataset(dataset_index(&datasets, *id));
@@ -154,58 +167,61 @@ pub fn prometheus(cache: &Cache) -> String {
             let _ = writeln!(out, "{line}");
         }
     }
+}
 
-    // Per cache device.
-    if let Some(l2) = &stats.l2 {
-        let label = |d: &l2arc::l2arc::DeviceStats| {
-            format!("slot=\"{}\",device=\"{}\"", d.slot, escape(&d.description))
-        };
+/// State, capacity and every counter per cache device.
+fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats]) {
+    let label = |d: &l2arc::DeviceStats| {
+        format!("slot=\"{}\",device=\"{}\"", d.slot, escape(&d.description))
+    };
+    write_family_head(
+        out,
+        "l2arc_device_info",
+        "gauge",
+        "Cache device state (value 1).",
+    );
+    for d in devices {
         let _ = writeln!(
             out,
-            "# HELP l2arc_device_info Cache device state (value 1)."
+            "l2arc_device_info{{{},state=\"{}\"}} 1",
+            label(d),
+            d.state
         );
-        let _ = writeln!(out, "# TYPE l2arc_device_info gauge");
-        for d in &l2.devices {
-            let _ = writeln!(
-                out,
-                "l2arc_device_info{{{},state=\"{}\"}} 1",
-                label(d),
-                d.state
-            );
-        }
+    }
+    write_family_head(
+        out,
+        "l2arc_device_capacity_bytes",
+        "gauge",
+        "Data area of the cache device.",
+    );
+    for d in devices {
         let _ = writeln!(
             out,
-            "# HELP l2arc_device_capacity_bytes Data area of the cache device."
+            "l2arc_device_capacity_bytes{{{}}} {}",
+            label(d),
+            d.size_bytes
         );
-        let _ = writeln!(out, "# TYPE l2arc_device_capacity_bytes gauge");
-        for d in &l2.devices {
+    }
+    let Some(first) = devices.first() else {
+        return;
+    };
+    for (i, (name, _)) in first.kstats.iter().enumerate() {
+        let (metric, kind) = prometheus_name("l2arc_device_", name);
+        write_family_head(
+            out,
+            &metric,
+            kind,
+            &format!("arcstats `{name}` of one cache device."),
+        );
+        for d in devices {
             let _ = writeln!(
                 out,
-                "l2arc_device_capacity_bytes{{{}}} {}",
+                "{metric}{{{}}} {}",
                 label(d),
-                d.size_bytes
+                exported_value(name, d.kstats[i].1)
             );
-        }
-        if let Some(first) = l2.devices.first() {
-            for (i, (name, _)) in first.kstats.iter().enumerate() {
-                let (metric, kind) = prometheus_name("l2arc_device_", name);
-                let _ = writeln!(
-                    out,
-                    "# HELP {metric} arcstats `{name}` of one cache device."
-                );
-                let _ = writeln!(out, "# TYPE {metric} {kind}");
-                for d in &l2.devices {
-                    let _ = writeln!(
-                        out,
-                        "{metric}{{{}}} {}",
-                        label(d),
-                        exported_value(name, d.kstats[i].1)
-                    );
-                }
-            }
         }
     }
-    out
 }
 
 fn dataset_index(
@@ -251,7 +267,23 @@ pub fn json_snapshot(cache: &Cache) -> Value {
         .into_iter()
         .map(|(n, v)| (n.to_string(), json!(v)))
         .collect();
-    let histograms: serde_json::Map<String, Value> = cache
+    let time_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    json!({
+        "time_ms": time_ms,
+        "analytics_enabled": cache.analytics().enabled(),
+        "kstats": kstats,
+        "histograms": json_histograms(cache),
+        "datasets": json_datasets(cache),
+        "devices": json_devices(&stats),
+        "top_objects": json_top_objects(cache),
+    })
+}
+
+/// Each tier's histogram as its non-empty buckets, `[low_ns, count]`.
+fn json_histograms(cache: &Cache) -> serde_json::Map<String, Value> {
+    cache
         .analytics()
         .histograms()
         .into_iter()
@@ -268,8 +300,11 @@ pub fn json_snapshot(cache: &Cache) -> Value {
                 json!({ "count": h.count(), "sum_ns": h.sum_ns, "buckets": sparse }),
             )
         })
-        .collect();
-    let datasets: Vec<Value> = cache
+        .collect()
+}
+
+fn json_datasets(cache: &Cache) -> Vec<Value> {
+    cache
         .dataset_list()
         .into_iter()
         .enumerate()
@@ -287,8 +322,11 @@ pub fn json_snapshot(cache: &Cache) -> Value {
                 "primary_read_bytes": a.primary_read_bytes,
             })
         })
-        .collect();
-    let devices: Vec<Value> = stats
+        .collect()
+}
+
+fn json_devices(stats: &l2arc::CacheStats) -> Vec<Value> {
+    stats
         .l2
         .iter()
         .flat_map(|l2| &l2.devices)
@@ -306,13 +344,16 @@ pub fn json_snapshot(cache: &Cache) -> Value {
                 "kstats": k,
             })
         })
-        .collect();
+        .collect()
+}
+
+fn json_top_objects(cache: &Cache) -> Vec<Value> {
     let names: Vec<String> = cache
         .dataset_list()
         .into_iter()
         .map(|(_, name, _)| name)
         .collect();
-    let top_objects: Vec<Value> = cache
+    cache
         .analytics()
         .top_objects(TOP_OBJECTS_SHOWN)
         .into_iter()
@@ -328,19 +369,7 @@ pub fn json_snapshot(cache: &Cache) -> Value {
                 "bytes_below": o.bytes_below,
             })
         })
-        .collect();
-    let time_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    json!({
-        "time_ms": time_ms,
-        "analytics_enabled": cache.analytics().enabled(),
-        "kstats": kstats,
-        "histograms": histograms,
-        "datasets": datasets,
-        "devices": devices,
-        "top_objects": top_objects,
-    })
+        .collect()
 }
 
 #[cfg(test)]

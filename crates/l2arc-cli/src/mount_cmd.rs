@@ -25,7 +25,7 @@ use crate::s3_opts::{S3Options, is_s3};
 use crate::service::CacheOptions;
 
 #[derive(Args, Debug)]
-pub struct MountArgs {
+pub(crate) struct MountArgs {
     /// Directory tree to serve, or s3://BUCKET[/PREFIX] (read-only).
     pub src: PathBuf,
     /// Mount point.
@@ -53,7 +53,11 @@ pub struct MountArgs {
     pub s3: S3Options,
 }
 
-pub fn run(args: MountArgs) -> Result<()> {
+#[allow(
+    clippy::too_many_lines,
+    reason = "split when the s3:// front ends of branch issue-13 are merged: both rewrite this function"
+)]
+pub(crate) fn run(args: MountArgs) -> Result<()> {
     if is_s3(&args.src) {
         return run_s3(args);
     }

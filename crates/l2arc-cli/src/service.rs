@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
 use l2arc::primary::emulated_hdd::HddConfig;
-use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig};
+use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, L2ArcConfig};
 use serde::Deserialize;
 
 /// Cache flags; every one may also be set in `--config FILE`.
@@ -31,6 +31,10 @@ pub struct CacheOptions {
     /// Read-only HTTP endpoint: /metrics (Prometheus), / (live page); loopback only without --allow-remote.
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// Keep the analytics' history (per second for an hour, per minute for
+    /// 7 days) in this file (about 16 MiB, fixed); the live page shows it.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
     /// `arc_max`: DRAM for cached records (default 1GiB).
     #[arg(long, value_parser = parse_size)]
     pub arc_max: Option<u64>,
@@ -88,6 +92,7 @@ pub struct CacheOptions {
     /// Emulated HDD positioning time range, ms (default 4 to 12).
     #[arg(long)]
     pub emulate_hdd_seek_ms_min: Option<f64>,
+    /// Longest emulated positioning time, ms.
     #[arg(long)]
     pub emulate_hdd_seek_ms_max: Option<f64>,
 }
@@ -104,6 +109,7 @@ struct FileOptions {
     compression: Option<String>,
     control: Option<PathBuf>,
     http: Option<std::net::SocketAddr>,
+    history: Option<PathBuf>,
     #[serde(default)]
     cache: Vec<PathBuf>,
     cache_size: Option<SizeValue>,
@@ -142,17 +148,38 @@ impl SizeValue {
     }
 }
 
+/// A size given as a flag (bytes) or as a config-file value ("64MiB").
+fn size_of(flag: Option<u64>, key: &str, value: &Option<SizeValue>) -> Result<Option<u64>> {
+    match flag {
+        Some(v) => Ok(Some(v)),
+        None => value.as_ref().map(|v| v.bytes(key)).transpose(),
+    }
+}
+
+/// A service's HTTP endpoint and history recorder; both stop when dropped
+/// (the endpoint first).
+pub struct Observers {
+    _http: Option<crate::http::HttpServer>,
+    _recorder: Option<crate::history::Recorder>,
+}
+
 /// Everything a service needs to build its cache.
 #[derive(Clone, Debug)]
 pub struct ResolvedOptions {
+    /// The cache's settings.
     pub cache_config: CacheConfig,
+    /// The one dataset's settings.
     pub dataset_config: DatasetConfig,
+    /// Cache devices to add, in order.
     pub cache_devices: Vec<PathBuf>,
+    /// Size of a cache file created where none exists.
     pub cache_size_bytes: u64,
     /// Where to listen for `l2arc ctl`.
     pub control_socket: Option<PathBuf>,
     /// Where to serve /metrics and the live page.
     pub http: Option<std::net::SocketAddr>,
+    /// Where to keep the analytics' history.
+    pub history: Option<PathBuf>,
     /// Some: wrap the primary in an emulated HDD array.
     pub emulate_hdd: Option<HddConfig>,
     /// `l2arc_noprefetch` was set (flag or file), not left at its default.
@@ -188,33 +215,37 @@ impl CacheOptions {
         file: FileOptions,
         default_recordsize_bytes: u64,
     ) -> Result<ResolvedOptions> {
-        let size =
-            |flag: Option<u64>, key: &str, value: &Option<SizeValue>| -> Result<Option<u64>> {
-                match flag {
-                    Some(v) => Ok(Some(v)),
-                    None => value.as_ref().map(|v| v.bytes(key)).transpose(),
-                }
-            };
-        let mode = |flag: Option<CacheMode>,
-                    key: &str,
-                    value: &Option<String>|
-         -> Result<CacheMode> {
-            match (flag, value) {
-                (Some(m), _) => Ok(m),
-                (None, Some(s)) => parse_cache_mode(s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
-                (None, None) => Ok(CacheMode::All),
-            }
-        };
-
         let mut cache_config = CacheConfig::default();
-        if let Some(v) = size(self.arc_max, "arc_max", &file.arc_max)? {
+        if let Some(v) = size_of(self.arc_max, "arc_max", &file.arc_max)? {
             cache_config.arc_max_bytes = v;
         }
         if let Some(v) = self.arc_shards.or(file.arc_shards) {
             cache_config.arc_shards = v;
         }
-        let l2 = &mut cache_config.l2arc;
-        if let Some(v) = size(
+        self.resolve_l2arc(&file, &mut cache_config.l2arc)?;
+        let dataset_config = self.resolve_dataset(&file, default_recordsize_bytes)?;
+        let mut cache_devices = self.cache.clone();
+        if cache_devices.is_empty() {
+            cache_devices = file.cache.clone();
+        }
+        let cache_size_bytes =
+            size_of(self.cache_size, "cache_size", &file.cache_size)?.unwrap_or(1 << 30);
+        Ok(ResolvedOptions {
+            cache_config,
+            dataset_config,
+            cache_devices,
+            cache_size_bytes,
+            control_socket: self.control.clone().or(file.control.clone()),
+            http: self.http.or(file.http),
+            history: self.history.clone().or(file.history.clone()),
+            emulate_hdd: self.resolve_emulated_hdd(&file)?,
+            l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
+        })
+    }
+
+    /// The L2ARC tunables: flags over the file over ZFS's defaults.
+    fn resolve_l2arc(&self, file: &FileOptions, l2: &mut L2ArcConfig) -> Result<()> {
+        if let Some(v) = size_of(
             self.l2arc_write_max,
             "l2arc_write_max",
             &file.l2arc_write_max,
@@ -252,15 +283,34 @@ impl CacheOptions {
             }
             (None, None) => {}
         }
-        if let Some(v) = size(
+        if let Some(v) = size_of(
             self.l2arc_writeback_max,
             "l2arc_writeback_max",
             &file.l2arc_writeback_max,
         )? {
             l2.l2arc_writeback_max_bytes = v;
         }
+        Ok(())
+    }
 
-        let recordsize = size(self.recordsize, "recordsize", &file.recordsize)?
+    /// The dataset's properties: recordsize, primarycache, secondarycache,
+    /// compression.
+    fn resolve_dataset(
+        &self,
+        file: &FileOptions,
+        default_recordsize_bytes: u64,
+    ) -> Result<DatasetConfig> {
+        let mode = |flag: Option<CacheMode>,
+                    key: &str,
+                    value: &Option<String>|
+         -> Result<CacheMode> {
+            match (flag, value) {
+                (Some(m), _) => Ok(m),
+                (None, Some(s)) => parse_cache_mode(s).map_err(|e| anyhow::anyhow!("{key}: {e}")),
+                (None, None) => Ok(CacheMode::All),
+            }
+        };
+        let recordsize = size_of(self.recordsize, "recordsize", &file.recordsize)?
             .unwrap_or(default_recordsize_bytes);
         let compression = match (self.compression, &file.compression) {
             (Some(c), _) => c,
@@ -269,57 +319,41 @@ impl CacheOptions {
             }
             (None, None) => Compression::Lz4,
         };
-        let dataset_config = DatasetConfig {
-            recordsize_bytes: l2arc::read_path::validate_recordsize(recordsize)?,
+        Ok(DatasetConfig {
+            recordsize_bytes: l2arc::validate_recordsize(recordsize)?,
             primarycache: mode(self.primarycache, "primarycache", &file.primarycache)?,
             secondarycache: mode(self.secondarycache, "secondarycache", &file.secondarycache)?,
             compression,
-        };
+        })
+    }
 
-        let mut cache_devices = self.cache.clone();
-        if cache_devices.is_empty() {
-            cache_devices = file.cache.clone();
-        }
-        let cache_size_bytes =
-            size(self.cache_size, "cache_size", &file.cache_size)?.unwrap_or(1 << 30);
-
+    /// The emulated HDD array, if asked for (spindles > 0).
+    fn resolve_emulated_hdd(&self, file: &FileOptions) -> Result<Option<HddConfig>> {
         let spindles = self
             .emulate_hdd_spindles
             .or(file.emulate_hdd_spindles)
             .unwrap_or(0);
-        let emulate_hdd = if spindles == 0 {
-            None
-        } else {
-            let mut hdd = HddConfig {
-                spindles,
-                ..HddConfig::default()
-            };
-            if let Some(v) = self
-                .emulate_hdd_seek_ms_min
-                .or(file.emulate_hdd_seek_ms_min)
-            {
-                hdd.seek_ms_min = v;
-            }
-            if let Some(v) = self
-                .emulate_hdd_seek_ms_max
-                .or(file.emulate_hdd_seek_ms_max)
-            {
-                hdd.seek_ms_max = v;
-            }
-            hdd.validate()?;
-            Some(hdd)
+        if spindles == 0 {
+            return Ok(None);
+        }
+        let mut hdd = HddConfig {
+            spindles,
+            ..HddConfig::default()
         };
-
-        Ok(ResolvedOptions {
-            cache_config,
-            dataset_config,
-            cache_devices,
-            cache_size_bytes,
-            control_socket: self.control.clone().or(file.control),
-            http: self.http.or(file.http),
-            emulate_hdd,
-            l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
-        })
+        if let Some(v) = self
+            .emulate_hdd_seek_ms_min
+            .or(file.emulate_hdd_seek_ms_min)
+        {
+            hdd.seek_ms_min = v;
+        }
+        if let Some(v) = self
+            .emulate_hdd_seek_ms_max
+            .or(file.emulate_hdd_seek_ms_max)
+        {
+            hdd.seek_ms_max = v;
+        }
+        hdd.validate()?;
+        Ok(Some(hdd))
     }
 }
 
@@ -357,19 +391,35 @@ impl ResolvedOptions {
             .transpose()
     }
 
-    /// Starts the HTTP endpoint when one was asked for, and says where it
-    /// listens on stderr; keep the result alive for as long as the service runs.
-    pub fn start_http(
-        &self,
-        cache: &Arc<Cache>,
-        allow_remote: bool,
-    ) -> Result<Option<crate::http::HttpServer>> {
-        let Some(addr) = self.http else {
-            return Ok(None);
+    /// Starts the history recorder and the HTTP endpoint when asked for,
+    /// and says where it listens on stderr; keep the result alive for as
+    /// long as the service runs.
+    pub fn start_http(&self, cache: &Arc<Cache>, allow_remote: bool) -> Result<Observers> {
+        let history = match &self.history {
+            Some(path) => Some(Arc::new(crate::history::History::open(path)?)),
+            None => None,
         };
-        let server = crate::http::HttpServer::start(Arc::clone(cache), addr, allow_remote)?;
-        eprintln!("l2arc: http on http://{}/", server.local_addr());
-        Ok(Some(server))
+        let http = match self.http {
+            Some(addr) => {
+                let server = crate::http::HttpServer::start(
+                    Arc::clone(cache),
+                    history.clone(),
+                    addr,
+                    allow_remote,
+                )?;
+                eprintln!("l2arc: http on http://{}/", server.local_addr());
+                Some(server)
+            }
+            None => None,
+        };
+        let recorder = match history {
+            Some(h) => Some(crate::history::Recorder::start(Arc::clone(cache), h)?),
+            None => None,
+        };
+        Ok(Observers {
+            _http: http,
+            _recorder: recorder,
+        })
     }
 
     /// Wraps `primary` in the emulated HDD when asked to.
@@ -399,8 +449,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_compression(s: &str) -> Result<Compression, String> {
-    s.parse()
-        .map_err(|e: l2arc::l2arc::format::FormatError| e.to_string())
+    s.parse().map_err(|e: l2arc::FormatError| e.to_string())
 }
 
 fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {

@@ -34,7 +34,7 @@ const INTERVAL_SECS_MIN: f64 = 0.1;
 const INTERVAL_SECS_MAX: f64 = 86_400.0;
 
 #[derive(Args, Debug)]
-pub struct StatArgs {
+pub(crate) struct StatArgs {
     /// The service's control socket (its --control PATH).
     #[arg(short = 's', long)]
     pub socket: PathBuf,
@@ -60,7 +60,7 @@ pub struct StatArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Csv,
 }
@@ -335,11 +335,53 @@ fn usage_of_fields() -> String {
     out
 }
 
-pub fn run(args: StatArgs) -> Result<()> {
+pub(crate) fn run(args: StatArgs) -> Result<()> {
     if args.verbose {
         print!("{}", usage_of_fields());
         return Ok(());
     }
+    let (interval_secs, count) = interval_and_count(&args)?;
+    if let Some(bad) = args.fields.iter().find(|f| column(f).is_none()) {
+        bail!("unknown field `{bad}` in -f: `l2arc stat -v` lists the fields");
+    }
+    let mut prev = parse_counters(&request(&args.socket, "stats")?)?;
+    let has_l2 = prev.get("l2_devices").is_some_and(|&n| n > 0);
+    let fields = chosen_fields(&args, has_l2);
+    let format = if args.json { None } else { Some(args.output) };
+    let mut out = std::io::stdout().lock();
+    write_header(&mut out, format, &fields)?;
+    out.flush()?;
+    let interval = Duration::from_secs_f64(interval_secs);
+    let start = Instant::now();
+    let mut prev_at = start;
+    let mut printed: u64 = 0;
+    loop {
+        let next = start + interval.mul_f64((printed + 1) as f64);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        let cur = parse_counters(&request(&args.socket, "stats")?)?;
+        let now = Instant::now();
+        let secs = now.duration_since(prev_at).as_secs_f64().max(1e-6);
+        let line = format_line(format, &fields, &prev, &cur, secs);
+        printed += 1;
+        writeln!(out, "{line}")?;
+        if format == Some(Format::Table)
+            && printed.is_multiple_of(HEADER_EVERY_LINES as u64)
+            && count.is_none_or(|n| printed < n)
+        {
+            write_header(&mut out, format, &fields)?;
+        }
+        out.flush()?;
+        if count.is_some_and(|n| printed >= n) {
+            return Ok(());
+        }
+        prev = cur;
+        prev_at = now;
+    }
+}
+
+/// The interval (arcstat's default 1 s) and how many lines: one without an
+/// interval, endless with an interval and no count.
+fn interval_and_count(args: &StatArgs) -> Result<(f64, Option<u64>)> {
     let interval_secs = args.interval.unwrap_or(1.0);
     if !(INTERVAL_SECS_MIN..=INTERVAL_SECS_MAX).contains(&interval_secs) {
         bail!(
@@ -352,12 +394,13 @@ pub fn run(args: StatArgs) -> Result<()> {
         (Some(_), None) => None,
         (None, None) => Some(1),
     };
-    if let Some(bad) = args.fields.iter().find(|f| column(f).is_none()) {
-        bail!("unknown field `{bad}` in -f: `l2arc stat -v` lists the fields");
-    }
-    let mut prev = parse_counters(&request(&args.socket, "stats")?)?;
-    let has_l2 = prev.get("l2_devices").is_some_and(|&n| n > 0);
-    let fields: Vec<&'static Column> = if !args.fields.is_empty() {
+    Ok((interval_secs, count))
+}
+
+/// `-f` fields, else all (`-a`) or the default ones; L2ARC columns only
+/// when the service has a cache device.
+fn chosen_fields(args: &StatArgs, has_l2: bool) -> Vec<&'static Column> {
+    if !args.fields.is_empty() {
         args.fields.iter().filter_map(|f| column(f)).collect()
     } else if args.all {
         COLUMNS.iter().filter(|c| has_l2 || !c.l2).collect()
@@ -367,82 +410,69 @@ pub fn run(args: StatArgs) -> Result<()> {
             .filter_map(|f| column(f))
             .filter(|c| has_l2 || !c.l2)
             .collect()
-    };
-    let format = if args.json { None } else { Some(args.output) };
-    let mut out = std::io::stdout().lock();
-    let header = |out: &mut dyn Write| -> std::io::Result<()> {
-        match format {
-            Some(Format::Table) => {
-                let names: Vec<String> = fields
-                    .iter()
-                    .map(|c| format!("{:>w$}", c.name, w = c.width))
-                    .collect();
-                writeln!(out, "{}", names.join("  "))
-            }
-            Some(Format::Csv) => {
-                let names: Vec<&str> = fields.iter().map(|c| c.name).collect();
-                writeln!(out, "{}", names.join(","))
-            }
-            None => Ok(()),
-        }
-    };
-    header(&mut out)?;
-    out.flush()?;
-    let interval = Duration::from_secs_f64(interval_secs);
-    let start = Instant::now();
-    let mut prev_at = start;
-    let mut printed: u64 = 0;
-    loop {
-        let next = start + interval.mul_f64((printed + 1) as f64);
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        let cur = parse_counters(&request(&args.socket, "stats")?)?;
-        let now = Instant::now();
-        let secs = now.duration_since(prev_at).as_secs_f64().max(1e-6);
-        let time = local_time();
-        let line = match format {
-            Some(Format::Table) => fields
+    }
+}
+
+/// The column names (a table's or CSV's; JSON has none).
+fn write_header(
+    out: &mut dyn Write,
+    format: Option<Format>,
+    fields: &[&Column],
+) -> std::io::Result<()> {
+    match format {
+        Some(Format::Table) => {
+            let names: Vec<String> = fields
                 .iter()
-                .map(|c| match c.scale {
-                    Scale::Time => format!("{:>w$}", time, w = c.width),
-                    s => pretty(c.width, s, value(c.name, &prev, &cur, secs)),
-                })
-                .collect::<Vec<_>>()
-                .join("  "),
-            Some(Format::Csv) => fields
-                .iter()
-                .map(|c| match c.scale {
-                    Scale::Time => time.clone(),
-                    _ => format_raw(value(c.name, &prev, &cur, secs)),
-                })
-                .collect::<Vec<_>>()
-                .join(","),
-            None => {
-                let mut object = serde_json::Map::new();
-                object.insert("interval_secs".into(), serde_json::json!(secs));
-                for c in &fields {
-                    let v = match c.scale {
-                        Scale::Time => serde_json::json!(time),
-                        _ => serde_json::json!(value(c.name, &prev, &cur, secs)),
-                    };
-                    object.insert(c.name.into(), v);
-                }
-                serde_json::Value::Object(object).to_string()
+                .map(|c| format!("{:>w$}", c.name, w = c.width))
+                .collect();
+            writeln!(out, "{}", names.join("  "))
+        }
+        Some(Format::Csv) => {
+            let names: Vec<&str> = fields.iter().map(|c| c.name).collect();
+            writeln!(out, "{}", names.join(","))
+        }
+        None => Ok(()),
+    }
+}
+
+/// One interval's line: rates from the counter deltas over `secs`.
+fn format_line(
+    format: Option<Format>,
+    fields: &[&Column],
+    prev: &Counters,
+    cur: &Counters,
+    secs: f64,
+) -> String {
+    let time = local_time();
+    match format {
+        Some(Format::Table) => fields
+            .iter()
+            .map(|c| match c.scale {
+                Scale::Time => format!("{:>w$}", time, w = c.width),
+                s => pretty(c.width, s, value(c.name, prev, cur, secs)),
+            })
+            .collect::<Vec<_>>()
+            .join("  "),
+        Some(Format::Csv) => fields
+            .iter()
+            .map(|c| match c.scale {
+                Scale::Time => time.clone(),
+                _ => format_raw(value(c.name, prev, cur, secs)),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        None => {
+            let mut object = serde_json::Map::new();
+            object.insert("interval_secs".into(), serde_json::json!(secs));
+            for c in fields {
+                let v = match c.scale {
+                    Scale::Time => serde_json::json!(time),
+                    _ => serde_json::json!(value(c.name, prev, cur, secs)),
+                };
+                object.insert(c.name.into(), v);
             }
-        };
-        printed += 1;
-        writeln!(out, "{line}")?;
-        if format == Some(Format::Table)
-            && printed.is_multiple_of(HEADER_EVERY_LINES as u64)
-            && count.is_none_or(|n| printed < n)
-        {
-            header(&mut out)?;
+            serde_json::Value::Object(object).to_string()
         }
-        out.flush()?;
-        if count.is_some_and(|n| printed >= n) {
-            return Ok(());
-        }
-        prev = cur;
-        prev_at = now;
     }
 }
 

@@ -10,7 +10,7 @@ use l2arc_sim::{
 };
 
 #[derive(Args)]
-pub struct TraceArgs {
+pub(crate) struct TraceArgs {
     /// Trace file (`.zst` is decompressed on the fly).
     file: PathBuf,
     /// lis (ARC paper page traces), oracle (libCacheSim oracleGeneral), csv (`key[,size]`), txt (`key [size]`).
@@ -31,7 +31,7 @@ fn parse_format(s: &str) -> Result<TraceFormat, String> {
     s.parse::<TraceFormat>().map_err(|e| e.to_string())
 }
 
-pub fn run(args: TraceArgs) -> Result<()> {
+pub(crate) fn run(args: TraceArgs) -> Result<()> {
     let format = match args.format {
         Some(f) => f,
         None => TraceFormat::from_path(&args.file).with_context(|| {

@@ -58,18 +58,7 @@ impl Served {
             .spawn()
             .unwrap();
         let rx = l2arc_testkit::stderr_lines(&mut child);
-        let mut http = None;
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(20))
-                .expect("serve-nbd did not get ready within 20 s");
-            if let Some(rest) = line.strip_prefix("l2arc: http on http://") {
-                http = Some(rest.trim_end_matches('/').parse().unwrap());
-            }
-            if line.starts_with("l2arc: serving ") {
-                break;
-            }
-        }
+        let http = l2arc_testkit::wait_ready(&rx, "l2arc: serving ");
         Served {
             _dir: dir,
             socket,
@@ -144,6 +133,7 @@ fn sum(stats: &HashMap<String, u64>, names: &[&str]) -> u64 {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn stat_columns_are_the_counter_deltas() {
     let served = Served::start();
     let before = served.ctl_stats();
@@ -280,36 +270,13 @@ fn samples(text: &str) -> HashMap<String, f64> {
         .collect()
 }
 
-fn promtool_check(text: &str) {
-    let mut child = tool("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn metrics_pass_promtool_and_agree_with_ctl_stats() {
     let served = Served::start();
     served.read_records(32, 3);
     let (status, page) = http_get(served.http, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_eq!(status, 200);
-    promtool_check(&page);
+    l2arc_testkit::promtool_check(&page);
 
     // Histograms by tier: every ARC hit path and fill was timed.
     let m = samples(&page);

@@ -49,6 +49,7 @@ impl Drop for Killed {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn live_page_charts_fill_in_headless_chromium_under_fio() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let python = required(
@@ -85,6 +86,8 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
             .arg("--cache")
             .arg(dir.path().join("l2.img"))
             .args(["--cache-size", "64MiB"])
+            .arg("--history")
+            .arg(dir.path().join("history.bin"))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),

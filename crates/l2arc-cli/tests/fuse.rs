@@ -536,6 +536,7 @@ fn nothing_outside_the_source_is_reachable() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn namespace_operations_reach_the_source() {
     let (_dir, src, mnt) = tree();
     let m = Mount::start(&src, &mnt, &[]);
@@ -847,6 +848,7 @@ fn files_made_through_the_mount_belong_to_the_caller() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn inodes_links_unlinked_files_deep_trees_and_byte_names() {
     let (_dir, src, mnt) = tree();
     std::fs::write(src.join("a"), b"linked").unwrap();

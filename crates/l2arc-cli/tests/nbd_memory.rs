@@ -150,6 +150,7 @@ fn serve() -> Server {
 /// the fixed part, and after the hostile clients leave, their threads and
 /// descriptors are gone.
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     let server = serve();
     let pid = server.child.id();

@@ -27,7 +27,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// Lets the calling thread, and the threads it starts from now on, change
 /// fsuid/fsgid without losing capabilities. True when running as root and
 /// the kernel allowed it; otherwise creation stays as the daemon's user.
-pub fn keep_capabilities() -> bool {
+pub(crate) fn keep_capabilities() -> bool {
     // SAFETY: no arguments.
     if unsafe { libc::geteuid() } != 0 {
         return false;
@@ -46,12 +46,12 @@ pub fn keep_capabilities() -> bool {
 }
 
 /// While alive, the current thread's file-system ids are the caller's.
-pub struct AsCaller {
+pub(crate) struct AsCaller {
     switched: bool,
 }
 
 /// Acts as `uid`/`gid` for file creation until the guard drops.
-pub fn as_caller(uid: u32, gid: u32) -> AsCaller {
+pub(crate) fn as_caller(uid: u32, gid: u32) -> AsCaller {
     if !ENABLED.load(Ordering::Relaxed) || (uid == 0 && gid == 0) {
         return AsCaller { switched: false };
     }

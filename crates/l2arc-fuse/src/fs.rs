@@ -52,7 +52,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -90,6 +90,10 @@ pub struct FsOptions {
     pub max_open_handles: usize,
     /// Largest directory listed (entries held per open directory).
     pub max_dir_entries: usize,
+    /// Bytes of directory listings held by all open directories together
+    /// (names plus per-entry overhead); an opendir beyond it fails with
+    /// ENOMEM until others are closed.
+    pub max_dir_listing_bytes: usize,
     /// Background read-ahead threads.
     pub prefetch_threads: usize,
 }
@@ -102,6 +106,7 @@ impl Default for FsOptions {
             max_nodes: 1 << 19,
             max_open_handles: 1 << 16,
             max_dir_entries: 1 << 20,
+            max_dir_listing_bytes: 64 << 20,
             prefetch_threads: 2,
         }
     }
@@ -118,7 +123,7 @@ const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 const FD_RESERVE: u64 = 256;
 
 /// One open of a regular file.
-pub struct OpenFile {
+pub(crate) struct OpenFile {
     handle: ObjectHandle,
     writable: bool,
     readahead: Mutex<ReadAhead>,
@@ -133,7 +138,31 @@ struct DirEntry {
 
 enum Handle {
     File(Arc<OpenFile>),
-    Dir(Arc<Vec<DirEntry>>),
+    Dir(Arc<DirListing>),
+}
+
+/// An open directory's entries, read at opendir and charged to the mount's
+/// listing budget until the last reference goes.
+struct DirListing {
+    entries: Vec<DirEntry>,
+    charged_bytes: usize,
+    held_bytes: Arc<AtomicUsize>,
+}
+
+impl DirListing {
+    /// What an entry costs: its name and its slot.
+    fn cost_bytes(entry: &DirEntry) -> usize {
+        std::mem::size_of::<DirEntry>() + entry.name.len()
+    }
+}
+
+impl Drop for DirListing {
+    fn drop(&mut self) {
+        let before = self
+            .held_bytes
+            .fetch_sub(self.charged_bytes, Ordering::SeqCst);
+        debug_assert!(before >= self.charged_bytes, "listing budget underflow");
+    }
 }
 
 /// What a setattr asks to change (None: leave it).
@@ -164,6 +193,10 @@ pub struct CachedFs {
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<InvalidateJob>,
     pub(crate) notifier: NotifierSlot,
+    /// The source directory's path now, to name open files in analytics.
+    source_root: std::path::PathBuf,
+    /// Bytes of listings held by open directories (`max_dir_listing_bytes`).
+    dir_listing_bytes: Arc<AtomicUsize>,
 }
 
 fn errno(e: &io::Error) -> Errno {
@@ -191,6 +224,11 @@ fn errno(e: &io::Error) -> Errno {
 
 fn err(e: io::Error) -> Errno {
     errno(&e)
+}
+
+/// `/proc/self/fd/N`: its link names the file a descriptor holds.
+fn fd_path(fd: std::os::fd::RawFd) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{fd}"))
 }
 
 fn leaf(name: &OsStr) -> Result<CString, Errno> {
@@ -276,6 +314,7 @@ impl CachedFs {
 
         let root_fd = primary.open_fd_beneath("", libc::O_PATH | libc::O_DIRECTORY)?;
         let root = sys::stat_at(root_fd.as_raw_fd(), c"")?;
+        let source_root = std::fs::read_link(fd_path(root_fd.as_raw_fd()))?;
         let inodes = InodeTable::new(root_fd, root.st_dev, root.st_ino, options.max_nodes);
 
         let prefetch =
@@ -310,6 +349,8 @@ impl CachedFs {
             prefetch,
             invalidate,
             notifier,
+            source_root,
+            dir_listing_bytes: Arc::new(AtomicUsize::new(0)),
             options,
         })
     }
@@ -469,10 +510,22 @@ impl CachedFs {
             *seen = Some(now);
             keep
         };
+        // The file's path below the source now, for the drill-down (the
+        // descriptor knows it even after renames).
+        let name = std::fs::read_link(fd_path(fd.as_raw_fd()))
+            .ok()
+            .and_then(|p| {
+                p.strip_prefix(&self.source_root)
+                    .ok()
+                    .map(|p| p.to_string_lossy().into_owned())
+            });
         let handle = self
             .cache
             .open_file(self.dataset, std::fs::File::from(fd), writable)
             .map_err(err)?;
+        if let Some(name) = name {
+            self.cache.name_object(&handle, &name);
+        }
         let file = Arc::new(OpenFile {
             handle,
             writable,
@@ -604,7 +657,7 @@ impl CachedFs {
             0,
         )
         .map_err(err)?;
-        let entries = sys::read_dir(fd, self.options.max_dir_entries)
+        let entries: Vec<DirEntry> = sys::read_dir(fd, self.options.max_dir_entries)
             .map_err(err)?
             .into_iter()
             .map(|e| DirEntry {
@@ -613,7 +666,20 @@ impl CachedFs {
                 ino: e.ino,
             })
             .collect();
-        self.add_handle(Handle::Dir(Arc::new(entries)))
+        let charged_bytes = entries.iter().map(DirListing::cost_bytes).sum();
+        let held = self
+            .dir_listing_bytes
+            .fetch_add(charged_bytes, Ordering::SeqCst);
+        // Charged first, so that the listing's drop gives it back either way.
+        let listing = DirListing {
+            entries,
+            charged_bytes,
+            held_bytes: Arc::clone(&self.dir_listing_bytes),
+        };
+        if held + charged_bytes > self.options.max_dir_listing_bytes {
+            return Err(Errno::ENOMEM);
+        }
+        self.add_handle(Handle::Dir(Arc::new(listing)))
     }
 
     fn do_read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
@@ -1053,7 +1119,7 @@ impl Filesystem for CachedFs {
             Some(Handle::Dir(d)) => Arc::clone(d),
             _ => return reply.error(Errno::EBADF),
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+        for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
                 break;
             }

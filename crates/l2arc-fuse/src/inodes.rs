@@ -35,14 +35,14 @@ use std::sync::{Arc, Mutex, Weak};
 use l2arc::primary::Generation;
 
 /// The root's node id (FUSE_ROOT_ID).
-pub const ROOT_ID: u64 = 1;
+pub(crate) const ROOT_ID: u64 = 1;
 
 /// Ids handed out by counter (inodes whose own number cannot be the id).
 const SYNTHETIC_ID_BASE: u64 = 1 << 63;
 
 /// What kind of file an inode is (fixed for its life).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Directory,
     Regular,
     Symlink,
@@ -51,7 +51,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn of_mode(mode: u32) -> Self {
+    pub(crate) fn of_mode(mode: u32) -> Self {
         match mode & libc::S_IFMT {
             libc::S_IFDIR => Kind::Directory,
             libc::S_IFREG => Kind::Regular,
@@ -62,7 +62,7 @@ impl Kind {
 }
 
 /// One source inode the kernel holds.
-pub struct Inode {
+pub(crate) struct Inode {
     pub id: u64,
     /// `O_PATH | O_NOFOLLOW` descriptor of the source inode.
     fd: OwnedFd,
@@ -80,7 +80,7 @@ pub struct Inode {
 }
 
 impl Inode {
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }
@@ -97,7 +97,7 @@ impl std::fmt::Debug for Inode {
 }
 
 #[derive(Debug)]
-pub struct InodeTable {
+pub(crate) struct InodeTable {
     nodes: HashMap<u64, Arc<Inode>>,
     by_key: HashMap<(u64, u64), u64>,
     root_dev: u64,
@@ -108,7 +108,7 @@ pub struct InodeTable {
 impl InodeTable {
     /// A table holding the root, whose descriptor is `root_fd` (an `O_PATH`
     /// descriptor of the source root) with the given (dev, ino).
-    pub fn new(root_fd: OwnedFd, root_dev: u64, root_ino: u64, max_nodes: usize) -> Self {
+    pub(crate) fn new(root_fd: OwnedFd, root_dev: u64, root_ino: u64, max_nodes: usize) -> Self {
         assert!(max_nodes >= 2, "the table must hold the root and one more");
         let root = Arc::new(Inode {
             id: ROOT_ID,
@@ -129,23 +129,25 @@ impl InodeTable {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.nodes.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
     /// The inode of a node id the kernel holds.
-    pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<Inode>> {
         self.nodes.get(&id).cloned()
     }
 
     /// The node of the inode (dev, ino) that `fd` pins, taking one lookup
     /// reference (an entry reply). A known inode keeps its descriptor and
     /// `fd` is dropped. None when the table is full.
-    pub fn lookup(&mut self, fd: OwnedFd, dev: u64, ino: u64, mode: u32) -> Option<Arc<Inode>> {
+    pub(crate) fn lookup(
+        &mut self,
+        fd: OwnedFd,
+        dev: u64,
+        ino: u64,
+        mode: u32,
+    ) -> Option<Arc<Inode>> {
         if let Some(&id) = self.by_key.get(&(dev, ino)) {
             let inode = Arc::clone(self.nodes.get(&id).expect("by_key names a live node"));
             *inode.nlookup.lock().expect("poisoned") += 1;
@@ -178,7 +180,7 @@ impl InodeTable {
 
     /// The kernel dropped `count` references; the node goes at zero (its
     /// descriptor closes once no operation in flight holds it).
-    pub fn forget(&mut self, id: u64, count: u64) {
+    pub(crate) fn forget(&mut self, id: u64, count: u64) {
         if id == ROOT_ID {
             return; // the root lives as long as the mount
         }
@@ -197,7 +199,7 @@ impl InodeTable {
     }
 
     /// Checks that the two maps agree (tests; O(nodes)).
-    pub fn assert_consistent(&self) {
+    pub(crate) fn assert_consistent(&self) {
         assert_eq!(self.nodes.len(), self.by_key.len());
         for (key, id) in &self.by_key {
             let inode = self.nodes.get(id).expect("by_key names a live node");

@@ -54,13 +54,13 @@
 use std::io;
 use std::path::Path;
 
-pub mod creds;
-pub mod fs;
-pub mod inodes;
-pub mod locks;
-pub mod object_fs;
-pub mod readahead;
-pub mod sys;
+mod creds;
+mod fs;
+mod inodes;
+mod locks;
+mod object_fs;
+mod readahead;
+mod sys;
 
 pub use fs::{CachedFs, FsOptions};
 /// A mounted file system served from background threads (fuser's).
@@ -183,6 +183,7 @@ impl MountGuard {
         })
     }
 
+    /// Where the file system is mounted.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }

@@ -36,28 +36,28 @@ const WAITERS_MAX: usize = 64;
 /// A lock request: its type (F_RDLCK, F_WRLCK, F_UNLCK) and byte range,
 /// `end` inclusive (u64::MAX or OFFSET_MAX: to the end of the file).
 #[derive(Clone, Copy, Debug)]
-pub struct LockRange {
+pub(crate) struct LockRange {
     pub typ: i32,
     pub start: u64,
     pub end: u64,
 }
 
 /// A lock that conflicts with a test (F_GETLK).
-pub struct Conflict {
+pub(crate) struct Conflict {
     pub start: u64,
     pub end: u64,
     pub typ: i32,
     pub pid: u32,
 }
 
-pub struct LockTable {
+pub(crate) struct LockTable {
     owners: Mutex<HashMap<(u64, u64), Arc<OwnedFd>>>,
     max_owners: usize,
     waiters: Arc<AtomicUsize>,
 }
 
 impl LockTable {
-    pub fn new(max_owners: usize) -> Self {
+    pub(crate) fn new(max_owners: usize) -> Self {
         assert!(max_owners > 0);
         Self {
             owners: Mutex::new(HashMap::new()),
@@ -85,7 +85,7 @@ impl LockTable {
     }
 
     /// F_GETLK: the first lock that would conflict with this one, if any.
-    pub fn test(
+    pub(crate) fn test(
         &self,
         inode: &Inode,
         owner: u64,
@@ -114,7 +114,7 @@ impl LockTable {
 
     /// F_SETLK / F_SETLKW (`sleep`) / unlock (F_UNLCK). A blocking request
     /// that must wait replies from a waiter thread.
-    pub fn set(
+    pub(crate) fn set(
         &self,
         inode: &Inode,
         owner: u64,
@@ -158,7 +158,7 @@ impl LockTable {
 
     /// A close by `owner`: its locks on `ino` go (the descriptor closes
     /// once no waiter holds it).
-    pub fn release_owner(&self, ino: u64, owner: u64) {
+    pub(crate) fn release_owner(&self, ino: u64, owner: u64) {
         self.owners
             .lock()
             .expect("lock table poisoned")

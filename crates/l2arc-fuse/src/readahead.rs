@@ -15,7 +15,7 @@
 
 /// Per-open-file state.
 #[derive(Debug, Clone)]
-pub struct ReadAhead {
+pub(crate) struct ReadAhead {
     /// Where the next sequential read would start.
     next_offset: u64,
     /// Current window, in records (0 = not sequential yet).
@@ -26,7 +26,7 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    pub fn new(max_records: u32) -> Self {
+    pub(crate) fn new(max_records: u32) -> Self {
         Self {
             next_offset: 0,
             window_records: 0,
@@ -37,7 +37,7 @@ impl ReadAhead {
 
     /// Records a read of `len` bytes at `offset` and returns the range to
     /// prefetch, if any: `(offset, len)` in bytes, within `size_bytes`.
-    pub fn on_read(
+    pub(crate) fn on_read(
         &mut self,
         offset: u64,
         len: u64,
@@ -75,7 +75,8 @@ impl ReadAhead {
         Some((from, to - from))
     }
 
-    pub fn window_records(&self) -> u32 {
+    #[cfg(test)]
+    fn window_records(&self) -> u32 {
         self.window_records
     }
 }

@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 /// Checks a leaf name from the kernel and makes it a C string.
-pub fn leaf(name: &OsStr) -> io::Result<CString> {
+pub(crate) fn leaf(name: &OsStr) -> io::Result<CString> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -41,7 +41,7 @@ fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 }
 
 /// `fstatat(dir, leaf, AT_SYMLINK_NOFOLLOW)`; an empty leaf stats `dir` itself.
-pub fn stat_at(dir: RawFd, leaf: &CStr) -> io::Result<libc::stat> {
+pub(crate) fn stat_at(dir: RawFd, leaf: &CStr) -> io::Result<libc::stat> {
     // SAFETY: stat is plain data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     let flags = if leaf.is_empty() {
@@ -55,7 +55,7 @@ pub fn stat_at(dir: RawFd, leaf: &CStr) -> io::Result<libc::stat> {
 }
 
 /// `openat(dir, leaf, flags | O_NOFOLLOW | O_CLOEXEC, mode)`.
-pub fn open_at(dir: RawFd, leaf: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+pub(crate) fn open_at(dir: RawFd, leaf: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     retry(|| {
         // SAFETY: valid dirfd and C string; the result is checked.
         let fd = unsafe {
@@ -74,24 +74,24 @@ pub fn open_at(dir: RawFd, leaf: &CStr, flags: i32, mode: u32) -> io::Result<Own
     })
 }
 
-pub fn mkdir_at(dir: RawFd, leaf: &CStr, mode: u32) -> io::Result<()> {
+pub(crate) fn mkdir_at(dir: RawFd, leaf: &CStr, mode: u32) -> io::Result<()> {
     // SAFETY: valid dirfd and C string.
     check(unsafe { libc::mkdirat(dir, leaf.as_ptr(), mode as libc::mode_t) })
 }
 
-pub fn mknod_at(dir: RawFd, leaf: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+pub(crate) fn mknod_at(dir: RawFd, leaf: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
     // SAFETY: valid dirfd and C string.
     check(unsafe { libc::mknodat(dir, leaf.as_ptr(), mode as libc::mode_t, rdev) })
 }
 
-pub fn unlink_at(dir: RawFd, leaf: &CStr, is_dir: bool) -> io::Result<()> {
+pub(crate) fn unlink_at(dir: RawFd, leaf: &CStr, is_dir: bool) -> io::Result<()> {
     let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
     // SAFETY: valid dirfd and C string.
     check(unsafe { libc::unlinkat(dir, leaf.as_ptr(), flags) })
 }
 
 /// `renameat2`; `flags` are RENAME_NOREPLACE / RENAME_EXCHANGE as given by the kernel.
-pub fn rename_at(
+pub(crate) fn rename_at(
     from_dir: RawFd,
     from: &CStr,
     to_dir: RawFd,
@@ -110,7 +110,7 @@ pub fn rename_at(
     })
 }
 
-pub fn symlink_at(target: &OsStr, dir: RawFd, leaf: &CStr) -> io::Result<()> {
+pub(crate) fn symlink_at(target: &OsStr, dir: RawFd, leaf: &CStr) -> io::Result<()> {
     let target =
         CString::new(target.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid C strings and dirfd.
@@ -118,11 +118,11 @@ pub fn symlink_at(target: &OsStr, dir: RawFd, leaf: &CStr) -> io::Result<()> {
 }
 
 /// The target of the symlink `fd` pins (an `O_PATH | O_NOFOLLOW` descriptor).
-pub fn readlink_fd(fd: RawFd) -> io::Result<OsString> {
+pub(crate) fn readlink_fd(fd: RawFd) -> io::Result<OsString> {
     readlink_at(fd, c"")
 }
 
-pub fn readlink_at(dir: RawFd, leaf: &CStr) -> io::Result<OsString> {
+pub(crate) fn readlink_at(dir: RawFd, leaf: &CStr) -> io::Result<OsString> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
     // SAFETY: buf is writable for its length.
     let n = unsafe { libc::readlinkat(dir, leaf.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -137,12 +137,13 @@ pub fn readlink_at(dir: RawFd, leaf: &CStr) -> io::Result<OsString> {
 /// for the calls that take no descriptor of that kind (open, chmod, xattrs,
 /// link). Following this magic link never resolves a name, so it cannot be
 /// redirected by a symlink or a rename.
-pub fn proc_path(fd: RawFd) -> CString {
+pub(crate) fn proc_path(fd: RawFd) -> CString {
     CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL")
 }
 
-/// An `O_PATH | O_NOFOLLOW` descriptor of `path` (the root, tests).
-pub fn open_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+/// An `O_PATH | O_NOFOLLOW` descriptor of `path` (tests).
+#[cfg(test)]
+pub(crate) fn open_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     open_at(libc::AT_FDCWD, &c, libc::O_PATH, 0)
@@ -151,7 +152,7 @@ pub fn open_path(path: &std::path::Path) -> io::Result<OwnedFd> {
 /// Opens the inode `fd` pins (an `O_PATH` descriptor) for I/O with `flags`,
 /// even when its last name is gone (an open, unlinked file). `flags` must
 /// not hold O_NOFOLLOW: that would open the /proc link itself.
-pub fn reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+pub(crate) fn reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
     assert_eq!(
         flags & libc::O_NOFOLLOW,
         0,
@@ -171,7 +172,7 @@ pub fn reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
 
 /// chmod of the inode itself, never of a symlink's target (Linux cannot
 /// change a symlink's mode: EOPNOTSUPP, as on the source).
-pub fn chmod_fd(fd: RawFd, mode: u32) -> io::Result<()> {
+pub(crate) fn chmod_fd(fd: RawFd, mode: u32) -> io::Result<()> {
     let st = stat_at(fd, c"")?;
     if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
@@ -181,7 +182,7 @@ pub fn chmod_fd(fd: RawFd, mode: u32) -> io::Result<()> {
 }
 
 /// chown of the inode itself (a symlink's own owner for a symlink).
-pub fn chown_fd(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+pub(crate) fn chown_fd(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     // -1 (as unsigned) leaves an id unchanged.
     let uid = uid.unwrap_or(u32::MAX);
     let gid = gid.unwrap_or(u32::MAX);
@@ -198,14 +199,14 @@ pub fn chown_fd(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()>
 }
 
 /// utimensat of the inode itself (works on symlinks too).
-pub fn utimens_fd(fd: RawFd, atime: &Time, mtime: &Time) -> io::Result<()> {
+pub(crate) fn utimens_fd(fd: RawFd, atime: &Time, mtime: &Time) -> io::Result<()> {
     let times = [timespec(atime), timespec(mtime)];
     // SAFETY: valid descriptor, empty C string with AT_EMPTY_PATH, two timespecs.
     check(unsafe { libc::utimensat(fd, c"".as_ptr(), times.as_ptr(), libc::AT_EMPTY_PATH) })
 }
 
 /// A new name `to` in `to_dir` for the inode `fd` pins.
-pub fn link_fd(fd: RawFd, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+pub(crate) fn link_fd(fd: RawFd, to_dir: RawFd, to: &CStr) -> io::Result<()> {
     // SAFETY: valid C strings and dirfd; following the magic link reaches
     // the pinned inode itself (a symlink stays a symlink).
     check(unsafe {
@@ -229,7 +230,7 @@ fn xattr_result(n: isize) -> io::Result<usize> {
 }
 
 /// getxattr of the inode `fd` pins; `buf` empty asks for the size.
-pub fn getxattr_fd(fd: RawFd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn getxattr_fd(fd: RawFd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: valid C strings; buf is writable for its length.
     xattr_result(unsafe {
         libc::getxattr(
@@ -242,14 +243,14 @@ pub fn getxattr_fd(fd: RawFd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> 
 }
 
 /// listxattr of the inode `fd` pins; `buf` empty asks for the size.
-pub fn listxattr_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn listxattr_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: valid C string; buf is writable for its length.
     xattr_result(unsafe {
         libc::listxattr(proc_path(fd).as_ptr(), buf.as_mut_ptr().cast(), buf.len())
     })
 }
 
-pub fn setxattr_fd(fd: RawFd, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+pub(crate) fn setxattr_fd(fd: RawFd, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
     // SAFETY: valid C strings; value is readable for its length.
     check(unsafe {
         libc::setxattr(
@@ -262,14 +263,14 @@ pub fn setxattr_fd(fd: RawFd, name: &CStr, value: &[u8], flags: i32) -> io::Resu
     })
 }
 
-pub fn removexattr_fd(fd: RawFd, name: &CStr) -> io::Result<()> {
+pub(crate) fn removexattr_fd(fd: RawFd, name: &CStr) -> io::Result<()> {
     // SAFETY: valid C strings.
     check(unsafe { libc::removexattr(proc_path(fd).as_ptr(), name.as_ptr()) })
 }
 
 /// Raises the soft limit on open descriptors as far as allowed (the hard
 /// limit; as root, up to `wanted`), and returns the limit now in force.
-pub fn raise_nofile_limit(wanted: u64) -> u64 {
+pub(crate) fn raise_nofile_limit(wanted: u64) -> u64 {
     // SAFETY: plain data.
     let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: a writable rlimit.
@@ -301,7 +302,11 @@ pub fn raise_nofile_limit(wanted: u64) -> u64 {
 /// An open-file-description lock (F_OFD_*): owned by the descriptor, so it
 /// conflicts with every other descriptor's and every process's locks on the
 /// source, as the caller's POSIX lock would.
-pub fn ofd_lock(fd: RawFd, cmd: i32, lock: crate::locks::LockRange) -> io::Result<libc::flock> {
+pub(crate) fn ofd_lock(
+    fd: RawFd,
+    cmd: i32,
+    lock: crate::locks::LockRange,
+) -> io::Result<libc::flock> {
     let crate::locks::LockRange { typ, start, end } = lock;
     // SAFETY: plain data.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
@@ -322,7 +327,7 @@ pub fn ofd_lock(fd: RawFd, cmd: i32, lock: crate::locks::LockRange) -> io::Resul
 }
 
 /// One timestamp for utimensat: None = leave it (UTIME_OMIT).
-pub enum Time {
+pub(crate) enum Time {
     Omit,
     Now,
     At(std::time::SystemTime),
@@ -361,7 +366,7 @@ fn timespec(t: &Time) -> libc::timespec {
     }
 }
 
-pub fn ftruncate(fd: RawFd, size_bytes: u64) -> io::Result<()> {
+pub(crate) fn ftruncate(fd: RawFd, size_bytes: u64) -> io::Result<()> {
     let size =
         libc::off_t::try_from(size_bytes).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
     retry(|| {
@@ -370,7 +375,7 @@ pub fn ftruncate(fd: RawFd, size_bytes: u64) -> io::Result<()> {
     })
 }
 
-pub fn fstatvfs(fd: RawFd) -> io::Result<libc::statvfs> {
+pub(crate) fn fstatvfs(fd: RawFd) -> io::Result<libc::statvfs> {
     // SAFETY: plain data.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: an open descriptor and a writable struct.
@@ -379,7 +384,7 @@ pub fn fstatvfs(fd: RawFd) -> io::Result<libc::statvfs> {
 }
 
 /// One directory entry: name, d_type (DT_*), inode number in the source.
-pub struct RawDirEntry {
+pub(crate) struct RawDirEntry {
     pub name: OsString,
     pub d_type: u8,
     pub ino: u64,
@@ -388,7 +393,7 @@ pub struct RawDirEntry {
 /// Reads a whole directory from a descriptor opened with O_RDONLY|O_DIRECTORY,
 /// at most `max_entries` entries (more is an error: the listing is held in
 /// memory for the life of the directory handle).
-pub fn read_dir(fd: OwnedFd, max_entries: usize) -> io::Result<Vec<RawDirEntry>> {
+pub(crate) fn read_dir(fd: OwnedFd, max_entries: usize) -> io::Result<Vec<RawDirEntry>> {
     // fdopendir takes ownership of the descriptor; closedir closes it.
     let raw = fd.as_raw_fd();
     // SAFETY: raw is an open directory descriptor.

@@ -151,6 +151,38 @@ fn inode_table_is_bounded() {
 }
 
 #[test]
+fn directory_listings_held_open_are_bounded_in_bytes() {
+    // 100 entries with 20-byte names cost about 6 KiB; allow two such
+    // listings at once.
+    let m = mount(
+        FsOptions {
+            max_dir_listing_bytes: 14 << 10,
+            ..FsOptions::default()
+        },
+        |src| {
+            for d in 0..3 {
+                let dir = src.join(format!("d{d}"));
+                std::fs::create_dir(&dir).unwrap();
+                for i in 0..100 {
+                    std::fs::write(dir.join(format!("entry-number-{i:08}")), b"x").unwrap();
+                }
+            }
+        },
+    );
+    let open = |d: usize| std::fs::read_dir(m.mnt.join(format!("d{d}")));
+    let first = open(0).unwrap();
+    let second = open(1).unwrap();
+    let e = open(2).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOMEM), "{e}");
+    // Closing gives the budget back; a listing is read whole.
+    drop(first);
+    let third = open(2).unwrap();
+    assert_eq!(third.count(), 100);
+    assert_eq!(second.count(), 100);
+    assert_eq!(open(0).unwrap().count(), 100);
+}
+
+#[test]
 fn hot_files_are_served_by_the_page_cache_until_the_source_changes() {
     const LEN: usize = 4 << 20;
     let m = mount(FsOptions::default(), |src| {

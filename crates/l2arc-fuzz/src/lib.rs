@@ -17,7 +17,7 @@
 //! the block targets fix the CRC of their input when its first byte says so
 //! and reach the checks that follow it.
 
-use l2arc::l2arc::format::{
+use l2arc::internals::format::{
     self, DeviceHeader, LogBlockHeader, LogEntry, decode_compressed_frame, decode_log_block,
     encode_log_block, log_block_size_bytes,
 };
@@ -127,22 +127,26 @@ pub fn nbd_requests(data: &[u8]) {
     };
     let max_payload_bytes = 1u32 << (6 + (settings & 7)); // 64 B .. 8 KiB
     let gated = settings & 8 != 0;
-    let mut decoder = if gated {
-        RequestDecoder::gated(max_payload_bytes)
-    } else {
-        RequestDecoder::new(max_payload_bytes)
+    let mut check = RequestChecker {
+        decoder: if gated {
+            RequestDecoder::gated(max_payload_bytes)
+        } else {
+            RequestDecoder::new(max_payload_bytes)
+        },
+        max_payload_bytes,
+        gated,
+        seed: *seed,
+        mode_pick: *settings >> 4,
+        split: None,
     };
-    let mut mode_pick = *settings >> 4;
-    // The write taken in pieces now: (request, bytes so far).
-    let mut split: Option<(Request, u64)> = None;
     for piece in pieces(input, *seed) {
         let mut at = 0;
         while at < piece.len() {
-            let (used, decoded) = match decoder.push(&piece[at..]) {
+            let (used, decoded) = match check.decoder.push(&piece[at..]) {
                 Ok(r) => r,
                 Err(_) => {
                     assert!(
-                        decoder.push(&[0; 28]).is_err(),
+                        check.decoder.push(&[0; 28]).is_err(),
                         "decoder not failed for good"
                     );
                     return;
@@ -152,62 +156,86 @@ pub fn nbd_requests(data: &[u8]) {
             assert!(used <= piece.len() - at);
             at += used;
             assert!(
-                decoder.buffered_bytes() <= max_payload_bytes.max(28) as usize,
+                check.decoder.buffered_bytes() <= max_payload_bytes.max(28) as usize,
                 "buffered {} bytes over the payload limit {max_payload_bytes}",
-                decoder.buffered_bytes()
+                check.decoder.buffered_bytes()
             );
-            let Some(decoded) = decoded else { continue };
-            match decoded {
-                Decoded::Request { request, payload } => {
-                    assert_eq!(Request::decode(&request.encode()), Ok(request));
-                    if request.command == protocol::NBD_CMD_WRITE {
-                        assert_eq!(payload.len(), request.length_bytes as usize);
-                        assert!(request.length_bytes <= max_payload_bytes);
-                    } else {
-                        assert!(payload.is_empty());
-                    }
-                    let _ = protocol::check_request(&request, 1 << 20, false, max_payload_bytes);
-                    let _ = protocol::check_request(&request, u64::MAX, true, u32::MAX);
+            if let Some(decoded) = decoded {
+                check.decoded(decoded);
+            }
+        }
+    }
+}
+
+/// What `nbd_requests` knows while it feeds a decoder.
+struct RequestChecker {
+    decoder: RequestDecoder,
+    max_payload_bytes: u32,
+    gated: bool,
+    seed: u8,
+    /// Picks the payload mode of each gated write.
+    mode_pick: u8,
+    /// The write taken in pieces now: (request, bytes so far).
+    split: Option<(Request, u64)>,
+}
+
+impl RequestChecker {
+    /// Checks one decoded item against what the stream allows.
+    fn decoded(&mut self, decoded: Decoded) {
+        let max_payload_bytes = self.max_payload_bytes;
+        match decoded {
+            Decoded::Request { request, payload } => {
+                assert_eq!(Request::decode(&request.encode()), Ok(request));
+                if request.command == protocol::NBD_CMD_WRITE {
+                    assert_eq!(payload.len(), request.length_bytes as usize);
+                    assert!(request.length_bytes <= max_payload_bytes);
+                } else {
+                    assert!(payload.is_empty());
                 }
-                Decoded::Oversized(request) => {
-                    assert_eq!(request.command, protocol::NBD_CMD_WRITE);
-                }
-                Decoded::WriteHeader(request) => {
-                    assert!(gated && request.command == protocol::NBD_CMD_WRITE);
-                    assert!(request.length_bytes > 0);
-                    let mode = match mode_pick % 4 {
-                        0 => PayloadMode::Buffer,
-                        1 => PayloadMode::Discard,
-                        2 => PayloadMode::Chunks { chunk_bytes: 0 },
-                        _ => PayloadMode::Chunks {
-                            chunk_bytes: u32::from(*seed) * 7 + 1,
-                        },
-                    };
-                    mode_pick = mode_pick.rotate_left(1) ^ *seed;
-                    assert!(decoder.choose_payload(mode));
-                    assert!(!decoder.choose_payload(mode), "chose twice");
-                    if matches!(mode, PayloadMode::Chunks { .. }) {
-                        split = Some((request, 0));
-                    }
-                }
-                Decoded::WriteChunk {
-                    request,
-                    at_bytes,
-                    data,
-                    last,
-                } => {
-                    let (expected, done) = split.as_mut().expect("a chunk without its header");
-                    assert_eq!(request, *expected);
-                    assert_eq!(u64::from(at_bytes), *done);
-                    assert!(!data.is_empty() && data.len() <= max_payload_bytes as usize);
-                    *done += data.len() as u64;
-                    assert!(*done <= u64::from(request.length_bytes));
-                    assert_eq!(last, *done == u64::from(request.length_bytes));
-                    if last {
-                        split = None;
-                    }
+                let _ = protocol::check_request(&request, 1 << 20, false, max_payload_bytes);
+                let _ = protocol::check_request(&request, u64::MAX, true, u32::MAX);
+            }
+            Decoded::Oversized(request) => {
+                assert_eq!(request.command, protocol::NBD_CMD_WRITE);
+            }
+            Decoded::WriteHeader(request) => self.write_header(request),
+            Decoded::WriteChunk {
+                request,
+                at_bytes,
+                data,
+                last,
+            } => {
+                let (expected, done) = self.split.as_mut().expect("a chunk without its header");
+                assert_eq!(request, *expected);
+                assert_eq!(u64::from(at_bytes), *done);
+                assert!(!data.is_empty() && data.len() <= max_payload_bytes as usize);
+                *done += data.len() as u64;
+                assert!(*done <= u64::from(request.length_bytes));
+                assert_eq!(last, *done == u64::from(request.length_bytes));
+                if last {
+                    self.split = None;
                 }
             }
+        }
+    }
+
+    /// A gated write's header: choose how to take its payload.
+    fn write_header(&mut self, request: Request) {
+        assert!(self.gated && request.command == protocol::NBD_CMD_WRITE);
+        assert!(request.length_bytes > 0);
+        let mode = match self.mode_pick % 4 {
+            0 => PayloadMode::Buffer,
+            1 => PayloadMode::Discard,
+            2 => PayloadMode::Chunks { chunk_bytes: 0 },
+            _ => PayloadMode::Chunks {
+                chunk_bytes: u32::from(self.seed) * 7 + 1,
+            },
+        };
+        self.mode_pick = self.mode_pick.rotate_left(1) ^ self.seed;
+        assert!(self.decoder.choose_payload(mode));
+        assert!(!self.decoder.choose_payload(mode), "chose twice");
+        if matches!(mode, PayloadMode::Chunks { .. }) {
+            self.split = Some((request, 0));
         }
     }
 }

@@ -59,7 +59,7 @@ fn the_seeds_in_the_tree_are_the_current_seeds() {
 
 #[test]
 fn the_block_seeds_decode() {
-    use l2arc::l2arc::format::{DeviceHeader, decode_log_block};
+    use l2arc::internals::format::{DeviceHeader, decode_log_block};
     for seed in l2arc_fuzz::seeds("device_header") {
         DeviceHeader::decode(&seed[1..]).expect("a header seed decodes");
     }

@@ -81,6 +81,7 @@ pub struct BufferPool {
 }
 
 impl BufferPool {
+    /// A pool that lends at most `max_bytes`.
     pub fn new(max_bytes: u64) -> Self {
         Self {
             max_bytes,
@@ -177,24 +178,28 @@ impl BufferPool {
             "a charge of {bytes} bytes can never fit a pool of {}",
             self.max_bytes
         );
-        // The connection's own limit: freed by its own requests finishing.
-        // Only the connection's reader charges its account, so room seen
-        // here is still there once the pool grants the bytes.
-        {
-            let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
-            while *held > 0 && *held + bytes > account_max_bytes {
-                if account.closed.load(Ordering::SeqCst) {
-                    return None;
-                }
-                held = account
-                    .freed
-                    .wait_timeout(held, WAIT_POLL)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
+        if !wait_for_account_room(account, bytes, account_max_bytes) {
+            return None;
         }
-        // The shared pool. Waiting here does not count as holding: a
-        // connection is a reclaim victim only for what it already holds.
+        if !self.wait_for_pool_room(account, bytes, reclaim) {
+            return None;
+        }
+        let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
+        *held += bytes;
+        account.held_bytes.store(*held, Ordering::Relaxed);
+        drop(held);
+        Some(Charge {
+            pool: Arc::clone(self),
+            account: Arc::clone(account),
+            account_bytes: bytes,
+            pool_bytes: bytes,
+        })
+    }
+
+    /// Waits for room in the shared pool and takes `bytes` of it. Waiting
+    /// here does not count as holding: a connection is a reclaim victim only
+    /// for what it already holds. False if the account closed meanwhile.
+    fn wait_for_pool_room(&self, account: &Account, bytes: u64, reclaim: &dyn Fn()) -> bool {
         // Large charges leave the last eighth to small ones, so that
         // clients asking for a few KiB are served at once even while large
         // requests (hostile or not) fill the rest.
@@ -224,7 +229,7 @@ impl BufferPool {
             if account.closed.load(Ordering::SeqCst) {
                 state.waiting.retain(|&(_, t)| t != ticket);
                 self.freed.notify_all();
-                return None;
+                return false;
             }
             if large && !waiting {
                 state.waiting.push((bytes, ticket));
@@ -251,17 +256,27 @@ impl BufferPool {
         self.high_water_bytes
             .fetch_max(state.used_bytes, Ordering::Relaxed);
         drop(state);
-        let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
-        *held += bytes;
-        account.held_bytes.store(*held, Ordering::Relaxed);
-        drop(held);
-        Some(Charge {
-            pool: Arc::clone(self),
-            account: Arc::clone(account),
-            account_bytes: bytes,
-            pool_bytes: bytes,
-        })
+        true
     }
+}
+
+/// Waits until `account` may hold `bytes` more: a connection's own limit,
+/// freed by its own requests finishing. False if the account closed.
+fn wait_for_account_room(account: &Account, bytes: u64, account_max_bytes: u64) -> bool {
+    // Only the connection's reader charges its account, so room seen here
+    // is still there once the pool grants the bytes.
+    let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
+    while *held > 0 && *held + bytes > account_max_bytes {
+        if account.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        held = account
+            .freed
+            .wait_timeout(held, WAIT_POLL)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    true
 }
 
 /// One connection's share: what it holds, and whether its client is what
@@ -290,10 +305,12 @@ pub struct Account {
 pub const PAYLOAD_RATE_MIN_BYTES_PER_SEC: u64 = 1 << 20;
 
 impl Account {
+    /// A connection's empty account.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Bytes this account holds now.
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes.load(Ordering::Relaxed)
     }
@@ -364,6 +381,7 @@ impl Account {
         pool.wake_all();
     }
 
+    /// Whether the pool was closed (the server is stopping).
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

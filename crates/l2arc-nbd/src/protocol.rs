@@ -48,69 +48,109 @@ pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 
 /// Handshake flags (server).
 pub const NBD_FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+/// Server supports `NBD_FLAG_C_NO_ZEROES` (no 124 zero bytes after export info).
 pub const NBD_FLAG_NO_ZEROES: u16 = 1 << 1;
 /// Client flags.
 pub const NBD_FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+/// Client asks for no zero padding after the export info.
 pub const NBD_FLAG_C_NO_ZEROES: u32 = 1 << 1;
 
 /// Transmission flags.
 pub const NBD_FLAG_HAS_FLAGS: u16 = 1 << 0;
+/// The export refuses writes.
 pub const NBD_FLAG_READ_ONLY: u16 = 1 << 1;
+/// The server answers `NBD_CMD_FLUSH`.
 pub const NBD_FLAG_SEND_FLUSH: u16 = 1 << 2;
+/// The server honours `NBD_CMD_FLAG_FUA` on writes.
 pub const NBD_FLAG_SEND_FUA: u16 = 1 << 3;
+/// The export behaves like a rotating disk (hint to the client's scheduler).
 pub const NBD_FLAG_ROTATIONAL: u16 = 1 << 4;
+/// The server answers `NBD_CMD_TRIM`.
 pub const NBD_FLAG_SEND_TRIM: u16 = 1 << 5;
+/// The server answers `NBD_CMD_WRITE_ZEROES`.
 pub const NBD_FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// Several connections to the export see each other's writes (flush on one covers all).
 pub const NBD_FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+/// The server answers `NBD_CMD_CACHE` (prefetch).
 pub const NBD_FLAG_SEND_CACHE: u16 = 1 << 10;
 
 /// Options.
 pub const NBD_OPT_EXPORT_NAME: u32 = 1;
+/// Option: end the handshake, no export.
 pub const NBD_OPT_ABORT: u32 = 2;
+/// Option: list the exports.
 pub const NBD_OPT_LIST: u32 = 3;
+/// Option: start TLS (refused: no TLS here).
 pub const NBD_OPT_STARTTLS: u32 = 5;
+/// Option: describe an export without entering it.
 pub const NBD_OPT_INFO: u32 = 6;
+/// Option: describe an export and enter transmission.
 pub const NBD_OPT_GO: u32 = 7;
+/// Option: structured replies (refused: simple replies only).
 pub const NBD_OPT_STRUCTURED_REPLY: u32 = 8;
 
 /// Option reply types.
 pub const NBD_REP_ACK: u32 = 1;
+/// Reply: one export's name (to `NBD_OPT_LIST`).
 pub const NBD_REP_SERVER: u32 = 2;
+/// Reply: one piece of information about an export.
 pub const NBD_REP_INFO: u32 = 3;
 const NBD_REP_FLAG_ERROR: u32 = 1 << 31;
+/// Error reply: option not supported.
 pub const NBD_REP_ERR_UNSUP: u32 = NBD_REP_FLAG_ERROR | 1;
+/// Error reply: refused by policy.
 pub const NBD_REP_ERR_POLICY: u32 = NBD_REP_FLAG_ERROR | 2;
+/// Error reply: malformed option.
 pub const NBD_REP_ERR_INVALID: u32 = NBD_REP_FLAG_ERROR | 3;
+/// Error reply: no such export.
 pub const NBD_REP_ERR_UNKNOWN: u32 = NBD_REP_FLAG_ERROR | 6;
+/// Error reply: request too big.
 pub const NBD_REP_ERR_TOO_BIG: u32 = NBD_REP_FLAG_ERROR | 9;
 
 /// Information types in `NBD_REP_INFO`.
 pub const NBD_INFO_EXPORT: u16 = 0;
+/// Info: the export's name.
 pub const NBD_INFO_NAME: u16 = 1;
+/// Info: the export's description.
 pub const NBD_INFO_DESCRIPTION: u16 = 2;
+/// Info: block size constraints (minimum, preferred, maximum).
 pub const NBD_INFO_BLOCK_SIZE: u16 = 3;
 
 /// Commands.
 pub const NBD_CMD_READ: u16 = 0;
+/// Command: write the payload.
 pub const NBD_CMD_WRITE: u16 = 1;
+/// Command: disconnect after the requests in flight.
 pub const NBD_CMD_DISC: u16 = 2;
+/// Command: make written data durable.
 pub const NBD_CMD_FLUSH: u16 = 3;
+/// Command: discard a range (reads then return zeros).
 pub const NBD_CMD_TRIM: u16 = 4;
+/// Command: prefetch a range into the cache.
 pub const NBD_CMD_CACHE: u16 = 5;
+/// Command: write zeros to a range.
 pub const NBD_CMD_WRITE_ZEROES: u16 = 6;
 
 /// Command flags.
 pub const NBD_CMD_FLAG_FUA: u16 = 1 << 0;
+/// Command flag on `NBD_CMD_WRITE_ZEROES`: keep the range allocated.
 pub const NBD_CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 
 /// Error values in replies (Linux errno numbers, as the protocol fixes them).
 pub const NBD_EPERM: u32 = 1;
+/// Error: I/O error.
 pub const NBD_EIO: u32 = 5;
+/// Error: out of memory.
 pub const NBD_ENOMEM: u32 = 12;
+/// Error: invalid request.
 pub const NBD_EINVAL: u32 = 22;
+/// Error: no space left.
 pub const NBD_ENOSPC: u32 = 28;
+/// Error: request beyond the export or too long.
 pub const NBD_EOVERFLOW: u32 = 75;
+/// Error: command not supported.
 pub const NBD_ENOTSUP: u32 = 95;
+/// Error: the server is shutting down.
 pub const NBD_ESHUTDOWN: u32 = 108;
 
 /// Most option data buffered for one option; longer options are skipped.
@@ -134,30 +174,44 @@ pub const PAYLOAD_MAX_BYTES_DEFAULT: u32 = 32 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
     #[error("client flags {0:#x} include bits this server does not know")]
+    /// Client flags with bits this server does not know.
     UnknownClientFlags(u32),
     #[error("option magic {0:#018x} is not IHAVEOPT")]
+    /// An option without the `IHAVEOPT` magic.
     BadOptionMagic(u64),
     #[error("more than {OPTIONS_MAX} options in one handshake")]
+    /// More than `OPTIONS_MAX` options in one handshake.
     TooManyOptions,
     #[error("option {0} is not allowed without fixed newstyle negotiation")]
+    /// An option sent without fixed newstyle negotiation.
     NotFixedNewstyle(u32),
     #[error("NBD_OPT_EXPORT_NAME asked for an unknown export")]
+    /// `NBD_OPT_EXPORT_NAME` for an export that does not exist.
     UnknownExport,
     #[error("request magic {0:#010x} is not NBD_REQUEST_MAGIC")]
+    /// A request without the request magic.
     BadRequestMagic(u32),
     #[error("the session has already ended")]
+    /// Input after the session ended.
     Finished,
 }
 
 /// What the server exports, as the handshake announces it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportInfo {
+    /// The export's name.
     pub name: String,
+    /// A line describing the export.
     pub description: String,
+    /// Size of the export.
     pub size_bytes: u64,
+    /// `NBD_FLAG_*` transmission flags.
     pub transmission_flags: u16,
+    /// Smallest request the client should send.
     pub block_size_min_bytes: u32,
+    /// Request size that performs best.
     pub block_size_preferred_bytes: u32,
+    /// Largest request the server takes.
     pub block_size_max_bytes: u32,
 }
 
@@ -214,6 +268,7 @@ pub struct Handshake {
 }
 
 impl Handshake {
+    /// A handshake for one export.
     pub fn new(export: ExportInfo) -> Self {
         assert!(export.name.len() <= NAME_MAX_BYTES);
         assert!(
@@ -530,10 +585,15 @@ fn be_u64(b: &[u8]) -> u64 {
 /// A request header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// `NBD_CMD_FLAG_*` bits.
     pub flags: u16,
+    /// `NBD_CMD_*` value.
     pub command: u16,
+    /// The client's handle, echoed in the reply.
     pub cookie: u64,
+    /// Offset into the export.
     pub offset_bytes: u64,
+    /// Bytes to read, write, trim or zero.
     pub length_bytes: u32,
 }
 
@@ -553,6 +613,7 @@ impl Request {
         })
     }
 
+    /// The 28 bytes on the wire.
     pub fn encode(&self) -> [u8; REQUEST_BYTES] {
         let mut h = [0u8; REQUEST_BYTES];
         h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -569,7 +630,12 @@ impl Request {
 #[derive(Clone, PartialEq, Eq)]
 pub enum Decoded {
     /// A request; `payload` holds a write's data (empty for other commands).
-    Request { request: Request, payload: Vec<u8> },
+    Request {
+        /// The header.
+        request: Request,
+        /// A write's data.
+        payload: Vec<u8>,
+    },
     /// A write whose data was read and thrown away: longer than the payload
     /// limit, or [`PayloadMode::Discard`] was chosen. Answer it with an error.
     Oversized(Request),
@@ -581,9 +647,13 @@ pub enum Decoded {
     /// One piece of a write taken with [`PayloadMode::Chunks`]: `data` goes
     /// at `at_bytes` from the request's offset; `last` on the final piece.
     WriteChunk {
+        /// The write's header.
         request: Request,
+        /// Where this piece goes, from the request's offset.
         at_bytes: u32,
+        /// The piece.
         data: Vec<u8>,
+        /// Whether this is the final piece.
         last: bool,
     },
 }
@@ -597,7 +667,10 @@ pub enum PayloadMode {
     /// In pieces of at most `chunk_bytes` ([`Decoded::WriteChunk`]), for a
     /// write larger than any one buffer should be; `chunk_bytes` is clamped
     /// to 1..=`max_payload_bytes`.
-    Chunks { chunk_bytes: u32 },
+    Chunks {
+        /// Largest piece.
+        chunk_bytes: u32,
+    },
     /// Read and thrown away; ends with [`Decoded::Oversized`].
     Discard,
 }
@@ -665,6 +738,7 @@ pub struct RequestDecoder {
 }
 
 impl RequestDecoder {
+    /// A decoder that takes payloads up to `max_payload_bytes`.
     pub fn new(max_payload_bytes: u32) -> Self {
         Self {
             max_payload_bytes,
@@ -729,122 +803,155 @@ impl RequestDecoder {
     pub fn push(&mut self, input: &[u8]) -> Result<(usize, Option<Decoded>), ProtocolError> {
         let mut used = 0usize;
         loop {
-            match &mut self.state {
+            let step = match self.state {
                 DecoderState::Failed => return Err(ProtocolError::Finished),
-                DecoderState::Header => {
-                    let take = (REQUEST_BYTES - self.header_len).min(input.len() - used);
-                    self.header[self.header_len..self.header_len + take]
-                        .copy_from_slice(&input[used..used + take]);
-                    self.header_len += take;
-                    used += take;
-                    if self.header_len < REQUEST_BYTES {
-                        return Ok((used, None));
-                    }
-                    self.header_len = 0;
-                    let request = match Request::decode(&self.header) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            self.state = DecoderState::Failed;
-                            return Err(e);
-                        }
-                    };
-                    if request.command != NBD_CMD_WRITE || request.length_bytes == 0 {
-                        return Ok((
-                            used,
-                            Some(Decoded::Request {
-                                request,
-                                payload: Vec::new(),
-                            }),
-                        ));
-                    }
-                    self.state = DecoderState::Gate { request };
-                    if self.gated {
-                        return Ok((used, Some(Decoded::WriteHeader(request))));
-                    }
-                }
+                DecoderState::Header => self.take_header(input, used)?,
                 DecoderState::Gate { .. } => {
                     // No mode chosen: as an ungated decoder would.
                     let chosen = self.choose_payload(PayloadMode::Buffer);
                     debug_assert!(chosen);
+                    Step::Again(used)
                 }
-                DecoderState::Chunks {
-                    request,
-                    at_bytes,
-                    chunk_bytes,
-                    data,
-                } => {
-                    let left_bytes = request.length_bytes - *at_bytes;
-                    let piece_bytes = left_bytes.min(*chunk_bytes) as usize;
-                    if data.capacity() == 0 {
-                        // Allocated only once a byte of this piece is here.
-                        if used == input.len() {
-                            return Ok((used, None));
-                        }
-                        data.reserve_exact(piece_bytes);
-                    }
-                    let take = (piece_bytes - data.len()).min(input.len() - used);
-                    data.extend_from_slice(&input[used..used + take]);
-                    used += take;
-                    if data.len() < piece_bytes {
-                        return Ok((used, None));
-                    }
-                    let request = *request;
-                    let piece_at = *at_bytes;
-                    let data = std::mem::take(data);
-                    let last = piece_bytes as u32 == left_bytes;
-                    if last {
-                        self.state = DecoderState::Header;
-                    } else if let DecoderState::Chunks { at_bytes, .. } = &mut self.state {
-                        *at_bytes += piece_bytes as u32;
-                    }
-                    return Ok((
-                        used,
-                        Some(Decoded::WriteChunk {
-                            request,
-                            at_bytes: piece_at,
-                            data,
-                            last,
-                        }),
-                    ));
-                }
-                DecoderState::Payload { request, data } => {
-                    let want = request.length_bytes as usize - data.len();
-                    if data.capacity() == 0 {
-                        // Allocated only once a byte of the payload is here.
-                        if used == input.len() {
-                            return Ok((used, None));
-                        }
-                        data.reserve_exact(request.length_bytes as usize);
-                    }
-                    let take = want.min(input.len() - used);
-                    data.extend_from_slice(&input[used..used + take]);
-                    used += take;
-                    if take < want {
-                        return Ok((used, None));
-                    }
-                    debug_assert_eq!(data.len(), request.length_bytes as usize);
-                    let request = *request;
-                    let payload = std::mem::take(data);
-                    self.state = DecoderState::Header;
-                    return Ok((used, Some(Decoded::Request { request, payload })));
-                }
-                DecoderState::Discard {
-                    request,
-                    remaining_bytes,
-                } => {
-                    let take = (*remaining_bytes as usize).min(input.len() - used);
-                    *remaining_bytes -= take as u32;
-                    used += take;
-                    if *remaining_bytes > 0 {
-                        return Ok((used, None));
-                    }
-                    let request = *request;
-                    self.state = DecoderState::Header;
-                    return Ok((used, Some(Decoded::Oversized(request))));
-                }
+                DecoderState::Chunks { .. } => self.take_chunk(input, used),
+                DecoderState::Payload { .. } => self.take_payload(input, used),
+                DecoderState::Discard { .. } => self.take_discarded(input, used),
+            };
+            match step {
+                Step::Again(u) => used = u,
+                Step::Done(u, decoded) => return Ok((u, decoded)),
             }
         }
     }
+
+    /// Gathers a request header; a write with data goes on to its payload.
+    fn take_header(&mut self, input: &[u8], mut used: usize) -> Result<Step, ProtocolError> {
+        let take = (REQUEST_BYTES - self.header_len).min(input.len() - used);
+        self.header[self.header_len..self.header_len + take]
+            .copy_from_slice(&input[used..used + take]);
+        self.header_len += take;
+        used += take;
+        if self.header_len < REQUEST_BYTES {
+            return Ok(Step::Done(used, None));
+        }
+        self.header_len = 0;
+        let request = match Request::decode(&self.header) {
+            Ok(r) => r,
+            Err(e) => {
+                self.state = DecoderState::Failed;
+                return Err(e);
+            }
+        };
+        if request.command != NBD_CMD_WRITE || request.length_bytes == 0 {
+            let payload = Vec::new();
+            return Ok(Step::Done(
+                used,
+                Some(Decoded::Request { request, payload }),
+            ));
+        }
+        self.state = DecoderState::Gate { request };
+        if self.gated {
+            return Ok(Step::Done(used, Some(Decoded::WriteHeader(request))));
+        }
+        Ok(Step::Again(used))
+    }
+
+    /// Gathers one piece of a write taken in pieces.
+    fn take_chunk(&mut self, input: &[u8], mut used: usize) -> Step {
+        let DecoderState::Chunks {
+            request,
+            at_bytes,
+            chunk_bytes,
+            data,
+        } = &mut self.state
+        else {
+            unreachable!("called in the Chunks state");
+        };
+        let left_bytes = request.length_bytes - *at_bytes;
+        let piece_bytes = left_bytes.min(*chunk_bytes) as usize;
+        if data.capacity() == 0 {
+            // Allocated only once a byte of this piece is here.
+            if used == input.len() {
+                return Step::Done(used, None);
+            }
+            data.reserve_exact(piece_bytes);
+        }
+        let take = (piece_bytes - data.len()).min(input.len() - used);
+        data.extend_from_slice(&input[used..used + take]);
+        used += take;
+        if data.len() < piece_bytes {
+            return Step::Done(used, None);
+        }
+        let request = *request;
+        let piece_at = *at_bytes;
+        let data = std::mem::take(data);
+        let last = piece_bytes as u32 == left_bytes;
+        if last {
+            self.state = DecoderState::Header;
+        } else {
+            *at_bytes += piece_bytes as u32;
+        }
+        let chunk = Decoded::WriteChunk {
+            request,
+            at_bytes: piece_at,
+            data,
+            last,
+        };
+        Step::Done(used, Some(chunk))
+    }
+
+    /// Gathers a whole write payload.
+    fn take_payload(&mut self, input: &[u8], mut used: usize) -> Step {
+        let DecoderState::Payload { request, data } = &mut self.state else {
+            unreachable!("called in the Payload state");
+        };
+        let want = request.length_bytes as usize - data.len();
+        if data.capacity() == 0 {
+            // Allocated only once a byte of the payload is here.
+            if used == input.len() {
+                return Step::Done(used, None);
+            }
+            data.reserve_exact(request.length_bytes as usize);
+        }
+        let take = want.min(input.len() - used);
+        data.extend_from_slice(&input[used..used + take]);
+        used += take;
+        if take < want {
+            return Step::Done(used, None);
+        }
+        debug_assert_eq!(data.len(), request.length_bytes as usize);
+        let request = *request;
+        let payload = std::mem::take(data);
+        self.state = DecoderState::Header;
+        Step::Done(used, Some(Decoded::Request { request, payload }))
+    }
+
+    /// Skips a payload that will not be kept.
+    fn take_discarded(&mut self, input: &[u8], mut used: usize) -> Step {
+        let DecoderState::Discard {
+            request,
+            remaining_bytes,
+        } = &mut self.state
+        else {
+            unreachable!("called in the Discard state");
+        };
+        let take = (*remaining_bytes as usize).min(input.len() - used);
+        *remaining_bytes -= take as u32;
+        used += take;
+        if *remaining_bytes > 0 {
+            return Step::Done(used, None);
+        }
+        let request = *request;
+        self.state = DecoderState::Header;
+        Step::Done(used, Some(Decoded::Oversized(request)))
+    }
+}
+
+/// What one state of the decoder did with the input.
+enum Step {
+    /// Moved to another state; go on at this many bytes used.
+    Again(usize),
+    /// Return to the caller: bytes used, and a request if one completed.
+    Done(usize, Option<Decoded>),
 }
 
 /// Appends a simple reply header.
@@ -864,12 +971,19 @@ pub fn simple_reply(cookie: u64, error: u32) -> [u8; SIMPLE_REPLY_BYTES] {
 /// What a valid request asks the server to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
+    /// Read a range.
     Read,
+    /// Write the payload.
     Write,
+    /// End the session.
     Disconnect,
+    /// Make writes durable.
     Flush,
+    /// Discard a range.
     Trim,
+    /// Prefetch a range.
     Cache,
+    /// Write zeros to a range.
     WriteZeroes,
 }
 

@@ -98,7 +98,9 @@ const IDLE_EVICT_MIN: Duration = Duration::from_secs(2);
 /// Where to listen: `unix:PATH` or `HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenAddr {
+    /// A unix socket path.
     Unix(PathBuf),
+    /// A TCP address.
     Tcp(SocketAddr),
 }
 
@@ -133,7 +135,9 @@ impl std::fmt::Display for ListenAddr {
 
 /// A bound listening socket.
 pub enum Listener {
+    /// A unix socket and the path it removes when dropped.
     Unix(UnixListener, PathBuf),
+    /// A TCP socket.
     Tcp(TcpListener),
 }
 
@@ -254,9 +258,13 @@ pub struct ServerConfig {
     pub export_name: String,
     /// Refuse writes, trims and zeroing (EPERM); advertise NBD_FLAG_READ_ONLY.
     pub read_only: bool,
+    /// Most connections at once (`--max-connections`).
     pub max_connections: usize,
+    /// Threads serving one connection's requests.
     pub workers_per_connection: usize,
+    /// Most requests of one connection in flight.
     pub max_in_flight_requests: usize,
+    /// Most bytes of one connection's requests in flight.
     pub max_in_flight_bytes: u64,
     /// Longest read or write request.
     pub max_payload_bytes: u32,
@@ -331,7 +339,9 @@ impl ServerConfig {
 /// Counters of what the server did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerStats {
+    /// Connections that finished the handshake.
     pub connections_accepted: u64,
+    /// Connections turned away (table full).
     pub connections_refused: u64,
     /// Idle connections closed to make room for a new client.
     pub connections_evicted: u64,
@@ -346,8 +356,11 @@ pub struct ServerStats {
     pub buffer_high_water_bytes: u64,
     /// Requests over the advertised maximum payload, served by splitting.
     pub requests_split: u64,
+    /// Sessions ended by broken framing.
     pub protocol_errors: u64,
+    /// Requests served.
     pub requests: u64,
+    /// Requests answered with an error.
     pub request_errors: u64,
 }
 
@@ -422,10 +435,12 @@ impl Server {
         Arc::clone(&self.shared.stop)
     }
 
+    /// Size of the export.
     pub fn export_size_bytes(&self) -> u64 {
         self.shared.export.size_bytes
     }
 
+    /// What the server did so far.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.counters;
         ServerStats {
@@ -454,101 +469,15 @@ impl Server {
             }
             threads.retain(|t| !t.is_finished());
             self.shared.pool.trim_if_due();
-            let mut pfd = libc::pollfd {
-                fd: listener.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
-            if ready < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                break Err(e);
-            }
-            if ready == 0 {
-                continue;
-            }
-            let conn = match listener.accept() {
-                Ok(c) => c,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted
-                            | io::ErrorKind::WouldBlock
-                            | io::ErrorKind::ConnectionAborted
-                    ) =>
-                {
-                    continue;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
-                    // Out of descriptors: wait for connections to close.
-                    std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
-                    continue;
-                }
+            let conn = match accept_within_poll(&listener) {
+                Ok(Some(conn)) => conn,
+                Ok(None) => continue,
                 Err(e) => break Err(e),
             };
-            let shared = &self.shared;
-            if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections
-                && !shared.evict_longest_idle()
-            {
-                shared
-                    .counters
-                    .connections_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                conn.shutdown();
-                continue;
+            if let Some(thread) = self.admit(conn, next_id) {
+                threads.push(thread);
             }
-            let Ok(clone) = conn.try_clone() else {
-                continue;
-            };
-            let slot = Arc::new(Slot {
-                conn: clone,
-                last_active_ms: AtomicU64::new(shared.now_ms()),
-                in_flight: AtomicUsize::new(0),
-                transmitting: AtomicBool::new(false),
-                account: Arc::new(Account::new()),
-            });
-            let id = next_id;
             next_id += 1;
-            shared.active.fetch_add(1, Ordering::SeqCst);
-            shared
-                .counters
-                .connections_accepted
-                .fetch_add(1, Ordering::Relaxed);
-            shared
-                .open
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, Arc::clone(&slot));
-            let for_thread = Arc::clone(shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("nbd-conn-{id}"))
-                .spawn(move || {
-                    connection(&for_thread, conn, &slot);
-                    for_thread
-                        .open
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
-                    for_thread.active.fetch_sub(1, Ordering::SeqCst);
-                });
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(_) => {
-                    if let Some(slot) = shared
-                        .open
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id)
-                    {
-                        slot.conn.shutdown();
-                    }
-                    shared.active.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
         };
         drop(listener);
         for slot in self
@@ -567,6 +496,104 @@ impl Server {
             self.shared.cache.sync(&self.shared.handle)?;
         }
         result
+    }
+
+    /// Gives a new client a slot (evicting the longest-idle client if the
+    /// table is full) and a thread; `None` if it was turned away.
+    fn admit(&self, conn: Conn, id: u64) -> Option<JoinHandle<()>> {
+        let shared = &self.shared;
+        if shared.active.load(Ordering::SeqCst) >= shared.config.max_connections
+            && !shared.evict_longest_idle()
+        {
+            shared
+                .counters
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            conn.shutdown();
+            return None;
+        }
+        let clone = conn.try_clone().ok()?;
+        let slot = Arc::new(Slot {
+            conn: clone,
+            last_active_ms: AtomicU64::new(shared.now_ms()),
+            in_flight: AtomicUsize::new(0),
+            transmitting: AtomicBool::new(false),
+            account: Arc::new(Account::new()),
+        });
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        shared
+            .counters
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
+        shared
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::clone(&slot));
+        let for_thread = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .spawn(move || {
+                connection(&for_thread, conn, &slot);
+                for_thread.close_slot(id);
+            });
+        match spawned {
+            Ok(t) => Some(t),
+            Err(_) => {
+                if let Some(slot) = shared
+                    .open
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&id)
+                {
+                    slot.conn.shutdown();
+                }
+                shared.close_slot(id);
+                None
+            }
+        }
+    }
+}
+
+/// Waits up to one poll interval for a client; `None` when none came or
+/// the error is one to retry (an interrupted call, a client that left, or
+/// no descriptor left: connections closing will free some).
+fn accept_within_poll(listener: &Listener) -> io::Result<Option<Conn>> {
+    let mut pfd = libc::pollfd {
+        fd: listener.raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
+    if ready < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    if ready == 0 {
+        return Ok(None);
+    }
+    match listener.accept() {
+        Ok(c) => Ok(Some(c)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted
+                    | io::ErrorKind::WouldBlock
+                    | io::ErrorKind::ConnectionAborted
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+            std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -594,6 +621,15 @@ impl Slot {
 }
 
 impl Shared {
+    /// Frees a connection's slot in the table.
+    fn close_slot(&self, id: u64) {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+    }
+
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -923,22 +959,22 @@ fn dispatch(
     bytes: &[u8],
     queue: &Queue<'_>,
 ) -> Result<bool, protocol::ProtocolError> {
-    let Queue { tx, replier, slot } = *queue;
-    let config = &shared.config;
     let counters = &shared.counters;
     let mut at = 0;
     while at < bytes.len() {
         let (used, decoded) = decoder.push(&bytes[at..])?;
         at += used;
         let Some(decoded) = decoded else { continue };
-        let (request, payload) = match decoded {
+        let go_on = match decoded {
             Decoded::WriteHeader(request) => {
                 counters.requests.fetch_add(1, Ordering::Relaxed);
-                let Some(mode) = write_header(shared, slot, pending, &request) else {
-                    return Ok(false);
-                };
-                decoder.choose_payload(mode);
-                continue;
+                match write_header(shared, queue.slot, pending, &request) {
+                    Some(mode) => {
+                        decoder.choose_payload(mode);
+                        true
+                    }
+                    None => false,
+                }
             }
             Decoded::WriteChunk {
                 request,
@@ -946,101 +982,140 @@ fn dispatch(
                 data,
                 last,
             } => {
-                if pending.split_errno.is_none() {
-                    let r = shared.cache.write(
-                        &shared.handle,
-                        request.offset_bytes + u64::from(at_bytes),
-                        &data,
-                    );
-                    pending.split_errno = r.err().map(|e| protocol::errno_of(&e));
-                }
-                drop(data);
-                // The piece is written: waiting for the client again.
-                slot.account.received_some(&shared.pool);
-                if last {
-                    slot.account.received_all();
-                    let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
-                    if pending.split_errno.is_none()
-                        && fua
-                        && let Err(e) = shared.cache.sync(&shared.handle)
-                    {
-                        pending.split_errno = Some(protocol::errno_of(&e));
-                    }
-                    let errno = pending.split_errno.take().unwrap_or(0);
-                    if errno != 0 {
-                        counters.request_errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                    pending.charge = None;
-                    replier.reply(request.cookie, errno);
-                }
-                continue;
+                write_chunk(shared, queue, pending, &request, at_bytes, data, last);
+                true
             }
             Decoded::Oversized(request) => {
                 // A write whose payload was thrown away (refused at its header).
                 counters.request_errors.fetch_add(1, Ordering::Relaxed);
-                replier.reply(
+                queue.replier.reply(
                     request.cookie,
                     pending.discard_errno.take().unwrap_or(NBD_EINVAL),
                 );
-                continue;
+                true
             }
-            Decoded::Request { request, payload } => (request, payload),
-        };
-        let charge = if request.command == NBD_CMD_WRITE && request.length_bytes > 0 {
-            // Charged at its header; its payload is complete.
-            slot.account.received_all();
-            pending.charge.take()
-        } else {
-            counters.requests.fetch_add(1, Ordering::Relaxed);
-            None
-        };
-        let command = match protocol::check_request(
-            &request,
-            shared.export.size_bytes,
-            config.read_only,
-            u32::MAX, // longer requests are served by splitting
-        ) {
-            Ok(Command::Disconnect) => return Ok(false),
-            Ok(c) => c,
-            Err(errno) => {
-                counters.request_errors.fetch_add(1, Ordering::Relaxed);
-                replier.reply(request.cookie, errno);
-                continue;
+            Decoded::Request { request, payload } => {
+                submit(shared, queue, pending, request, payload)
             }
         };
-        if shared.stop.load(Ordering::Relaxed) {
-            replier.reply(request.cookie, NBD_ESHUTDOWN);
-            continue;
-        }
-        let charge = match charge {
-            Some(c) => c,
-            None => {
-                let bytes = match command {
-                    Command::Read if request.length_bytes > read_piece_bytes(config) => {
-                        u64::from(split_piece_bytes(config))
-                    }
-                    Command::Read => u64::from(request.length_bytes) + SIMPLE_REPLY_BYTES as u64,
-                    _ => payload.len() as u64,
-                };
-                let Some(c) = shared.charge(slot, bytes) else {
-                    return Ok(false);
-                };
-                c
-            }
-        };
-        let job = Job {
-            request,
-            command,
-            payload,
-            _charge: charge,
-        };
-        slot.in_flight.fetch_add(1, Ordering::SeqCst);
-        if tx.send(job).is_err() {
-            slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if !go_on {
             return Ok(false);
         }
     }
     Ok(true)
+}
+
+/// Writes one piece of a write taken in pieces; answers the request after
+/// its last piece with the first error any piece met.
+fn write_chunk(
+    shared: &Shared,
+    queue: &Queue<'_>,
+    pending: &mut PendingWrite,
+    request: &Request,
+    at_bytes: u32,
+    data: Vec<u8>,
+    last: bool,
+) {
+    if pending.split_errno.is_none() {
+        let r = shared.cache.write(
+            &shared.handle,
+            request.offset_bytes + u64::from(at_bytes),
+            &data,
+        );
+        pending.split_errno = r.err().map(|e| protocol::errno_of(&e));
+    }
+    drop(data);
+    // The piece is written: waiting for the client again.
+    queue.slot.account.received_some(&shared.pool);
+    if !last {
+        return;
+    }
+    queue.slot.account.received_all();
+    let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
+    if pending.split_errno.is_none()
+        && fua
+        && let Err(e) = shared.cache.sync(&shared.handle)
+    {
+        pending.split_errno = Some(protocol::errno_of(&e));
+    }
+    let errno = pending.split_errno.take().unwrap_or(0);
+    if errno != 0 {
+        shared
+            .counters
+            .request_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    pending.charge = None;
+    queue.replier.reply(request.cookie, errno);
+}
+
+/// Checks a whole request, charges its buffers and hands it to the
+/// workers; errors are answered here. `false`: the client disconnected or
+/// the connection is closing.
+fn submit(
+    shared: &Shared,
+    queue: &Queue<'_>,
+    pending: &mut PendingWrite,
+    request: Request,
+    payload: Vec<u8>,
+) -> bool {
+    let Queue { tx, replier, slot } = *queue;
+    let config = &shared.config;
+    let counters = &shared.counters;
+    let charge = if request.command == NBD_CMD_WRITE && request.length_bytes > 0 {
+        // Charged at its header; its payload is complete.
+        slot.account.received_all();
+        pending.charge.take()
+    } else {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        None
+    };
+    let command = match protocol::check_request(
+        &request,
+        shared.export.size_bytes,
+        config.read_only,
+        u32::MAX, // longer requests are served by splitting
+    ) {
+        Ok(Command::Disconnect) => return false,
+        Ok(c) => c,
+        Err(errno) => {
+            counters.request_errors.fetch_add(1, Ordering::Relaxed);
+            replier.reply(request.cookie, errno);
+            return true;
+        }
+    };
+    if shared.stop.load(Ordering::Relaxed) {
+        replier.reply(request.cookie, NBD_ESHUTDOWN);
+        return true;
+    }
+    let charge = match charge {
+        Some(c) => c,
+        None => {
+            let bytes = match command {
+                Command::Read if request.length_bytes > read_piece_bytes(config) => {
+                    u64::from(split_piece_bytes(config))
+                }
+                Command::Read => u64::from(request.length_bytes) + SIMPLE_REPLY_BYTES as u64,
+                _ => payload.len() as u64,
+            };
+            let Some(c) = shared.charge(slot, bytes) else {
+                return false;
+            };
+            c
+        }
+    };
+    let job = Job {
+        request,
+        command,
+        payload,
+        _charge: charge,
+    };
+    slot.in_flight.fetch_add(1, Ordering::SeqCst);
+    if tx.send(job).is_err() {
+        slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    true
 }
 
 /// The largest read served from one buffer: the advertised maximum
@@ -1178,21 +1253,65 @@ fn serve_split_read(shared: &Shared, replier: &Replier, request: &Request) {
 
 /// Runs one checked request against the cache and sends its reply.
 fn serve_request(shared: &Shared, replier: &Replier, job: &Job) {
-    let Job {
-        request,
-        command,
-        payload,
-        ..
-    } = job;
-    let (request, command) = (*request, *command);
+    let (request, command) = (job.request, job.command);
+    debug_assert!(
+        command == Command::Flush
+            || request
+                .offset_bytes
+                .saturating_add(u64::from(request.length_bytes))
+                <= shared.export.size_bytes
+    );
+    let result = match command {
+        Command::Read if request.length_bytes > read_piece_bytes(&shared.config) => {
+            serve_split_read(shared, replier, &request);
+            return;
+        }
+        Command::Read => match serve_read(shared, replier, &request) {
+            Ok(()) => return,
+            Err(e) => Err(e),
+        },
+        _ => serve_update(shared, &request, command, &job.payload),
+    };
+    let error = match &result {
+        Ok(()) => 0,
+        Err(e) => {
+            shared
+                .counters
+                .request_errors
+                .fetch_add(1, Ordering::Relaxed);
+            protocol::errno_of(e)
+        }
+    };
+    replier.reply(request.cookie, error);
+}
+
+/// A read of at most one piece, answered with its data on success.
+fn serve_read(shared: &Shared, replier: &Replier, request: &Request) -> io::Result<()> {
+    let analytics = shared.cache.analytics();
+    let timer = analytics.start();
+    let mut reply = vec![0u8; SIMPLE_REPLY_BYTES + request.length_bytes as usize];
+    read_piece(
+        shared,
+        request.offset_bytes,
+        &mut reply[SIMPLE_REPLY_BYTES..],
+    )?;
+    reply[..SIMPLE_REPLY_BYTES].copy_from_slice(&protocol::simple_reply(request.cookie, 0));
+    replier.send(&reply);
+    analytics.frontend.finish(timer);
+    Ok(())
+}
+
+/// Every command but reads: writes, flushes, trims, zeroing and prefetch.
+fn serve_update(
+    shared: &Shared,
+    request: &Request,
+    command: Command,
+    payload: &[u8],
+) -> io::Result<()> {
     let cache = &shared.cache;
     let handle = &shared.handle;
     let offset_bytes = request.offset_bytes;
     let length_bytes = u64::from(request.length_bytes);
-    debug_assert!(
-        command == Command::Flush
-            || offset_bytes.saturating_add(length_bytes) <= shared.export.size_bytes
-    );
     let fua = request.flags & NBD_CMD_FLAG_FUA != 0;
     let then_sync = |r: io::Result<()>| {
         if r.is_ok() && fua {
@@ -1201,25 +1320,7 @@ fn serve_request(shared: &Shared, replier: &Replier, job: &Job) {
             r
         }
     };
-    let result = match command {
-        Command::Read if request.length_bytes > read_piece_bytes(&shared.config) => {
-            serve_split_read(shared, replier, &request);
-            return;
-        }
-        Command::Read => {
-            let timer = cache.analytics().start();
-            let mut reply = vec![0u8; SIMPLE_REPLY_BYTES + request.length_bytes as usize];
-            match read_piece(shared, offset_bytes, &mut reply[SIMPLE_REPLY_BYTES..]) {
-                Ok(()) => {
-                    reply[..SIMPLE_REPLY_BYTES]
-                        .copy_from_slice(&protocol::simple_reply(request.cookie, 0));
-                    replier.send(&reply);
-                    cache.analytics().frontend.finish(timer);
-                    return;
-                }
-                Err(e) => Err(e),
-            }
-        }
+    match command {
         Command::Write => {
             debug_assert_eq!(payload.len() as u64, length_bytes);
             then_sync(cache.write(handle, offset_bytes, payload))
@@ -1242,27 +1343,17 @@ fn serve_request(shared: &Shared, replier: &Replier, job: &Job) {
         Command::Cache => {
             let mut at = offset_bytes;
             let end = offset_bytes + length_bytes;
-            let mut r = Ok(());
-            while at < end && r.is_ok() {
+            while at < end {
                 let n = (end - at).min(ZERO_CHUNK_BYTES as u64);
-                r = cache.prefetch(handle, at, n as usize);
+                cache.prefetch(handle, at, n as usize)?;
                 at += n;
             }
-            r
+            Ok(())
         }
-        Command::Disconnect => unreachable!("the reader handles NBD_CMD_DISC"),
-    };
-    let error = match &result {
-        Ok(()) => 0,
-        Err(e) => {
-            shared
-                .counters
-                .request_errors
-                .fetch_add(1, Ordering::Relaxed);
-            protocol::errno_of(e)
+        Command::Read | Command::Disconnect => {
+            unreachable!("reads are served apart; the reader handles NBD_CMD_DISC")
         }
-    };
-    replier.reply(request.cookie, error);
+    }
 }
 
 fn write_zeroes(cache: &Cache, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {

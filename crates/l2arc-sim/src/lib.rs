@@ -1,4 +1,4 @@
-/*
+/*!
  * l2arc-sim: trace-driven replay of the l2arc cache policies.
  *
  * A cache policy is judged by its hit ratio on real workloads, and the

@@ -1,4 +1,4 @@
-/*
+/*!
  * LRU with size accounting: the baseline every adaptive policy is measured
  * against.
  *

@@ -1,4 +1,4 @@
-/*
+/*!
  * Belady's MIN: the offline optimum, as a ceiling for the online policies.
  *
  * With the whole future known, the best object to give up is the one whose

@@ -88,10 +88,13 @@ pub fn parse_policy_list(s: &str) -> Result<Vec<PolicyName>, String> {
 /// The outcome of one (policy, cache size) replay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayResult {
+    /// The policy replayed.
     pub policy: PolicyName,
     /// Cache size, in the trace's unit.
     pub size: u64,
+    /// Requests in the trace.
     pub requests: u64,
+    /// Requests that hit.
     pub hits: u64,
     /// hits / requests, a fraction in 0..=1 (0 for an empty trace).
     pub hit_ratio: f64,

@@ -1,4 +1,4 @@
-/*
+/*!
  * Trace loading.
  *
  * A replay is only as good as the trace it is fed, and the numbers we want
@@ -38,7 +38,9 @@ use std::str::FromStr;
 /// unit (1 for page traces, bytes for oracleGeneral traces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Request {
+    /// The object or page.
     pub key: u64,
+    /// Its size in the trace's unit.
     pub size: u64,
 }
 
@@ -123,22 +125,37 @@ impl FromStr for TraceFormat {
 #[derive(Debug)]
 pub enum TraceError {
     /// The file could not be opened.
-    Open { path: PathBuf, source: io::Error },
+    Open {
+        /// The trace file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
     /// Reading (or decompressing) failed part way.
-    Read { path: PathBuf, source: io::Error },
+    Read {
+        /// The trace file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
     /// A text line could not be parsed; `line` is 1-based.
     Parse {
+        /// The trace file.
         path: PathBuf,
+        /// The line.
         line: u64,
+        /// What is wrong with it.
         message: String,
     },
     /// A binary trace ends inside a record.
     PartialRecord {
+        /// The trace file.
         path: PathBuf,
         /// Byte offset (in the decompressed stream) where the torn record starts.
         offset: u64,
         /// How many bytes of it are present.
         present: usize,
+        /// Bytes of a whole record.
         record_bytes: usize,
     },
 }

@@ -11,10 +11,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use l2arc::arc::{
-    AccessKind, ArcConfig, ArcPolicy, DramPolicy, ListId, LiveArc, Lookup, Record, RecordKey,
-};
-use l2arc::buf::AlignedBuf;
+use l2arc::arc::{AccessKind, ArcPolicy, DramPolicy, ListId};
+use l2arc::internals::{AlignedBuf, ArcConfig, LiveArc, Lookup, Record, RecordKey};
 use l2arc_sim::{Request, TraceFormat, load_trace};
 
 /// What one record buffer costs the live ARC: `AlignedBuf::zeroed(0)` has

@@ -11,8 +11,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use l2arc::arc::{AccessKind, ArcConfig, DramPolicy, LiveArc, Lookup, Record, RecordKey};
-use l2arc::buf::AlignedBuf;
+use l2arc::arc::{AccessKind, DramPolicy};
+use l2arc::internals::AlignedBuf;
+use l2arc::internals::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
 use l2arc_sim::{PolicyName, Request, TraceFormat, load_trace, replay};
 
 /// Cache size in pages, as in the ARC paper's Table IV.

@@ -96,3 +96,51 @@ pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receive
     });
     rx
 }
+
+/// Checks a Prometheus text page with `promtool check metrics` (Debian
+/// `prometheus`); fails with promtool's words if it finds anything.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = tool("promtool", "prometheus, which has promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start promtool");
+    child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool ran");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits (20 s at most) for a spawned service's ready line, a stderr line
+/// starting with `ready`; returns the address of its HTTP endpoint when it
+/// printed one before (`l2arc: http on http://ADDR/`).
+pub fn wait_ready(
+    rx: &std::sync::mpsc::Receiver<String>,
+    ready: &str,
+) -> Option<std::net::SocketAddr> {
+    let mut http = None;
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no `{ready}` line within 20 s"));
+        if let Some(rest) = line.strip_prefix("l2arc: http on http://") {
+            http = Some(rest.trim_end_matches('/').parse().expect("an address"));
+        }
+        if line.starts_with(ready) {
+            return http;
+        }
+    }
+}

@@ -52,9 +52,13 @@ thread_local! {
 /// The tier histograms and per-dataset counters of a cache.
 pub struct Analytics {
     enabled: AtomicBool,
+    /// Time of ARC hits (one read in [`ARC_HIT_SAMPLE_PERIOD`] timed, counted with that weight).
     pub arc_hit: LatencyHistogram,
+    /// Time of reads served by the L2ARC.
     pub l2_hit: LatencyHistogram,
+    /// Time of reads that went to primary storage.
     pub primary: LatencyHistogram,
+    /// Time of whole front-end requests (NBD, FUSE), as the front end reports them.
     pub frontend: LatencyHistogram,
     datasets: Box<[DatasetCounters]>,
     top: crate::top_objects::TopObjects,
@@ -73,9 +77,13 @@ struct DatasetCounters {
 /// A snapshot of one dataset's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DatasetAnalytics {
+    /// Reads served by the L2ARC.
     pub l2_hits: u64,
+    /// Bytes read from the L2ARC.
     pub l2_read_bytes: u64,
+    /// Reads that went to primary storage.
     pub primary_reads: u64,
+    /// Bytes read from primary storage.
     pub primary_read_bytes: u64,
 }
 
@@ -102,6 +110,7 @@ impl Default for Analytics {
 }
 
 impl Analytics {
+    /// Whether reads are timed and counted now.
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }

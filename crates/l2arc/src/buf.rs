@@ -23,7 +23,7 @@ use std::cell::RefCell;
 use std::ptr::NonNull;
 
 /// Alignment of every [`AlignedBuf`]: the largest logical block size in use.
-pub const BUF_ALIGN_BYTES: usize = 4096;
+pub(crate) const BUF_ALIGN_BYTES: usize = 4096;
 
 /// A heap buffer whose start is aligned to [`BUF_ALIGN_BYTES`] and whose
 /// capacity is a multiple of it. `len_bytes` is the valid length (at most the
@@ -43,9 +43,9 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 /// Largest capacity a thread keeps for reuse.
-pub const RECYCLED_CAPACITY_MAX: usize = 64 << 10;
+pub(crate) const RECYCLED_CAPACITY_MAX: usize = 64 << 10;
 /// Most bytes of freed buffers a thread keeps for reuse.
-pub const RECYCLED_BYTES_MAX: usize = 512 << 10;
+pub(crate) const RECYCLED_BYTES_MAX: usize = 512 << 10;
 /// Size classes kept: 4, 8, 16, 32 and 64 KiB.
 const RECYCLED_CLASSES: usize = 5;
 
@@ -146,14 +146,17 @@ impl AlignedBuf {
         buf
     }
 
+    /// Bytes in use.
     pub fn len(&self) -> usize {
         self.len_bytes
     }
 
+    /// Whether no byte is in use.
     pub fn is_empty(&self) -> bool {
         self.len_bytes == 0
     }
 
+    /// Bytes allocated (a multiple of the alignment).
     pub fn capacity_bytes(&self) -> usize {
         self.capacity_bytes
     }
@@ -168,11 +171,13 @@ impl AlignedBuf {
         self.len_bytes = len_bytes;
     }
 
+    /// The bytes in use.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for capacity_bytes >= len_bytes initialised bytes.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len_bytes) }
     }
 
+    /// The bytes in use, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len_bytes) }

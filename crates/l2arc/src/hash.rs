@@ -13,6 +13,7 @@ use std::hash::{BuildHasher, Hasher};
 const SEED_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 
 #[derive(Clone, Copy, Default)]
+/// The hasher behind [`FastHashMap`]: fast on the integer keys the cache uses.
 pub struct FastHasher {
     state: u64,
 }
@@ -68,6 +69,7 @@ pub fn mix64(mut x: u64) -> u64 {
 }
 
 #[derive(Clone, Copy, Default)]
+/// Builds [`FastHasher`]s; the `BuildHasher` of [`FastHashMap`].
 pub struct FastBuildHasher;
 
 impl BuildHasher for FastBuildHasher {
@@ -82,4 +84,5 @@ pub fn hash_one<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
     FastBuildHasher.hash_one(value)
 }
 
+/// A `HashMap` with [`FastBuildHasher`].
 pub type FastHashMap<K, V> = std::collections::HashMap<K, V, FastBuildHasher>;

@@ -95,6 +95,7 @@ impl LatencyHistogram {
     }
 
     #[inline]
+    /// Counts one latency.
     pub fn record(&self, value_ns: u64) {
         self.record_n(value_ns, 1);
     }
@@ -116,11 +117,14 @@ impl LatencyHistogram {
 /// The counts of a histogram at one moment (`BUCKETS` of them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HistogramSnapshot {
+    /// Count per bucket (see [`bucket_low_ns`]).
     pub counts: Vec<u64>,
+    /// Sum of all latencies counted.
     pub sum_ns: u64,
 }
 
 impl HistogramSnapshot {
+    /// Latencies counted.
     pub fn count(&self) -> u64 {
         self.counts.iter().sum()
     }

@@ -1,34 +1,70 @@
-//! l2arc: the read-cache hierarchy of ZFS — the ARC in DRAM and (next) the
-//! L2ARC on flash — as a library that puts DRAM and SSDs in front of any slow
-//! storage.
+//! l2arc: the read-cache hierarchy of ZFS — the ARC in DRAM and the L2ARC on
+//! flash — as a library that puts DRAM and SSDs in front of any slow storage.
 //!
-//! Layout follows the read path from the top:
-//! - [`read_path`]: [`Cache`], datasets, object handles and generations; splits
-//!   reads into records and ties the tiers together;
-//! - [`read_queue`]: many reads in flight from one thread ([`ReadQueue`]);
-//! - [`arc`]: the DRAM tier (pure policy + live sharded buffers);
-//! - [`l2arc`]: the flash tier (device format, index, feeder, rebuild);
-//! - [`primary`]: slow storage back ends (directory, image, emulated HDD);
-//! - [`stats`]: counters under ZFS's arcstats names; [`analytics`] and
+//! The API, from the top of the read path:
+//! - [`Cache`] with [`CacheConfig`] and [`DatasetConfig`]: open objects of a
+//!   dataset ([`ObjectHandle`]), read ([`Cache::read`], [`Cache::read_view`]
+//!   for zero-copy [`ReadView`]s), write through, discard;
+//! - [`ReadQueue`]: many reads in flight from one thread (io_uring);
+//! - cache devices: [`Cache::add_cache_path`], or any [`DeviceIo`] through
+//!   [`Cache::add_cache_device`], tuned by [`L2ArcConfig`];
+//! - [`primary`]: the slow storage behind the cache (a directory, an image or
+//!   block device, an emulated HDD array), or your own [`primary::Primary`];
+//! - [`CacheStats`] under ZFS's arcstats names, and [`analytics`] /
 //!   [`latency`]: latency histograms by the tier that served a read;
-//! - [`buf`], [`hash`]: aligned buffers and the cache's key hash.
+//! - [`arc`]: the pure ARC policy, for simulators; [`hash`]: the key hash.
+//!
+//! Inside (private): `read_path` ties the tiers together, `arc::live` holds
+//! the DRAM buffers, `l2arc/` the flash tier (device format, index, feeder,
+//! writer, rebuild), `buf` aligned buffers, `stats` the counters.
+
+// The public surface is what a program that puts a cache in front of its
+// storage needs: the cache and its configs, read views and queues, stats and
+// analytics, the primary-storage and cache-device traits, and the pure ARC
+// policy for simulators. Everything else is private; the workspace's
+// benchmarks, fuzzers and engine tests reach the device format, the index
+// and the device doubles through `internals` (feature `internals`), whose
+// API may change with any commit.
+// Without `internals`, the items only it re-exports are unused and
+// crate-visible; they are checked in every build that enables it (the
+// workspace's).
+#![cfg_attr(not(feature = "internals"), allow(dead_code, unreachable_pub))]
 
 pub mod analytics;
 pub mod arc;
-pub mod buf;
+mod buf;
 pub mod hash;
-pub mod l2arc;
+mod l2arc;
 pub mod latency;
 pub mod primary;
-pub mod properties;
-pub mod read_path;
-pub mod read_queue;
-pub mod stats;
-pub mod top_objects;
+mod properties;
+mod read_path;
+mod read_queue;
+mod stats;
+mod top_objects;
 
-pub use l2arc::IoEngine;
+pub use l2arc::device::{DeviceIo, FileDevice};
+pub use l2arc::format::{Compression, FormatError};
+pub use l2arc::{DeviceOpen, DeviceStats, IoEngine, L2ArcConfig, L2Stats};
+pub use properties::PropertyError;
 pub use read_path::{
-    Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle, ReadView,
+    Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, FeedOutcome,
+    ObjectHandle, RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
+    validate_recordsize,
 };
 pub use read_queue::{ReadCompletion, ReadQueue};
-pub use stats::CacheStats;
+pub use stats::{ArcStats, CacheStats};
+
+/// Engine internals for the workspace's benchmarks, fuzzers and tests: the
+/// device format, the L2ARC index and log, aligned buffers, the live ARC's
+/// records, and (feature `test-utils`) a cache device that fails on command.
+/// Not a stable API.
+#[cfg(feature = "internals")]
+pub mod internals {
+    pub use crate::arc::live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
+    pub use crate::buf::AlignedBuf;
+    #[cfg(feature = "test-utils")]
+    pub use crate::l2arc::faulty_device::{Faults, FaultyDevice};
+    pub use crate::l2arc::{BATCH_BYTES_MAX, DEVICE_ERRORS_MAX, FeedRecord, L2Arc, format, index};
+    pub use crate::read_path::OBJECT_STATES_MAX;
+}

@@ -31,13 +31,19 @@ pub(crate) struct LiveProperties {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PropertyError {
     #[error("no dataset named {0:?}")]
+    /// No dataset of that name.
     NoDataset(String),
     #[error("`{0}` cannot be set while running: primarycache, secondarycache and compression can")]
+    /// No property of that name.
     Unknown(String),
     #[error("`{value}` is not a value of {property}: expected {expected}")]
+    /// A value the property does not take.
     Value {
+        /// The property.
         property: &'static str,
+        /// The value given.
         value: String,
+        /// What the property takes.
         expected: &'static str,
     },
 }

@@ -84,8 +84,11 @@ use crate::l2arc::{DeviceOpen, L2Arc, L2ArcConfig};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
 use crate::stats::{CacheStats, ReadPathCounters};
 
+/// Smallest recordsize (ZFS: 512 B; here one 4 KiB block, the device's unit).
 pub const RECORDSIZE_MIN_BYTES: u32 = 4 * 1024;
+/// Largest recordsize (ZFS's default `zfs_max_recordsize`).
 pub const RECORDSIZE_MAX_BYTES: u32 = 1024 * 1024;
+/// Default recordsize (ZFS's).
 pub const RECORDSIZE_DEFAULT_BYTES: u32 = 128 * 1024;
 
 /// Errors in configuration: always a one-line message naming the setting.
@@ -94,14 +97,19 @@ pub enum ConfigError {
     #[error(
         "recordsize {0} is out of range: it must be a power of two from 4K to 1M (4096 to 1048576 bytes)"
     )]
+    /// A recordsize that is not a power of two in range.
     RecordSize(u64),
     #[error("arc_max {0} bytes is too small: it must hold at least one 4 KiB record per shard")]
+    /// An arc_max too small to hold a record per shard.
     ArcMax(u64),
     #[error("arc_shards must be from 1 to 1024, not {0}")]
+    /// A shard count out of range.
     Shards(usize),
     #[error("dataset {0:?} already exists")]
+    /// Two datasets of one name.
     DuplicateDataset(String),
     #[error("l2arc_ioengine=io_uring: {0}")]
+    /// An `l2arc_ioengine` the kernel refuses.
     IoEngine(String),
 }
 
@@ -118,8 +126,11 @@ pub enum CacheMode {
 /// Per-dataset properties.
 #[derive(Clone, Copy, Debug)]
 pub struct DatasetConfig {
+    /// Bytes per record: the unit of caching and of primary reads.
     pub recordsize_bytes: u32,
+    /// What the ARC keeps of this dataset (ZFS `primarycache`).
     pub primarycache: CacheMode,
+    /// What the L2ARC keeps of this dataset (ZFS `secondarycache`).
     pub secondarycache: CacheMode,
     /// How records are stored on the L2ARC (`compression=lz4|zstd|off`).
     pub compression: Compression,
@@ -137,6 +148,7 @@ impl Default for DatasetConfig {
 }
 
 impl DatasetConfig {
+    /// Checks the recordsize.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_recordsize(u64::from(self.recordsize_bytes)).map(|_| ())
     }
@@ -271,14 +283,17 @@ impl ObjectHandle {
         self.state.size_bytes.load(Ordering::Acquire)
     }
 
+    /// The object's identity within its dataset.
     pub fn object_id(&self) -> u64 {
         self.state.id
     }
 
+    /// The dataset the object belongs to.
     pub fn dataset(&self) -> DatasetId {
         self.dataset_id
     }
 
+    /// The dataset's recordsize when the object was opened.
     pub fn recordsize_bytes(&self) -> u32 {
         self.dataset.config.recordsize_bytes
     }
@@ -342,10 +357,12 @@ impl ReadView {
         view
     }
 
+    /// Bytes in the view.
     pub fn len(&self) -> usize {
         self.segments.iter().map(|(_, r)| r.len()).sum()
     }
 
+    /// Whether the view is empty (at or past the end of the object).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -462,7 +479,9 @@ pub struct Cache {
 /// What one feed did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FeedOutcome {
+    /// Records written to cache devices.
     pub records: usize,
+    /// Bytes written to cache devices.
     pub bytes: u64,
     /// The feed wrote as much as it was allowed: feed again soon.
     pub full: bool,
@@ -477,6 +496,7 @@ impl Drop for Cache {
 }
 
 impl Cache {
+    /// Builds a cache with no datasets and no cache device.
     pub fn new(config: CacheConfig) -> Result<Arc<Self>, ConfigError> {
         // Wake the feeder after a quarter of the ARC, at most half a batch.
         let feed_wake = Arc::new(crate::l2arc::feeder::FeedWake::new(
@@ -556,6 +576,7 @@ impl Cache {
     }
 
     /// The L2ARC, once a cache device has been added.
+    #[cfg(feature = "internals")]
     pub fn l2arc(&self) -> Option<&Arc<L2Arc>> {
         self.l2.get()
     }
@@ -668,6 +689,13 @@ impl Cache {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open_file(file, writable)?;
         self.open_object(dataset_id, dataset, object)
+    }
+
+    /// Names an object for the analytics' drill-down: for front ends that
+    /// open by descriptor ([`Cache::open_file`]) and know a path.
+    pub fn name_object(&self, handle: &ObjectHandle, name: &str) {
+        self.analytics
+            .name_object(handle.dataset_id.0, handle.state.id, name);
     }
 
     fn open_object(
@@ -1167,6 +1195,7 @@ impl Cache {
         handle.object.sync()
     }
 
+    /// A snapshot of every counter.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
         CacheStats {

@@ -47,14 +47,16 @@ use crate::l2arc::ring::{IoEngine, ReadRing};
 use crate::read_path::{Cache, ObjectHandle, ReadView};
 
 /// Most device reads one queue keeps in flight.
-pub const RING_ENTRIES_MAX: usize = 256;
+pub(crate) const RING_ENTRIES_MAX: usize = 256;
 /// Most requests one queue holds.
-pub const QUEUE_DEPTH_MAX: usize = 4096;
+pub(crate) const QUEUE_DEPTH_MAX: usize = 4096;
 
 /// A finished read: the caller's tag and the bytes (shared record buffers,
 /// as [`Cache::read_view`] returns them) or the error.
 pub struct ReadCompletion {
+    /// The tag given to `submit`.
     pub tag: u64,
+    /// The bytes read, or why not.
     pub result: io::Result<ReadView>,
 }
 

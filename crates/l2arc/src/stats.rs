@@ -32,16 +32,25 @@ pub(crate) struct ReadPathCounters {
 /// A snapshot of every statistic, under ZFS's names where one exists.
 #[derive(Clone, Debug)]
 pub struct CacheStats {
+    /// The ARC's counters and sizes.
     pub arc: ArcStats,
     /// Read queues read flash through io_uring (else psync).
     pub ioengine_uring: bool,
+    /// `arc_max`, bytes.
     pub arc_max: u64,
+    /// Reads asked of the cache.
     pub reads: u64,
+    /// Bytes asked of the cache.
     pub read_bytes: u64,
+    /// Writes through the cache.
     pub writes: u64,
+    /// Bytes written through the cache.
     pub write_bytes: u64,
+    /// Reads of primary storage.
     pub primary_reads: u64,
+    /// Bytes read from primary storage.
     pub primary_read_bytes: u64,
+    /// Failed reads of primary storage.
     pub primary_errors: u64,
     /// Primary reads refused because the object changed under them
     /// (a conditional GET answered 412): each was re-stated and read again.
@@ -51,6 +60,7 @@ pub struct CacheStats {
 }
 
 impl CacheStats {
+    /// Every counter as (arcstats name, value), for `ctl stats` and metrics.
     pub fn kstats(&self) -> Vec<(&'static str, u64)> {
         let mut all = self.arc.kstats();
         all.extend([
@@ -91,7 +101,7 @@ struct Stripe(AtomicU64);
 
 /// A relaxed event counter striped across cache lines.
 #[derive(Default)]
-pub struct Counter {
+pub(crate) struct Counter {
     stripes: [Stripe; COUNTER_STRIPES],
 }
 
@@ -113,13 +123,13 @@ pub(crate) fn stripe_index() -> usize {
 
 impl Counter {
     #[inline]
-    pub fn add(&self, value: u64) {
+    pub(crate) fn add(&self, value: u64) {
         self.stripes[stripe_index()]
             .0
             .fetch_add(value, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.stripes
             .iter()
             .map(|s| s.0.load(Ordering::Relaxed))

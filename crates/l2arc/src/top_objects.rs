@@ -30,14 +30,19 @@ const NAME_BYTES_MAX: usize = 512;
 /// Work done for one object.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObjectCounts {
+    /// Dataset index.
     pub dataset: u32,
+    /// Object identity within the dataset.
     pub object: u64,
     /// The name it was opened by, when known (`Cache::open`).
     pub name: Option<String>,
     /// Demand reads: fills plus sampled ARC hits (estimated).
     pub reads: u64,
+    /// Reads that missed the ARC.
     pub misses: u64,
+    /// Reads served by the L2ARC.
     pub l2_hits: u64,
+    /// Reads that went to primary storage.
     pub primary_reads: u64,
     /// Bytes read below the ARC (L2ARC and primary storage).
     pub bytes_below: u64,

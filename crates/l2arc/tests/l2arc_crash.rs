@@ -55,10 +55,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::format::Compression;
-use l2arc::l2arc::{DeviceOpen, L2ArcConfig};
+use l2arc::Compression;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
+use l2arc::{DeviceOpen, L2ArcConfig};
 use rand::{Rng, SeedableRng};
 
 const CHILD_ENV: &str = "L2ARC_CRASH_CHILD";
@@ -305,6 +305,7 @@ fn check(dir: &Path, data: &[u8], round: u32) -> Checked {
     }
 }
 
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn crash_rounds(test: &str, setup: Setup) {
     if std::env::var_os(CHILD_ENV).is_some() {
         let dir = PathBuf::from(std::env::var_os("L2ARC_CRASH_DIR").unwrap());
@@ -434,9 +435,10 @@ mod crash_points {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use l2arc::l2arc::device::DeviceIo;
-    use l2arc::l2arc::format::{self, BLOCK_BYTES, Compression, DeviceHeader};
-    use l2arc::l2arc::{FeedRecord, L2Arc, L2ArcConfig};
+    use l2arc::DeviceIo;
+    use l2arc::L2ArcConfig;
+    use l2arc::internals::format::{self, BLOCK_BYTES, Compression, DeviceHeader};
+    use l2arc::internals::{FeedRecord, L2Arc};
 
     const DATA_START_BLOCKS: u32 = 256;
     const DATA_BLOCKS: u32 = 1024;
@@ -685,6 +687,7 @@ mod crash_points {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn every_crash_point_rebuilds_exactly_the_completed_log() {
         // The reference run: where every batch lands, and how many writes.
         let bytes = Arc::new(Mutex::new(vec![0u8; DEVICE_BYTES as usize]));

@@ -9,8 +9,8 @@ mod l2arc_util;
 
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::L2ArcConfig;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
+use l2arc::L2ArcConfig;
 use l2arc_util::*;
 
 fn timer_off(feed_again: bool) -> L2ArcConfig {

@@ -7,8 +7,8 @@ mod l2arc_util;
 use std::collections::HashSet;
 use std::path::Path;
 
-use l2arc::l2arc::format::{BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS};
-use l2arc::l2arc::{DeviceOpen, L2ArcConfig, L2Stats};
+use l2arc::internals::format::{BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS};
+use l2arc::{DeviceOpen, L2ArcConfig, L2Stats};
 use l2arc_util::*;
 
 /// A device filled with one object's records, the cache shut down.

@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::device::{FaultyDevice, FileDevice};
-use l2arc::l2arc::format::{self, BLOCK_BYTES, Compression, DATA_START_BYTES};
-use l2arc::l2arc::{DEVICE_ERRORS_MAX, DeviceOpen};
+use l2arc::DeviceOpen;
+use l2arc::FileDevice;
+use l2arc::internals::DEVICE_ERRORS_MAX;
+use l2arc::internals::FaultyDevice;
+use l2arc::internals::format::{self, BLOCK_BYTES, Compression, DATA_START_BYTES};
 use l2arc_util::*;
 
 // ---------------------------------------------------------------------------
@@ -21,6 +23,7 @@ use l2arc_util::*;
 /// while readers read through the cache: every read returns primary's
 /// bytes, and the checksum catches the damage (`l2_cksum_bad`).
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn corruption_of_the_live_device_never_reaches_a_reader() {
     for (round, compression) in [Compression::Off, Compression::Lz4, Compression::Zstd]
         .into_iter()
@@ -134,6 +137,7 @@ fn corruption_of_the_live_device_never_reaches_a_reader() {
 /// but whose frame or stream is broken: decompression fails, the read is a
 /// miss counted in `l2_cksum_bad`, and primary's bytes are returned.
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn compressed_records_that_fail_to_decompress_are_misses() {
     for (round, compression) in [Compression::Lz4, Compression::Zstd]
         .into_iter()
@@ -222,7 +226,7 @@ fn compressed_records_that_fail_to_decompress_are_misses() {
 // ---------------------------------------------------------------------------
 // 2. Device failure
 
-fn faulty_device(path: &std::path::Path) -> (FaultyDevice, Arc<l2arc::l2arc::device::Faults>) {
+fn faulty_device(path: &std::path::Path) -> (FaultyDevice, Arc<l2arc::internals::Faults>) {
     let device = FaultyDevice::new(Box::new(
         FileDevice::open(path, Some(DEVICE_BYTES)).unwrap(),
     ));
@@ -359,6 +363,7 @@ fn deleted_device_file_reads_go_on() {
 /// are right. After the failure clears, feeding works again and the log
 /// stays a valid chain across the failed batches (a restart rebuilds it).
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn failing_writes_fail_feeds_and_reads_stay_right() {
     let mut world = World::new();
     let data = world.add_file("f", 4 << 20, 500);
@@ -619,13 +624,14 @@ fn concurrent_writes_and_feeds_never_resurrect_old_bytes() {
 /// and evicted around it must never reach the index.
 #[test]
 fn concurrent_writes_and_write_back_never_resurrect_old_bytes() {
-    writes_racing_feeds(l2arc::l2arc::L2ArcConfig {
+    writes_racing_feeds(l2arc::L2ArcConfig {
         l2arc_writeback_max_bytes: 2 << 20,
         ..quiet_l2()
     });
 }
 
-fn writes_racing_feeds(l2_config: l2arc::l2arc::L2ArcConfig) {
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
+fn writes_racing_feeds(l2_config: l2arc::L2ArcConfig) {
     let write_back = l2_config.l2arc_writeback_max_bytes > 0;
     const N: u64 = 40;
     let mut world = World::new();

@@ -7,8 +7,8 @@ mod l2arc_util;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use l2arc::l2arc::DeviceOpen;
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
+use l2arc::DeviceOpen;
 use l2arc_util::*;
 
 const FILES: usize = 4;
@@ -38,6 +38,7 @@ fn run_for(duration: Duration, reads: &AtomicUsize, at_least: usize) {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn devices_come_and_go_under_readers() {
     let mut world = World::new();
     let mut files = Vec::new();

@@ -9,7 +9,7 @@ mod l2arc_util;
 use std::path::Path;
 use std::sync::Arc;
 
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
 use l2arc::primary::Primary;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::primary::image::ImagePrimary;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 mod l2arc_util;
 use l2arc_util::content;
 
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
 

@@ -18,7 +18,7 @@ use l2arc::arc::AccessKind;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::primary::image::ImagePrimary;
 use l2arc::primary::{ObjectInfo, Primary, PrimaryObject};
-use l2arc::read_path::validate_recordsize;
+use l2arc::validate_recordsize;
 use l2arc::{Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle};
 
 const KIB: u32 = 1024;
@@ -58,7 +58,7 @@ fn dataset(
                 recordsize_bytes: recordsize,
                 primarycache: mode,
                 secondarycache: CacheMode::All,
-                compression: l2arc::l2arc::format::Compression::Off,
+                compression: l2arc::Compression::Off,
             },
         )
         .expect("valid dataset config")
@@ -341,6 +341,7 @@ fn read_all(c: &Cache, h: &ObjectHandle, len: usize) -> Vec<u8> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn rewritten_file_is_never_served_stale_after_revalidate() {
     let epoch = SystemTime::UNIX_EPOCH;
     for rs in [4 * KIB, 128 * KIB] {
@@ -854,7 +855,7 @@ fn failed_primary_reads_are_reported_and_not_cached() {
 
 /// Waiters on a fill that fails get the error too, and the next reader retries.
 #[test]
-fn waiters_on_a_failed_fill_see_the_error() {
+fn waiters_on_a_failed_fill_see_the_error_and_its_kind() {
     let tmp = tempfile::tempdir().unwrap();
     let data = pattern(4096, 1);
     fs::write(tmp.path().join("f"), &data).unwrap();
@@ -888,6 +889,9 @@ fn waiters_on_a_failed_fill_see_the_error() {
                 .unwrap()
                 .expect_err("every reader sees the failure");
             assert!(e.to_string().contains("injected failure"), "{e}");
+            // The claimant and every waiter keep the error's kind, which
+            // front ends turn into errno (NBD error, FUSE reply).
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         }
     });
     assert_eq!(state.reads.load(Ordering::SeqCst), 1);
@@ -1117,7 +1121,7 @@ fn writes_at_impossible_offsets_fail_cleanly() {
 
 #[test]
 fn object_states_are_bounded_and_a_dropped_state_never_revives_stale_records() {
-    use l2arc::read_path::OBJECT_STATES_MAX;
+    use l2arc::internals::OBJECT_STATES_MAX;
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::new(CacheConfig {
         arc_max_bytes: 64 << 20,

@@ -6,9 +6,10 @@ mod l2arc_util;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use l2arc::l2arc::L2ArcConfig;
-use l2arc::l2arc::device::{FaultyDevice, FileDevice};
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
+use l2arc::FileDevice;
+use l2arc::L2ArcConfig;
+use l2arc::internals::FaultyDevice;
 use l2arc::{Cache, IoEngine, ObjectHandle, ReadCompletion};
 use l2arc_util::*;
 

@@ -255,6 +255,7 @@ impl Run<'_> {
     }
 }
 
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
     let secs: f64 = std::env::var("L2ARC_STRESS_SECS")
         .map(|s| {
@@ -299,7 +300,7 @@ fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
                 recordsize_bytes: recordsize,
                 primarycache: CacheMode::All,
                 secondarycache: CacheMode::All,
-                compression: l2arc::l2arc::format::Compression::Off,
+                compression: l2arc::Compression::Off,
             },
         )
         .unwrap();

@@ -29,7 +29,7 @@
 mod ours;
 mod peers;
 
-pub use ours::L2arcTarget;
+pub(crate) use ours::L2arcTarget;
 
 use std::io;
 use std::path::PathBuf;
@@ -44,7 +44,7 @@ use serde::Serialize;
 
 /// Cumulative counters of a target since it was built.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
-pub struct TargetCounters {
+pub(crate) struct TargetCounters {
     /// Reads (of records, or of whatever unit the target caches) served from DRAM.
     pub dram_hits: u64,
     /// Served from the flash tier.
@@ -59,7 +59,7 @@ pub struct TargetCounters {
 
 impl TargetCounters {
     /// Share of lookups served by either cache tier.
-    pub fn hit_ratio(&self) -> f64 {
+    pub(crate) fn hit_ratio(&self) -> f64 {
         let total = self.dram_hits + self.flash_hits + self.misses;
         if total == 0 {
             0.0
@@ -69,7 +69,7 @@ impl TargetCounters {
     }
 
     /// Counters accumulated between `earlier` and `self` (sizes are taken from `self`).
-    pub fn since(&self, earlier: &TargetCounters) -> TargetCounters {
+    pub(crate) fn since(&self, earlier: &TargetCounters) -> TargetCounters {
         TargetCounters {
             dram_hits: self.dram_hits - earlier.dram_hits,
             flash_hits: self.flash_hits - earlier.flash_hits,
@@ -81,7 +81,7 @@ impl TargetCounters {
 }
 
 /// A system under test: reads bytes of dataset files, counts where they came from.
-pub trait ReadTarget: Send + Sync {
+pub(crate) trait ReadTarget: Send + Sync {
     /// Short name used in tables and JSON (`no_cache`, `l2arc`, `foyer`, ...).
     fn name(&self) -> &str;
 
@@ -95,7 +95,7 @@ pub trait ReadTarget: Send + Sync {
 
 /// Which system a scenario reads through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TargetKind {
+pub(crate) enum TargetKind {
     /// The emulated disks alone (the baseline).
     NoCache,
     /// Our ARC + L2ARC (compression per `TargetSpec::compression`).
@@ -109,7 +109,7 @@ pub enum TargetKind {
 impl TargetKind {
     /// The baseline, ours, and with `--peers` the peers: the systems a
     /// scenario runs, in report order (no_cache first, ours second).
-    pub fn in_run(peers: bool) -> Vec<TargetKind> {
+    pub(crate) fn in_run(peers: bool) -> Vec<TargetKind> {
         let mut kinds = vec![TargetKind::NoCache, TargetKind::L2arc];
         if peers {
             kinds.extend([TargetKind::Foyer, TargetKind::L2arcLru]);
@@ -117,7 +117,7 @@ impl TargetKind {
         kinds
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             TargetKind::NoCache => "no_cache",
             TargetKind::L2arc => "l2arc",
@@ -127,7 +127,7 @@ impl TargetKind {
     }
 
     /// Whether the target has a flash tier (and so needs a cache file).
-    pub fn has_flash(self) -> bool {
+    pub(crate) fn has_flash(self) -> bool {
         self != TargetKind::NoCache
     }
 }
@@ -135,7 +135,7 @@ impl TargetKind {
 /// Everything a target needs to be built; the same for every target of a
 /// cell. Stable: peers.rs builds against it.
 #[derive(Clone, Debug)]
-pub struct TargetSpec {
+pub(crate) struct TargetSpec {
     /// Directory holding the dataset files.
     pub data_dir: PathBuf,
     /// Names of the dataset files in `data_dir`, indexed by the `file`
@@ -164,20 +164,20 @@ pub struct TargetSpec {
 }
 
 impl TargetSpec {
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         self.file_sizes_bytes.iter().sum()
     }
 
     /// The emulated array over the dataset directory (a fresh one: new
     /// spindle queues and counters).
-    pub fn hdd_primary(&self) -> Result<Arc<EmulatedHdd>> {
+    pub(crate) fn hdd_primary(&self) -> Result<Arc<EmulatedHdd>> {
         let dir: Arc<dyn Primary> = Arc::new(DirPrimary::new(&self.data_dir)?);
         Ok(Arc::new(EmulatedHdd::new(dir, self.hdd.clone())?))
     }
 
     /// Removes the cache file so that a target starts cold (see the module
     /// comment). Only a regular file: a block device is refused, not wiped.
-    pub fn remove_cache_file(&self) -> Result<()> {
+    pub(crate) fn remove_cache_file(&self) -> Result<()> {
         if let Ok(meta) = std::fs::metadata(&self.cache_path)
             && !meta.is_file()
         {
@@ -200,13 +200,13 @@ impl TargetSpec {
         if self.file_names.is_empty() {
             bail!("a target needs at least one dataset file");
         }
-        l2arc::read_path::validate_recordsize(u64::from(self.recordsize_bytes))?;
+        l2arc::validate_recordsize(u64::from(self.recordsize_bytes))?;
         Ok(())
     }
 }
 
 /// Builds one of our targets; the peers come from `peers::build`.
-pub fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
+pub(crate) fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
     spec.check()?;
     match kind {
         TargetKind::NoCache => Ok(Box::new(ours::NoCacheTarget::new(spec)?)),
@@ -217,7 +217,7 @@ pub fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>>
 }
 
 /// What the scenarios share: the dataset on disk and how to build targets over it.
-pub struct Bench {
+pub(crate) struct Bench {
     pub dir: PathBuf,
     pub dataset: crate::dataset::MixedSizeDataset,
     pub lz4_ratio: f64,
@@ -228,7 +228,7 @@ pub struct Bench {
 
 impl Bench {
     /// One line describing the emulated disks, for reports.
-    pub fn describe_hdd(&self) -> String {
+    pub(crate) fn describe_hdd(&self) -> String {
         let c = &self.hdd;
         format!(
             "emulated HDD: {} spindles, seek {}-{} ms, {} MiB/s",
@@ -237,7 +237,7 @@ impl Bench {
     }
 
     /// The emulation's mean service time of a read of `bytes`, in ms.
-    pub fn hdd_service_ms(&self, bytes: u64) -> f64 {
+    pub(crate) fn hdd_service_ms(&self, bytes: u64) -> f64 {
         let c = &self.hdd;
         (c.seek_ms_min + c.seek_ms_max) / 2.0
             + bytes as f64 / (c.transfer_mib_per_sec * (1 << 20) as f64) * 1000.0
@@ -249,7 +249,7 @@ impl Bench {
     /// and later runs with the same `--data` generate it once: its size is
     /// the largest the throughput scenario needs (the largest of
     /// `--multiples`, at least 1, times `--cache-size`).
-    pub fn prepare(args: &super::BenchArgs) -> Result<Self> {
+    pub(crate) fn prepare(args: &super::BenchArgs) -> Result<Self> {
         let largest = args.multiples.iter().copied().fold(1.0, f64::max);
         let total_bytes = (largest * args.cache_size as f64) as u64;
         let hdd = HddConfig {
@@ -303,12 +303,17 @@ impl Bench {
     }
 
     /// How many of the first files make about `bytes` (see `prefix_files`).
-    pub fn files_for(&self, bytes: u64) -> usize {
+    pub(crate) fn files_for(&self, bytes: u64) -> usize {
         self.dataset.prefix_files(bytes)
     }
 
     /// A spec over the first `files` files of the dataset.
-    pub fn spec(&self, args: &super::BenchArgs, files: usize, compression: bool) -> TargetSpec {
+    pub(crate) fn spec(
+        &self,
+        args: &super::BenchArgs,
+        files: usize,
+        compression: bool,
+    ) -> TargetSpec {
         assert!(files >= 1 && files <= self.dataset.file_sizes_bytes.len());
         let cache_dir = args.cache.first().cloned();
         TargetSpec {

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
 use l2arc::primary::emulated_hdd::EmulatedHdd;
 use l2arc::primary::{Primary, PrimaryObject};
 use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
@@ -14,13 +14,13 @@ use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 use super::{ReadTarget, TargetCounters, TargetSpec};
 
 /// The emulated disks with nothing in front.
-pub struct NoCacheTarget {
+pub(super) struct NoCacheTarget {
     hdd: Arc<EmulatedHdd>,
     objects: Vec<Arc<dyn PrimaryObject>>,
 }
 
 impl NoCacheTarget {
-    pub fn new(spec: &TargetSpec) -> Result<Self> {
+    pub(super) fn new(spec: &TargetSpec) -> Result<Self> {
         let hdd = spec.hdd_primary()?;
         let objects = spec
             .file_names
@@ -49,7 +49,7 @@ impl ReadTarget for NoCacheTarget {
 }
 
 /// Our cache: the ARC in `dram_budget_bytes`, the L2ARC on the cache file.
-pub struct L2arcTarget {
+pub(crate) struct L2arcTarget {
     name: &'static str,
     // Handles before the cache: they hold records of it.
     handles: Vec<ObjectHandle>,
@@ -58,7 +58,7 @@ pub struct L2arcTarget {
 }
 
 impl L2arcTarget {
-    pub fn new(spec: &TargetSpec) -> Result<Self> {
+    pub(crate) fn new(spec: &TargetSpec) -> Result<Self> {
         Self::with_name(
             spec,
             if spec.compression {
@@ -70,7 +70,7 @@ impl L2arcTarget {
     }
 
     /// `name` labels the target in tables (e.g. `l2arc_lz4`).
-    pub fn with_name(spec: &TargetSpec, name: &'static str) -> Result<Self> {
+    pub(crate) fn with_name(spec: &TargetSpec, name: &'static str) -> Result<Self> {
         spec.check()?;
         let hdd = spec.hdd_primary()?;
         let mut config = CacheConfig {

@@ -58,7 +58,7 @@ use foyer::{
     HybridCacheBuilder, HybridCachePolicy, LruConfig, Source,
 };
 use l2arc::arc::DramPolicy;
-use l2arc::buf::AlignedBuf;
+use l2arc::internals::AlignedBuf;
 use l2arc::primary::emulated_hdd::EmulatedHdd;
 use l2arc::primary::{Primary, PrimaryObject};
 
@@ -66,7 +66,7 @@ use super::ours::L2arcTarget;
 use super::{ReadTarget, TargetCounters, TargetKind, TargetSpec};
 
 /// Builds a peer target (`TargetKind::Foyer` or `TargetKind::L2arcLru`).
-pub fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
+pub(super) fn build(kind: TargetKind, spec: &TargetSpec) -> Result<Box<dyn ReadTarget>> {
     match kind {
         TargetKind::L2arcLru => {
             let spec = TargetSpec {
@@ -94,7 +94,7 @@ const FOYER_BLOCKS_MIN: u64 = 32;
 /// One cached record: the bytes of one `recordsize` block of a file (shorter
 /// at the end of a file), in a page-aligned buffer as our ARC holds them.
 #[derive(Debug)]
-pub struct RecordBytes(AlignedBuf);
+pub(super) struct RecordBytes(AlignedBuf);
 
 impl Code for RecordBytes {
     fn encode(&self, writer: &mut impl Write) -> foyer::Result<()> {
@@ -155,7 +155,7 @@ impl StripedCounter {
 }
 
 /// foyer's `HybridCache` over the emulated disks.
-pub struct FoyerTarget {
+pub(super) struct FoyerTarget {
     // Dropped in this order: the cache, whose tasks run on the runtime,
     // before the runtime.
     hybrid: HybridCache<u64, RecordBytes>,
@@ -178,7 +178,7 @@ pub struct FoyerTarget {
 }
 
 /// Where foyer keeps its device for a cache file path: a directory beside it.
-pub fn foyer_device_dir(cache_path: &Path) -> PathBuf {
+pub(super) fn foyer_device_dir(cache_path: &Path) -> PathBuf {
     let mut name = cache_path
         .file_name()
         .map(|n| n.to_os_string())
@@ -187,13 +187,79 @@ pub fn foyer_device_dir(cache_path: &Path) -> PathBuf {
     cache_path.with_file_name(name)
 }
 
+/// foyer's device for a cache path: the block device itself, or a
+/// directory beside the cache file (emptied: a cold start, as for ours;
+/// foyer would recover a warm device), which is returned to be removed.
+fn foyer_device(
+    cache_path: &Path,
+    capacity_bytes: u64,
+) -> Result<(Arc<dyn foyer::Device>, Option<PathBuf>)> {
+    let is_block_device = fs::metadata(cache_path)
+        .map(|m| m.file_type().is_block_device())
+        .unwrap_or(false);
+    if is_block_device {
+        let device = FileDeviceBuilder::new(cache_path)
+            .with_capacity(capacity_bytes as usize)
+            .with_direct(true)
+            .build()
+            .with_context(|| format!("foyer device {}", cache_path.display()))?;
+        return Ok((device, None));
+    }
+    let dir = foyer_device_dir(cache_path);
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot remove {}", dir.display()));
+        }
+    }
+    let device = FsDeviceBuilder::new(&dir)
+        .with_capacity(capacity_bytes as usize)
+        .with_direct(true)
+        .build()
+        .with_context(|| format!("foyer device {}", dir.display()))?;
+    Ok((device, Some(dir)))
+}
+
+/// foyer's hybrid cache as `spec` sets it up: the DRAM budget, our shard
+/// count, LZ4 or not, written to flash on eviction, psync reads.
+async fn hybrid_cache(
+    spec: &TargetSpec,
+    device: Arc<dyn foyer::Device>,
+    block_bytes: u64,
+) -> foyer::Result<HybridCache<u64, RecordBytes>> {
+    let shards = spec
+        .arc_shards
+        .unwrap_or_else(|| l2arc::CacheConfig::default().arc_shards);
+    let compression = if spec.compression {
+        foyer::Compression::Lz4
+    } else {
+        foyer::Compression::None
+    };
+    HybridCacheBuilder::new()
+        .with_name("foyer")
+        .with_policy(HybridCachePolicy::WriteOnEviction)
+        // Teardown only: nothing is measured after the target is dropped.
+        .with_flush_on_close(false)
+        .memory(spec.dram_budget_bytes as usize)
+        .with_shards(shards)
+        .with_eviction_config(foyer_eviction())
+        .with_weighter(|_key: &u64, value: &RecordBytes| value.0.capacity_bytes())
+        .storage()
+        .with_io_engine_config(foyer::PsyncIoEngineConfig::new())
+        .with_engine_config(BlockEngineConfig::new(device).with_block_size(block_bytes as usize))
+        .with_compression(compression)
+        .build()
+        .await
+}
+
 impl FoyerTarget {
-    pub fn new(spec: &TargetSpec) -> Result<Self> {
+    pub(super) fn new(spec: &TargetSpec) -> Result<Self> {
         assert_eq!(spec.file_names.len(), spec.file_sizes_bytes.len());
         if spec.file_names.is_empty() {
             bail!("a target needs at least one dataset file");
         }
-        l2arc::read_path::validate_recordsize(u64::from(spec.recordsize_bytes))?;
+        l2arc::validate_recordsize(u64::from(spec.recordsize_bytes))?;
         assert!(
             spec.file_names.len() < 1 << 24,
             "file index must fit the key"
@@ -206,34 +272,8 @@ impl FoyerTarget {
             .map(|name| hdd.open(name, false))
             .collect::<io::Result<Vec<_>>>()?;
 
-        let is_block_device = fs::metadata(&spec.cache_path)
-            .map(|m| m.file_type().is_block_device())
-            .unwrap_or(false);
         let device_capacity_bytes = spec.cache_size_bytes / 4096 * 4096;
-        let (device, device_dir) = if is_block_device {
-            let device = FileDeviceBuilder::new(&spec.cache_path)
-                .with_capacity(device_capacity_bytes as usize)
-                .with_direct(true)
-                .build()
-                .with_context(|| format!("foyer device {}", spec.cache_path.display()))?;
-            (device, None)
-        } else {
-            let dir = foyer_device_dir(&spec.cache_path);
-            // A cold start, as for ours (foyer would recover a warm device).
-            match fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot remove {}", dir.display()));
-                }
-            }
-            let device = FsDeviceBuilder::new(&dir)
-                .with_capacity(device_capacity_bytes as usize)
-                .with_direct(true)
-                .build()
-                .with_context(|| format!("foyer device {}", dir.display()))?;
-            (device, Some(dir))
-        };
+        let (device, device_dir) = foyer_device(&spec.cache_path, device_capacity_bytes)?;
         let block_bytes = (device_capacity_bytes / FOYER_BLOCKS_MIN)
             .clamp(4 * recordsize_bytes, FOYER_BLOCK_BYTES_MAX)
             .next_multiple_of(4096);
@@ -243,38 +283,12 @@ impl FoyerTarget {
                 spec.cache_size_bytes
             );
         }
-        let shards = spec
-            .arc_shards
-            .unwrap_or_else(|| l2arc::CacheConfig::default().arc_shards);
-        let compression = if spec.compression {
-            foyer::Compression::Lz4
-        } else {
-            foyer::Compression::None
-        };
-
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("foyer-worker")
             .enable_all()
             .build()?;
-        let hybrid = runtime.block_on(
-            HybridCacheBuilder::new()
-                .with_name("foyer")
-                .with_policy(HybridCachePolicy::WriteOnEviction)
-                // Teardown only: nothing is measured after the target is dropped.
-                .with_flush_on_close(false)
-                .memory(spec.dram_budget_bytes as usize)
-                .with_shards(shards)
-                .with_eviction_config(foyer_eviction())
-                .with_weighter(|_key: &u64, value: &RecordBytes| value.0.capacity_bytes())
-                .storage()
-                .with_io_engine_config(foyer::PsyncIoEngineConfig::new())
-                .with_engine_config(
-                    BlockEngineConfig::new(device).with_block_size(block_bytes as usize),
-                )
-                .with_compression(compression)
-                .build(),
-        )?;
+        let hybrid = runtime.block_on(hybrid_cache(spec, device, block_bytes))?;
         Ok(Self {
             hybrid,
             runtime,

@@ -8,7 +8,10 @@ screenshot is taken).
 Uses the system's Chromium (Debian `chromium`) through Playwright; no
 browser is downloaded. Exits nonzero with one line saying what failed:
 a console error or page error, a chart that gained no points within 5 s,
-a heat map that stayed empty.
+a heat map that stayed empty; then, the service keeping a history
+(--history), the "1 h" window drawn from /api/history with points in every
+chart and events in every heat map, and the drill-down over 1 min listing
+the image.
 """
 
 import json
@@ -71,8 +74,21 @@ def main():
         page.wait_for_timeout(hold_secs * 1000)
         status = page.inner_text("#status")
         datasets = page.inner_text("#datasets")
+        page.click('#objwindows button[data-objwindow="60"]')
         objects = page.inner_text("#objects")
         page.screenshot(path=screenshot, full_page=True)
+        # The last hour, from the history file.
+        page.click('#windows button[data-window="3600"]')
+        deadline = time.monotonic() + GAIN_WITHIN_SECS
+        while time.monotonic() < deadline:
+            if all(attr(page, c, "points") > 0 for c in LINE_CHARTS) and all(
+                attr(page, h, "events") > 0 for h in HEAT_MAPS
+            ) and page.inner_text("#status").startswith("history"):
+                break
+            page.wait_for_timeout(100)
+        history_points = {c: attr(page, c, "points") for c in LINE_CHARTS}
+        history_heat = {h: attr(page, h, "events") for h in HEAT_MAPS}
+        history_status = page.inner_text("#status")
         browser.close()
     result = {
         "gained": gained,
@@ -80,6 +96,9 @@ def main():
         "status": status,
         "datasets": datasets,
         "objects": objects,
+        "history_points": history_points,
+        "history_heat_events": history_heat,
+        "history_status": history_status,
         "errors": errors,
     }
     print(json.dumps(result))
@@ -93,6 +112,14 @@ def main():
         sys.exit(f"live_page.py: heat maps stayed empty within {GAIN_WITHIN_SECS} s: {empty}")
     if not status.startswith("live"):
         sys.exit("live_page.py: status line says " + status)
+    if not history_status.startswith("history"):
+        sys.exit("live_page.py: after choosing 1 h the status line says " + history_status)
+    flat = [c for c, n in history_points.items() if n <= 0]
+    if flat:
+        sys.exit(f"live_page.py: the 1 h window drew no points in {flat}")
+    cold = [h for h, n in history_heat.items() if n <= 0]
+    if cold:
+        sys.exit(f"live_page.py: the 1 h window drew empty heat maps: {cold}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const IMAGE_BYTES: u64 = 256 << 20;
@@ -468,20 +469,51 @@ fn load_average() -> String {
         .join(" ")
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 3 {
-        eprintln!(
-            "usage: l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE]"
-        );
-        std::process::exit(2);
+/// The command line: what to run against and for how long.
+struct SoakArgs {
+    l2arc: PathBuf,
+    dir: PathBuf,
+    secs: u64,
+    nbd_clients: u64,
+    fuse_clients: u64,
+    hostiles: u64,
+    writers: u64,
+}
+
+impl SoakArgs {
+    fn parse() -> Self {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if args.len() < 3 {
+            eprintln!(
+                "usage: l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE]"
+            );
+            std::process::exit(2);
+        }
+        let arg = |i: usize, default: u64| args.get(i).map_or(default, |v| v.parse().unwrap());
+        Self {
+            l2arc: PathBuf::from(&args[0]),
+            dir: PathBuf::from(&args[1]),
+            secs: args[2].parse().expect("SECONDS"),
+            nbd_clients: arg(3, 96),
+            fuse_clients: arg(4, 32),
+            hostiles: arg(5, 8),
+            writers: 8,
+        }
     }
-    let l2arc = PathBuf::from(&args[0]);
-    let dir = PathBuf::from(&args[1]);
-    let secs: u64 = args[2].parse().expect("SECONDS");
-    let arg = |i: usize, default: u64| args.get(i).map_or(default, |v| v.parse().unwrap());
-    let (nbd_clients, fuse_clients, hostiles) = (arg(3, 96), arg(4, 32), arg(5, 8));
-    let writers = 8u64;
+}
+
+/// The two services under test and their logs.
+struct Services {
+    nbd: Child,
+    nbd_log: std::sync::mpsc::Receiver<String>,
+    fuse: Child,
+    fuse_log: std::sync::mpsc::Receiver<String>,
+}
+
+/// Writes the image and the mount's files, and starts `serve-nbd` and
+/// `mount` on them with fresh cache devices.
+fn start_services(a: &SoakArgs) -> Services {
+    let dir = &a.dir;
     std::fs::create_dir_all(dir.join("src")).unwrap();
     std::fs::create_dir_all(dir.join("mnt")).unwrap();
     let image = dir.join("image.raw");
@@ -496,14 +528,13 @@ fn main() {
     for name in ["cache-nbd.img", "cache-fuse.img"] {
         let _ = std::fs::remove_file(dir.join(name));
     }
-    let socket = dir.join("nbd.sock");
     let arc = format!("{ARC_MAX_MIB}MiB");
-    let (mut nbd, nbd_log) = spawn(
-        Command::new(&l2arc)
+    let (nbd, nbd_log) = spawn(
+        Command::new(&a.l2arc)
             .arg("serve-nbd")
             .arg(&image)
             .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
+            .arg(format!("unix:{}", dir.join("nbd.sock").display()))
             .args(["--arc-max", &arc, "--cache-size", "512MiB"])
             .arg("--cache")
             .arg(dir.join("cache-nbd.img"))
@@ -513,12 +544,11 @@ fn main() {
             .args(["--max-connections", &NBD_MAX_CONNECTIONS.to_string()]),
         "l2arc: serving",
     );
-    let mnt = dir.join("mnt");
-    let (mut fuse, fuse_log) = spawn(
-        Command::new(&l2arc)
+    let (fuse, fuse_log) = spawn(
+        Command::new(&a.l2arc)
             .arg("mount")
             .arg(dir.join("src"))
-            .arg(&mnt)
+            .arg(dir.join("mnt"))
             .args(["--arc-max", &arc, "--cache-size", "256MiB"])
             .arg("--cache")
             .arg(dir.join("cache-fuse.img"))
@@ -526,20 +556,22 @@ fn main() {
             .arg(dir.join("fuse-ctl.sock")),
         "l2arc: mounted",
     );
-    let (nbd_pid, fuse_pid) = (nbd.id(), fuse.id());
-    let nbd_before = proc_stat(nbd_pid);
-    let fuse_before = proc_stat(fuse_pid);
-    println!(
-        "soak: {secs} s, {nbd_clients} NBD clients ({writers} writers, {hostiles} hostile) + {fuse_clients} FUSE readers; load {}",
-        load_average()
-    );
+    Services {
+        nbd,
+        nbd_log,
+        fuse,
+        fuse_log,
+    }
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let good = Arc::new(Tally::default());
+/// Starts every client thread: NBD readers, writers and hostile clients,
+/// FUSE readers, and the cache-device fault injector.
+fn start_clients(a: &SoakArgs, stop: &Arc<AtomicBool>, good: &Arc<Tally>) -> Vec<JoinHandle<()>> {
     let mut threads = Vec::new();
-    let readers = nbd_clients - writers - hostiles;
-    for i in 0..nbd_clients {
-        let (socket, stop, t) = (socket.clone(), Arc::clone(&stop), Arc::clone(&good));
+    let socket = a.dir.join("nbd.sock");
+    let (writers, readers) = (a.writers, a.nbd_clients - a.writers - a.hostiles);
+    for i in 0..a.nbd_clients {
+        let (socket, stop, t) = (socket.clone(), Arc::clone(stop), Arc::clone(good));
         threads.push(std::thread::spawn(move || {
             if i < readers {
                 nbd_reader(&socket, i, &stop, &t)
@@ -550,30 +582,25 @@ fn main() {
             }
         }));
     }
-    for i in 0..fuse_clients {
-        let (mnt, stop, t) = (mnt.clone(), Arc::clone(&stop), Arc::clone(&good));
+    for i in 0..a.fuse_clients {
+        let (mnt, stop, t) = (a.dir.join("mnt"), Arc::clone(stop), Arc::clone(good));
         threads.push(std::thread::spawn(move || fuse_reader(&mnt, i, &stop, &t)));
     }
-    {
-        let (l2arc, dir, stop, t) = (
-            l2arc.clone(),
-            dir.clone(),
-            Arc::clone(&stop),
-            Arc::clone(&good),
-        );
-        threads.push(std::thread::spawn(move || faults(&l2arc, &dir, &stop, &t)));
-    }
+    let (l2arc, dir, stop, t) = (
+        a.l2arc.clone(),
+        a.dir.clone(),
+        Arc::clone(stop),
+        Arc::clone(good),
+    );
+    threads.push(std::thread::spawn(move || faults(&l2arc, &dir, &stop, &t)));
+    threads
+}
 
+/// Prints progress every 10 s until `secs` pass; returns the peak RSS of
+/// `serve-nbd` and of `mount`, MiB.
+fn watch(secs: u64, good: &Tally, nbd_pid: u32, fuse_pid: u32) -> (u64, u64) {
     let started = Instant::now();
-    let nbd_budget_mib = |l2_hdr_bytes: u64| {
-        ARC_MAX_MIB
-            + (l2_hdr_bytes >> 20)
-            + NBD_POOL_MIB
-            + ((NBD_MAX_CONNECTIONS * l2arc_nbd::server::CONNECTION_FIXED_BYTES) >> 20)
-            + 64
-    };
-    let mut nbd_peak_rss = 0;
-    let mut fuse_peak_rss = 0;
+    let (mut nbd_peak_rss, mut fuse_peak_rss) = (0, 0);
     while started.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(10));
         let (n, f) = (proc_stat(nbd_pid), proc_stat(fuse_pid));
@@ -595,29 +622,28 @@ fn main() {
             load_average()
         );
     }
-    stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        let _ = t.join();
-    }
-    // Let the services close what the clients left.
-    std::thread::sleep(Duration::from_secs(5));
-    let nbd_after = proc_stat(nbd_pid);
-    let fuse_after = proc_stat(fuse_pid);
-    let nbd_stats = ctl_run(&l2arc, &dir.join("nbd-ctl.sock"), &["stats"]);
-    let fuse_stats = ctl_run(&l2arc, &dir.join("fuse-ctl.sock"), &["stats"]);
-    for child in [&nbd, &fuse] {
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-    }
-    let _ = nbd.wait();
-    let _ = fuse.wait();
-    let stop_line = nbd_log
-        .try_iter()
-        .find(|l| l.starts_with("l2arc: stopped"))
-        .unwrap_or_default();
-    let _ = fuse_log.try_iter().count();
-    let l2_hdr = kstat(&nbd_stats, "l2_hdr_size");
+    (nbd_peak_rss, fuse_peak_rss)
+}
+
+/// What the services looked like before, at their peak and after.
+struct ServiceReport {
+    before: ProcStat,
+    after: ProcStat,
+    peak_rss_mib: u64,
+    stats: String,
+}
+
+/// The memory `serve-nbd` may use: arc_max + the L2 index + the buffer
+/// pool + per-connection fixed costs + 64 MiB of code and stacks.
+fn nbd_budget_mib(l2_hdr_bytes: u64) -> u64 {
+    ARC_MAX_MIB
+        + (l2_hdr_bytes >> 20)
+        + NBD_POOL_MIB
+        + ((NBD_MAX_CONNECTIONS * l2arc_nbd::server::CONNECTION_FIXED_BYTES) >> 20)
+        + 64
+}
+
+fn report(good: &Tally, nbd: &ServiceReport, fuse: &ServiceReport, stop_line: &str) {
     println!("---");
     println!(
         "good clients: {} ops, {} MiB, {} errors, {} wrong bytes",
@@ -636,24 +662,24 @@ fn main() {
     );
     println!(
         "serve-nbd: peak RSS {} MiB (VmHWM {} MiB) against a budget of {} MiB; threads {} -> {}, fds {} -> {}",
-        nbd_peak_rss,
-        nbd_after.hwm_mib,
-        nbd_budget_mib(l2_hdr),
-        nbd_before.threads,
-        nbd_after.threads,
-        nbd_before.fds,
-        nbd_after.fds
+        nbd.peak_rss_mib,
+        nbd.after.hwm_mib,
+        nbd_budget_mib(kstat(&nbd.stats, "l2_hdr_size")),
+        nbd.before.threads,
+        nbd.after.threads,
+        nbd.before.fds,
+        nbd.after.fds
     );
     println!(
         "mount: peak RSS {} MiB (VmHWM {} MiB); threads {} -> {}, fds {} -> {}",
-        fuse_peak_rss,
-        fuse_after.hwm_mib,
-        fuse_before.threads,
-        fuse_after.threads,
-        fuse_before.fds,
-        fuse_after.fds
+        fuse.peak_rss_mib,
+        fuse.after.hwm_mib,
+        fuse.before.threads,
+        fuse.after.threads,
+        fuse.before.fds,
+        fuse.after.fds
     );
-    for (name, stats) in [("serve-nbd", &nbd_stats), ("mount", &fuse_stats)] {
+    for (name, stats) in [("serve-nbd", &nbd.stats), ("mount", &fuse.stats)] {
         println!(
             "{name}: hits {} misses {} l2_hits {} l2_cksum_bad {} l2_io_error {} l2_size {} MiB",
             kstat(stats, "hits"),
@@ -666,4 +692,60 @@ fn main() {
     }
     println!("{stop_line}");
     println!("load {}", load_average());
+}
+
+fn main() {
+    let a = SoakArgs::parse();
+    let Services {
+        mut nbd,
+        nbd_log,
+        mut fuse,
+        fuse_log,
+    } = start_services(&a);
+    let (nbd_pid, fuse_pid) = (nbd.id(), fuse.id());
+    let (nbd_before, fuse_before) = (proc_stat(nbd_pid), proc_stat(fuse_pid));
+    println!(
+        "soak: {} s, {} NBD clients ({} writers, {} hostile) + {} FUSE readers; load {}",
+        a.secs,
+        a.nbd_clients,
+        a.writers,
+        a.hostiles,
+        a.fuse_clients,
+        load_average()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let good = Arc::new(Tally::default());
+    let threads = start_clients(&a, &stop, &good);
+    let (nbd_peak_rss_mib, fuse_peak_rss_mib) = watch(a.secs, &good, nbd_pid, fuse_pid);
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        let _ = t.join();
+    }
+    // Let the services close what the clients left.
+    std::thread::sleep(Duration::from_secs(5));
+    let nbd_report = ServiceReport {
+        before: nbd_before,
+        after: proc_stat(nbd_pid),
+        peak_rss_mib: nbd_peak_rss_mib,
+        stats: ctl_run(&a.l2arc, &a.dir.join("nbd-ctl.sock"), &["stats"]),
+    };
+    let fuse_report = ServiceReport {
+        before: fuse_before,
+        after: proc_stat(fuse_pid),
+        peak_rss_mib: fuse_peak_rss_mib,
+        stats: ctl_run(&a.l2arc, &a.dir.join("fuse-ctl.sock"), &["stats"]),
+    };
+    for child in [&nbd, &fuse] {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+    }
+    let _ = nbd.wait();
+    let _ = fuse.wait();
+    let stop_line = nbd_log
+        .try_iter()
+        .find(|l| l.starts_with("l2arc: stopped"))
+        .unwrap_or_default();
+    let _ = fuse_log.try_iter().count();
+    report(&good, &nbd_report, &fuse_report, &stop_line);
 }

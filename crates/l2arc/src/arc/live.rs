@@ -36,14 +36,18 @@ use crate::hash::{FastHashMap, hash_one};
 /// Identity of one record: the `record`-th `recordsize` block of an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecordKey {
+    /// Dataset index within the cache.
     pub dataset: u32,
+    /// Object identity within the dataset (the primary's id).
     pub object: u64,
+    /// Record number: offset / recordsize.
     pub record: u64,
 }
 
 /// A cached record: its bytes and the version of the object they belong to.
 #[derive(Debug)]
 pub struct Record {
+    /// The record's bytes (its length is the record's logical size).
     pub data: AlignedBuf,
     /// Token of the object generation the bytes were read under; a reader
     /// whose object now has another token must not use them.
@@ -61,6 +65,7 @@ impl Record {
     }
 }
 
+/// How a [`LiveArc`] is sized and split.
 #[derive(Clone, Copy, Debug)]
 pub struct ArcConfig {
     /// `arc_max`: most bytes of record buffers held in DRAM.
@@ -117,6 +122,7 @@ impl Fill {
 
 /// What a lookup found.
 pub enum Lookup<'a> {
+    /// In the ARC: the record, shared.
     Hit(Arc<Record>),
     /// Another reader is filling the record: wait on it.
     InFlight(Arc<Fill>),
@@ -165,37 +171,57 @@ impl Drop for FillClaim<'_> {
     }
 }
 
-/// Counters of one shard, summed by [`LiveArc::stats`]. Names follow ZFS's
+/// Counters of one shard, summed by `LiveArc::stats`. Names follow ZFS's
 /// arcstats.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ArcStats {
+    /// Reads served from DRAM (`hits` in arcstats).
     pub hits: u64,
+    /// Reads not in DRAM.
     pub misses: u64,
+    /// Demand reads served from DRAM.
     pub demand_data_hits: u64,
+    /// Demand reads not in DRAM.
     pub demand_data_misses: u64,
+    /// Prefetch reads served from DRAM.
     pub prefetch_data_hits: u64,
+    /// Prefetch reads not in DRAM.
     pub prefetch_data_misses: u64,
+    /// Hits on the recency list (MRU).
     pub mru_hits: u64,
+    /// Hits on the frequency list (MFU).
     pub mfu_hits: u64,
+    /// Misses that found the key in the MRU ghost list (grow `p`).
     pub mru_ghost_hits: u64,
+    /// Misses that found the key in the MFU ghost list (shrink `p`).
     pub mfu_ghost_hits: u64,
     /// Reads that found the record's fill in flight and waited for it.
     pub iohits: u64,
     /// Hits on a record whose object changed since it was read: dropped.
     pub stale_drops: u64,
+    /// Bytes evicted from the MRU list.
     pub evicted_mru: u64,
+    /// Bytes evicted from the MFU list.
     pub evicted_mfu: u64,
     /// Inserts refused because every eviction candidate was referenced.
     pub insert_no_room: u64,
     /// Records dropped by writes and explicit invalidation.
     pub invalidated: u64,
+    /// Bytes of records in DRAM (arcstats `size`).
     pub size: u64,
+    /// Target size `c`, bytes.
     pub c: u64,
+    /// Target size of the MRU side `p`, bytes.
     pub p: u64,
+    /// Bytes on the MRU list.
     pub mru_size: u64,
+    /// Bytes on the MFU list.
     pub mfu_size: u64,
+    /// Bytes remembered by the MRU ghost list (no data).
     pub mru_ghost_size: u64,
+    /// Bytes remembered by the MFU ghost list (no data).
     pub mfu_ghost_size: u64,
+    /// Records in DRAM.
     pub entries: u64,
 }
 
@@ -280,6 +306,7 @@ pub trait EvictionSink: Send + Sync {
 /// their buffers freed) after its lock is released.
 type EvictedBatch = smallvec::SmallVec<[Evicted<RecordKey, Arc<Record>>; 4]>;
 
+/// The DRAM tier: record buffers under the ARC policy, in independent shards.
 pub struct LiveArc {
     shards: Box<[PaddedShard]>,
     config: ArcConfig,
@@ -287,6 +314,7 @@ pub struct LiveArc {
 }
 
 impl LiveArc {
+    /// An empty ARC.
     pub fn new(config: ArcConfig) -> Self {
         assert!(config.shards >= 1, "at least one shard");
         assert!(
@@ -317,6 +345,7 @@ impl LiveArc {
         let _ = self.sink.set(sink);
     }
 
+    /// The configuration it was built with.
     pub fn config(&self) -> ArcConfig {
         self.config
     }

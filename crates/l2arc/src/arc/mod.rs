@@ -4,8 +4,7 @@
 //! the live cache and trace replay. `live` wraps it with reference-counted
 //! buffers, per-shard locks and single-flight fills.
 
-pub mod live;
+pub(crate) mod live;
 pub mod policy;
 
-pub use live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
 pub use policy::{AccessKind, ArcPolicy, DramPolicy, ListId};

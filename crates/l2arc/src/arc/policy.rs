@@ -75,8 +75,10 @@ pub enum ListId {
 }
 
 impl ListId {
+    /// The four lists, resident first.
     pub const ALL: [ListId; 4] = [ListId::Mru, ListId::Mfu, ListId::MruGhost, ListId::MfuGhost];
 
+    /// Whether this list remembers keys only (no data).
     pub fn is_ghost(self) -> bool {
         matches!(self, ListId::MruGhost | ListId::MfuGhost)
     }
@@ -85,7 +87,9 @@ impl ListId {
 /// Why a record is being read: a reader asked for it, or read-ahead guessed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AccessKind {
+    /// A read that a client asked for.
     Demand,
+    /// A read ahead of the client (read-ahead, prefetch).
     Prefetch,
 }
 
@@ -103,18 +107,27 @@ pub struct Hit {
 pub enum InsertOutcome {
     /// Inserted. `ghost` names the ghost list the key was found in, if any
     /// (a ghost hit, which adapted `p`).
-    Inserted { ghost: Option<ListId> },
+    Inserted {
+        /// The ghost list that remembered the key.
+        ghost: Option<ListId>,
+    },
     /// Larger than the whole cache; not inserted.
     TooLarge,
     /// Every candidate for eviction is referenced; not inserted.
-    NoRoom { ghost: Option<ListId> },
+    NoRoom {
+        /// The ghost list that remembered the key.
+        ghost: Option<ListId>,
+    },
 }
 
 /// A record pushed out of the resident lists by an insert.
 #[derive(Debug)]
 pub struct Evicted<K, V> {
+    /// The entry's key.
     pub key: K,
+    /// The entry's value (in the live ARC, the record buffer).
     pub value: V,
+    /// Bytes the entry charges against the target size.
     pub size_bytes: u64,
     /// The list it was evicted from (MRU or MFU).
     pub from: ListId,
@@ -206,10 +219,12 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         self.target_mru_bytes as u64
     }
 
+    /// Bytes on one list.
     pub fn list_bytes(&self, list: ListId) -> u64 {
         self.lists[list as usize].size_bytes
     }
 
+    /// Entries on one list.
     pub fn list_len(&self, list: ListId) -> u64 {
         self.lists[list as usize].len
     }
@@ -219,6 +234,7 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         self.list_bytes(ListId::Mru) + self.list_bytes(ListId::Mfu)
     }
 
+    /// Entries on the two resident lists.
     pub fn resident_len(&self) -> u64 {
         self.list_len(ListId::Mru) + self.list_len(ListId::Mfu)
     }

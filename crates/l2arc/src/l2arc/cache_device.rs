@@ -25,7 +25,7 @@ pub(super) const STATE_REMOVED: u8 = 3;
 
 /// Counters of one device (ZFS's arcstats `l2_*` names).
 #[derive(Default)]
-pub struct DeviceCounters {
+pub(crate) struct DeviceCounters {
     pub hits: AtomicU64,
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
@@ -192,7 +192,7 @@ impl CacheDevice {
 
 /// Where a device's data area lies and how far a batch may reach.
 #[derive(Clone, Copy, Debug)]
-pub struct Geometry {
+pub(crate) struct Geometry {
     pub start_block: u32,
     pub end_block: u32,
     pub batch_blocks_max: u32,
@@ -202,7 +202,7 @@ impl Geometry {
     /// The geometry a device header states. The largest batch is in the
     /// header (version 2; implied by the data area in version 1), so it is
     /// the same after a restart, whatever this build would choose today.
-    pub fn of(header: &DeviceHeader) -> Geometry {
+    pub(crate) fn of(header: &DeviceHeader) -> Geometry {
         Geometry {
             start_block: (header.data_start_bytes / BLOCK_BYTES) as u32,
             end_block: (header.data_end_bytes / BLOCK_BYTES) as u32,
@@ -212,7 +212,7 @@ impl Geometry {
 
     /// Whether a block written in lap `lap_mod32` is intact when the hand is
     /// at `hand` in lap `lap` (docs/format.md, "Data area").
-    pub fn holds(&self, lap: u32, hand: u32, block: u32, lap_mod32: u32) -> bool {
+    pub(crate) fn holds(&self, lap: u32, hand: u32, block: u32, lap_mod32: u32) -> bool {
         if block < self.start_block || block >= self.end_block {
             return false;
         }

@@ -111,41 +111,81 @@ const CRC_FIELD: usize = 124;
 /// Everything that can be wrong with bytes read from a cache device.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
+    /// Fewer bytes than the structure needs.
     #[error("truncated: need {needed} bytes, got {got}")]
-    Truncated { needed: usize, got: usize },
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes given.
+        got: usize,
+    },
+    /// Not a structure of ours.
     #[error("bad magic: not a {what} (found {found:02x?})")]
-    BadMagic { what: &'static str, found: [u8; 8] },
+    BadMagic {
+        /// What was expected.
+        what: &'static str,
+        /// The first eight bytes found.
+        found: [u8; 8],
+    },
     #[error(
         "unsupported format version {0} (this build reads headers of versions 1 and {FORMAT_VERSION}, log blocks of version {LOG_BLOCK_VERSION})"
     )]
+    /// A version this build does not read.
     UnsupportedVersion(u32),
+    /// Header flags this build does not know.
     #[error("unsupported header flags {0:#x}")]
     UnsupportedFlags(u32),
+    /// The stored CRC does not match the bytes.
     #[error("bad checksum in {what}: stored {stored:#010x}, computed {computed:#010x}")]
     BadChecksum {
+        /// What was checked.
         what: &'static str,
+        /// The CRC stored.
         stored: u32,
+        /// The CRC of the bytes read.
         computed: u32,
     },
+    /// A log block whose size field disagrees with what was read.
     #[error("log block size field is {field} bytes but the buffer holds {buffer}")]
-    SizeMismatch { field: u64, buffer: usize },
+    SizeMismatch {
+        /// The size the block says it has.
+        field: u64,
+        /// The bytes read.
+        buffer: usize,
+    },
+    /// A log block claiming more entries than it has room for.
     #[error("log block has {count} entries but its {size} bytes hold at most {capacity}")]
     TooManyEntries {
+        /// Entries claimed.
         count: u32,
+        /// Size of the block.
         size: usize,
+        /// Entries that fit.
         capacity: usize,
     },
+    /// A log block of another device (a stale or misdirected block).
     #[error("log block belongs to device {found:032x}, expected {expected:032x}")]
-    ForeignDevice { expected: u128, found: u128 },
+    ForeignDevice {
+        /// This device's identity.
+        expected: u128,
+        /// The identity in the block.
+        found: u128,
+    },
+    /// Fields that contradict each other.
     #[error("inconsistent {0}")]
     Inconsistent(String),
+    /// Neither copy of the device header is valid.
     #[error("no valid device header: copy A: {a}; copy B: {b}")]
     NoValidHeader {
+        /// What is wrong with copy A.
         a: Box<FormatError>,
+        /// What is wrong with copy B.
         b: Box<FormatError>,
     },
+    /// Stored bytes that do not decompress.
     #[error("decompression failed: {0}")]
     Decompress(String),
+    /// A compression name this build does not know.
     #[error("unknown compression {0:?} (expected off, lz4 or zstd)")]
     UnknownCompression(String),
 }
@@ -190,8 +230,11 @@ fn wr(b: &mut [u8], off: usize, bytes: &[u8]) {
 /// How a record payload is stored (2 bits of the location word).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Compression {
+    /// Records stored as they are.
     Off = 0,
+    /// LZ4 (fast; the default, as in ZFS).
     Lz4 = 1,
+    /// Zstandard level 1.
     Zstd = 2,
 }
 
@@ -206,6 +249,7 @@ impl Compression {
         }
     }
 
+    /// The name used in configs and stats ("off", "lz4", "zstd").
     pub fn as_str(self) -> &'static str {
         match self {
             Compression::Off => "off",
@@ -294,10 +338,12 @@ impl Location {
         (self.0 >> BLOCK_SHIFT) as u32
     }
 
+    /// The lap the block was written in, modulo 32.
     pub fn lap_mod32(self) -> u8 {
         ((self.0 >> LAP_SHIFT) & LAP_MASK) as u8
     }
 
+    /// The device slot (0..16).
     pub fn device(self) -> u8 {
         ((self.0 >> DEVICE_SHIFT) & DEVICE_MASK) as u8
     }
@@ -350,7 +396,9 @@ impl Location {
 /// One index entry of a log block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogEntry {
+    /// Hash of the record's identity (dataset, object, record, generation).
     pub key_hash: u64,
+    /// Where the stored bytes are.
     pub location: Location,
     /// [`record_checksum`] of the stored payload.
     pub checksum: u32,
@@ -379,8 +427,11 @@ impl LogEntry {
 /// (`crc32c` of all `size_bytes`, including its own CRC field).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogPointer {
+    /// Offset of the log block on the device.
     pub offset_bytes: u64,
+    /// Size of the log block.
     pub size_bytes: u32,
+    /// CRC-32C of the whole log block.
     pub crc: u32,
 }
 
@@ -452,11 +503,17 @@ pub fn log_block_content_crc(buf: &[u8]) -> u32 {
 /// The device header (both copies have this layout).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceHeader {
+    /// Identity of the cache the device belongs to.
     pub cache_guid: u128,
+    /// Identity of this device (log blocks carry it).
     pub device_guid: u128,
+    /// Size of the device when formatted.
     pub device_size_bytes: u64,
+    /// First byte of the circular log.
     pub data_start_bytes: u64,
+    /// End of the circular log (exclusive).
     pub data_end_bytes: u64,
+    /// Bumped at every header write; the copy with the higher valid sequence wins.
     pub sequence: u64,
     /// The 4 KiB block number where the next batch starts.
     pub hand_block: u32,
@@ -466,6 +523,7 @@ pub struct DeviceHeader {
     /// of the hand that a crash mid-batch may have torn (version 2; for a
     /// version 1 header, [`legacy_batch_blocks`]).
     pub batch_blocks_max: u32,
+    /// The newest log block: where a rebuild starts walking.
     pub newest_log: Option<LogPointer>,
 }
 
@@ -630,6 +688,7 @@ impl DeviceHeader {
 /// The fixed header of a log block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogBlockHeader {
+    /// The device the log block was written on.
     pub device_guid: u128,
     /// 1 for the first log block of a device, then +1 each.
     pub sequence: u64,
@@ -638,8 +697,11 @@ pub struct LogBlockHeader {
     /// First block of the batch: the batch spans from there to the end of
     /// this log block.
     pub first_block: u32,
+    /// The previous log block (older batch), if any.
     pub prev: Option<LogPointer>,
+    /// Entries in the block.
     pub entry_count: u32,
+    /// Size of the whole block.
     pub size_bytes: u32,
 }
 
@@ -745,37 +807,9 @@ pub fn decode_log_block(
     expected_device_guid: u128,
 ) -> Result<(LogBlockHeader, Vec<LogEntry>), FormatError> {
     let b = checked_preamble(buf, LOG_MAGIC, "log block", &[LOG_BLOCK_VERSION])?;
-    let size_bytes = rd_u32(b, 64);
+    let size_bytes = check_log_block_size(b, buf)?;
     let size = size_bytes as usize;
-    if size > buf.len() {
-        return Err(FormatError::Truncated {
-            needed: size,
-            got: buf.len(),
-        });
-    }
-    if size != buf.len() {
-        return Err(FormatError::SizeMismatch {
-            field: u64::from(size_bytes),
-            buffer: buf.len(),
-        });
-    }
-    if !(size as u64).is_multiple_of(BLOCK_BYTES) {
-        return Err(inconsistent(format!(
-            "log block: size {size} is not a multiple of 4 KiB"
-        )));
-    }
-    let stored = rd_u32(b, CRC_FIELD);
-    let computed = crc32c::crc32c_append(
-        crc32c::crc32c_append(crc32c::crc32c(&b[..CRC_FIELD]), &[0; 4]),
-        &buf[LOG_BLOCK_HEADER_BYTES..],
-    );
-    if stored != computed {
-        return Err(FormatError::BadChecksum {
-            what: "log block",
-            stored,
-            computed,
-        });
-    }
+    check_log_block_crc(b, buf)?;
     let device_guid = rd_u128(b, 16);
     if device_guid != expected_device_guid {
         return Err(FormatError::ForeignDevice {
@@ -811,13 +845,65 @@ pub fn decode_log_block(
     if header.sequence == 0 {
         return Err(inconsistent("log block: sequence 0"));
     }
+    let entries = decode_log_entries(
+        &buf[LOG_BLOCK_HEADER_BYTES..LOG_BLOCK_HEADER_BYTES + n * LOG_ENTRY_BYTES],
+        &header,
+    )?;
+    Ok((header, entries))
+}
+
+/// The size field: equal to the buffer's length and whole 4 KiB blocks.
+fn check_log_block_size(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<u32, FormatError> {
+    let size_bytes = rd_u32(b, 64);
+    let size = size_bytes as usize;
+    if size > buf.len() {
+        return Err(FormatError::Truncated {
+            needed: size,
+            got: buf.len(),
+        });
+    }
+    if size != buf.len() {
+        return Err(FormatError::SizeMismatch {
+            field: u64::from(size_bytes),
+            buffer: buf.len(),
+        });
+    }
+    if !(size as u64).is_multiple_of(BLOCK_BYTES) {
+        return Err(inconsistent(format!(
+            "log block: size {size} is not a multiple of 4 KiB"
+        )));
+    }
+    Ok(size_bytes)
+}
+
+/// The block's own CRC, computed with its CRC field as zeros.
+fn check_log_block_crc(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<(), FormatError> {
+    let stored = rd_u32(b, CRC_FIELD);
+    let computed = crc32c::crc32c_append(
+        crc32c::crc32c_append(crc32c::crc32c(&b[..CRC_FIELD]), &[0; 4]),
+        &buf[LOG_BLOCK_HEADER_BYTES..],
+    );
+    if stored != computed {
+        return Err(FormatError::BadChecksum {
+            what: "log block",
+            stored,
+            computed,
+        });
+    }
+    Ok(())
+}
+
+/// Every entry of a log block, each checked against its block's header.
+fn decode_log_entries(
+    raw_entries: &[u8],
+    header: &LogBlockHeader,
+) -> Result<Vec<LogEntry>, FormatError> {
+    debug_assert!(raw_entries.len().is_multiple_of(LOG_ENTRY_BYTES));
     let lap_mod32 = (header.lap % 32) as u8;
-    // n <= capacity, so this allocation is bounded by the buffer's length.
-    let mut entries = Vec::with_capacity(n);
-    for (i, raw) in buf[LOG_BLOCK_HEADER_BYTES..LOG_BLOCK_HEADER_BYTES + n * LOG_ENTRY_BYTES]
-        .chunks_exact(LOG_ENTRY_BYTES)
-        .enumerate()
-    {
+    // The caller checked the count against the block's capacity, so this
+    // allocation is bounded by the buffer's length.
+    let mut entries = Vec::with_capacity(raw_entries.len() / LOG_ENTRY_BYTES);
+    for (i, raw) in raw_entries.chunks_exact(LOG_ENTRY_BYTES).enumerate() {
         let e = LogEntry::decode(raw.try_into().expect("chunk of LOG_ENTRY_BYTES"));
         let loc = e.location;
         let problem = if e.key_hash == 0 {
@@ -843,7 +929,7 @@ pub fn decode_log_block(
         }
         entries.push(e);
     }
-    Ok((header, entries))
+    Ok(entries)
 }
 
 // ---------------------------------------------------------------------------
@@ -1461,6 +1547,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn header_rejects_inconsistent_fields() {
         let base = sample_header();
         let bad = |h: DeviceHeader, why: &str| {

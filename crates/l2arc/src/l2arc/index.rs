@@ -600,6 +600,7 @@ impl L2Index {
         &self.cells[self.shard_index(key_hash)]
     }
 
+    /// The entry for a key.
     pub fn get(&self, key_hash: u64) -> Option<IndexEntry> {
         debug_assert!(key_hash != 0, "L2ARC index: key_hash 0 is never stored");
         let shard = self.cell(key_hash).lock();
@@ -630,6 +631,7 @@ impl L2Index {
         found.is_none()
     }
 
+    /// Removes a key's entry and returns it.
     pub fn remove(&self, key_hash: u64) -> Option<IndexEntry> {
         self.remove_if(key_hash, |_| true)
     }
@@ -674,6 +676,7 @@ impl L2Index {
             .sum()
     }
 
+    /// Whether the index holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -1056,6 +1059,7 @@ mod tests {
     /// Prints (run with `--nocapture`) DRAM per entry and single-threaded
     /// throughput at 10 M entries, the index against hashbrown. About 5 s.
     #[test]
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn measure_memory_and_throughput() {
         const N: u64 = 10_000_000;
         const GETS: u64 = 1_000_000;

@@ -38,33 +38,35 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 mod cache_device;
-pub mod device;
+pub(crate) mod device;
+#[cfg(any(test, feature = "test-utils"))]
+pub(crate) mod faulty_device;
 pub(crate) mod feeder;
 pub mod format;
 pub mod index;
 mod lifecycle;
 pub(crate) mod reader;
 mod rebuild;
-pub mod ring;
+pub(crate) mod ring;
 mod stats;
 mod sweep;
 pub(crate) mod writeback;
 mod writer;
 
 use cache_device::CacheDevice;
-pub use cache_device::{DeviceCounters, Geometry};
 use index::L2Index;
 pub use lifecycle::DeviceOpen;
 pub use ring::IoEngine;
 pub use stats::{DeviceStats, L2Stats};
-pub use writer::{FeedRecord, WriteGate};
+pub use writer::FeedRecord;
+pub(crate) use writer::WriteGate;
 
 /// Devices per cache: the location word has 4 bits for the device.
-pub const DEVICES_MAX: usize = 16;
+pub(crate) const DEVICES_MAX: usize = 16;
 /// Largest batch (records plus log block) written in one sequential write.
 pub const BATCH_BYTES_MAX: u64 = 16 << 20;
 /// A device needs room for several batches to be a useful log.
-pub const DEVICE_DATA_BYTES_MIN: u64 = 4 << 20;
+pub(crate) const DEVICE_DATA_BYTES_MIN: u64 = 4 << 20;
 /// Consecutive I/O errors after which a device is faulted.
 pub const DEVICE_ERRORS_MAX: u32 = 8;
 /// Sweeps of overwritten index entries per lap of the write hand.
@@ -177,6 +179,7 @@ impl L2Arc {
         }
     }
 
+    /// The tunables this L2ARC runs with.
     pub fn config(&self) -> &L2ArcConfig {
         &self.config
     }
@@ -202,6 +205,7 @@ impl L2Arc {
         self.index.len()
     }
 
+    /// Whether the index holds no record.
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
     }

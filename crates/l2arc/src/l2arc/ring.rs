@@ -38,6 +38,7 @@ pub enum IoEngine {
 }
 
 impl IoEngine {
+    /// fio's name for the engine ("io_uring", "psync").
     pub fn name(self) -> &'static str {
         match self {
             IoEngine::Auto => "auto",

@@ -10,21 +10,29 @@ use super::*;
 /// A snapshot of one device's statistics.
 #[derive(Clone, Debug)]
 pub struct DeviceStats {
+    /// The device's slot (0..16).
     pub slot: u8,
+    /// One line describing the device.
     pub description: String,
+    /// "online", "rebuilding", "faulted" or "removing".
     pub state: &'static str,
+    /// Size of the device.
     pub size_bytes: u64,
+    /// The device's counters, under arcstats' `l2_*` names.
     pub kstats: Vec<(&'static str, u64)>,
 }
 
 /// L2ARC statistics, summed over devices, with ZFS's names.
 #[derive(Clone, Debug, Default)]
 pub struct L2Stats {
+    /// Counters of the whole L2ARC, under arcstats' `l2_*` names.
     pub kstats: Vec<(&'static str, u64)>,
+    /// One entry per cache device.
     pub devices: Vec<DeviceStats>,
 }
 
 impl L2Stats {
+    /// One counter by name; 0 if there is none of that name.
     pub fn get(&self, name: &str) -> u64 {
         self.kstats
             .iter()
@@ -115,6 +123,8 @@ impl L2Arc {
             ("l2_devices", devices.len() as u64),
             ("l2_feed_wakeups", self.feed_wakeups.load(Ordering::Relaxed)),
             ("l2_writeback_size", self.writeback.held_bytes()),
+            ("l2_dwpd_limit", self.dwpd_bytes_per_day()),
+            ("l2_dwpd_credit", self.dwpd_credit_bytes()),
         ];
         kstats.extend(self.evict_counters.kstats());
         kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));

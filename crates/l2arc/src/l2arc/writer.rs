@@ -52,8 +52,11 @@ impl WriteGate for AdmitAll {
 
 /// One record handed to the feeder's batch writer.
 pub struct FeedRecord<'a> {
+    /// Hash of the record's identity.
     pub key_hash: u64,
+    /// The record's bytes, uncompressed.
     pub data: &'a [u8],
+    /// How to store it.
     pub compression: Compression,
 }
 
@@ -87,6 +90,31 @@ impl L2Arc {
             budget = budget.min(bucket.0 as u64);
         }
         budget
+    }
+
+    /// `l2arc_dwpd` in bytes: what the online devices may be written per
+    /// day (0 = unlimited).
+    pub(crate) fn dwpd_bytes_per_day(&self) -> u64 {
+        if self.config.l2arc_dwpd <= 0.0 {
+            return 0;
+        }
+        let online_bytes: u64 = self
+            .all_devices()
+            .iter()
+            .filter(|d| d.is_online())
+            .map(|d| d.data_blocks() * BLOCK_BYTES)
+            .sum();
+        (self.config.l2arc_dwpd * online_bytes as f64) as u64
+    }
+
+    /// Bytes the endurance budget lets the feeder write now (as of its last
+    /// refill; at most one batch). 0 when there is no budget.
+    pub(crate) fn dwpd_credit_bytes(&self) -> u64 {
+        if self.config.l2arc_dwpd <= 0.0 {
+            return 0;
+        }
+        let bucket = self.budget_bytes.lock().expect("budget poisoned");
+        bucket.0.max(0.0) as u64
     }
 
     pub(super) fn spend_budget(&self, bytes: u64) {

@@ -98,6 +98,7 @@ impl DirPrimary {
         Ok(primary)
     }
 
+    /// The directory the objects live in.
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -66,6 +66,7 @@ pub struct HddConfig {
     pub spindles: usize,
     /// Positioning time (seek plus rotation) is uniform in [min, max].
     pub seek_ms_min: f64,
+    /// Longest positioning time (seek + rotation), ms.
     pub seek_ms_max: f64,
     /// Media transfer rate of one disk.
     pub transfer_mib_per_sec: f64,
@@ -89,6 +90,7 @@ impl Default for HddConfig {
 }
 
 impl HddConfig {
+    /// Checks that the numbers describe a disk (positive, min <= max).
     pub fn validate(&self) -> io::Result<()> {
         let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         if self.spindles == 0 || self.spindles > MAX_SPINDLES {
@@ -123,9 +125,13 @@ impl HddConfig {
 /// Counters since the array was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HddStats {
+    /// Reads served.
     pub reads: u64,
+    /// Writes served.
     pub writes: u64,
+    /// Bytes read.
     pub bytes_read: u64,
+    /// Bytes written.
     pub bytes_written: u64,
     /// Wall time spindles spent serving requests, summed over spindles.
     pub busy_ns: u64,
@@ -169,10 +175,12 @@ impl EmulatedHdd {
         })
     }
 
+    /// The model this array follows.
     pub fn config(&self) -> &HddConfig {
         &self.array.config
     }
 
+    /// What the array has served so far.
     pub fn stats(&self) -> HddStats {
         let a = &self.array;
         HddStats {

@@ -10,7 +10,7 @@
 //!
 //! O_DIRECT needs offset, length and buffer address aligned to the logical
 //! block size. The read path always asks for whole 4 KiB blocks into
-//! [`AlignedBuf`]s, and those go straight to the device; a read of the block
+//! `AlignedBuf`s, and those go straight to the device; a read of the block
 //! that holds EOF comes back short with the exact count. Anything unaligned
 //! (a caller that does not know, a write of a few bytes) goes through an
 //! aligned bounce buffer: slower, never wrong. An unaligned write is a
@@ -128,6 +128,7 @@ impl ImagePrimary {
         self.object.direct
     }
 
+    /// The image file or block device.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -741,6 +742,7 @@ mod tests {
 
     /// The image checks on a real block device: a loop device over a sparse
     /// file, with 512-byte or 4 KiB logical sectors.
+    #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
     fn block_device(sector_size: Option<u32>) {
         const DEV_SIZE: u64 = 4 << 20;
         let tmp = tempfile::tempdir().unwrap();

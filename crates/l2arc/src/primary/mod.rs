@@ -47,9 +47,13 @@ pub mod object_store;
 /// persistent caches written then stay valid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Generation {
+    /// Inode number (0 where the primary has none).
     pub ino: u64,
+    /// Size of the object.
     pub size_bytes: u64,
+    /// Modification time, ns since the epoch.
     pub mtime_ns: i64,
+    /// Change time, ns since the epoch.
     pub ctime_ns: i64,
     /// Hash of the object store's version (ETag, version id); 0 for files.
     pub version_hash: u64,
@@ -106,10 +110,12 @@ pub struct ObjectInfo {
     /// Stable identity within the primary (the inode number for files).
     /// Two names that are the same file share it, so they share cached records.
     pub id: u64,
+    /// The version of the object seen now.
     pub generation: Generation,
 }
 
 impl ObjectInfo {
+    /// Size of the object.
     pub fn size_bytes(&self) -> u64 {
         self.generation.size_bytes
     }

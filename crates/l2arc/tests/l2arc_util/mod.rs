@@ -11,24 +11,24 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use l2arc::l2arc::device::DeviceIo;
-use l2arc::l2arc::format::{
+use l2arc::DeviceIo;
+use l2arc::internals::format::{
     self, BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, LogBlockHeader, LogEntry,
     LogPointer,
 };
-use l2arc::l2arc::{DeviceOpen, L2ArcConfig, L2Stats};
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig, DatasetId, ObjectHandle};
+use l2arc::{DeviceOpen, L2ArcConfig, L2Stats};
 
 /// Record size of every test dataset.
-pub const RS: usize = 64 << 10;
+pub(crate) const RS: usize = 64 << 10;
 /// Size of the cache device files (sparse).
-pub const DEVICE_BYTES: u64 = 32 << 20;
+pub(crate) const DEVICE_BYTES: u64 = 32 << 20;
 
 /// Object contents: per 4 KiB block alternately text (compressible) and
 /// pseudo-random bytes, both depending on `seed`, so two seeds differ in
 /// every block.
-pub fn content(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn content(len: usize, seed: u64) -> Vec<u8> {
     let text = format!("{seed:016x} the quick brown fox jumps over the lazy dog. ");
     let text = text.as_bytes();
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -47,10 +47,10 @@ pub fn content(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// A small xorshift generator: deterministic, no dependency.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
@@ -59,7 +59,7 @@ impl Rng {
         x
     }
 
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
@@ -67,7 +67,7 @@ impl Rng {
 /// L2ARC settings that keep the background feeder out of the way: it feeds
 /// once shortly after the first device is added, then sleeps for an hour.
 /// The tests feed explicitly with `Cache::feed_l2arc`.
-pub fn quiet_l2() -> L2ArcConfig {
+pub(crate) fn quiet_l2() -> L2ArcConfig {
     L2ArcConfig {
         l2arc_feed_secs: 3600.0,
         l2arc_feed_min_ms: 3_600_000,
@@ -90,7 +90,7 @@ fn reads_through_queue() -> bool {
     }
 }
 
-pub fn test_ioengine() -> l2arc::IoEngine {
+pub(crate) fn test_ioengine() -> l2arc::IoEngine {
     match std::env::var("L2ARC_TEST_IOENGINE") {
         Err(_) => l2arc::IoEngine::Auto,
         Ok(name) => name.parse().unwrap(),
@@ -101,7 +101,7 @@ pub fn test_ioengine() -> l2arc::IoEngine {
 /// `thread::scope` body, it stops the scope's looping threads even when
 /// the body panics, so that a failed assertion fails the test instead of
 /// hanging it.
-pub struct StopOnDrop<'a>(pub Vec<&'a std::sync::atomic::AtomicBool>);
+pub(crate) struct StopOnDrop<'a>(pub Vec<&'a std::sync::atomic::AtomicBool>);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
@@ -112,7 +112,7 @@ impl Drop for StopOnDrop<'_> {
 }
 
 /// A tempdir with a primary directory `src` and some files in it.
-pub struct World {
+pub(crate) struct World {
     pub tmp: tempfile::TempDir,
     pub src: PathBuf,
     /// (name, content) of every file written by `add_file`.
@@ -120,7 +120,7 @@ pub struct World {
 }
 
 impl World {
-    pub fn new() -> World {
+    pub(crate) fn new() -> World {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
         std::fs::create_dir(&src).unwrap();
@@ -131,20 +131,20 @@ impl World {
         }
     }
 
-    pub fn add_file(&mut self, name: &str, len: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn add_file(&mut self, name: &str, len: usize, seed: u64) -> Vec<u8> {
         let data = content(len, seed);
         std::fs::write(self.src.join(name), &data).unwrap();
         self.files.push((name.to_string(), data.clone()));
         data
     }
 
-    pub fn device_path(&self, name: &str) -> PathBuf {
+    pub(crate) fn device_path(&self, name: &str) -> PathBuf {
         self.tmp.path().join(name)
     }
 
     /// Every file in `src` still holds what the test wrote (primary is
     /// never harmed by anything the cache does).
-    pub fn assert_primary_intact(&self) {
+    pub(crate) fn assert_primary_intact(&self) {
         for (name, data) in &self.files {
             let on_disk = std::fs::read(self.src.join(name)).unwrap();
             assert!(on_disk == *data, "primary file {name} changed");
@@ -153,7 +153,11 @@ impl World {
 }
 
 /// A cache with a 1 MiB ARC (16 records of 64 KiB) over `src`.
-pub fn new_cache(src: &Path, compression: Compression, l2: L2ArcConfig) -> (Arc<Cache>, DatasetId) {
+pub(crate) fn new_cache(
+    src: &Path,
+    compression: Compression,
+    l2: L2ArcConfig,
+) -> (Arc<Cache>, DatasetId) {
     let cache = Cache::new(CacheConfig {
         arc_max_bytes: 1 << 20,
         arc_shards: 2,
@@ -185,7 +189,7 @@ fn settle_feeder(first: bool) {
 }
 
 /// `Cache::add_cache_path`, then lets the background feeder settle.
-pub fn add_path(
+pub(crate) fn add_path(
     cache: &Arc<Cache>,
     path: &Path,
     create_size_bytes: Option<u64>,
@@ -197,7 +201,7 @@ pub fn add_path(
 }
 
 /// `Cache::add_cache_device`, then lets the background feeder settle.
-pub fn add_device(
+pub(crate) fn add_device(
     cache: &Arc<Cache>,
     device: Box<dyn DeviceIo>,
 ) -> std::io::Result<(u8, DeviceOpen)> {
@@ -210,7 +214,7 @@ pub fn add_device(
 /// Drops the cache and waits until no thread holds it any more (the
 /// feeder holds it while it feeds), so that nothing writes to its devices
 /// after this returns.
-pub fn shutdown(cache: Arc<Cache>) {
+pub(crate) fn shutdown(cache: Arc<Cache>) {
     let weak = Arc::downgrade(&cache);
     drop(cache);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -223,12 +227,18 @@ pub fn shutdown(cache: Arc<Cache>) {
     }
 }
 
-pub fn records(data: &[u8]) -> usize {
+pub(crate) fn records(data: &[u8]) -> usize {
     data.len().div_ceil(RS)
 }
 
 /// Reads record `index` through the cache and checks every byte.
-pub fn check_record(cache: &Cache, handle: &ObjectHandle, data: &[u8], index: usize, what: &str) {
+pub(crate) fn check_record(
+    cache: &Cache,
+    handle: &ObjectHandle,
+    data: &[u8],
+    index: usize,
+    what: &str,
+) {
     let mut buf = vec![0u8; RS];
     let start = index * RS;
     let expected = &data[start..data.len().min(start + RS)];
@@ -256,7 +266,7 @@ pub fn check_record(cache: &Cache, handle: &ObjectHandle, data: &[u8], index: us
 }
 
 /// Reads the whole object, record by record, checking every byte.
-pub fn check_all(cache: &Cache, handle: &ObjectHandle, data: &[u8], what: &str) {
+pub(crate) fn check_all(cache: &Cache, handle: &ObjectHandle, data: &[u8], what: &str) {
     if !reads_through_queue() {
         for index in 0..records(data) {
             check_record(cache, handle, data, index, what);
@@ -298,7 +308,7 @@ pub fn check_all(cache: &Cache, handle: &ObjectHandle, data: &[u8], what: &str) 
 /// Reads the whole object in order and feeds the L2ARC every four records
 /// (the ARC holds at least that many per shard, so every record read is
 /// still there at the next feed): afterwards every record is on flash.
-pub fn fill(cache: &Cache, handle: &ObjectHandle, data: &[u8]) {
+pub(crate) fn fill(cache: &Cache, handle: &ObjectHandle, data: &[u8]) {
     for index in 0..records(data) {
         check_record(cache, handle, data, index, "fill");
         if index % 4 == 3 {
@@ -308,12 +318,12 @@ pub fn fill(cache: &Cache, handle: &ObjectHandle, data: &[u8]) {
     cache.feed_l2arc();
 }
 
-pub fn l2(cache: &Cache) -> L2Stats {
+pub(crate) fn l2(cache: &Cache) -> L2Stats {
     cache.stats().l2.expect("cache has an L2ARC")
 }
 
 /// Per-device kstat value.
-pub fn dev_stat(stats: &L2Stats, slot: u8, name: &str) -> u64 {
+pub(crate) fn dev_stat(stats: &L2Stats, slot: u8, name: &str) -> u64 {
     let device = stats
         .devices
         .iter()
@@ -326,7 +336,7 @@ pub fn dev_stat(stats: &L2Stats, slot: u8, name: &str) -> u64 {
         .map_or(0, |(_, v)| *v)
 }
 
-pub fn dev_state(stats: &L2Stats, slot: u8) -> &'static str {
+pub(crate) fn dev_state(stats: &L2Stats, slot: u8) -> &'static str {
     stats
         .devices
         .iter()
@@ -335,7 +345,7 @@ pub fn dev_state(stats: &L2Stats, slot: u8) -> &'static str {
         .state
 }
 
-pub fn wait_rebuild(cache: &Cache) {
+pub(crate) fn wait_rebuild(cache: &Cache) {
     assert!(
         cache
             .l2arc()
@@ -348,41 +358,41 @@ pub fn wait_rebuild(cache: &Cache) {
 // ---------------------------------------------------------------------------
 // The on-device format, read and patched with ordinary (buffered) file I/O.
 
-pub fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+pub(crate) fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
     let file = std::fs::File::open(path).unwrap();
     let mut buf = vec![0u8; len];
     file.read_exact_at(&mut buf, offset).unwrap();
     buf
 }
 
-pub fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
+pub(crate) fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
     let file = OpenOptions::new().write(true).open(path).unwrap();
     file.write_all_at(bytes, offset).unwrap();
     file.sync_all().unwrap();
 }
 
 /// Both header copies, as stored.
-pub fn header_blocks(path: &Path) -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn header_blocks(path: &Path) -> (Vec<u8>, Vec<u8>) {
     let both = read_at(path, 0, 2 * BLOCK_BYTES as usize);
     let (a, b) = both.split_at(BLOCK_BYTES as usize);
     (a.to_vec(), b.to_vec())
 }
 
 /// The header the cache would choose, and which copy it is.
-pub fn header(path: &Path) -> (DeviceHeader, usize) {
+pub(crate) fn header(path: &Path) -> (DeviceHeader, usize) {
     let (a, b) = header_blocks(path);
     DeviceHeader::choose(&a, &b).unwrap()
 }
 
 /// Rewrites one header copy (the one `header.sequence % 2` names).
-pub fn write_header(path: &Path, header: &DeviceHeader) {
+pub(crate) fn write_header(path: &Path, header: &DeviceHeader) {
     let mut block = [0u8; 4096];
     header.encode(&mut block);
     write_at(path, HEADER_COPY_OFFSETS[header.copy_index()], &block);
 }
 
 /// One log block as found on the device.
-pub struct LogBlock {
+pub(crate) struct LogBlock {
     pub pointer: LogPointer,
     pub header: LogBlockHeader,
     pub entries: Vec<LogEntry>,
@@ -390,7 +400,7 @@ pub struct LogBlock {
 
 /// The log chain from the newest block back, following `prev` while the
 /// blocks decode and match their pointers.
-pub fn log_chain(path: &Path) -> Vec<LogBlock> {
+pub(crate) fn log_chain(path: &Path) -> Vec<LogBlock> {
     let (header, _) = header(path);
     let mut chain = Vec::new();
     let mut pointer = header.newest_log;
@@ -414,7 +424,7 @@ pub fn log_chain(path: &Path) -> Vec<LogBlock> {
 
 /// Rewrites a log block with `entries` (same header) and returns the
 /// CRC of its new content, the value a pointer to it must carry.
-pub fn rewrite_log_block(path: &Path, block: &LogBlock, entries: &[LogEntry]) -> u32 {
+pub(crate) fn rewrite_log_block(path: &Path, block: &LogBlock, entries: &[LogEntry]) -> u32 {
     let mut buf = vec![0u8; block.pointer.size_bytes as usize];
     let crc = format::encode_log_block(&block.header, entries, &mut buf);
     write_at(path, block.pointer.offset_bytes, &buf);
@@ -422,6 +432,6 @@ pub fn rewrite_log_block(path: &Path, block: &LogBlock, entries: &[LogEntry]) ->
 }
 
 /// Contents of a file, for "untouched" checks.
-pub fn file_bytes(path: &Path) -> Vec<u8> {
+pub(crate) fn file_bytes(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap()
 }

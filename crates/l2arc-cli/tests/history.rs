@@ -1,0 +1,190 @@
+//! The analytics of a real `l2arc mount`: `--http` on the mount (metrics
+//! through promtool, the drill-down naming the files read through the
+//! mount by their paths) and `--history` (samples every second, kept
+//! across a restart of the mount, refused over a file that is not a
+//! history). Needs FUSE (root) and promtool; a missing tool fails the test.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn l2arc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_l2arc"))
+}
+
+/// A mount with `--http` and `--history`, unmounted on drop.
+struct Mounted {
+    mnt: PathBuf,
+    http: SocketAddr,
+    child: Child,
+}
+
+impl Mounted {
+    fn start(src: &Path, mnt: &Path, history: &Path) -> Mounted {
+        let mut child = l2arc()
+            .arg("mount")
+            .arg(src)
+            .arg(mnt)
+            .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
+            .arg("--history")
+            .arg(history)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let rx = l2arc_testkit::stderr_lines(&mut child);
+        let http = l2arc_testkit::wait_ready(&rx, "l2arc: mounted");
+        Mounted {
+            mnt: mnt.to_path_buf(),
+            http: http.expect("no `l2arc: http on` line before the ready line"),
+            child,
+        }
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+fn json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let (status, body) = get(addr, path);
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Samples in the last `window` seconds, as (time_ms, boot_ms, reads).
+fn samples(addr: SocketAddr, window: u64) -> Vec<(u64, u64, u64)> {
+    let h = json(addr, &format!("/api/history?window={window}"));
+    let reads_at = h["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|f| f == "reads")
+        .unwrap();
+    h["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s[0].as_u64().unwrap(),
+                s[1].as_u64().unwrap(),
+                s[2][reads_at].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < Duration::from_secs(15), "{what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(src.join("sub/deeper/hot.bin"), vec![7u8; 1 << 20]).unwrap();
+    let history = dir.path().join("history.bin");
+
+    let m = Mounted::start(&src, &mnt, &history);
+    let stats = json(m.http, "/api/stats");
+    assert_eq!(stats["history_enabled"], true);
+    for _ in 0..3 {
+        let data = std::fs::read(mnt.join("sub/deeper/hot.bin")).unwrap();
+        assert_eq!(data.len(), 1 << 20);
+        // O_DIRECT-free re-reads may be served by the page cache: drop it.
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+    }
+    // The drill-down names the file by its path below the source.
+    let stats = json(m.http, "/api/stats");
+    let names: Vec<String> = stats["top_objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "sub/deeper/hot.bin"),
+        "top objects: {names:?}"
+    );
+    // /metrics of the mount passes promtool.
+    let (status, metrics) = get(m.http, "/metrics");
+    assert_eq!(status, 200);
+    l2arc_testkit::promtool_check(&metrics);
+    // A sample a second, with the reads counted.
+    wait_for("no history samples with the reads", || {
+        samples(m.http, 60).iter().any(|s| s.2 > 0)
+    });
+    let first_run = samples(m.http, 60);
+    let boot = first_run[0].1;
+    assert!(first_run.iter().all(|s| s.1 == boot));
+    assert!(first_run.windows(2).all(|w| w[0].0 < w[1].0));
+    m.stop();
+
+    // After a restart the earlier samples are still there, beside new ones
+    // of another run.
+    let m = Mounted::start(&src, &mnt, &history);
+    wait_for("no samples of the second run", || {
+        samples(m.http, 120).iter().any(|s| s.1 != boot)
+    });
+    let both = samples(m.http, 120);
+    for s in &first_run {
+        assert!(both.contains(s), "sample {s:?} of the first run lost");
+    }
+    // Bad queries get a clear 400; the endpoint keeps serving.
+    assert_eq!(get(m.http, "/api/history?window=0").0, 400);
+    assert_eq!(get(m.http, "/api/history?window=x").0, 400);
+    assert_eq!(get(m.http, "/api/history?bogus=1").0, 400);
+    assert_eq!(get(m.http, "/api/stats").0, 200);
+    drop(m);
+
+    // A file that is not a history is refused and left as it was.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, b"keep me").unwrap();
+    let out = l2arc()
+        .arg("mount")
+        .arg(&src)
+        .arg(&mnt)
+        .arg("--history")
+        .arg(&notes)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not an l2arc history"), "{stderr}");
+    assert_eq!(std::fs::read(&notes).unwrap(), b"keep me");
+}
