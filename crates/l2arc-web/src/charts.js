@@ -22,7 +22,7 @@ const L2Charts = (() => {
     bytesPerSec: v => fmt.bytes(v) + "/s",
     ns: ns => ns >= 1e9 ? (ns / 1e9).toFixed(ns >= 1e10 ? 0 : 1) + " s" : ns >= 1e6 ? (ns / 1e6).toFixed(ns >= 1e7 ? 0 : 1) + " ms" : ns >= 1e3 ? (ns / 1e3).toFixed(ns >= 1e4 ? 0 : 1) + " µs" : ns.toFixed(0) + " ns",
     secsAgo: s => s >= 86400 ? "-" + (s / 86400).toFixed(s % 86400 ? 1 : 0) + " d" : s >= 3600 ? "-" + (s / 3600).toFixed(s % 3600 ? 1 : 0) + " h" : s >= 60 ? "-" + (s / 60).toFixed(s % 60 ? 1 : 0) + " min" : "-" + s + " s",
-    number: v => Math.abs(v) >= 1e3 ? fmt.count(v) : String(+v.toFixed(2)),
+    number: v => Math.abs(v) >= 1e3 ? fmt.count(v) : String(+v.toPrecision(3)),   // 3 significant digits
     percent: v => v.toFixed(1) + "%",
   };
   const formatter = f => typeof f === "function" ? f : (fmt[f] || fmt.number);
