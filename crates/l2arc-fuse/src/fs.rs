@@ -355,6 +355,12 @@ impl CachedFs {
         })
     }
 
+    /// The options in force: the node and handle bounds as lowered to fit
+    /// the descriptors the process may open.
+    pub fn options(&self) -> &FsOptions {
+        &self.options
+    }
+
     fn ttl(&self) -> Duration {
         self.options.attr_timeout
     }
