@@ -47,6 +47,14 @@ mod throughput;
 mod warmup;
 mod workload;
 
+/// A report page with one chart of each kind (bars, lines, heat map) over
+/// fixed data, drawn by the shared chart code: what the browser test of the
+/// reports opens.
+#[doc(hidden)]
+pub fn sample_report_html() -> String {
+    report::sample_page()
+}
+
 /// What to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {

@@ -46,8 +46,10 @@ fn run(scenario: &str, extra: &[&str], dir: &Path) -> Value {
     let saved: Value = serde_json::from_str(&file).unwrap();
     assert_eq!(saved["scenario"], stdout["scenario"]);
     let html = std::fs::read_to_string(reports.join(format!("{scenario}.html"))).unwrap();
-    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"));
-    assert!(!html.contains("<script"), "no scripts in reports");
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<canvas data-chart="));
+    // The shared chart code once, nothing fetched.
+    assert_eq!(html.matches("const L2Charts").count(), 1, "chart code once");
+    assert!(!html.contains("src="), "nothing fetched");
     assert!(!html.contains("NaN"), "no NaN in charts");
     saved
 }

@@ -40,6 +40,19 @@ pub(crate) struct MountArgs {
     /// Threads serving FUSE requests.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Most nodes (files and directories) the kernel may hold; a lookup
+    /// past it fails with ENFILE. Also at most half the descriptors the
+    /// process may open. Peak RSS formula in docs/mount.md.
+    #[arg(long, default_value_t = FsOptions::default().max_nodes)]
+    pub max_nodes: usize,
+    /// Most open files plus open directories; an open past it fails with
+    /// EMFILE. Also at most a quarter of the descriptors the process may open.
+    #[arg(long, default_value_t = FsOptions::default().max_open_handles)]
+    pub max_open_handles: usize,
+    /// Bytes of directory listings all open directories hold together (a
+    /// size: 64MiB); an opendir past it fails with ENOMEM.
+    #[arg(long, value_parser = crate::service::parse_size, default_value = "64MiB")]
+    pub dir_listing_max: u64,
     /// Let every user use the mount (allow_other), with the kernel checking
     /// permissions (default_permissions). Default: root and the mounting user only.
     #[arg(long)]
@@ -70,6 +83,13 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
     }
     if !(1..=64).contains(&args.threads) {
         bail!("--threads must be between 1 and 64, not {}", args.threads);
+    }
+    if args.max_nodes < 2 || args.max_open_handles < 1 {
+        bail!(
+            "--max-nodes must be at least 2 and --max-open-handles at least 1, not {} and {}",
+            args.max_nodes,
+            args.max_open_handles
+        );
     }
     let mnt_meta = std::fs::metadata(&args.mnt)
         .with_context(|| format!("mount point {}", args.mnt.display()))?;
@@ -104,10 +124,24 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
         FsOptions {
             attr_timeout: Duration::from_secs_f64(args.attr_timeout),
             readahead_max_records: args.readahead_records,
+            max_nodes: args.max_nodes,
+            max_open_handles: args.max_open_handles,
+            max_dir_listing_bytes: usize::try_from(args.dir_listing_max).unwrap_or(usize::MAX),
             ..FsOptions::default()
         },
     )
     .with_context(|| format!("source {}", args.src.display()))?;
+    // The bounds in force (the descriptor limit may have lowered the
+    // node and handle bounds), for the peak RSS formula in docs/mount.md.
+    let bounds = fs.options();
+    eprintln!(
+        "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + l2arc_writeback_max + {} threads x 1 MiB + listings {} MiB + {} nodes + {} handles (docs/mount.md)",
+        resolved.cache_config.arc_max_bytes >> 20,
+        args.threads,
+        bounds.max_dir_listing_bytes >> 20,
+        bounds.max_nodes,
+        bounds.max_open_handles,
+    );
 
     // Signals first: a SIGTERM right after the ready line must unmount.
     let stop = Arc::new(AtomicBool::new(false));

@@ -150,11 +150,17 @@ struct DirListing {
 }
 
 impl DirListing {
-    /// What an entry costs: its name and its slot.
-    fn cost_bytes(entry: &DirEntry) -> usize {
-        std::mem::size_of::<DirEntry>() + entry.name.len()
+    /// What an entry costs in RSS: its slot in the listing and its name's
+    /// allocation as glibc's malloc makes it (8 bytes of header, 16-byte
+    /// steps, 32 at least): the name's length alone charged an entry with
+    /// a short name two thirds of what it holds.
+    fn cost_bytes(name_len: usize) -> usize {
+        std::mem::size_of::<DirEntry>() + (name_len + 8).next_multiple_of(16).max(32)
     }
 }
+
+/// Bytes of listing charged at a time while a directory is read.
+const LISTING_CHARGE_STEP: usize = 64 << 10;
 
 impl Drop for DirListing {
     fn drop(&mut self) {
@@ -353,6 +359,12 @@ impl CachedFs {
             dir_listing_bytes: Arc::new(AtomicUsize::new(0)),
             options,
         })
+    }
+
+    /// The options in force: the node and handle bounds as lowered to fit
+    /// the descriptors the process may open.
+    pub fn options(&self) -> &FsOptions {
+        &self.options
     }
 
     fn ttl(&self) -> Duration {
@@ -657,8 +669,35 @@ impl CachedFs {
             0,
         )
         .map_err(err)?;
-        let entries: Vec<DirEntry> = sys::read_dir(fd, self.options.max_dir_entries)
-            .map_err(err)?
+        // Charged as it is read, so that concurrent opendirs of huge
+        // directories never hold more than the bound even while reading (a
+        // charge after the read let each serving thread hold a whole
+        // listing beyond it). The listing's drop gives the charge back.
+        let mut listing = DirListing {
+            entries: Vec::new(),
+            charged_bytes: 0,
+            held_bytes: Arc::clone(&self.dir_listing_bytes),
+        };
+        let max_bytes = self.options.max_dir_listing_bytes;
+        let mut uncharged = 0;
+        let charge = |bytes: usize, listing: &mut DirListing| {
+            let held = self.dir_listing_bytes.fetch_add(bytes, Ordering::SeqCst);
+            listing.charged_bytes += bytes;
+            if held + bytes > max_bytes {
+                return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+            }
+            Ok(())
+        };
+        let raw = sys::read_dir(fd, self.options.max_dir_entries, |e| {
+            uncharged += DirListing::cost_bytes(e.name.len());
+            if uncharged < LISTING_CHARGE_STEP {
+                return Ok(());
+            }
+            charge(std::mem::take(&mut uncharged), &mut listing)
+        })
+        .map_err(err)?;
+        charge(uncharged, &mut listing).map_err(err)?;
+        listing.entries = raw
             .into_iter()
             .map(|e| DirEntry {
                 name: e.name,
@@ -666,19 +705,8 @@ impl CachedFs {
                 ino: e.ino,
             })
             .collect();
-        let charged_bytes = entries.iter().map(DirListing::cost_bytes).sum();
-        let held = self
-            .dir_listing_bytes
-            .fetch_add(charged_bytes, Ordering::SeqCst);
-        // Charged first, so that the listing's drop gives it back either way.
-        let listing = DirListing {
-            entries,
-            charged_bytes,
-            held_bytes: Arc::clone(&self.dir_listing_bytes),
-        };
-        if held + charged_bytes > self.options.max_dir_listing_bytes {
-            return Err(Errno::ENOMEM);
-        }
+        // The slots as charged: no growth slack held for the handle's life.
+        listing.entries.shrink_to_fit();
         self.add_handle(Handle::Dir(Arc::new(listing)))
     }
 

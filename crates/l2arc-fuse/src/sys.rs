@@ -392,8 +392,13 @@ pub(crate) struct RawDirEntry {
 
 /// Reads a whole directory from a descriptor opened with O_RDONLY|O_DIRECTORY,
 /// at most `max_entries` entries (more is an error: the listing is held in
-/// memory for the life of the directory handle).
-pub(crate) fn read_dir(fd: OwnedFd, max_entries: usize) -> io::Result<Vec<RawDirEntry>> {
+/// memory for the life of the directory handle). `admit` is asked about
+/// each entry before it is kept; its error ends the read.
+pub(crate) fn read_dir(
+    fd: OwnedFd,
+    max_entries: usize,
+    mut admit: impl FnMut(&RawDirEntry) -> io::Result<()>,
+) -> io::Result<Vec<RawDirEntry>> {
     // fdopendir takes ownership of the descriptor; closedir closes it.
     let raw = fd.as_raw_fd();
     // SAFETY: raw is an open directory descriptor.
@@ -436,11 +441,13 @@ pub(crate) fn read_dir(fd: OwnedFd, max_entries: usize) -> io::Result<Vec<RawDir
         if out.len() >= max_entries {
             return Err(io::Error::from_raw_os_error(libc::EMFILE));
         }
-        out.push(RawDirEntry {
+        let entry = RawDirEntry {
             name: OsString::from_vec(name),
             d_type,
             ino,
-        });
+        };
+        admit(&entry)?;
+        out.push(entry);
     }
 }
 
@@ -479,7 +486,7 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
         // A listing sees the link as a link.
         let fd = open_at(dir.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0);
-        let names: Vec<_> = read_dir(fd.unwrap(), 16)
+        let names: Vec<_> = read_dir(fd.unwrap(), 16, |_| Ok(()))
             .unwrap()
             .into_iter()
             .filter(|e| e.name != "." && e.name != "..")

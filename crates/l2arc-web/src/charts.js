@@ -22,7 +22,7 @@ const L2Charts = (() => {
     bytesPerSec: v => fmt.bytes(v) + "/s",
     ns: ns => ns >= 1e9 ? (ns / 1e9).toFixed(ns >= 1e10 ? 0 : 1) + " s" : ns >= 1e6 ? (ns / 1e6).toFixed(ns >= 1e7 ? 0 : 1) + " ms" : ns >= 1e3 ? (ns / 1e3).toFixed(ns >= 1e4 ? 0 : 1) + " µs" : ns.toFixed(0) + " ns",
     secsAgo: s => s >= 86400 ? "-" + (s / 86400).toFixed(s % 86400 ? 1 : 0) + " d" : s >= 3600 ? "-" + (s / 3600).toFixed(s % 3600 ? 1 : 0) + " h" : s >= 60 ? "-" + (s / 60).toFixed(s % 60 ? 1 : 0) + " min" : "-" + s + " s",
-    number: v => Math.abs(v) >= 1e3 ? fmt.count(v) : String(+v.toFixed(2)),
+    number: v => Math.abs(v) >= 1e3 ? fmt.count(v) : String(+v.toPrecision(3)),   // 3 significant digits
     percent: v => v.toFixed(1) + "%",
   };
   const formatter = f => typeof f === "function" ? f : (fmt[f] || fmt.number);
@@ -44,6 +44,15 @@ const L2Charts = (() => {
     return [g, c.clientWidth, c.clientHeight];
   }
 
+  // The top of a y axis of four equal steps at or above m, a step being
+  // 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten: round labels.
+  function niceMax(m) {
+    if (!(m > 0)) return 1;
+    const raw = m / 4, p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10].map(k => k * p).find(s => s >= raw * (1 - 1e-9));
+    return 4 * step;
+  }
+
   // Horizontal grid lines and labels of a y axis from 0 to max.
   function yAxis(g, box, max, f, col, right) {
     g.strokeStyle = col.grid; g.fillStyle = col.dim; g.lineWidth = 1;
@@ -55,74 +64,106 @@ const L2Charts = (() => {
     }
   }
 
-  function legend(g, names, x0) {
-    let x = x0;
+  // The legend in rows from the top left, wrapped at `right`; returns the
+  // number of rows (a long legend pushes the plot down).
+  function legend(g, names, x0, right, draw) {
+    let x = x0, row = 0;
     names.forEach(([label, colour]) => {
-      g.fillStyle = colour;
-      g.fillText(label, x, 12);
-      x += g.measureText(label).width + 14;
+      const w = g.measureText(label).width;
+      if (x > x0 && right && x + w > right) { x = x0; row++; }
+      if (draw !== false) { g.fillStyle = colour; g.fillText(label, x, 12 + 13 * row); }
+      x += w + 14;
     });
+    return row + 1;
+  }
+
+  // Labels under the x axis: the ends only (the live page's time axis),
+  // or with spec.xTicks, that many equal steps labelled, the axis' name on
+  // a row of its own below them. Returns the height the labels take.
+  function xAxis(g, box, spec, h, col, ends) {
+    const xf = formatter(spec.xFmt);
+    g.fillStyle = col.dim;
+    if (!spec.xTicks) {
+      g.fillText(xf(spec.xMin), box.left, h - 4);
+      if (ends) { const end = xf(spec.xMax); g.fillText(end, box.left + box.w - g.measureText(end).width, h - 4); }
+      if (spec.xLabel) g.fillText(spec.xLabel, box.left + box.w / 2 - g.measureText(spec.xLabel).width / 2, h - 4);
+      return;
+    }
+    for (let i = 0; i <= spec.xTicks; i++) {
+      const label = xf(spec.xMin + (spec.xMax - spec.xMin) * i / spec.xTicks), lw = g.measureText(label).width;
+      const x = box.left + box.w * i / spec.xTicks;
+      g.fillText(label, Math.min(Math.max(x - lw / 2, box.left - 8), box.left + box.w - lw + 8), box.top + box.h + 13);
+    }
+    if (spec.xLabel) g.fillText(spec.xLabel, box.left + box.w / 2 - g.measureText(spec.xLabel).width / 2, h - 4);
   }
 
   // spec: {series: [{name, points: [[x, y]...], right}], xMin, xMax, xFmt,
-  // xLabel, yFmt, yLabel, yRightFmt, yRightLabel, gap (x distance that
-  // breaks a line), lastInLegend}
+  // xLabel, xTicks, yFmt, yLabel, yRightFmt, yRightLabel, gap (x distance
+  // that breaks a line), lastInLegend}. A point whose y is null (not
+  // measured) is skipped and breaks the line; right-axis lines are dashed.
   function line(c, spec) {
     const [g, w, h] = size(c);
     const col = colours(c);
     const hasRight = spec.series.some(s => s.right);
-    const box = { left: 62, top: 18, w: w - 62 - (hasRight ? 62 : 8), h: h - 18 - 18 };
+    const names = [];
+    spec.series.forEach((s, k) => {
+      const lastY = s.points.length ? s.points[s.points.length - 1][1] : null;
+      const f = formatter(s.right ? (spec.yRightFmt || spec.yFmt) : spec.yFmt);
+      names.push([s.name + (s.right ? " (right)" : "") + (spec.lastInLegend && lastY !== null ? " " + f(lastY) : ""), PALETTE[k % PALETTE.length]]);
+    });
+    const axes = [spec.yLabel, hasRight && spec.yRightLabel ? spec.yRightLabel + " (right)" : null].filter(Boolean);
+    if (axes.length) names.unshift([axes.join(" · ") + ":", col.dim]);
+    const top = 6 + 13 * legend(g, names, 62, w - 8, false);
+    const bottom = spec.xTicks ? 32 : 18;
+    const box = { left: 62, top, w: w - 62 - (hasRight ? 62 : 8), h: h - top - bottom };
     const maxOf = right => {
       let m = 0;
       for (const s of spec.series) if (!!s.right === right) for (const p of s.points) if (p[1] > m) m = p[1];
-      return m > 0 ? m * 1.1 : 1;
+      return niceMax(m * 1.05);
     };
     const maxL = maxOf(false), maxR = maxOf(true);
-    const yf = formatter(spec.yFmt), yrf = formatter(spec.yRightFmt || spec.yFmt), xf = formatter(spec.xFmt);
+    const yf = formatter(spec.yFmt), yrf = formatter(spec.yRightFmt || spec.yFmt);
     yAxis(g, box, maxL, yf, col, false);
     if (hasRight) yAxis(g, box, maxR, yrf, col, true);
     const span = Math.max(1e-9, spec.xMax - spec.xMin);
     const x = v => box.left + box.w * (v - spec.xMin) / span;
     const gap = spec.gap || Infinity;
     let points = 0;
-    const names = [];
     spec.series.forEach((s, k) => {
-      const colour = PALETTE[k % PALETTE.length];
       const max = s.right ? maxR : maxL;
-      g.strokeStyle = colour; g.lineWidth = 1.5;
+      g.strokeStyle = PALETTE[k % PALETTE.length]; g.lineWidth = 1.5;
+      g.setLineDash(s.right ? [6, 3] : []);
       g.beginPath();
-      let last = null;
+      let last = null, drawn = 0;
       for (const [px, py] of s.points) {
+        if (py === null || !Number.isFinite(py)) { last = null; continue; }
         const y = box.top + box.h * (1 - py / max);
-        // A gap (a restart, a missed poll) breaks the line.
+        // A gap (a restart, a missed poll, a value not measured) breaks the line.
         if (last !== null && px - last <= gap) g.lineTo(x(px), y); else g.moveTo(x(px), y);
         last = px;
+        drawn++;
       }
       g.stroke();
-      points = Math.max(points, s.points.length);
-      const lastY = s.points.length ? s.points[s.points.length - 1][1] : undefined;
-      const f = s.right ? yrf : yf;
-      names.push([s.name + (s.right ? " (right)" : "") + (spec.lastInLegend && lastY !== undefined ? " " + f(lastY) : ""), colour]);
+      points = Math.max(points, drawn);
     });
-    const axes = [spec.yLabel, hasRight && spec.yRightLabel ? spec.yRightLabel + " (right)" : null].filter(Boolean);
-    if (axes.length) names.unshift([axes.join(" · ") + ":", col.dim]);
-    legend(g, names, box.left);
-    g.fillStyle = col.dim;
-    g.fillText(xf(spec.xMin), box.left, h - 4);
-    const end = xf(spec.xMax);
-    g.fillText(end, box.left + box.w - g.measureText(end).width, h - 4);
-    if (spec.xLabel) g.fillText(spec.xLabel, box.left + box.w / 2 - g.measureText(spec.xLabel).width / 2, h - 4);
+    g.setLineDash([]);
+    legend(g, names, box.left, w - 8);
+    xAxis(g, box, spec, h, col, true);
     c.dataset.points = String(points);
   }
 
-  // spec: {categories: [...], series: [{name, values}], yFmt, yLabel}
+  // spec: {categories: [...], series: [{name, values}], yFmt, yLabel}; a
+  // value that is null (not measured) has no bar.
   function bars(c, spec) {
     const [g, w, h] = size(c);
     const col = colours(c);
-    const box = { left: 62, top: 22, w: w - 62 - 8, h: h - 22 - 22 };
+    const names = spec.series.map((s, k) => [s.name, PALETTE[k % PALETTE.length]]);
+    if (spec.yLabel) names.unshift([spec.yLabel + ":", col.dim]);
+    const top = 9 + 13 * legend(g, names, 62, w - 8, false);
+    const box = { left: 62, top, w: w - 62 - 8, h: h - top - 22 };
     let max = 0;
     for (const s of spec.series) for (const v of s.values) if (Number.isFinite(v) && v > max) max = v;
-    max = max > 0 ? max * 1.15 : 1;
+    max = niceMax(max * 1.1);
     const yf = formatter(spec.yFmt);
     yAxis(g, box, max, yf, col, false);
     const groupW = box.w / Math.max(1, spec.categories.length);
@@ -142,19 +183,17 @@ const L2Charts = (() => {
       g.fillStyle = col.fg;
       g.fillText(cat, gx + groupW / 2 - g.measureText(cat).width / 2, h - 6);
     });
-    const names = spec.series.map((s, k) => [s.name, PALETTE[k % PALETTE.length]]);
-    if (spec.yLabel) names.unshift([spec.yLabel + ":", col.dim]);
-    legend(g, names, box.left);
+    legend(g, names, box.left, w - 8);
     c.dataset.bars = String(drawn);
   }
 
   // spec: {columns: [{x, rows: [...]}], rowLowNs: [...], xMin, xMax, colWidth,
-  // xFmt, perSecond (values are rates), eventScale (events per unit of a
+  // xFmt, xLabel, xTicks, perSecond (values are rates), eventScale (events per unit of a
   // value: a column's seconds for rates; default 1), markers: [[x, label]]}
   function heat(c, spec) {
     const [g, w, h] = size(c);
     const col = colours(c);
-    const box = { left: 54, top: 6, w: w - 54 - 8, h: h - 6 - 16 };
+    const box = { left: 54, top: 6, w: w - 54 - 8, h: h - 6 - (spec.xTicks ? 30 : 16) };
     const rowsN = spec.rowLowNs.length;
     let max = 0, events = 0;
     for (const column of spec.columns) for (const v of column.rows) {
@@ -192,12 +231,9 @@ const L2Charts = (() => {
       g.fillRect(x, box.top, 1, box.h);
       g.fillText(label, x + 3, box.top + 12);
     }
-    const xf = formatter(spec.xFmt);
-    g.fillStyle = col.dim;
-    g.fillText(xf(spec.xMin), box.left, h - 3);
-    if (spec.xLabel) g.fillText(spec.xLabel, box.left + box.w / 2 - g.measureText(spec.xLabel).width / 2, h - 3);
+    xAxis(g, box, spec, h, col, false);
     const note = max > 0 ? "max " + fmt.count(max) + (spec.perSecond ? "/s" : "") : "no events";
-    g.fillText(note, box.left + box.w - g.measureText(note).width, h - 3);
+    g.fillText(note, box.left + box.w - g.measureText(note).width, h - 4);
     c.dataset.columns = String(spec.columns.length);
     c.dataset.events = String(Math.round(events));
   }

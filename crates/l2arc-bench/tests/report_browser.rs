@@ -1,0 +1,78 @@
+//! A benchmark report in a real browser: the charts of a report are drawn
+//! by the live page's chart code, in the reader's browser, so only a
+//! browser can tell that they are drawn at all. Headless Chromium (Debian
+//! `chromium`) driven by Playwright for Python (`tests/browser/report_page.py`)
+//! opens a report with one chart of each kind from disk: no console error,
+//! nothing fetched, every canvas painted, and each chart drew what its data
+//! holds.
+//!
+//! Every tool is required: chromium and the Python environment that
+//! `scripts/setup.sh` makes in `.tools/venv` (Playwright, using the system
+//! Chromium). A missing one fails the test with a pointer to the script,
+//! never a skip. `L2ARC_SCREENSHOT=PATH` keeps the screenshot.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn required(path: &Path, what: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{what} ({}) is missing: run scripts/setup.sh",
+        path.display()
+    );
+    path.to_path_buf()
+}
+
+fn on_path(name: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()));
+    assert!(found, "`{name}` is not installed: run scripts/setup.sh");
+}
+
+#[test]
+fn every_chart_of_a_report_is_drawn_in_headless_chromium() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = required(
+        &root.join(".tools/venv/bin/python"),
+        "the Python environment with Playwright",
+    );
+    let script = required(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/report_page.py"),
+        "the browser script",
+    );
+    on_path("chromium");
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("charts.html");
+    std::fs::write(&report, l2arc_bench::sample_report_html()).unwrap();
+    let screenshot = std::env::var_os("L2ARC_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dir.path().join("report.png"));
+
+    let out = Command::new(python)
+        .arg(script)
+        .arg(&report)
+        .arg(&screenshot)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the report failed in Chromium:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let canvases = result["canvases"].as_array().unwrap();
+    let kinds: Vec<&str> = canvases
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["bars", "line", "heat"], "{result}");
+    // The sample's data: 8 bars of 9 (one value missing), 40 x values of
+    // which the IOPS line misses one, 40 heat columns.
+    assert_eq!(canvases[0]["bars"], "8", "{result}");
+    assert_eq!(canvases[1]["points"], "40", "{result}");
+    assert_eq!(canvases[2]["columns"], "40", "{result}");
+    assert!(canvases[2]["events"].as_str().unwrap() != "0", "{result}");
+    let size = std::fs::metadata(&screenshot).unwrap().len();
+    assert!(size > 10_000, "screenshot of {size} bytes");
+}
