@@ -17,7 +17,7 @@ use l2arc::primary::object_store::{
 };
 
 #[derive(Args, Debug, Clone)]
-pub struct S3Options {
+pub(crate) struct S3Options {
     /// S3 endpoint URL (a non-AWS server: http://127.0.0.1:7070); default
     /// AWS_ENDPOINT_URL, else AWS.
     #[arg(long)]
@@ -42,7 +42,7 @@ pub struct S3Options {
 }
 
 /// True if `src` names an object store.
-pub fn is_s3(src: &std::path::Path) -> bool {
+pub(crate) fn is_s3(src: &std::path::Path) -> bool {
     src.to_str().is_some_and(|s| s.starts_with("s3://"))
 }
 
@@ -50,7 +50,7 @@ impl S3Options {
     /// Builds the primary for `uri` and checks at once that the bucket
     /// exists and takes the credentials (one-line error otherwise).
     /// `single_key`: `uri` names one object (an NBD export).
-    pub fn connect(&self, uri: &str, single_key: bool) -> Result<Arc<ObjectStorePrimary>> {
+    pub(crate) fn connect(&self, uri: &str, single_key: bool) -> Result<Arc<ObjectStorePrimary>> {
         let Some(parsed) = parse_s3_uri(uri) else {
             bail!("{uri} is not an s3:// URI");
         };

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 /// The root credentials every test server takes.
 pub const ACCESS_KEY: &str = "l2arctestaccess";
+/// The secret key that goes with [`ACCESS_KEY`].
 pub const SECRET_KEY: &str = "l2arctestsecret0123456789";
 
 /// versitygw's path: `$VERSITYGW`, `$HOME/go/bin/versitygw`, or on PATH.
@@ -114,6 +115,7 @@ impl S3Server {
         panic!("versitygw did not start: {last_error}");
     }
 
+    /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -168,6 +170,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of the server at `endpoint`, with the test credentials.
     pub fn new(endpoint: &str) -> Self {
         opendal::install_default();
         Self {
@@ -196,6 +199,7 @@ impl Client {
         .expect("operator")
     }
 
+    /// Writes (or overwrites) an object; panics on failure.
     pub fn put(&self, bucket: &str, key: &str, data: &[u8]) {
         let op = self.op(bucket);
         let data = data.to_vec();
@@ -204,6 +208,7 @@ impl Client {
             .unwrap_or_else(|e| panic!("PUT {bucket}/{key}: {e}"));
     }
 
+    /// Deletes an object; panics on failure.
     pub fn delete(&self, bucket: &str, key: &str) {
         let op = self.op(bucket);
         self.runtime
@@ -215,12 +220,17 @@ impl Client {
 /// Counts of what went through a [`FaultProxy`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ProxyCounts {
+    /// Requests received.
     pub requests: u64,
+    /// GETs among them (listings included).
     pub gets: u64,
+    /// HEADs among them.
     pub heads: u64,
     /// Bytes from the server to the clients.
     pub bytes_down: u64,
+    /// Requests answered 503 SlowDown by the proxy.
     pub injected_503: u64,
+    /// Connections closed unanswered by the proxy.
     pub dropped: u64,
 }
 
@@ -271,10 +281,12 @@ impl FaultProxy {
         Self { addr, state }
     }
 
+    /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
+    /// The URL clients use to go through the proxy.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -295,6 +307,7 @@ impl FaultProxy {
         self.state.drop_next.store(n, Ordering::SeqCst);
     }
 
+    /// What went through so far.
     pub fn counts(&self) -> ProxyCounts {
         let s = &self.state;
         ProxyCounts {

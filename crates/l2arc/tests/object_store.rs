@@ -10,7 +10,7 @@ mod l2arc_util;
 use std::sync::Arc;
 use std::time::Duration;
 
-use l2arc::l2arc::format::Compression;
+use l2arc::Compression;
 use l2arc::primary::Primary;
 use l2arc::primary::object_store::{ObjectStoreConfig, ObjectStorePrimary, S3Location};
 use l2arc::{Cache, CacheConfig, DatasetConfig, DatasetId};

@@ -102,13 +102,17 @@ impl std::fmt::Debug for ObjectStoreConfig {
 /// Default `metadata_ttl_ms`: mountpoint-s3's with a cache (`--metadata-ttl`
 /// defaults to 60 s when caching is on).
 pub const METADATA_TTL_DEFAULT_MS: u64 = 60_000;
+/// Default bound on one request, from its start to its last byte.
 pub const REQUEST_TIMEOUT_DEFAULT_MS: u64 = 30_000;
+/// Default tries after the first for throttling, timeouts and transport errors.
 pub const RETRIES_DEFAULT: u32 = 6;
+/// Default first backoff; each retry doubles it (with jitter).
 pub const BACKOFF_BASE_DEFAULT_MS: u64 = 50;
 
 /// Where an S3 bucket is and how to sign for it.
 #[derive(Clone, Debug, Default)]
 pub struct S3Location {
+    /// Bucket name.
     pub bucket: String,
     /// Key prefix without leading or trailing '/' ("" for the whole bucket).
     pub prefix: String,
@@ -187,9 +191,13 @@ pub fn parse_s3_uri(uri: &str) -> Option<io::Result<(String, String)>> {
 /// Requests made and what became of them (for stats and benchmarks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ObjectStoreStats {
+    /// Ranged GETs issued (data reads).
     pub gets: u64,
+    /// Bytes those GETs returned.
     pub get_bytes: u64,
+    /// HEADs issued (stats of keys).
     pub heads: u64,
+    /// Listings issued (each page counts).
     pub lists: u64,
     /// Tries repeated after throttling, a timeout or a transport error.
     pub retries: u64,
@@ -210,11 +218,13 @@ struct Counters {
 /// What the store said about a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectMeta {
+    /// Object size.
     pub size_bytes: u64,
     /// The ETag as the store spells it (quotes included); empty if none.
     pub etag: String,
     /// Version id in a versioned bucket; empty otherwise.
     pub version_id: String,
+    /// Last-modified time, if the store gave one.
     pub mtime: Option<SystemTime>,
 }
 
@@ -229,6 +239,7 @@ impl ObjectMeta {
 pub struct ListEntry {
     /// The last component, without a trailing '/'.
     pub name: String,
+    /// A common prefix (a directory), not an object.
     pub is_dir: bool,
     /// For objects: what the listing said (size, ETag, mtime).
     pub meta: Option<ObjectMeta>,
@@ -478,10 +489,12 @@ impl ObjectStorePrimary {
         Ok(())
     }
 
+    /// The configuration it was opened with.
     pub fn config(&self) -> &ObjectStoreConfig {
         &self.shared.config
     }
 
+    /// Requests made so far and what became of them.
     pub fn stats(&self) -> ObjectStoreStats {
         let c = &self.shared.counters;
         ObjectStoreStats {
@@ -559,6 +572,14 @@ impl ObjectStorePrimary {
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         entries.dedup_by(|a, b| a.name == b.name && a.is_dir == b.is_dir);
         let entries = Arc::new(entries);
+        self.remember_dir(dir, &entries, fetched);
+        Ok(entries)
+    }
+
+    /// Keeps a listing for the TTL; the cache is bounded: expired listings
+    /// go first, and if all are fresh, all go (a re-list is only a miss).
+    fn remember_dir(&self, dir: &str, entries: &Arc<Vec<ListEntry>>, fetched: Instant) {
+        let s = &self.shared;
         let mut dirs = s.dirs.lock().expect("dir cache poisoned");
         if dirs.len() >= DIR_CACHE_MAX_ENTRIES {
             let ttl = s.ttl();
@@ -570,11 +591,10 @@ impl ObjectStorePrimary {
         dirs.insert(
             dir.to_string(),
             DirEntryCache {
-                entries: Arc::clone(&entries),
+                entries: Arc::clone(entries),
                 fetched,
             },
         );
-        Ok(entries)
     }
 
     fn key_of(&self, name: &str) -> io::Result<String> {
