@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use l2arc::primary::dir::DirPrimary;
-use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
+use l2arc_fuse::{CachedFs, FsOptions, MountOptions, Session};
 
 use crate::s3_opts::{S3Options, is_s3};
 use crate::service::CacheOptions;
@@ -66,47 +66,12 @@ pub(crate) struct MountArgs {
     pub s3: S3Options,
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "split when the s3:// front ends of branch issue-13 are merged: both rewrite this function"
-)]
 pub(crate) fn run(args: MountArgs) -> Result<()> {
     if is_s3(&args.src) {
         return run_s3(args);
     }
     let resolved = args.cache.resolve(128 << 10)?;
-    if !(args.attr_timeout.is_finite() && (0.0..=3600.0).contains(&args.attr_timeout)) {
-        bail!(
-            "--attr-timeout must be between 0 and 3600 seconds, not {}",
-            args.attr_timeout
-        );
-    }
-    if !(1..=64).contains(&args.threads) {
-        bail!("--threads must be between 1 and 64, not {}", args.threads);
-    }
-    if args.max_nodes < 2 || args.max_open_handles < 1 {
-        bail!(
-            "--max-nodes must be at least 2 and --max-open-handles at least 1, not {} and {}",
-            args.max_nodes,
-            args.max_open_handles
-        );
-    }
-    let mnt_meta = std::fs::metadata(&args.mnt)
-        .with_context(|| format!("mount point {}", args.mnt.display()))?;
-    if !mnt_meta.is_dir() {
-        bail!("mount point {} is not a directory", args.mnt.display());
-    }
-    // A mount point inside the tree would make our own lookups of it
-    // re-enter the mount (and wait on themselves).
-    if let (Ok(src), Ok(mnt)) = (args.src.canonicalize(), args.mnt.canonicalize())
-        && mnt.starts_with(&src)
-    {
-        bail!(
-            "mount point {} is inside the source tree {}: choose a mount point outside it",
-            args.mnt.display(),
-            args.src.display()
-        );
-    }
+    check_local_args(&args)?;
     let primary = Arc::new(DirPrimary::new(&args.src)?);
     let cache = resolved.build_cache()?;
     // `l2arc ctl` (stats, cache devices) when --control is given.
@@ -142,33 +107,89 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
         bounds.max_nodes,
         bounds.max_open_handles,
     );
-
     // Signals first: a SIGTERM right after the ready line must unmount.
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
-    }
-    let session = l2arc_fuse::mount(
-        fs,
-        &args.mnt,
-        &MountOptions {
-            allow_other: args.allow_other,
-            threads: args.threads,
-        },
-    )
-    .with_context(|| {
-        format!(
-            "mount {} at {} (is fusermount3 installed? scripts/setup.sh installs it)",
-            args.src.display(),
-            args.mnt.display()
-        )
-    })?;
+    let stop = stop_on_signals()?;
+    let session = l2arc_fuse::mount(fs, &args.mnt, &mount_options(&args))
+        .with_context(|| mount_failed(&args.src.display().to_string(), &args))?;
     eprintln!(
         "l2arc: mounted {} at {}",
         args.src.display(),
         args.mnt.display()
     );
+    serve_until_stopped(session, &args, &stop)?;
+    print_kstats(&cache);
+    Ok(())
+}
 
+/// Checks every front end shares: the thread count and the mount point.
+fn check_common_args(args: &MountArgs) -> Result<()> {
+    if !(1..=64).contains(&args.threads) {
+        bail!("--threads must be between 1 and 64, not {}", args.threads);
+    }
+    let mnt_meta = std::fs::metadata(&args.mnt)
+        .with_context(|| format!("mount point {}", args.mnt.display()))?;
+    if !mnt_meta.is_dir() {
+        bail!("mount point {} is not a directory", args.mnt.display());
+    }
+    Ok(())
+}
+
+/// Checks of a directory-tree mount: its TTL, bounds and where it sits.
+fn check_local_args(args: &MountArgs) -> Result<()> {
+    if !(args.attr_timeout.is_finite() && (0.0..=3600.0).contains(&args.attr_timeout)) {
+        bail!(
+            "--attr-timeout must be between 0 and 3600 seconds, not {}",
+            args.attr_timeout
+        );
+    }
+    check_common_args(args)?;
+    if args.max_nodes < 2 || args.max_open_handles < 1 {
+        bail!(
+            "--max-nodes must be at least 2 and --max-open-handles at least 1, not {} and {}",
+            args.max_nodes,
+            args.max_open_handles
+        );
+    }
+    // A mount point inside the tree would make our own lookups of it
+    // re-enter the mount (and wait on themselves).
+    if let (Ok(src), Ok(mnt)) = (args.src.canonicalize(), args.mnt.canonicalize())
+        && mnt.starts_with(&src)
+    {
+        bail!(
+            "mount point {} is inside the source tree {}: choose a mount point outside it",
+            args.mnt.display(),
+            args.src.display()
+        );
+    }
+    Ok(())
+}
+
+fn mount_options(args: &MountArgs) -> MountOptions {
+    MountOptions {
+        allow_other: args.allow_other,
+        threads: args.threads,
+    }
+}
+
+fn mount_failed(src: &str, args: &MountArgs) -> String {
+    format!(
+        "mount {src} at {} (is fusermount3 installed? scripts/setup.sh installs it)",
+        args.mnt.display()
+    )
+}
+
+/// A flag raised by SIGINT or SIGTERM.
+fn stop_on_signals() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    Ok(stop)
+}
+
+/// Serves until a signal or an outside unmount, then unmounts (or
+/// detaches a busy mount) and waits for the session's threads.
+fn serve_until_stopped(session: Session, args: &MountArgs, stop: &AtomicBool) -> Result<()> {
     while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -190,10 +211,13 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
         eprintln!("l2arc: FUSE session ended with an error: {e}");
     }
     eprintln!("l2arc: unmounted {}", args.mnt.display());
+    Ok(())
+}
+
+fn print_kstats(cache: &l2arc::Cache) {
     for (name, value) in cache.stats().kstats() {
         eprintln!("{name:<28} {value}");
     }
-    Ok(())
 }
 
 /// Records of object store datasets: 1 MiB by default, the block size of
@@ -201,10 +225,6 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
 /// serves at full speed (measured in docs/benchmarks.md).
 const S3_RECORDSIZE_DEFAULT_BYTES: u64 = 1 << 20;
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "the object-store twin of run; both to be split into shared steps"
-)]
 fn run_s3(args: MountArgs) -> Result<()> {
     let uri = args.src.to_str().expect("is_s3 checked UTF-8").to_string();
     let mut resolved = args.cache.resolve(S3_RECORDSIZE_DEFAULT_BYTES)?;
@@ -213,14 +233,7 @@ fn run_s3(args: MountArgs) -> Result<()> {
         // flash (OpenZFS's default of leaving prefetches out assumes a disk).
         resolved.cache_config.l2arc.l2arc_noprefetch = false;
     }
-    if !(1..=64).contains(&args.threads) {
-        bail!("--threads must be between 1 and 64, not {}", args.threads);
-    }
-    let mnt_meta = std::fs::metadata(&args.mnt)
-        .with_context(|| format!("mount point {}", args.mnt.display()))?;
-    if !mnt_meta.is_dir() {
-        bail!("mount point {} is not a directory", args.mnt.display());
-    }
+    check_common_args(&args)?;
     // Fails here, before anything is mounted, with one line: no bucket,
     // credentials refused, endpoint unreachable.
     let store = args.s3.connect(&uri, false)?;
@@ -243,46 +256,20 @@ fn run_s3(args: MountArgs) -> Result<()> {
             ..l2arc_fuse::ObjectFsOptions::default()
         },
     )?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
-    }
-    let session = l2arc_fuse::mount_objects(
-        fs,
-        &args.mnt,
-        &MountOptions {
-            allow_other: args.allow_other,
-            threads: args.threads,
-        },
-    )
-    .with_context(|| {
-        format!(
-            "mount {uri} at {} (is fusermount3 installed? scripts/setup.sh installs it)",
-            args.mnt.display()
-        )
-    })?;
+    let stop = stop_on_signals()?;
+    let session = l2arc_fuse::mount_objects(fs, &args.mnt, &mount_options(&args))
+        .with_context(|| mount_failed(&uri, &args))?;
     eprintln!(
         "l2arc: mounted {uri} at {} (read-only: writes fail with EROFS; metadata trusted for {} s)",
         args.mnt.display(),
         ttl.as_secs_f64()
     );
-    while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if !session.guard.is_finished() && l2arc_fuse::unmount(&args.mnt).is_err() {
-        let _ = l2arc_fuse::detach_mount(&args.mnt);
-    }
-    if let Err(e) = session.join() {
-        eprintln!("l2arc: FUSE session ended with an error: {e}");
-    }
-    eprintln!("l2arc: unmounted {}", args.mnt.display());
+    serve_until_stopped(session, &args, &stop)?;
     let s = store.stats();
     eprintln!(
         "l2arc: s3 requests: {} GETs ({} bytes), {} HEADs, {} LISTs, {} retries, {} precondition failed",
         s.gets, s.get_bytes, s.heads, s.lists, s.retries, s.precondition_failed
     );
-    for (name, value) in cache.stats().kstats() {
-        eprintln!("{name:<28} {value}");
-    }
+    print_kstats(&cache);
     Ok(())
 }

@@ -64,10 +64,6 @@ fn is_block_device(path: &std::path::Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "split when the s3:// front ends of branch issue-13 are merged: both rewrite this function"
-)]
 pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     l2arc_nbd::pool::map_large_buffers_alone();
     // Objects: 1 MiB records (one GET a MiB), as for an s3:// mount.
@@ -78,6 +74,51 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
         // flash (OpenZFS's default of leaving prefetches out assumes a disk).
         resolved.cache_config.l2arc.l2arc_noprefetch = false;
     }
+    check_args(&args, s3)?;
+    let writable = !args.read_only;
+    let primary = if s3 {
+        let uri = args.image.to_str().expect("is_s3 checked UTF-8");
+        args.s3.connect(uri, true)? as Arc<dyn l2arc::primary::Primary>
+    } else {
+        let image = ImagePrimary::open(&args.image, writable)?;
+        resolved.wrap_primary(Arc::new(image))?
+    };
+    let cache = resolved.build_cache()?;
+    let _control = resolved.start_control(&cache)?;
+    let _http = resolved.start_http(&cache, args.allow_remote)?;
+    let dataset = cache.add_dataset("nbd", primary, resolved.dataset_config)?;
+    let handle = cache
+        .open(dataset, "", writable)
+        .with_context(|| format!("open {}", args.image.display()))?;
+    let server = Server::new(Arc::clone(&cache), handle, server_config(&args))
+        .context("--nbd-buffer-max")?;
+    let stop = server.stop_flag();
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let listener =
+        Listener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    eprintln!("l2arc: serving {} on {addr}", args.image.display());
+    eprintln!(
+        "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
+        resolved.cache_config.arc_max_bytes >> 20,
+        args.nbd_buffer_max >> 20,
+        l2arc_nbd::server::CONNECTION_FIXED_BYTES >> 10,
+    );
+    if !s3 && is_block_device(&args.image) {
+        eprintln!(
+            "l2arc: {} is a block device: writes made to it by anything but this export are not detected, while l2arc runs or while it is stopped (a block device has no ctime that moves on writes); do not write to it behind l2arc, or start once with --l2arc-rebuild-enabled false after you did (docs/nbd.md)",
+            args.image.display()
+        );
+    }
+    server.serve(listener)?;
+    print_stopped(&server, &cache);
+    Ok(())
+}
+
+/// Refuses what would be unsafe or out of bounds before anything starts.
+fn check_args(args: &ServeNbdArgs, s3: bool) -> Result<()> {
     if let ListenAddr::Tcp(addr) = &args.listen
         && !addr.ip().is_loopback()
         && !args.allow_remote
@@ -102,56 +143,23 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
             args.image.display()
         );
     }
-    let writable = !args.read_only;
-    let primary = if s3 {
-        let uri = args.image.to_str().expect("is_s3 checked UTF-8");
-        args.s3.connect(uri, true)? as Arc<dyn l2arc::primary::Primary>
-    } else {
-        let image = ImagePrimary::open(&args.image, writable)?;
-        resolved.wrap_primary(Arc::new(image))?
-    };
-    let cache = resolved.build_cache()?;
-    let _control = resolved.start_control(&cache)?;
-    let _http = resolved.start_http(&cache, args.allow_remote)?;
-    let dataset = cache.add_dataset("nbd", primary, resolved.dataset_config)?;
-    let handle = cache
-        .open(dataset, "", writable)
-        .with_context(|| format!("open {}", args.image.display()))?;
-    let server = Server::new(
-        Arc::clone(&cache),
-        handle,
-        ServerConfig {
-            export_name: args.export_name.clone(),
-            read_only: args.read_only,
-            max_connections: args.max_connections,
-            idle_timeout: std::time::Duration::from_secs_f64(args.idle_timeout),
-            workers_per_connection: args.workers.clamp(1, 256),
-            buffer_max_bytes: args.nbd_buffer_max,
-            ..ServerConfig::default()
-        },
-    )
-    .context("--nbd-buffer-max")?;
-    let stop = server.stop_flag();
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    Ok(())
+}
+
+fn server_config(args: &ServeNbdArgs) -> ServerConfig {
+    ServerConfig {
+        export_name: args.export_name.clone(),
+        read_only: args.read_only,
+        max_connections: args.max_connections,
+        idle_timeout: std::time::Duration::from_secs_f64(args.idle_timeout),
+        workers_per_connection: args.workers.clamp(1, 256),
+        buffer_max_bytes: args.nbd_buffer_max,
+        ..ServerConfig::default()
     }
-    let listener =
-        Listener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
-    let addr = listener.local_addr()?;
-    eprintln!("l2arc: serving {} on {addr}", args.image.display());
-    eprintln!(
-        "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
-        resolved.cache_config.arc_max_bytes >> 20,
-        args.nbd_buffer_max >> 20,
-        l2arc_nbd::server::CONNECTION_FIXED_BYTES >> 10,
-    );
-    if !s3 && is_block_device(&args.image) {
-        eprintln!(
-            "l2arc: {} is a block device: writes made to it by anything but this export are not detected, while l2arc runs or while it is stopped (a block device has no ctime that moves on writes); do not write to it behind l2arc, or start once with --l2arc-rebuild-enabled false after you did (docs/nbd.md)",
-            args.image.display()
-        );
-    }
-    server.serve(listener)?;
+}
+
+/// What the server and the cache did, printed at exit.
+fn print_stopped(server: &Server, cache: &l2arc::Cache) {
     let s = server.stats();
     eprintln!(
         "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
@@ -167,5 +175,4 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     for (name, value) in cache.stats().kstats() {
         eprintln!("{name:<28} {value}");
     }
-    Ok(())
 }
