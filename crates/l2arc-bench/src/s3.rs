@@ -315,10 +315,6 @@ fn measure(
     })
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one scenario's set-up, two systems and the report in order; to be split into steps like the other scenarios"
-)]
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     super::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
@@ -329,55 +325,20 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
         None => tempfile::tempdir()?,
     };
-    let loadavg = || {
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
-    let load_before = loadavg();
+    let load_before = load_average();
     let server = S3Server::start();
     server.create_bucket(BUCKET);
     let files_n = args.files.max(1) as u64;
     let file_bytes = (args.dataset_size / files_n).max(1);
     let data_bytes = file_bytes * files_n;
-    let mut x = args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for i in 0..files_n {
-        let data: Vec<u8> = (0..file_bytes)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        server.put(BUCKET, &format!("f{i}"), &data);
-    }
+    fill_bucket(&server, files_n, file_bytes, args.seed);
     let proxy = FaultProxy::start(server.addr());
     proxy.set_delay_ms(DELAY_MS.0, DELAY_MS.1);
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir(&mnt)?;
     let files: Vec<PathBuf> = (0..files_n).map(|i| mnt.join(format!("f{i}"))).collect();
-    let recordsize_bytes = l2arc::validate_recordsize(args.recordsize)?;
-    let mut systems: Vec<Box<dyn System>> = vec![
-        Box::new(L2arcSystem {
-            endpoint: proxy.endpoint(),
-            device: tmp.path().join("l2arc.cache"),
-            arc_max_bytes: args.arc_max,
-            cache_bytes: args.cache_size,
-            recordsize_bytes,
-            mounted: None,
-        }),
-        Box::new(RcloneSystem {
-            endpoint: proxy.endpoint(),
-            cache_dir: tmp.path().join("rclone-cache"),
-            buffer_bytes: args.arc_max,
-            cache_bytes: args.cache_size,
-            child: None,
-        }),
-    ];
     let mut results = Vec::new();
-    for system in &mut systems {
+    for system in &mut systems_under_test(args, tmp.path(), &proxy)? {
         results.push(measure(
             system.as_mut(),
             &mnt,
@@ -393,8 +354,63 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         data_bytes >> 20,
         DELAY_MS.0,
         DELAY_MS.1,
-        loadavg()
+        load_average()
     );
+    print_results(&results);
+    Ok(())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// `files_n` objects `f0`.. of `file_bytes` pseudo-random bytes each
+/// (incompressible, so neither system gains from compression).
+fn fill_bucket(server: &S3Server, files_n: u64, file_bytes: u64, seed: u64) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for i in 0..files_n {
+        let data: Vec<u8> = (0..file_bytes)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        server.put(BUCKET, &format!("f{i}"), &data);
+    }
+}
+
+/// l2arc and rclone with the same DRAM and disk budgets, behind one proxy.
+fn systems_under_test(
+    args: &BenchArgs,
+    dir: &Path,
+    proxy: &FaultProxy,
+) -> Result<Vec<Box<dyn System>>> {
+    let recordsize_bytes = l2arc::validate_recordsize(args.recordsize)?;
+    Ok(vec![
+        Box::new(L2arcSystem {
+            endpoint: proxy.endpoint(),
+            device: dir.join("l2arc.cache"),
+            arc_max_bytes: args.arc_max,
+            cache_bytes: args.cache_size,
+            recordsize_bytes,
+            mounted: None,
+        }),
+        Box::new(RcloneSystem {
+            endpoint: proxy.endpoint(),
+            cache_dir: dir.join("rclone-cache"),
+            buffer_bytes: args.arc_max,
+            cache_bytes: args.cache_size,
+            child: None,
+        }),
+    ])
+}
+
+fn print_results(results: &[Measured]) {
     println!(
         "mountpoint-s3: not measured (not buildable here: docs/benchmarks.md says what was tried)"
     );
@@ -402,7 +418,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         "{:<72} {:>10} {:>9} {:>10} {:>10} {:>11} {:>12}",
         "system", "cold MiB/s", "GETs/GiB", "warm IOPS", "p99 us", "restart s", "restart GETs"
     );
-    for r in &results {
+    for r in results {
         println!(
             "{:<72} {:>10.1} {:>9.0} {:>10.0} {:>10.0} {:>11.2} {:>12}",
             r.system,
@@ -414,5 +430,4 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             r.restart_gets
         );
     }
-    Ok(())
 }
