@@ -11,54 +11,17 @@
 //! Chromium). A missing one fails the test with a pointer to the script,
 //! never a skip. `L2ARC_SCREENSHOT=PATH` keeps the screenshot.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn required(path: &Path, what: &str) -> PathBuf {
-    assert!(
-        path.exists(),
-        "{what} ({}) is missing: run scripts/setup.sh",
-        path.display()
-    );
-    path.to_path_buf()
-}
-
-fn on_path(name: &str) {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()));
-    assert!(found, "`{name}` is not installed: run scripts/setup.sh");
-}
+use std::path::Path;
 
 #[test]
 fn every_chart_of_a_report_is_drawn_in_headless_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = required(
-        &root.join(".tools/venv/bin/python"),
-        "the Python environment with Playwright",
-    );
-    let script = required(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/report_page.py"),
-        "the browser script",
-    );
-    on_path("chromium");
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("charts.html");
     std::fs::write(&report, l2arc_bench::sample_report_html()).unwrap();
-    let screenshot = std::env::var_os("L2ARC_SCREENSHOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dir.path().join("report.png"));
-
-    let out = Command::new(python)
-        .arg(script)
-        .arg(&report)
-        .arg(&screenshot)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the report failed in Chromium:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, screenshot) = l2arc_testkit::browse(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/report_page.py"),
+        &report.display().to_string(),
+        &dir.path().join("report.png"),
     );
     let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     let canvases = result["canvases"].as_array().unwrap();

@@ -20,15 +20,6 @@ use std::time::Duration;
 /// Larger than the ARC and the L2ARC together, so that every tier serves reads.
 const IMAGE_BYTES: usize = 192 << 20;
 
-fn required(path: &Path, what: &str) -> PathBuf {
-    assert!(
-        path.exists(),
-        "{what} ({}) is missing: run scripts/setup.sh",
-        path.display()
-    );
-    path.to_path_buf()
-}
-
 fn on_path(name: &str) -> PathBuf {
     std::env::var_os("PATH")
         .and_then(|paths| {
@@ -51,16 +42,6 @@ impl Drop for Killed {
 #[test]
 #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn live_page_charts_fill_in_headless_chromium_under_fio() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = required(
-        &root.join(".tools/venv/bin/python"),
-        "the Python environment with Playwright",
-    );
-    let script = required(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/live_page.py"),
-        "the browser script",
-    );
-    on_path("chromium");
     let fio = on_path("fio");
 
     let dir = tempfile::tempdir().unwrap();
@@ -139,20 +120,10 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
     );
     std::thread::sleep(Duration::from_secs(1));
 
-    let screenshot = std::env::var_os("L2ARC_SCREENSHOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dir.path().join("live.png"));
-    let out = Command::new(python)
-        .arg(script)
-        .arg(&url)
-        .arg(&screenshot)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the live page failed in Chromium:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, screenshot) = l2arc_testkit::browse(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/live_page.py"),
+        &url,
+        &dir.path().join("live.png"),
     );
     let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert!(result["errors"].as_array().unwrap().is_empty(), "{result}");

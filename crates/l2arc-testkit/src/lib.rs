@@ -144,3 +144,41 @@ pub fn wait_ready(
         }
     }
 }
+
+/// Runs a Playwright-for-Python `script` (in the Python environment that
+/// `scripts/setup.sh` makes in `.tools/venv`, driving the system Chromium)
+/// on `target` (a URL or a file), and returns what it printed (the page's
+/// findings as JSON) and where its screenshot went: `$L2ARC_SCREENSHOT` if
+/// set, else `screenshot`. Fails, never skips, when a tool is missing, and
+/// when the script fails (its outputs shown).
+pub fn browse(script: &Path, target: &str, screenshot: &Path) -> (String, PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join(".tools/venv/bin/python");
+    for (path, what) in [
+        (&python, "the Python environment with Playwright"),
+        (&script.to_path_buf(), "the browser script"),
+    ] {
+        assert!(
+            path.exists(),
+            "{what} ({}) is missing: run scripts/setup.sh",
+            path.display()
+        );
+    }
+    drop(tool("chromium", "chromium"));
+    let screenshot = std::env::var_os("L2ARC_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| screenshot.to_path_buf());
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(target)
+        .arg(&screenshot)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{target} failed in Chromium:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (stdout, screenshot)
+}
