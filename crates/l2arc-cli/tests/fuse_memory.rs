@@ -60,20 +60,6 @@ fn pattern(seed: u32, offset: usize, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// VmRSS and VmHWM of `pid`, in bytes.
-fn rss_and_peak_bytes(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .map(|v| v.trim().parse::<u64>().unwrap() * 1024)
-            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 fn long_name(i: usize) -> String {
     format!("{i:06}-{}", "n".repeat(193))
 }
@@ -411,7 +397,7 @@ fn hostile_clients_get_clean_errors_and_the_mount_stays_within_its_memory_formul
     }
     let listings: Vec<_> = listers.into_iter().map(|t| t.join().unwrap()).collect();
 
-    let (rss_bytes, hwm_bytes) = rss_and_peak_bytes(pid);
+    let (rss_bytes, hwm_bytes) = l2arc_testkit::rss_and_peak_bytes(pid);
     let out = std::mem::take(&mut *outcome.lock().unwrap());
     eprintln!(
         "hostile load: {} handles held; EMFILE {}, ENFILE {}, ENOMEM {}; good client {good_passes} passes; \
@@ -473,7 +459,7 @@ fn hostile_clients_get_clean_errors_and_the_mount_stays_within_its_memory_formul
             }
         }
     }
-    let (_, hwm_after) = rss_and_peak_bytes(pid);
+    let (_, hwm_after) = l2arc_testkit::rss_and_peak_bytes(pid);
     assert!(
         hwm_after <= budget_bytes,
         "peak RSS {} MiB over the formula's {} MiB after the attack",

@@ -36,20 +36,6 @@ fn pattern(len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// VmRSS and VmHWM of `pid`, in bytes.
-fn rss_and_peak_bytes(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .map(|v| v.trim().parse::<u64>().unwrap() * 1024)
-            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 fn threads_and_fds(pid: u32) -> (usize, usize) {
     let count = |dir: String| std::fs::read_dir(dir).unwrap().count();
     (
@@ -155,7 +141,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     let server = serve();
     let pid = server.child.id();
     let (threads_before, fds_before) = threads_and_fds(pid);
-    let (rss_before_bytes, _) = rss_and_peak_bytes(pid);
+    let (rss_before_bytes, _) = l2arc_testkit::rss_and_peak_bytes(pid);
     let budget_bytes = ARC_MAX_BYTES
         + POOL_BYTES
         + MAX_CONNECTIONS * l2arc_nbd::server::CONNECTION_FIXED_BYTES
@@ -193,7 +179,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
         std::thread::spawn(move || {
             let mut peak = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_and_peak_bytes(pid).0);
+                peak = peak.max(l2arc_testkit::rss_and_peak_bytes(pid).0);
                 std::thread::sleep(Duration::from_millis(50));
             }
             peak
@@ -245,7 +231,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     std::thread::sleep(Duration::from_secs(3));
     watch_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sampled_peak_bytes = watcher.join().unwrap();
-    let (_, hwm_bytes) = rss_and_peak_bytes(pid);
+    let (_, hwm_bytes) = l2arc_testkit::rss_and_peak_bytes(pid);
     eprintln!(
         "memory bomb: good client: 32 x 64 KiB in {good_secs:.2} s, 2 x 8 MiB in {large_secs:.2} s; server peak RSS {} MiB (sampled {} MiB), budget {} MiB",
         hwm_bytes >> 20,
@@ -281,7 +267,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     }
     // The allocator is trimmed at most once a second.
     std::thread::sleep(Duration::from_secs(3));
-    let (rss_after_bytes, _) = rss_and_peak_bytes(pid);
+    let (rss_after_bytes, _) = l2arc_testkit::rss_and_peak_bytes(pid);
     eprintln!(
         "memory bomb: server RSS {} MiB before, {} MiB after the clients left",
         rss_before_bytes >> 20,

@@ -182,3 +182,17 @@ pub fn browse(script: &Path, target: &str, screenshot: &Path) -> (String, PathBu
     );
     (stdout, screenshot)
 }
+
+/// VmRSS and VmHWM of `pid` (from /proc), in bytes.
+pub fn rss_and_peak_bytes(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .map(|v| v.trim().parse::<u64>().unwrap() * 1024)
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
