@@ -253,6 +253,8 @@ fn run_s3(args: MountArgs) -> Result<()> {
         l2arc_fuse::ObjectFsOptions {
             attr_timeout: ttl,
             readahead_max_records: args.readahead_records,
+            max_nodes: args.max_nodes,
+            max_open_handles: args.max_open_handles,
             ..l2arc_fuse::ObjectFsOptions::default()
         },
     )?;

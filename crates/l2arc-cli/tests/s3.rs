@@ -3,8 +3,9 @@
 //! the tests fail): listing and reading (cp -r, diff -r, fio verify), writes
 //! refused with EROFS, an overwrite seen by two mounts after the TTL and
 //! never mixed within a block, deleted objects, the L2ARC warm after a
-//! remount, a missing bucket and refused credentials, and an NBD export of
-//! an image object compared by qemu-img.
+//! remount, a missing bucket and refused credentials, many names through a
+//! small node table, and an NBD export of an image object compared by
+//! qemu-img.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -251,6 +252,39 @@ fn s3_mount_serves_the_bucket_read_only() {
         .arg("--readonly"));
     let log = mount.stop();
     assert!(gets_in(&log) > 0);
+}
+
+#[test]
+fn s3_many_names_pass_through_a_small_node_table() {
+    const NAMES: usize = 150;
+    let (server, dir) = setup();
+    for i in 0..NAMES {
+        server.put(BUCKET, &format!("n/{i}"), i.to_string().as_bytes());
+    }
+    let mnt = mkdir(&dir, "mnt");
+    let mount = Service::mount(
+        &server,
+        &format!("s3://{BUCKET}"),
+        &mnt,
+        &["--max-nodes", "24"],
+    );
+    // Six times as many names as the table holds: idle nodes are given
+    // back to make room (the kernel asked to drop their entries), so each
+    // name gets in after at most a short wait with ENFILE.
+    for i in 0..NAMES {
+        let path = mnt.join(format!("n/{i}"));
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let text = loop {
+            match std::fs::read_to_string(&path) {
+                Err(e) if e.raw_os_error() == Some(libc::ENFILE) && Instant::now() < give_up => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                other => break other.unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+            }
+        };
+        assert_eq!(text, i.to_string());
+    }
+    mount.stop();
 }
 
 /// Blocks of 64 KiB that each say which version they belong to.

@@ -68,7 +68,7 @@ use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, DatasetId, ObjectHandle};
 
 use crate::creds;
-use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID};
+use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID, own_number_id};
 use crate::locks::{LockRange, LockTable};
 use crate::readahead::ReadAhead;
 use crate::sys;
@@ -117,6 +117,8 @@ impl Default for FsOptions {
 const PREFETCH_QUEUE_LEN: usize = 64;
 /// Kernel invalidations waiting for the notifier thread.
 const INVALIDATE_QUEUE_LEN: usize = 1024;
+/// Relief batches waiting for their thread (each is bounded by the table).
+const RELIEF_QUEUE_LEN: usize = 2;
 /// Longest a request waits for the kernel to drop an inode's pages.
 const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// Descriptors kept free for everything that is not a node or a handle.
@@ -182,6 +184,8 @@ struct SetAttr {
 }
 
 type PrefetchJob = (Arc<OpenFile>, u64, u64);
+/// Nodes whose entries the kernel is asked to drop (`InodeTable::relief`).
+type ReliefJob = Vec<Arc<Inode>>;
 type InvalidateJob = (u64, SyncSender<()>);
 
 /// The kernel side of the mount, known once it is mounted (`crate::mount`).
@@ -198,6 +202,7 @@ pub struct CachedFs {
     next_fh: AtomicU64,
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<InvalidateJob>,
+    relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
     /// The source directory's path now, to name open files in analytics.
     source_root: std::path::PathBuf,
@@ -345,6 +350,15 @@ impl CachedFs {
                 .name("l2arc-fuse-inval".into())
                 .spawn(move || invalidate_worker(&notifier, &jobs))?;
         }
+        let (relief, relief_jobs) = sync_channel::<ReliefJob>(RELIEF_QUEUE_LEN);
+        {
+            let notifier = Arc::clone(&notifier);
+            let root_key = (root.st_dev, root.st_ino);
+            let source_root = source_root.clone();
+            std::thread::Builder::new()
+                .name("l2arc-fuse-relief".into())
+                .spawn(move || relief_worker(&notifier, root_key, &source_root, &relief_jobs))?;
+        }
         Ok(Self {
             cache,
             dataset,
@@ -354,6 +368,7 @@ impl CachedFs {
             next_fh: AtomicU64::new(1),
             prefetch,
             invalidate,
+            relief,
             notifier,
             source_root,
             dir_listing_bytes: Arc::new(AtomicUsize::new(0)),
@@ -394,12 +409,16 @@ impl CachedFs {
     /// Registers the inode `fd` pins (an O_PATH descriptor) as a node.
     fn adopt_node(&self, fd: OwnedFd) -> Result<FileAttr, Errno> {
         let st = sys::stat_at(fd.as_raw_fd(), c"").map_err(err)?;
-        let inode = self
-            .inodes
-            .lock()
-            .expect("inode table poisoned")
-            .lookup(fd, st.st_dev, st.st_ino, st.st_mode)
-            .ok_or(Errno::ENFILE)?;
+        let (inode, relief) = {
+            let mut inodes = self.inodes.lock().expect("inode table poisoned");
+            let inode = inodes.lookup(fd, st.st_dev, st.st_ino, st.st_mode);
+            (inode, inodes.relief())
+        };
+        if !relief.is_empty() {
+            // Dropped when a batch is still being sent: the next one comes.
+            let _ = self.relief.try_send(relief);
+        }
+        let inode = inode.ok_or(Errno::ENFILE)?;
         self.notice_change(&inode, &st, None);
         Ok(to_attr(inode.id, &st))
     }
@@ -837,6 +856,49 @@ fn invalidate_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<Inval
             let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
         }
         let _ = done.try_send(());
+    }
+}
+
+/// Asks the kernel to drop one entry naming each node of each batch; its
+/// forgets then empty the node table (see `inodes`). An entry is found
+/// from the node's descriptor: its path now, whose parent directory's id
+/// is its inode number (a node whose parent has a counter id is skipped).
+/// The kernel takes the parent directory's lock to drop an entry, so this
+/// runs apart from the requests, which may hold that lock.
+fn relief_worker(
+    notifier: &OnceLock<fuser::Notifier>,
+    root_key: (u64, u64),
+    source_root: &Path,
+    jobs: &Receiver<ReliefJob>,
+) {
+    use std::os::unix::fs::MetadataExt;
+    while let Ok(batch) = jobs.recv() {
+        let Some(notifier) = notifier.get() else {
+            continue;
+        };
+        for inode in batch {
+            let Ok(path) = std::fs::read_link(fd_path(inode.fd())) else {
+                continue;
+            };
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                continue;
+            };
+            if !parent.starts_with(source_root) {
+                continue; // moved out of the tree: no entry of ours names it
+            }
+            let Ok(meta) = std::fs::symlink_metadata(parent) else {
+                continue;
+            };
+            let parent_id = if (meta.dev(), meta.ino()) == root_key {
+                Some(ROOT_ID)
+            } else {
+                own_number_id(root_key.0, meta.dev(), meta.ino())
+            };
+            if let Some(parent_id) = parent_id {
+                // ENOENT: the kernel dropped it already.
+                let _ = notifier.inval_entry(INodeNo(parent_id), name);
+            }
+        }
     }
 }
 

@@ -25,20 +25,31 @@
 //! systems mounted inside the tree, and a source inode numbered 1 (the
 //! kernel's root id), get ids from a counter above 2^63 instead.
 //!
-//! The table is bounded (`max_nodes`): past it a lookup fails with ENFILE;
-//! the kernel forgets nodes under memory pressure, so a full table drains.
+//! The table is bounded (`max_nodes`); near the bound it asks the kernel
+//! to forget idle nodes (`crate::relief`), and past it a lookup fails with
+//! ENFILE.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use l2arc::primary::Generation;
+
+use crate::relief::{Relief, ReliefClock};
 
 /// The root's node id (FUSE_ROOT_ID).
 pub(crate) const ROOT_ID: u64 = 1;
 
 /// Ids handed out by counter (inodes whose own number cannot be the id).
 const SYNTHETIC_ID_BASE: u64 = 1 << 63;
+
+/// The node id of source inode (dev, ino) when it is the inode's own
+/// number (see the module comment); None when the id comes from the
+/// counter. The root's own (dev, ino) is ROOT_ID, which the caller checks.
+pub(crate) fn own_number_id(root_dev: u64, dev: u64, ino: u64) -> Option<u64> {
+    (dev == root_dev && ino > ROOT_ID && ino < SYNTHETIC_ID_BASE).then_some(ino)
+}
 
 /// What kind of file an inode is (fixed for its life).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +82,9 @@ pub(crate) struct Inode {
     ino: u64,
     /// Lookups the kernel holds (each entry reply is one; `forget` drops them).
     nlookup: Mutex<u64>,
+    /// The lookup tick when the kernel last looked this node up (how
+    /// recently it was used, for `InodeTable::relief`).
+    last_lookup_tick: AtomicU64,
     /// The generation that the kernel's page cache of this file reflects
     /// (what we last let it keep); None until the file is first opened.
     pub page_generation: Mutex<Option<Generation>>,
@@ -82,6 +96,12 @@ pub(crate) struct Inode {
 impl Inode {
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Whether an open file of this inode is live (its node cannot be
+    /// forgotten while the kernel holds the file open).
+    fn is_open(&self) -> bool {
+        self.open_file.lock().expect("poisoned").strong_count() > 0
     }
 }
 
@@ -103,6 +123,7 @@ pub(crate) struct InodeTable {
     root_dev: u64,
     next_synthetic: u64,
     max_nodes: usize,
+    relief: ReliefClock,
 }
 
 impl InodeTable {
@@ -117,6 +138,7 @@ impl InodeTable {
             dev: root_dev,
             ino: root_ino,
             nlookup: Mutex::new(1),
+            last_lookup_tick: AtomicU64::new(0),
             page_generation: Mutex::new(None),
             open_file: Mutex::new(Weak::new()),
         });
@@ -126,7 +148,30 @@ impl InodeTable {
             root_dev,
             next_synthetic: SYNTHETIC_ID_BASE,
             max_nodes,
+            relief: ReliefClock::new(max_nodes),
         }
+    }
+
+    /// Up to a batch of idle nodes (no open file; never the root) whose
+    /// entries the caller should ask the kernel to drop, when relief is due
+    /// (`crate::relief`).
+    pub(crate) fn relief(&mut self) -> Vec<Arc<Inode>> {
+        let Some(Relief { batch, idle_since }) = self.relief.due(self.nodes.len()) else {
+            return Vec::new();
+        };
+        let picked: Vec<Arc<Inode>> = self
+            .nodes
+            .values()
+            .filter(|inode| {
+                inode.id != ROOT_ID
+                    && inode.last_lookup_tick.load(Ordering::Relaxed) <= idle_since
+                    && !inode.is_open()
+            })
+            .take(batch)
+            .cloned()
+            .collect();
+        debug_assert!(picked.len() <= batch);
+        picked
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -148,16 +193,18 @@ impl InodeTable {
         ino: u64,
         mode: u32,
     ) -> Option<Arc<Inode>> {
+        let tick = self.relief.tick();
         if let Some(&id) = self.by_key.get(&(dev, ino)) {
             let inode = Arc::clone(self.nodes.get(&id).expect("by_key names a live node"));
             *inode.nlookup.lock().expect("poisoned") += 1;
+            inode.last_lookup_tick.store(tick, Ordering::Relaxed);
             return Some(inode);
         }
         if self.nodes.len() >= self.max_nodes {
             return None;
         }
-        let id = if dev == self.root_dev && ino > ROOT_ID && ino < SYNTHETIC_ID_BASE {
-            ino
+        let id = if let Some(id) = own_number_id(self.root_dev, dev, ino) {
+            id
         } else {
             self.next_synthetic += 1;
             self.next_synthetic
@@ -170,6 +217,7 @@ impl InodeTable {
             dev,
             ino,
             nlookup: Mutex::new(1),
+            last_lookup_tick: AtomicU64::new(tick),
             page_generation: Mutex::new(None),
             open_file: Mutex::new(Weak::new()),
         });
@@ -251,6 +299,44 @@ mod tests {
         assert!(t.get(ROOT_ID).is_some(), "the root is never forgotten");
         let (fd, dev, ino, mode) = path_fd(&dir.path().join("c"));
         assert!(t.lookup(fd, dev, ino, mode).is_some(), "room again");
+        t.assert_consistent();
+    }
+
+    #[test]
+    fn relief_picks_the_idle_nodes_never_the_root() {
+        const MAX: usize = 64; // batch 4; relief from 56 nodes on (2 batches short)
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..MAX {
+            std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let (root, dev, ino, _) = path_fd(dir.path());
+        let mut t = InodeTable::new(root, dev, ino, MAX);
+        let look = |t: &mut InodeTable, i: usize| {
+            let (fd, dev, ino, mode) = path_fd(&dir.path().join(format!("f{i}")));
+            t.lookup(fd, dev, ino, mode)
+        };
+        let nodes: Vec<_> = (0..54).map(|i| look(&mut t, i).unwrap()).collect();
+        assert!(t.relief().is_empty(), "55 nodes: not near the bound yet");
+        // f0 is looked up again: recent, not picked.
+        look(&mut t, 0).unwrap();
+        for i in 54..MAX - 1 {
+            look(&mut t, i).unwrap();
+        }
+        assert!(
+            look(&mut t, MAX - 1).is_none(),
+            "full: the root and 63 files"
+        );
+        let picked = t.relief();
+        assert_eq!(picked.len(), 4, "one batch");
+        for inode in &picked {
+            assert_ne!(inode.id, ROOT_ID);
+            assert_ne!(inode.id, nodes[0].id, "looked up again: recent");
+            assert!(
+                nodes[1..8].iter().any(|n| n.id == inode.id),
+                "the oldest nodes go first: {inode:?}"
+            );
+        }
+        assert!(t.relief().is_empty(), "no lookup since: nothing new");
         t.assert_consistent();
     }
 

@@ -60,6 +60,7 @@ mod inodes;
 mod locks;
 mod object_fs;
 mod readahead;
+mod relief;
 mod sys;
 
 pub use fs::{CachedFs, FsOptions};

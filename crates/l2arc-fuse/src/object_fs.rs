@@ -45,6 +45,7 @@ use l2arc::{Cache, DatasetId, ObjectHandle};
 
 use crate::fs::NotifierSlot;
 use crate::readahead::ReadAhead;
+use crate::relief::{Relief, ReliefClock};
 
 /// Tunables of the object file system.
 #[derive(Clone, Debug)]
@@ -57,7 +58,8 @@ pub struct ObjectFsOptions {
     pub prefetch_threads: usize,
     /// Open files and directories at most (EMFILE beyond).
     pub max_open_handles: usize,
-    /// Nodes the kernel may hold at most (ENFILE beyond).
+    /// Nodes the kernel may hold at most (ENFILE beyond; idle ones are
+    /// given back near it, see `crate::relief`).
     pub max_nodes: usize,
 }
 
@@ -78,6 +80,8 @@ const PREFETCH_QUEUE_LEN: usize = 256;
 /// Kernel invalidations waiting for the notifier thread; more are dropped
 /// (the next getattr or open catches the change again).
 const INVALIDATE_QUEUE_LEN: usize = 1024;
+/// Relief batches waiting for their thread (each is bounded by the table).
+const RELIEF_QUEUE_LEN: usize = 2;
 const ROOT_ID: u64 = 1;
 /// Block size reported in attributes (st_blksize): what `cp` reads at once.
 const BLKSIZE_BYTES: u32 = 1 << 20;
@@ -89,6 +93,8 @@ struct Node {
     is_dir: bool,
     /// Kernel references (lookups not yet forgotten).
     lookups: u64,
+    /// When the kernel last looked it up (`crate::relief`).
+    last_lookup_tick: u64,
     /// (version hash, size) the kernel's pages of this object reflect.
     page_version: Option<(u64, u64)>,
 }
@@ -109,6 +115,8 @@ enum Handle {
 }
 
 type PrefetchJob = (Arc<OpenObject>, u64, u64);
+/// Entries (parent id, name) the kernel is asked to drop.
+type ReliefJob = Vec<(u64, String)>;
 
 /// A bucket (or prefix) served read-only through the cache.
 pub struct ObjectFs {
@@ -121,6 +129,8 @@ pub struct ObjectFs {
     next_fh: AtomicU64,
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<u64>,
+    relief_clock: Mutex<ReliefClock>,
+    relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
     mounted_at: SystemTime,
 }
@@ -151,6 +161,69 @@ fn node_id(path: &str) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h.max(2)
+}
+
+/// `remember` within the locked table; `tick` stamps the node.
+fn remember_in(
+    nodes: &mut HashMap<u64, Node>,
+    max_nodes: usize,
+    path: &str,
+    is_dir: bool,
+    tick: u64,
+) -> Result<u64, Errno> {
+    let ino = node_id(path);
+    if let Some(node) = nodes.get_mut(&ino) {
+        if node.path != path {
+            // Two keys with one 64-bit hash: refuse the second rather
+            // than serve one for the other.
+            return Err(Errno::EIO);
+        }
+        node.lookups += 1;
+        node.is_dir = is_dir;
+        node.last_lookup_tick = tick;
+        return Ok(ino);
+    }
+    if nodes.len() >= max_nodes {
+        return Err(Errno::ENFILE);
+    }
+    nodes.insert(
+        ino,
+        Node {
+            path: path.to_string(),
+            is_dir,
+            lookups: 1,
+            last_lookup_tick: tick,
+            page_version: None,
+        },
+    );
+    Ok(ino)
+}
+
+/// The entries (parent id, name) naming up to a batch of idle nodes.
+fn idle_entries(nodes: &HashMap<u64, Node>, relief: Relief) -> ReliefJob {
+    nodes
+        .iter()
+        .filter(|(ino, node)| **ino != ROOT_ID && node.last_lookup_tick <= relief.idle_since)
+        .take(relief.batch)
+        .map(|(_, node)| match node.path.rsplit_once('/') {
+            Some((dir, name)) => (node_id(dir), name.to_string()),
+            None => (ROOT_ID, node.path.clone()),
+        })
+        .collect()
+}
+
+/// Asks the kernel to drop each entry; its forgets then empty the node
+/// table (`crate::relief`). Apart from the requests: the kernel takes the
+/// parent directory's lock to drop an entry.
+fn relief_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<ReliefJob>) {
+    while let Ok(batch) = jobs.recv() {
+        if let Some(notifier) = notifier.get() {
+            for (parent, name) in batch {
+                // ENOENT: the kernel dropped it already.
+                let _ = notifier.inval_entry(INodeNo(parent), OsStr::new(&name));
+            }
+        }
+    }
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -192,6 +265,14 @@ impl ObjectFs {
                 .name("l2arc-s3-inval".into())
                 .spawn(move || invalidate_worker(&notifier, &jobs))?;
         }
+        let (relief, relief_jobs) = sync_channel::<ReliefJob>(RELIEF_QUEUE_LEN);
+        {
+            let notifier = Arc::clone(&notifier);
+            std::thread::Builder::new()
+                .name("l2arc-s3-relief".into())
+                .spawn(move || relief_worker(&notifier, &relief_jobs))?;
+        }
+        let relief_clock = Mutex::new(ReliefClock::new(options.max_nodes));
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT_ID,
@@ -199,6 +280,7 @@ impl ObjectFs {
                 path: String::new(),
                 is_dir: true,
                 lookups: 1,
+                last_lookup_tick: 0,
                 page_version: None,
             },
         );
@@ -212,6 +294,8 @@ impl ObjectFs {
             next_fh: AtomicU64::new(1),
             prefetch,
             invalidate,
+            relief_clock,
+            relief,
             notifier,
             mounted_at: SystemTime::now(),
         })
@@ -269,33 +353,25 @@ impl ObjectFs {
         )
     }
 
-    /// Counts a kernel reference to the node of `path` (made if new).
+    /// Counts a kernel reference to the node of `path` (made if new). Near
+    /// the table's bound, hands idle nodes to the relief thread.
     fn remember(&self, path: &str, is_dir: bool) -> Result<u64, Errno> {
-        let ino = node_id(path);
-        let mut nodes = self.nodes.lock().expect("node table poisoned");
-        if let Some(node) = nodes.get_mut(&ino) {
-            if node.path != path {
-                // Two keys with one 64-bit hash: refuse the second rather
-                // than serve one for the other.
-                return Err(Errno::EIO);
-            }
-            node.lookups += 1;
-            node.is_dir = is_dir;
-            return Ok(ino);
+        let (result, relief) = {
+            let mut nodes = self.nodes.lock().expect("node table poisoned");
+            let mut clock = self.relief_clock.lock().expect("relief clock poisoned");
+            let tick = clock.tick();
+            let result = remember_in(&mut nodes, self.options.max_nodes, path, is_dir, tick);
+            let relief = clock
+                .due(nodes.len())
+                .map(|relief| idle_entries(&nodes, relief))
+                .unwrap_or_default();
+            (result, relief)
+        };
+        if !relief.is_empty() {
+            // Dropped when a batch is still being sent: the next one comes.
+            let _ = self.relief.try_send(relief);
         }
-        if nodes.len() >= self.options.max_nodes {
-            return Err(Errno::ENFILE);
-        }
-        nodes.insert(
-            ino,
-            Node {
-                path: path.to_string(),
-                is_dir,
-                lookups: 1,
-                page_version: None,
-            },
-        );
-        Ok(ino)
+        result
     }
 
     fn do_lookup(&self, parent: INodeNo, name: &OsStr) -> Result<FileAttr, Errno> {

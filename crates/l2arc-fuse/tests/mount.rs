@@ -4,6 +4,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
@@ -127,27 +128,74 @@ fn random_reader_is_not_read_ahead_and_handles_are_bounded() {
     assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
 }
 
+/// Calls `f` until it stops failing with ENFILE (the node table full while
+/// the kernel's forgets are on their way), for at most `limit`.
+fn retry_enfile<T>(
+    limit: Duration,
+    mut f: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let give_up = std::time::Instant::now() + limit;
+    loop {
+        match f() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENFILE)
+                    && std::time::Instant::now() < give_up =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
 #[test]
-fn inode_table_is_bounded() {
+fn inode_table_is_bounded_and_drains_without_memory_pressure() {
+    const MAX_NODES: usize = 64;
+    const NAMES: usize = 2000;
     let m = mount(
         FsOptions {
-            max_nodes: 4,
+            max_nodes: MAX_NODES,
             ..FsOptions::default()
         },
         |src| {
-            for i in 0..6 {
-                std::fs::write(src.join(format!("f{i}")), b"x").unwrap();
+            for i in 0..NAMES {
+                std::fs::write(src.join(format!("f{i}")), i.to_string()).unwrap();
             }
         },
     );
-    // The root plus three names fit; the kernel holds them (TTL 1 s).
-    let mut results = Vec::new();
-    for i in 0..6 {
-        results.push(std::fs::metadata(m.mnt.join(format!("f{i}"))).map(|_| ()));
+    // A client stats 30 times as many names as the table holds. The kernel
+    // would keep every dentry (and so every node) until memory runs short;
+    // the mount asks it to drop idle ones near the bound, so every name
+    // gets in after at most a short wait.
+    let started = std::time::Instant::now();
+    for i in 0..NAMES {
+        let path = m.mnt.join(format!("f{i}"));
+        let meta = retry_enfile(Duration::from_secs(10), || std::fs::metadata(&path))
+            .unwrap_or_else(|e| {
+                panic!("stat {} after {:?}: {e}", path.display(), started.elapsed())
+            });
+        assert_eq!(meta.len(), i.to_string().len() as u64);
     }
-    assert!(results[..3].iter().all(|r| r.is_ok()), "{results:?}");
-    let e = results[5].as_ref().unwrap_err();
+    // Nodes that open files pin cannot be forgotten: with the root and 63
+    // files held open the table is full for good, and a new name gets
+    // ENFILE however long it waits.
+    let mut held = Vec::new();
+    for i in 0..MAX_NODES - 1 {
+        let path = m.mnt.join(format!("f{i}"));
+        let file = retry_enfile(Duration::from_secs(10), || std::fs::File::open(&path))
+            .unwrap_or_else(|e| panic!("open {} with {} held: {e}", path.display(), held.len()));
+        held.push(file);
+    }
+    let path = m.mnt.join(format!("f{}", NAMES - 1));
+    let e = retry_enfile(Duration::from_secs(1), || std::fs::File::open(&path)).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENFILE), "{e}");
+    let mut first = String::new();
+    held[0].read_to_string(&mut first).unwrap();
+    assert_eq!(first, "0", "held files still read right");
+    // Closed, they are idle nodes like any other: new names get in again.
+    drop(held);
+    let text = retry_enfile(Duration::from_secs(10), || std::fs::read_to_string(&path)).unwrap();
+    assert_eq!(text, (NAMES - 1).to_string());
 }
 
 #[test]
