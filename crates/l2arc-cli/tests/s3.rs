@@ -3,8 +3,8 @@
 //! the tests fail): listing and reading (cp -r, diff -r, fio verify), writes
 //! refused with EROFS, an overwrite seen by two mounts after the TTL and
 //! never mixed within a block, deleted objects, the L2ARC warm after a
-//! remount, a missing bucket and refused credentials, many names through a
-//! small node table, and an NBD export of an image object compared by
+//! remount, a missing bucket and refused credentials, sequential read-ahead
+//! in spans (few GETs), many names through a small node table, and an NBD export of an image object compared by
 //! qemu-img.
 
 use std::io::{BufRead, BufReader};
@@ -252,6 +252,26 @@ fn s3_mount_serves_the_bucket_read_only() {
         .arg("--readonly"));
     let log = mount.stop();
     assert!(gets_in(&log) > 0);
+}
+
+#[test]
+fn s3_sequential_read_ahead_fetches_spans_of_records_per_get() {
+    const OBJECT_BYTES: usize = 48 << 20;
+    let (server, dir) = setup();
+    let data = pattern(OBJECT_BYTES, 7);
+    server.put(BUCKET, "big", &data);
+    let mnt = mkdir(&dir, "mnt");
+    let mount = Service::mount(&server, &format!("s3://{BUCKET}"), &mnt, &[]);
+    assert!(std::fs::read(mnt.join("big")).unwrap() == data);
+    let log = mount.stop();
+    // 48 records of 1 MiB: one GET each before read-ahead went in spans;
+    // now the ramp (1, 2, 4 ... records) and then 4 MiB spans, plus the
+    // demand reads that overtake read-ahead and a HEAD or LIST or two.
+    let gets = gets_in(&log);
+    assert!(
+        gets <= 48 / 2,
+        "{gets} GETs for a 48 MiB sequential read:\n{log}"
+    );
 }
 
 #[test]

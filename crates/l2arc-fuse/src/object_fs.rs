@@ -22,9 +22,10 @@
 //! after the reply, on a thread of its own, never waited for.
 //!
 //! Writes: the mount is read-only (the "ro" mount option, and EROFS from
-//! every call that would change something). Read-ahead splits its window
-//! into records queued to a bounded pool of threads, so a sequential
-//! reader has several ranged GETs in flight at once.
+//! every call that would change something). Read-ahead splits what it asks
+//! for into spans of whole records (`readahead_span_bytes`, 4 MiB) queued
+//! to a bounded pool of threads; each span is one ranged GET
+//! (`Cache::prefetch_span`), and a sequential reader has several in flight.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -54,8 +55,11 @@ pub struct ObjectFsOptions {
     pub attr_timeout: Duration,
     /// Largest read-ahead window, in records (0 = none).
     pub readahead_max_records: u32,
-    /// Threads fetching read-ahead records (GETs in flight for read-ahead).
+    /// Threads fetching read-ahead spans (GETs in flight for read-ahead).
     pub prefetch_threads: usize,
+    /// Largest read-ahead span, one GET (whole records, at least one; at
+    /// most `l2arc::PREFETCH_SPAN_BYTES_MAX`).
+    pub readahead_span_bytes: u64,
     /// Open files and directories at most (EMFILE beyond).
     pub max_open_handles: usize,
     /// Nodes the kernel may hold at most (ENFILE beyond; idle ones are
@@ -69,6 +73,7 @@ impl Default for ObjectFsOptions {
             attr_timeout: Duration::from_secs(60),
             readahead_max_records: 16,
             prefetch_threads: 8,
+            readahead_span_bytes: 4 << 20,
             max_open_handles: 1 << 16,
             max_nodes: 1 << 20,
         }
@@ -305,6 +310,15 @@ impl ObjectFs {
         self.options.attr_timeout
     }
 
+    /// Bytes of one read-ahead job: whole records, at least one.
+    fn readahead_span_bytes(&self, recordsize: u64) -> u64 {
+        let span = self
+            .options
+            .readahead_span_bytes
+            .min(l2arc::PREFETCH_SPAN_BYTES_MAX);
+        (span / recordsize).max(1) * recordsize
+    }
+
     fn node(&self, ino: INodeNo) -> Result<(String, bool), Errno> {
         self.nodes
             .lock()
@@ -529,10 +543,12 @@ impl ObjectFs {
                 file.handle.size_bytes(),
             );
             if let Some((from, len)) = ahead {
-                // One job a record: the pool fetches them concurrently.
+                // One job a span of records (one GET each): the pool
+                // fetches the spans concurrently.
+                let span_bytes = self.readahead_span_bytes(recordsize);
                 let mut at = from;
                 while at < from + len {
-                    let n = recordsize.min(from + len - at);
+                    let n = span_bytes.min(from + len - at);
                     match tx.try_send((Arc::clone(&file), at, n)) {
                         Ok(()) => {}
                         Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => break,
@@ -573,7 +589,7 @@ fn prefetch_worker(cache: &Cache, jobs: &Mutex<Receiver<PrefetchJob>>) {
             return;
         };
         // A failed read-ahead is only a lost hint; the demand read reports errors.
-        let _ = cache.prefetch(&file.handle, offset, len as usize);
+        let _ = cache.prefetch_span(&file.handle, offset, len);
     }
 }
 

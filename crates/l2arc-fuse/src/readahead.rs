@@ -9,7 +9,9 @@
 //! while the reader consumes. The window starts at one record and doubles
 //! on every sequential hit up to `max_records`, so a reader that does one
 //! sequential pair of reads costs one extra record, not eight; a random
-//! read resets it. Prefetched records are flagged as such by the engine,
+//! read resets it. Once the window is open, more is asked for only when
+//! half of it or less is left ahead, so that read-ahead goes below in runs
+//! of half a window (`Cache::prefetch_span` reads a run in one read). Prefetched records are flagged as such by the engine,
 //! so they do not count as reuse and (with `l2arc_noprefetch`) do not
 //! wear the L2ARC.
 
@@ -59,6 +61,13 @@ impl ReadAhead {
             (self.window_records * 2).min(self.max_records)
         };
         let window_bytes = u64::from(self.window_records) * recordsize_bytes;
+        // Ask again only once half the window or less is left ahead of the
+        // reader: what is asked for then comes in runs of half a window or
+        // more (one read below each, for an object store one GET), not a
+        // record each time the reader crosses one.
+        if self.fetched_until > end && self.fetched_until - end > window_bytes / 2 {
+            return None;
+        }
         // From the end of this read (or of what was already asked for) to
         // the end of the window, rounded to whole records.
         let from = end.max(self.fetched_until);
@@ -93,18 +102,29 @@ mod tests {
         let size = 100 * RS;
         let mut windows = Vec::new();
         let mut asked_until = 0;
-        for i in 0..10u64 {
+        let mut asks = 0;
+        for i in 0..40u64 {
             let got = ra.on_read(i * RS, RS, RS, size);
             windows.push(ra.window_records());
+            let end = (i + 1) * RS;
             if let Some((from, len)) = got {
                 assert!(from >= asked_until, "never asks twice");
-                assert!(from >= (i + 1) * RS, "only ahead of the reader");
+                assert!(from >= end, "only ahead of the reader");
                 assert!(len <= 8 * RS);
+                if ra.window_records() == 8 && i > 4 {
+                    assert!(len >= 4 * RS, "runs of half a window: {len}");
+                }
                 asked_until = from + len;
+                asks += 1;
+            }
+            let ahead = asked_until - end;
+            assert!(ahead <= 8 * RS, "read {i}: {ahead} bytes ahead");
+            if ra.window_records() == 8 {
+                assert!(ahead >= 4 * RS, "read {i}: only {ahead} bytes ahead");
             }
         }
-        assert_eq!(windows, vec![1, 2, 4, 8, 8, 8, 8, 8, 8, 8]);
-        assert_eq!(asked_until, 18 * RS, "the window stays ahead by 8 records");
+        assert_eq!(windows[..5], [1, 2, 4, 8, 8]);
+        assert!(asks <= 4 + 36 / 4, "{asks} asks for 40 records");
     }
 
     #[test]

@@ -323,6 +323,12 @@ impl ObjectHandle {
     pub(crate) fn caches_in_arc(&self) -> bool {
         self.dataset.props.primarycache() == CacheMode::All
     }
+
+    /// Whether the dataset caches nothing of its data (`primarycache=none`):
+    /// read-ahead would only read for nothing.
+    pub(crate) fn caches_nothing(&self) -> bool {
+        self.dataset.props.primarycache() == CacheMode::None
+    }
 }
 
 /// Bytes of a read, as shared record buffers (no copy).
@@ -965,17 +971,28 @@ impl Cache {
         index: u64,
         token: u64,
     ) -> io::Result<AlignedBuf> {
-        let recordsize = handle.dataset.config.recordsize_bytes as usize;
-        if let Some((l2, key_hash)) = self.l2_source(handle, index, token) {
-            let timer = self.analytics.start();
-            if let Some(data) = l2.read(key_hash, recordsize as u32)
-                && data.len() <= recordsize
-            {
-                self.note_l2_hit(handle, timer, data.len() as u64);
-                return Ok(data);
-            }
+        if let Some(data) = self.read_l2(handle, index, token) {
+            return Ok(data);
         }
         self.read_primary(handle, index, token)
+    }
+
+    /// A record's bytes from the L2ARC, if it holds them under `token` (a
+    /// miss or any failure there is `None`).
+    pub(crate) fn read_l2(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> Option<AlignedBuf> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        let (l2, key_hash) = self.l2_source(handle, index, token)?;
+        let timer = self.analytics.start();
+        let data = l2
+            .read(key_hash, recordsize as u32)
+            .filter(|data| data.len() <= recordsize)?;
+        self.note_l2_hit(handle, timer, data.len() as u64);
+        Some(data)
     }
 
     /// Counts an L2ARC hit of `bytes` for the analytics (latency from `timer`).
@@ -1015,9 +1032,23 @@ impl Cache {
         index: u64,
         token: u64,
     ) -> io::Result<AlignedBuf> {
+        self.read_primary_span(handle, index, 1, token)
+    }
+
+    /// Reads `records` whole records from `first` on from primary storage
+    /// in one read (one GET from an object store), as [`Self::read_primary`]
+    /// does one; short at the end of the object.
+    pub(crate) fn read_primary_span(
+        &self,
+        handle: &ObjectHandle,
+        first: u64,
+        records: usize,
+        token: u64,
+    ) -> io::Result<AlignedBuf> {
+        assert!(records > 0);
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
-        let mut data = AlignedBuf::zeroed(recordsize);
-        let offset = index * recordsize as u64;
+        let mut data = AlignedBuf::zeroed(recordsize * records);
+        let offset = first * recordsize as u64;
         let expected = handle.state.generation_of(token);
         let timer = self.analytics.start();
         match handle

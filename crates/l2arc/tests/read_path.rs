@@ -1167,3 +1167,49 @@ fn object_states_are_bounded_and_a_dropped_state_never_revives_stale_records() {
     cache.read(&victim, 0, &mut buf).unwrap();
     assert_eq!(cache.stats().arc.hits, before, "a retired record was hit");
 }
+
+#[test]
+fn a_prefetch_span_reads_each_run_of_uncached_records_in_one_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rs = 16 * u64::from(KIB);
+    let data = pattern(20 * rs as usize + 777, 3); // 21 records, the last short
+    fs::write(tmp.path().join("f"), &data).unwrap();
+    let (primary, state) = test_primary(tmp.path(), Duration::ZERO);
+    let c = cache(8 << 20, 2);
+    let ds = dataset(&c, primary, rs as u32, CacheMode::All);
+    let h = c.open(ds, "f", false).unwrap();
+    let reads = || state.reads.load(Ordering::SeqCst);
+
+    // Record 5 is cached: the span reads 0-4 and 6-20, once each.
+    let mut buf = vec![0u8; rs as usize];
+    c.read(&h, 5 * rs, &mut buf).unwrap();
+    let before = reads();
+    c.prefetch_span(&h, 0, 21 * rs).unwrap();
+    assert_eq!(reads() - before, 2, "one read per run of uncached records");
+    let s = c.stats();
+    assert_eq!(s.primary_reads, 3);
+    assert_eq!(s.arc.prefetch_data_misses, 20);
+    // Every record is right, the short last one too, and all are hits.
+    let before = reads();
+    assert!(read_all(&c, &h, data.len()) == data);
+    assert_eq!(reads(), before, "the span cached every record");
+
+    // A failed span read is returned, caches nothing, and the records are
+    // read again (and right) once the primary is back.
+    c.invalidate_object(&h);
+    state.fail.store(true, Ordering::SeqCst);
+    let e = c.prefetch_span(&h, 0, 4 * rs).unwrap_err();
+    assert!(e.to_string().contains("injected failure"), "{e}");
+    state.fail.store(false, Ordering::SeqCst);
+    let before = reads();
+    assert!(read_all(&c, &h, data.len()) == data);
+    assert!(reads() > before, "nothing of the failed span was cached");
+
+    // primarycache=none: read-ahead reads nothing.
+    let (primary, state) = test_primary(tmp.path(), Duration::ZERO);
+    let c = cache(8 << 20, 2);
+    let ds = dataset(&c, primary, rs as u32, CacheMode::None);
+    let h = c.open(ds, "f", false).unwrap();
+    c.prefetch_span(&h, 0, 21 * rs).unwrap();
+    assert_eq!(state.reads.load(Ordering::SeqCst), 0);
+}
