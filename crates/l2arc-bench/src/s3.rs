@@ -227,11 +227,7 @@ impl Drop for RcloneSystem {
 }
 
 fn is_mounted(mnt: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let mnt = mnt.to_string_lossy();
-    mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(mnt.as_ref()))
+    l2arc_fuse::is_mounted(mnt).unwrap_or(false)
 }
 
 fn wait_mounted(mnt: &Path, limit: Duration) -> Result<()> {

@@ -31,11 +31,7 @@ fn run(cmd: &mut Command) -> String {
 }
 
 fn is_mounted(mnt: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
-    let mnt = mnt.to_str().expect("utf-8 path");
-    mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(mnt))
+    l2arc_fuse::is_mounted(mnt).expect("read /proc/mounts")
 }
 
 /// A running `l2arc mount`, unmounted and reaped on drop.

@@ -21,11 +21,7 @@ const BUCKET: &str = "bkt";
 const TTL_SECS: f64 = 1.0;
 
 fn is_mounted(mnt: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
-    let mnt = mnt.to_str().expect("utf-8 path");
-    mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(mnt))
+    l2arc_fuse::is_mounted(mnt).expect("read /proc/mounts")
 }
 
 /// A running `l2arc mount s3://...` or `serve-nbd s3://...`.

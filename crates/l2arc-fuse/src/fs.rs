@@ -53,7 +53,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -72,6 +72,8 @@ use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID, own_number_id};
 use crate::locks::{LockRange, LockTable};
 use crate::readahead::ReadAhead;
 use crate::sys;
+use crate::handles::{Handle, HandleTable};
+use crate::workers;
 
 /// Tunables of the file system.
 #[derive(Clone, Debug)]
@@ -138,10 +140,6 @@ struct DirEntry {
     ino: u64,
 }
 
-enum Handle {
-    File(Arc<OpenFile>),
-    Dir(Arc<DirListing>),
-}
 
 /// An open directory's entries, read at opendir and charged to the mount's
 /// listing budget until the last reference goes.
@@ -197,9 +195,8 @@ pub struct CachedFs {
     dataset: DatasetId,
     options: FsOptions,
     inodes: Mutex<InodeTable>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: HandleTable<OpenFile, DirListing>,
     locks: LockTable,
-    next_fh: AtomicU64,
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<InvalidateJob>,
     relief: SyncSender<ReliefJob>,
@@ -328,44 +325,52 @@ impl CachedFs {
         let source_root = std::fs::read_link(fd_path(root_fd.as_raw_fd()))?;
         let inodes = InodeTable::new(root_fd, root.st_dev, root.st_ino, options.max_nodes);
 
-        let prefetch =
-            (options.readahead_max_records > 0 && options.prefetch_threads > 0).then(|| {
-                let (tx, rx) = sync_channel::<PrefetchJob>(PREFETCH_QUEUE_LEN);
-                let rx = Arc::new(Mutex::new(rx));
-                for i in 0..options.prefetch_threads {
-                    let rx = Arc::clone(&rx);
-                    let cache = Arc::clone(&cache);
-                    std::thread::Builder::new()
-                        .name(format!("l2arc-prefetch-{i}"))
-                        .spawn(move || prefetch_worker(&cache, &rx))
-                        .expect("spawn a prefetch thread");
-                }
-                tx
-            });
+        let prefetch = if options.readahead_max_records > 0 && options.prefetch_threads > 0 {
+            let cache = Arc::clone(&cache);
+            Some(workers::spawn_pool(
+                "l2arc-prefetch",
+                options.prefetch_threads,
+                PREFETCH_QUEUE_LEN,
+                move |(file, offset, len): PrefetchJob| {
+                    // A failed read-ahead is only a lost hint; the demand
+                    // read reports errors.
+                    let _ = cache.prefetch(&file.handle, offset, len as usize);
+                },
+            )?)
+        } else {
+            None
+        };
         let notifier: NotifierSlot = Arc::new(OnceLock::new());
-        let (invalidate, jobs) = sync_channel::<InvalidateJob>(INVALIDATE_QUEUE_LEN);
-        {
+        let invalidate = {
             let notifier = Arc::clone(&notifier);
-            std::thread::Builder::new()
-                .name("l2arc-fuse-inval".into())
-                .spawn(move || invalidate_worker(&notifier, &jobs))?;
-        }
-        let (relief, relief_jobs) = sync_channel::<ReliefJob>(RELIEF_QUEUE_LEN);
-        {
+            workers::spawn_worker(
+                "l2arc-fuse-inval",
+                INVALIDATE_QUEUE_LEN,
+                move |(ino, done): InvalidateJob| {
+                    if let Some(notifier) = notifier.get() {
+                        // ENOENT: the kernel already forgot the inode.
+                        let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                    }
+                    let _ = done.try_send(());
+                },
+            )?
+        };
+        let relief = {
             let notifier = Arc::clone(&notifier);
             let root_key = (root.st_dev, root.st_ino);
             let source_root = source_root.clone();
-            std::thread::Builder::new()
-                .name("l2arc-fuse-relief".into())
-                .spawn(move || relief_worker(&notifier, root_key, &source_root, &relief_jobs))?;
-        }
+            workers::spawn_worker("l2arc-fuse-relief", RELIEF_QUEUE_LEN, move |batch| {
+                if let Some(notifier) = notifier.get() {
+                    relieve(notifier, root_key, &source_root, batch);
+                }
+            })?
+        };
         Ok(Self {
             cache,
             dataset,
             inodes: Mutex::new(inodes),
-            handles: Mutex::new(HashMap::new()),
+            handles: HandleTable::new(options.max_open_handles),
             locks: LockTable::new(options.max_open_handles),
-            next_fh: AtomicU64::new(1),
             prefetch,
             invalidate,
             relief,
@@ -501,27 +506,8 @@ impl CachedFs {
         }
     }
 
-    fn add_handle(&self, handle: Handle) -> Result<u64, Errno> {
-        let mut handles = self.handles.lock().expect("handle table poisoned");
-        if handles.len() >= self.options.max_open_handles {
-            return Err(Errno::EMFILE);
-        }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let old = handles.insert(fh, handle);
-        assert!(old.is_none(), "file handles are never reused");
-        Ok(fh)
-    }
-
     fn file(&self, fh: FileHandle) -> Result<Arc<OpenFile>, Errno> {
-        match self
-            .handles
-            .lock()
-            .expect("handle table poisoned")
-            .get(&fh.0)
-        {
-            Some(Handle::File(f)) => Ok(Arc::clone(f)),
-            _ => Err(Errno::EBADF),
-        }
+        self.handles.file(fh.0)
     }
 
     /// Registers an open regular file (`fd` opened with `flags`) and says
@@ -564,7 +550,7 @@ impl CachedFs {
             last_revalidate: Mutex::new(Instant::now()),
         });
         *inode.open_file.lock().expect("poisoned") = Arc::downgrade(&file);
-        let fh = self.add_handle(Handle::File(file))?;
+        let fh = self.handles.add(Handle::File(file))?;
         let flags = if keep {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
@@ -726,7 +712,7 @@ impl CachedFs {
             .collect();
         // The slots as charged: no growth slack held for the handle's life.
         listing.entries.shrink_to_fit();
-        self.add_handle(Handle::Dir(Arc::new(listing)))
+        self.handles.add(Handle::Dir(Arc::new(listing)))
     }
 
     fn do_read(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
@@ -833,71 +819,45 @@ impl CachedFs {
     pub fn assert_consistent(&self) {
         let inodes = self.inodes.lock().expect("inode table poisoned");
         inodes.assert_consistent();
-        assert!(self.handles.lock().expect("poisoned").len() <= self.options.max_open_handles);
+        assert!(self.handles.len() <= self.options.max_open_handles);
         assert!(inodes.get(ROOT_ID).is_some());
     }
 }
 
-fn prefetch_worker(cache: &Cache, jobs: &Mutex<Receiver<PrefetchJob>>) {
-    loop {
-        let job = jobs.lock().expect("prefetch queue poisoned").recv();
-        let Ok((file, offset, len)) = job else {
-            return; // the file system is gone
-        };
-        // A failed read-ahead is only a lost hint; the demand read reports errors.
-        let _ = cache.prefetch(&file.handle, offset, len as usize);
-    }
-}
-
-fn invalidate_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<InvalidateJob>) {
-    while let Ok((ino, done)) = jobs.recv() {
-        if let Some(notifier) = notifier.get() {
-            // ENOENT: the kernel already forgot the inode; nothing to drop.
-            let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
-        }
-        let _ = done.try_send(());
-    }
-}
-
-/// Asks the kernel to drop one entry naming each node of each batch; its
+/// Asks the kernel to drop one entry naming each node of the batch; its
 /// forgets then empty the node table (see `inodes`). An entry is found
 /// from the node's descriptor: its path now, whose parent directory's id
 /// is its inode number (a node whose parent has a counter id is skipped).
 /// The kernel takes the parent directory's lock to drop an entry, so this
 /// runs apart from the requests, which may hold that lock.
-fn relief_worker(
-    notifier: &OnceLock<fuser::Notifier>,
+fn relieve(
+    notifier: &fuser::Notifier,
     root_key: (u64, u64),
     source_root: &Path,
-    jobs: &Receiver<ReliefJob>,
+    batch: ReliefJob,
 ) {
     use std::os::unix::fs::MetadataExt;
-    while let Ok(batch) = jobs.recv() {
-        let Some(notifier) = notifier.get() else {
+    for inode in batch {
+        let Ok(path) = std::fs::read_link(fd_path(inode.fd())) else {
             continue;
         };
-        for inode in batch {
-            let Ok(path) = std::fs::read_link(fd_path(inode.fd())) else {
-                continue;
-            };
-            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-                continue;
-            };
-            if !parent.starts_with(source_root) {
-                continue; // moved out of the tree: no entry of ours names it
-            }
-            let Ok(meta) = std::fs::symlink_metadata(parent) else {
-                continue;
-            };
-            let parent_id = if (meta.dev(), meta.ino()) == root_key {
-                Some(ROOT_ID)
-            } else {
-                own_number_id(root_key.0, meta.dev(), meta.ino())
-            };
-            if let Some(parent_id) = parent_id {
-                // ENOENT: the kernel dropped it already.
-                let _ = notifier.inval_entry(INodeNo(parent_id), name);
-            }
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            continue;
+        };
+        if !parent.starts_with(source_root) {
+            continue; // moved out of the tree: no entry of ours names it
+        }
+        let Ok(meta) = std::fs::symlink_metadata(parent) else {
+            continue;
+        };
+        let parent_id = if (meta.dev(), meta.ino()) == root_key {
+            Some(ROOT_ID)
+        } else {
+            own_number_id(root_key.0, meta.dev(), meta.ino())
+        };
+        if let Some(parent_id) = parent_id {
+            // ENOENT: the kernel dropped it already.
+            let _ = notifier.inval_entry(INodeNo(parent_id), name);
         }
     }
 }
@@ -1172,7 +1132,7 @@ impl Filesystem for CachedFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.lock().expect("poisoned").remove(&fh.0);
+        self.handles.remove(fh.0);
         reply.ok();
     }
 
@@ -1205,9 +1165,9 @@ impl Filesystem for CachedFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.handles.lock().expect("poisoned").get(&fh.0) {
-            Some(Handle::Dir(d)) => Arc::clone(d),
-            _ => return reply.error(Errno::EBADF),
+        let entries = match self.handles.dir(fh.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
         };
         for (i, e) in entries.entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
@@ -1225,7 +1185,7 @@ impl Filesystem for CachedFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.handles.lock().expect("poisoned").remove(&fh.0);
+        self.handles.remove(fh.0);
         reply.ok();
     }
 

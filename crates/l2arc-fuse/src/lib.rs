@@ -56,11 +56,13 @@ use std::path::Path;
 
 mod creds;
 mod fs;
+mod handles;
 mod inodes;
 mod locks;
 mod object_fs;
 mod readahead;
 mod relief;
+mod workers;
 mod sys;
 
 pub use fs::{CachedFs, FsOptions};
@@ -224,6 +226,41 @@ impl Drop for MountGuard {
     }
 }
 
+/// Whether something is mounted at `mountpoint` now (`/proc/mounts`, whose
+/// octal escapes of spaces, tabs, newlines and backslashes are undone).
+pub fn is_mounted(mountpoint: &Path) -> io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    // Lines of "SOURCE TARGET TYPE OPTIONS 0 0".
+    let mounts = std::fs::read("/proc/mounts")?;
+    let wanted = mountpoint.as_os_str().as_bytes();
+    Ok(mounts
+        .split(|&b| b == b'\n')
+        .filter_map(|line| line.split(|&b| b == b' ').nth(1))
+        .any(|target| unescape_mount_field(target) == wanted))
+}
+
+/// Undoes `/proc/mounts`' escapes: `\ooo` (three octal digits) is one byte.
+fn unescape_mount_field(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field.get(i + 1..i + 4).filter(|d| {
+            field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
+        });
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Lazily unmounts `mountpoint` (`umount -l`): the name is free at once and
 /// the kernel lets go when the last user leaves. For a mount that a normal
 /// unmount refused as busy.
@@ -266,4 +303,17 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_fields_are_unescaped_and_the_root_is_mounted() {
+        assert_eq!(unescape_mount_field(br"/mnt/a\040b\011c\134d"), b"/mnt/a b\tc\\d");
+        assert_eq!(unescape_mount_field(br"/x\08y\1"), br"/x\08y\1", "not three octal digits");
+        assert!(is_mounted(Path::new("/")).unwrap());
+        assert!(!is_mounted(Path::new("/no/such/mount")).unwrap());
+    }
 }

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -47,6 +47,8 @@ use l2arc::{Cache, DatasetId, ObjectHandle};
 use crate::fs::NotifierSlot;
 use crate::readahead::ReadAhead;
 use crate::relief::{Relief, ReliefClock};
+use crate::handles::{Handle, HandleTable};
+use crate::workers;
 
 /// Tunables of the object file system.
 #[derive(Clone, Debug)]
@@ -114,10 +116,6 @@ struct OpenObject {
     token_seen: AtomicU64,
 }
 
-enum Handle {
-    File(Arc<OpenObject>),
-    Dir(Arc<Vec<(String, FileType, u64)>>),
-}
 
 type PrefetchJob = (Arc<OpenObject>, u64, u64);
 /// Entries (parent id, name) the kernel is asked to drop.
@@ -130,8 +128,7 @@ pub struct ObjectFs {
     store: Arc<ObjectStorePrimary>,
     options: ObjectFsOptions,
     nodes: Mutex<HashMap<u64, Node>>,
-    handles: Mutex<HashMap<u64, Handle>>,
-    next_fh: AtomicU64,
+    handles: HandleTable<OpenObject, Vec<(String, FileType, u64)>>,
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<u64>,
     relief_clock: Mutex<ReliefClock>,
@@ -217,20 +214,6 @@ fn idle_entries(nodes: &HashMap<u64, Node>, relief: Relief) -> ReliefJob {
         .collect()
 }
 
-/// Asks the kernel to drop each entry; its forgets then empty the node
-/// table (`crate::relief`). Apart from the requests: the kernel takes the
-/// parent directory's lock to drop an entry.
-fn relief_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<ReliefJob>) {
-    while let Ok(batch) = jobs.recv() {
-        if let Some(notifier) = notifier.get() {
-            for (parent, name) in batch {
-                // ENOENT: the kernel dropped it already.
-                let _ = notifier.inval_entry(INodeNo(parent), OsStr::new(&name));
-            }
-        }
-    }
-}
-
 fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_string()
@@ -248,35 +231,42 @@ impl ObjectFs {
         options: ObjectFsOptions,
     ) -> io::Result<Self> {
         assert!(options.max_open_handles > 0 && options.max_nodes > 1);
-        let prefetch =
-            (options.readahead_max_records > 0 && options.prefetch_threads > 0).then(|| {
-                let (tx, rx) = sync_channel::<PrefetchJob>(PREFETCH_QUEUE_LEN);
-                let rx = Arc::new(Mutex::new(rx));
-                for i in 0..options.prefetch_threads {
-                    let rx = Arc::clone(&rx);
-                    let cache = Arc::clone(&cache);
-                    std::thread::Builder::new()
-                        .name(format!("l2arc-s3-prefetch-{i}"))
-                        .spawn(move || prefetch_worker(&cache, &rx))
-                        .expect("spawn a prefetch thread");
-                }
-                tx
-            });
+        let prefetch = if options.readahead_max_records > 0 && options.prefetch_threads > 0 {
+            let cache = Arc::clone(&cache);
+            Some(workers::spawn_pool(
+                "l2arc-s3-prefetch",
+                options.prefetch_threads,
+                PREFETCH_QUEUE_LEN,
+                move |(file, offset, len): PrefetchJob| {
+                    // A failed read-ahead is only a lost hint; the demand
+                    // read reports errors.
+                    let _ = cache.prefetch_span(&file.handle, offset, len);
+                },
+            )?)
+        } else {
+            None
+        };
         let notifier: NotifierSlot = Arc::new(OnceLock::new());
-        let (invalidate, jobs) = sync_channel::<u64>(INVALIDATE_QUEUE_LEN);
-        {
+        let invalidate = {
             let notifier = Arc::clone(&notifier);
-            std::thread::Builder::new()
-                .name("l2arc-s3-inval".into())
-                .spawn(move || invalidate_worker(&notifier, &jobs))?;
-        }
-        let (relief, relief_jobs) = sync_channel::<ReliefJob>(RELIEF_QUEUE_LEN);
-        {
+            workers::spawn_worker("l2arc-s3-inval", INVALIDATE_QUEUE_LEN, move |ino| {
+                if let Some(notifier) = notifier.get() {
+                    // ENOENT: the kernel already forgot the inode.
+                    let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                }
+            })?
+        };
+        let relief = {
             let notifier = Arc::clone(&notifier);
-            std::thread::Builder::new()
-                .name("l2arc-s3-relief".into())
-                .spawn(move || relief_worker(&notifier, &relief_jobs))?;
-        }
+            workers::spawn_worker("l2arc-s3-relief", RELIEF_QUEUE_LEN, move |batch: ReliefJob| {
+                if let Some(notifier) = notifier.get() {
+                    for (parent, name) in batch {
+                        // ENOENT: the kernel dropped it already.
+                        let _ = notifier.inval_entry(INodeNo(parent), OsStr::new(&name));
+                    }
+                }
+            })?
+        };
         let relief_clock = Mutex::new(ReliefClock::new(options.max_nodes));
         let mut nodes = HashMap::new();
         nodes.insert(
@@ -295,8 +285,7 @@ impl ObjectFs {
             store,
             options,
             nodes: Mutex::new(nodes),
-            handles: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            handles: HandleTable::new(options.max_open_handles),
             prefetch,
             invalidate,
             relief_clock,
@@ -410,27 +399,8 @@ impl ObjectFs {
         Ok(self.file_attr(ino, &meta))
     }
 
-    fn add_handle(&self, handle: Handle) -> Result<u64, Errno> {
-        let mut handles = self.handles.lock().expect("handle table poisoned");
-        if handles.len() >= self.options.max_open_handles {
-            return Err(Errno::EMFILE);
-        }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let old = handles.insert(fh, handle);
-        assert!(old.is_none(), "file handles are never reused");
-        Ok(fh)
-    }
-
     fn file(&self, fh: FileHandle) -> Result<Arc<OpenObject>, Errno> {
-        match self
-            .handles
-            .lock()
-            .expect("handle table poisoned")
-            .get(&fh.0)
-        {
-            Some(Handle::File(f)) => Ok(Arc::clone(f)),
-            _ => Err(Errno::EBADF),
-        }
+        self.handles.file(fh.0)
     }
 
     /// Notes the version the kernel's pages of `ino` now reflect; true if
@@ -475,7 +445,7 @@ impl ObjectFs {
             readahead: Mutex::new(ReadAhead::new(self.options.readahead_max_records)),
             last_revalidate: Mutex::new(Instant::now()),
         });
-        let fh = self.add_handle(Handle::File(file))?;
+        let fh = self.handles.add(Handle::File(file))?;
         let flags = if keep {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
@@ -502,7 +472,7 @@ impl ObjectFs {
             };
             entries.push((e.name.clone(), kind, node_id(&join(&path, &e.name))));
         }
-        self.add_handle(Handle::Dir(Arc::new(entries)))
+        self.handles.add(Handle::Dir(Arc::new(entries)))
     }
 
     /// Revalidates an open file at most once per attribute timeout (a HEAD
@@ -578,26 +548,7 @@ impl ObjectFs {
 
     /// Open handles (tests).
     pub fn open_handles(&self) -> usize {
-        self.handles.lock().expect("poisoned").len()
-    }
-}
-
-fn prefetch_worker(cache: &Cache, jobs: &Mutex<Receiver<PrefetchJob>>) {
-    loop {
-        let job = jobs.lock().expect("prefetch queue poisoned").recv();
-        let Ok((file, offset, len)) = job else {
-            return;
-        };
-        // A failed read-ahead is only a lost hint; the demand read reports errors.
-        let _ = cache.prefetch_span(&file.handle, offset, len);
-    }
-}
-
-fn invalidate_worker(notifier: &OnceLock<fuser::Notifier>, jobs: &Receiver<u64>) {
-    while let Ok(ino) = jobs.recv() {
-        if let Some(notifier) = notifier.get() {
-            let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
-        }
+        self.handles.len()
     }
 }
 
@@ -698,7 +649,7 @@ impl Filesystem for ObjectFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.lock().expect("poisoned").remove(&fh.0);
+        self.handles.remove(fh.0);
         reply.ok();
     }
 
@@ -717,9 +668,9 @@ impl Filesystem for ObjectFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.handles.lock().expect("poisoned").get(&fh.0) {
-            Some(Handle::Dir(d)) => Arc::clone(d),
-            _ => return reply.error(Errno::EBADF),
+        let entries = match self.handles.dir(fh.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
         };
         for (i, (name, kind, ino)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
@@ -737,7 +688,7 @@ impl Filesystem for ObjectFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.handles.lock().expect("poisoned").remove(&fh.0);
+        self.handles.remove(fh.0);
         reply.ok();
     }
 

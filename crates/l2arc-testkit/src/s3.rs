@@ -70,7 +70,17 @@ pub struct S3Server {
 
 impl S3Server {
     /// Starts a server on a free local port and waits until it answers.
+    ///
+    /// One start at a time in a process: between `free_port` letting its
+    /// port go and versitygw binding it, a server of a test running beside
+    /// this one could pick the same port. The loser exits, but its test
+    /// could meanwhile connect to the winner and go on with another test's
+    /// server, which disappears when that test ends.
     pub fn start() -> Self {
+        static ONE_START_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONE_START_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let bin = versitygw_path();
         let root = tempfile::tempdir().expect("temp dir");
         let data = root.path().join("data");
@@ -98,7 +108,7 @@ impl S3Server {
                     last_error = format!("versitygw exited ({status}): {err}");
                     break;
                 }
-                if TcpStream::connect(addr).is_ok() {
+                if TcpStream::connect(addr).is_ok() && matches!(child.try_wait(), Ok(None)) {
                     let endpoint = format!("http://{addr}");
                     return Self {
                         child,
