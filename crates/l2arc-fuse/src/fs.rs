@@ -46,13 +46,12 @@
 //! Open files and directory listings live in one table bounded by
 //! `FsOptions`; past the bound an open fails with EMFILE.
 
-use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -68,11 +67,11 @@ use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, DatasetId, ObjectHandle};
 
 use crate::creds;
+use crate::handles::{Handle, HandleTable};
 use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID, own_number_id};
 use crate::locks::{LockRange, LockTable};
 use crate::readahead::ReadAhead;
 use crate::sys;
-use crate::handles::{Handle, HandleTable};
 use crate::workers;
 
 /// Tunables of the file system.
@@ -139,7 +138,6 @@ struct DirEntry {
     kind: FileType,
     ino: u64,
 }
-
 
 /// An open directory's entries, read at opendir and charged to the mount's
 /// listing budget until the last reference goes.
@@ -830,12 +828,7 @@ impl CachedFs {
 /// is its inode number (a node whose parent has a counter id is skipped).
 /// The kernel takes the parent directory's lock to drop an entry, so this
 /// runs apart from the requests, which may hold that lock.
-fn relieve(
-    notifier: &fuser::Notifier,
-    root_key: (u64, u64),
-    source_root: &Path,
-    batch: ReliefJob,
-) {
+fn relieve(notifier: &fuser::Notifier, root_key: (u64, u64), source_root: &Path, batch: ReliefJob) {
     use std::os::unix::fs::MetadataExt;
     for inode in batch {
         let Ok(path) = std::fs::read_link(fd_path(inode.fd())) else {

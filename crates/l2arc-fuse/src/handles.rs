@@ -65,7 +65,10 @@ impl<F, D> HandleTable<F, D> {
 
     /// Forgets `fh` (a release); what it held goes with its last user.
     pub(crate) fn remove(&self, fh: u64) {
-        self.handles.lock().expect("handle table poisoned").remove(&fh);
+        self.handles
+            .lock()
+            .expect("handle table poisoned")
+            .remove(&fh);
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -85,7 +88,11 @@ mod tests {
         assert_eq!(t.add(Handle::Dir(Arc::new(8))).unwrap_err(), Errno::EMFILE);
         assert_eq!(*t.file(f).unwrap(), "f");
         assert_eq!(*t.dir(d).unwrap(), 7);
-        assert_eq!(t.file(d).unwrap_err(), Errno::EBADF, "a listing is not a file");
+        assert_eq!(
+            t.file(d).unwrap_err(),
+            Errno::EBADF,
+            "a listing is not a file"
+        );
         assert_eq!(t.dir(f).unwrap_err(), Errno::EBADF);
         t.remove(f);
         assert_eq!(t.file(f).unwrap_err(), Errno::EBADF, "released");

@@ -62,8 +62,8 @@ mod locks;
 mod object_fs;
 mod readahead;
 mod relief;
-mod workers;
 mod sys;
+mod workers;
 
 pub use fs::{CachedFs, FsOptions};
 /// A mounted file system served from background threads (fuser's).
@@ -244,9 +244,9 @@ fn unescape_mount_field(field: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {
-        let octal = field.get(i + 1..i + 4).filter(|d| {
-            field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
-        });
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match octal {
             Some(d) => {
                 out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
@@ -311,8 +311,15 @@ mod tests {
 
     #[test]
     fn mount_fields_are_unescaped_and_the_root_is_mounted() {
-        assert_eq!(unescape_mount_field(br"/mnt/a\040b\011c\134d"), b"/mnt/a b\tc\\d");
-        assert_eq!(unescape_mount_field(br"/x\08y\1"), br"/x\08y\1", "not three octal digits");
+        assert_eq!(
+            unescape_mount_field(br"/mnt/a\040b\011c\134d"),
+            b"/mnt/a b\tc\\d"
+        );
+        assert_eq!(
+            unescape_mount_field(br"/x\08y\1"),
+            br"/x\08y\1",
+            "not three octal digits"
+        );
         assert!(is_mounted(Path::new("/")).unwrap());
         assert!(!is_mounted(Path::new("/no/such/mount")).unwrap());
     }

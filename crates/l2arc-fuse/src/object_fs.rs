@@ -45,9 +45,9 @@ use l2arc::primary::object_store::{ObjectMeta, ObjectStorePrimary};
 use l2arc::{Cache, DatasetId, ObjectHandle};
 
 use crate::fs::NotifierSlot;
+use crate::handles::{Handle, HandleTable};
 use crate::readahead::ReadAhead;
 use crate::relief::{Relief, ReliefClock};
-use crate::handles::{Handle, HandleTable};
 use crate::workers;
 
 /// Tunables of the object file system.
@@ -115,7 +115,6 @@ struct OpenObject {
     /// known good for this open: a change means the pages must go.
     token_seen: AtomicU64,
 }
-
 
 type PrefetchJob = (Arc<OpenObject>, u64, u64);
 /// Entries (parent id, name) the kernel is asked to drop.
@@ -258,16 +257,21 @@ impl ObjectFs {
         };
         let relief = {
             let notifier = Arc::clone(&notifier);
-            workers::spawn_worker("l2arc-s3-relief", RELIEF_QUEUE_LEN, move |batch: ReliefJob| {
-                if let Some(notifier) = notifier.get() {
-                    for (parent, name) in batch {
-                        // ENOENT: the kernel dropped it already.
-                        let _ = notifier.inval_entry(INodeNo(parent), OsStr::new(&name));
+            workers::spawn_worker(
+                "l2arc-s3-relief",
+                RELIEF_QUEUE_LEN,
+                move |batch: ReliefJob| {
+                    if let Some(notifier) = notifier.get() {
+                        for (parent, name) in batch {
+                            // ENOENT: the kernel dropped it already.
+                            let _ = notifier.inval_entry(INodeNo(parent), OsStr::new(&name));
+                        }
                     }
-                }
-            })?
+                },
+            )?
         };
         let relief_clock = Mutex::new(ReliefClock::new(options.max_nodes));
+        let handles = HandleTable::new(options.max_open_handles);
         let mut nodes = HashMap::new();
         nodes.insert(
             ROOT_ID,
@@ -285,7 +289,7 @@ impl ObjectFs {
             store,
             options,
             nodes: Mutex::new(nodes),
-            handles: HandleTable::new(options.max_open_handles),
+            handles,
             prefetch,
             invalidate,
             relief_clock,
