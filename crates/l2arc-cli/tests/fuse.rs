@@ -5,12 +5,11 @@
 //! even when an assertion fails, so no mount outlives a test. A missing tool
 //! is a failure that says to run scripts/setup.sh, never a skip.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -58,21 +57,7 @@ impl Mount {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn l2arc mount");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let pipe = child.stderr.take().expect("piped");
-        let log = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                if line.starts_with("l2arc: mounted ") {
-                    let _ = tx.send(());
-                }
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
+        let (stderr, rx) = l2arc_testkit::stderr_log(&mut child, "l2arc: mounted ");
         let mut mount = Mount {
             child: Some(child),
             mnt: mnt.to_path_buf(),

@@ -7,10 +7,8 @@
 //! in spans (few GETs), many names through a small node table, and an NBD export of an image object compared by
 //! qemu-img.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,22 +47,7 @@ impl Service {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn l2arc");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let pipe = child.stderr.take().expect("piped");
-        let sink = Arc::clone(&log);
-        let ready = ready.to_string();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                if line.starts_with(&ready) {
-                    let _ = tx.send(());
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
+        let (log, rx) = l2arc_testkit::stderr_log(&mut child, ready);
         let mut service = Service {
             child: Some(child),
             log,

@@ -97,6 +97,34 @@ pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receive
     rx
 }
 
+/// A spawned child's stderr (piped) gathered line by line into a shared
+/// log, by a thread of its own; the receiver gets one message when a line
+/// that starts with `ready` arrives (a service's ready line).
+pub fn stderr_log(
+    child: &mut std::process::Child,
+    ready: &str,
+) -> (
+    std::sync::Arc<std::sync::Mutex<String>>,
+    std::sync::mpsc::Receiver<()>,
+) {
+    let lines = stderr_lines(child);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = std::sync::Arc::clone(&log);
+    let ready = ready.to_string();
+    std::thread::spawn(move || {
+        for line in lines {
+            if line.starts_with(&ready) {
+                let _ = tx.send(());
+            }
+            let mut log = sink.lock().expect("log poisoned");
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    (log, rx)
+}
+
 /// Checks a Prometheus text page with `promtool check metrics` (Debian
 /// `prometheus`); fails with promtool's words if it finds anything.
 pub fn promtool_check(text: &str) {
