@@ -245,10 +245,13 @@ fn s3_sequential_read_ahead_fetches_spans_of_records_per_get() {
     let log = mount.stop();
     // 48 records of 1 MiB: one GET each before read-ahead went in spans;
     // now the ramp (1, 2, 4 ... records) and then 4 MiB spans, plus the
-    // demand reads that overtake read-ahead and a HEAD or LIST or two.
+    // demand reads that overtake read-ahead and a HEAD or LIST or two:
+    // 17-18 on a quiet machine. The bound leaves room for a loaded one,
+    // where demand reads overtake more often, and still fails one GET a
+    // record.
     let gets = gets_in(&log);
     assert!(
-        gets <= 48 / 2,
+        gets <= 48 * 3 / 4,
         "{gets} GETs for a 48 MiB sequential read:\n{log}"
     );
 }
