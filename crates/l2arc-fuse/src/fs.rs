@@ -332,7 +332,7 @@ impl CachedFs {
                 move |(file, offset, len): PrefetchJob| {
                     // A failed read-ahead is only a lost hint; the demand
                     // read reports errors.
-                    let _ = cache.prefetch(&file.handle, offset, len as usize);
+                    let _ = cache.prefetch_span(&file.handle, offset, len);
                 },
             )?)
         } else {

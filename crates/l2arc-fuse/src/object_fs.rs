@@ -59,8 +59,8 @@ pub struct ObjectFsOptions {
     pub readahead_max_records: u32,
     /// Threads fetching read-ahead spans (GETs in flight for read-ahead).
     pub prefetch_threads: usize,
-    /// Largest read-ahead span, one GET (whole records, at least one; at
-    /// most `l2arc::PREFETCH_SPAN_BYTES_MAX`).
+    /// Largest read-ahead span, one GET (whole records, at least one; the
+    /// engine reads at most `l2arc::PREFETCH_SPAN_BYTES_MAX` at once).
     pub readahead_span_bytes: u64,
     /// Open files and directories at most (EMFILE beyond).
     pub max_open_handles: usize,
@@ -126,11 +126,10 @@ pub struct ObjectFs {
     dataset: DatasetId,
     store: Arc<ObjectStorePrimary>,
     options: ObjectFsOptions,
-    nodes: Mutex<HashMap<u64, Node>>,
+    nodes: Mutex<NodeTable>,
     handles: HandleTable<OpenObject, Vec<(String, FileType, u64)>>,
     prefetch: Option<SyncSender<PrefetchJob>>,
     invalidate: SyncSender<u64>,
-    relief_clock: Mutex<ReliefClock>,
     relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
     mounted_at: SystemTime,
@@ -164,53 +163,75 @@ fn node_id(path: &str) -> u64 {
     h.max(2)
 }
 
-/// `remember` within the locked table; `tick` stamps the node.
-fn remember_in(
-    nodes: &mut HashMap<u64, Node>,
+/// The nodes the kernel holds, bounded by `max_nodes`, with the clock that
+/// decides when to give idle ones back (`crate::relief`).
+struct NodeTable {
+    map: HashMap<u64, Node>,
     max_nodes: usize,
-    path: &str,
-    is_dir: bool,
-    tick: u64,
-) -> Result<u64, Errno> {
-    let ino = node_id(path);
-    if let Some(node) = nodes.get_mut(&ino) {
-        if node.path != path {
-            // Two keys with one 64-bit hash: refuse the second rather
-            // than serve one for the other.
-            return Err(Errno::EIO);
+    relief: ReliefClock,
+}
+
+impl NodeTable {
+    fn new(max_nodes: usize) -> Self {
+        let root = Node {
+            path: String::new(),
+            is_dir: true,
+            lookups: 1,
+            last_lookup_tick: 0,
+            page_version: None,
+        };
+        Self {
+            map: HashMap::from([(ROOT_ID, root)]),
+            max_nodes,
+            relief: ReliefClock::new(max_nodes),
         }
-        node.lookups += 1;
-        node.is_dir = is_dir;
-        node.last_lookup_tick = tick;
-        return Ok(ino);
     }
-    if nodes.len() >= max_nodes {
-        return Err(Errno::ENFILE);
-    }
-    nodes.insert(
-        ino,
-        Node {
+
+    /// Counts a kernel reference to the node of `path` (made if new).
+    fn remember(&mut self, path: &str, is_dir: bool) -> Result<u64, Errno> {
+        let tick = self.relief.tick();
+        let ino = node_id(path);
+        if let Some(node) = self.map.get_mut(&ino) {
+            if node.path != path {
+                // Two keys with one 64-bit hash: refuse the second rather
+                // than serve one for the other.
+                return Err(Errno::EIO);
+            }
+            node.lookups += 1;
+            node.is_dir = is_dir;
+            node.last_lookup_tick = tick;
+            return Ok(ino);
+        }
+        if self.map.len() >= self.max_nodes {
+            return Err(Errno::ENFILE);
+        }
+        let node = Node {
             path: path.to_string(),
             is_dir,
             lookups: 1,
             last_lookup_tick: tick,
             page_version: None,
-        },
-    );
-    Ok(ino)
-}
+        };
+        self.map.insert(ino, node);
+        Ok(ino)
+    }
 
-/// The entries (parent id, name) naming up to a batch of idle nodes.
-fn idle_entries(nodes: &HashMap<u64, Node>, relief: Relief) -> ReliefJob {
-    nodes
-        .iter()
-        .filter(|(ino, node)| **ino != ROOT_ID && node.last_lookup_tick <= relief.idle_since)
-        .take(relief.batch)
-        .map(|(_, node)| match node.path.rsplit_once('/') {
-            Some((dir, name)) => (node_id(dir), name.to_string()),
-            None => (ROOT_ID, node.path.clone()),
-        })
-        .collect()
+    /// When relief is due, the entries (parent id, name) naming up to a
+    /// batch of idle nodes; else none.
+    fn relief(&mut self) -> ReliefJob {
+        let Some(Relief { batch, idle_since }) = self.relief.due(self.map.len()) else {
+            return Vec::new();
+        };
+        self.map
+            .iter()
+            .filter(|(ino, node)| **ino != ROOT_ID && node.last_lookup_tick <= idle_since)
+            .take(batch)
+            .map(|(_, node)| match node.path.rsplit_once('/') {
+                Some((dir, name)) => (node_id(dir), name.to_string()),
+                None => (ROOT_ID, node.path.clone()),
+            })
+            .collect()
+    }
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -270,29 +291,17 @@ impl ObjectFs {
                 },
             )?
         };
-        let relief_clock = Mutex::new(ReliefClock::new(options.max_nodes));
         let handles = HandleTable::new(options.max_open_handles);
-        let mut nodes = HashMap::new();
-        nodes.insert(
-            ROOT_ID,
-            Node {
-                path: String::new(),
-                is_dir: true,
-                lookups: 1,
-                last_lookup_tick: 0,
-                page_version: None,
-            },
-        );
+        let nodes = Mutex::new(NodeTable::new(options.max_nodes));
         Ok(Self {
             cache,
             dataset,
             store,
             options,
-            nodes: Mutex::new(nodes),
+            nodes,
             handles,
             prefetch,
             invalidate,
-            relief_clock,
             relief,
             notifier,
             mounted_at: SystemTime::now(),
@@ -305,17 +314,14 @@ impl ObjectFs {
 
     /// Bytes of one read-ahead job: whole records, at least one.
     fn readahead_span_bytes(&self, recordsize: u64) -> u64 {
-        let span = self
-            .options
-            .readahead_span_bytes
-            .min(l2arc::PREFETCH_SPAN_BYTES_MAX);
-        (span / recordsize).max(1) * recordsize
+        (self.options.readahead_span_bytes / recordsize).max(1) * recordsize
     }
 
     fn node(&self, ino: INodeNo) -> Result<(String, bool), Errno> {
         self.nodes
             .lock()
             .expect("node table poisoned")
+            .map
             .get(&ino.0)
             .map(|n| (n.path.clone(), n.is_dir))
             .ok_or(Errno::ENOENT)
@@ -365,14 +371,7 @@ impl ObjectFs {
     fn remember(&self, path: &str, is_dir: bool) -> Result<u64, Errno> {
         let (result, relief) = {
             let mut nodes = self.nodes.lock().expect("node table poisoned");
-            let mut clock = self.relief_clock.lock().expect("relief clock poisoned");
-            let tick = clock.tick();
-            let result = remember_in(&mut nodes, self.options.max_nodes, path, is_dir, tick);
-            let relief = clock
-                .due(nodes.len())
-                .map(|relief| idle_entries(&nodes, relief))
-                .unwrap_or_default();
-            (result, relief)
+            (nodes.remember(path, is_dir), nodes.relief())
         };
         if !relief.is_empty() {
             // Dropped when a batch is still being sent: the next one comes.
@@ -411,7 +410,7 @@ impl ObjectFs {
     /// it is the one they reflected before (the pages may stay).
     fn note_page_version(&self, ino: u64, version: (u64, u64)) -> bool {
         let mut nodes = self.nodes.lock().expect("node table poisoned");
-        let Some(node) = nodes.get_mut(&ino) else {
+        let Some(node) = nodes.map.get_mut(&ino) else {
             return false;
         };
         let same = node.page_version == Some(version);
@@ -583,7 +582,7 @@ impl Filesystem for ObjectFs {
         if ino.0 == ROOT_ID {
             return;
         }
-        let mut nodes = self.nodes.lock().expect("node table poisoned");
+        let nodes = &mut self.nodes.lock().expect("node table poisoned").map;
         if let Some(node) = nodes.get_mut(&ino.0) {
             node.lookups = node.lookups.saturating_sub(nlookup);
             if node.lookups == 0 {

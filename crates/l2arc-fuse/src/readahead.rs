@@ -5,13 +5,14 @@
 //! on the slow source in turn. Like ZFS's zfetch we watch each open file:
 //! when a read starts where the previous one ended, the reader is
 //! sequential and we ask the cache to fetch the records ahead of it
-//! (`Cache::prefetch`) in the background, so that the source streams
+//! (`Cache::prefetch_span`) in the background, so that the source streams
 //! while the reader consumes. The window starts at one record and doubles
 //! on every sequential hit up to `max_records`, so a reader that does one
 //! sequential pair of reads costs one extra record, not eight; a random
 //! read resets it. Once the window is open, more is asked for only when
 //! half of it or less is left ahead, so that read-ahead goes below in runs
-//! of half a window (`Cache::prefetch_span` reads a run in one read). Prefetched records are flagged as such by the engine,
+//! of half a window, each run read below at once.
+//! Prefetched records are flagged as such by the engine,
 //! so they do not count as reuse and (with `l2arc_noprefetch`) do not
 //! wear the L2ARC.
 

@@ -78,18 +78,20 @@ mod tests {
         for _ in 0..100 {
             pool.send(1).unwrap();
         }
-        let (tx, rx) = sync_channel(1);
+        let (tx, rx) = sync_channel(3);
+        let (taken_tx, taken) = sync_channel(3);
         let gate = Arc::new(Mutex::new(()));
         let held = gate.lock().unwrap();
         let worker_gate = Arc::clone(&gate);
         let worker = spawn_worker("t-worker", 2, move |n: usize| {
+            taken_tx.send(()).unwrap();
             drop(worker_gate.lock().unwrap());
             tx.send(n).unwrap();
         })
         .unwrap();
         // One job taken and blocked, two queued: the fourth does not fit.
         worker.send(1).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        taken.recv().unwrap();
         worker.try_send(2).unwrap();
         worker.try_send(3).unwrap();
         assert!(worker.try_send(4).is_err(), "the queue is bounded");

@@ -12,8 +12,9 @@
 //! record's own, and a write that lands meanwhile dooms the claims it
 //! touches as it dooms any fill.
 //!
-//! The span is bounded (`PREFETCH_SPAN_BYTES_MAX`): it is the transient
-//! buffer a read-ahead holds, on top of the records it becomes.
+//! One read is bounded (`PREFETCH_SPAN_BYTES_MAX`): it is the transient
+//! buffer a read-ahead holds, on top of the records it becomes; a longer
+//! run is read in pieces of that size.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -22,7 +23,7 @@ use crate::arc::AccessKind;
 use crate::arc::live::{FillClaim, Lookup};
 use crate::{Cache, ObjectHandle};
 
-/// Largest range one [`Cache::prefetch_span`] reads.
+/// Largest read one [`Cache::prefetch_span`] makes below.
 pub const PREFETCH_SPAN_BYTES_MAX: u64 = 64 << 20;
 
 /// Claimed records of a span not on the L2ARC, consecutive from the first.
@@ -31,15 +32,11 @@ type Run<'a> = Vec<(u64, FillClaim<'a>)>;
 impl Cache {
     /// Fetches the records covering `len` bytes at `offset` into the cache
     /// (read-ahead), reading each run of them that is neither cached nor
-    /// being read nor on the L2ARC from primary storage in one read. `len`
-    /// is at most [`PREFETCH_SPAN_BYTES_MAX`]. An error of a primary read
-    /// is returned (the records it was for stay uncached; demand reads
-    /// report their own errors).
+    /// being read nor on the L2ARC from primary storage in one read (of at
+    /// most [`PREFETCH_SPAN_BYTES_MAX`]). An error of a primary read is
+    /// returned (the records it was for stay uncached; demand reads report
+    /// their own errors).
     pub fn prefetch_span(&self, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {
-        assert!(
-            len <= PREFETCH_SPAN_BYTES_MAX,
-            "a read-ahead span of {len} bytes"
-        );
         let size_bytes = handle.size_bytes();
         if handle.caches_nothing() || len == 0 || offset >= size_bytes {
             return Ok(());
@@ -47,6 +44,7 @@ impl Cache {
         let end = offset.saturating_add(len).min(size_bytes);
         let recordsize = u64::from(handle.recordsize_bytes());
         let token = handle.token();
+        let run_records_max = (PREFETCH_SPAN_BYTES_MAX / recordsize).max(1) as usize;
         let mut run: Run<'_> = Vec::new();
         let mut result = Ok(());
         for index in offset / recordsize..=(end - 1) / recordsize {
@@ -59,6 +57,9 @@ impl Cache {
                         result = result.and(self.read_run(handle, &mut run, token));
                     } else {
                         run.push((index, claim));
+                        if run.len() == run_records_max {
+                            result = result.and(self.read_run(handle, &mut run, token));
+                        }
                     }
                 }
                 Lookup::Hit(_) | Lookup::InFlight(_) => {

@@ -806,7 +806,7 @@ impl Cache {
 
     /// Reads like `pread`: fills `buf` from `offset`, short at end of object.
     pub fn read(&self, handle: &ObjectHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        if handle.dataset.props.primarycache() == CacheMode::None {
+        if handle.caches_nothing() {
             return self.read_uncached(handle, offset, buf);
         }
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
@@ -835,7 +835,7 @@ impl Cache {
     /// Warms the cache with the records under a range (read-ahead): they are
     /// flagged as prefetched and do not count as reuse.
     pub fn prefetch(&self, handle: &ObjectHandle, offset: u64, len: usize) -> io::Result<()> {
-        if handle.dataset.props.primarycache() == CacheMode::None {
+        if handle.caches_nothing() {
             return Ok(());
         }
         self.read_view(handle, offset, len, AccessKind::Prefetch)

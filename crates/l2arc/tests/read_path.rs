@@ -1205,6 +1205,22 @@ fn a_prefetch_span_reads_each_run_of_uncached_records_in_one_read() {
     assert!(read_all(&c, &h, data.len()) == data);
     assert!(reads() > before, "nothing of the failed span was cached");
 
+    // A run longer than one read may be is read in pieces of that size:
+    // 65 records of 1 MiB, two reads.
+    let mib = 1u64 << 20;
+    let pieces = l2arc::PREFETCH_SPAN_BYTES_MAX / mib + 1;
+    fs::write(tmp.path().join("big"), pattern((pieces * mib) as usize, 4)).unwrap();
+    let (primary, state) = test_primary(tmp.path(), Duration::ZERO);
+    let c = cache(8 << 20, 2);
+    let ds = dataset(&c, primary, mib as u32, CacheMode::All);
+    let h = c.open(ds, "big", false).unwrap();
+    c.prefetch_span(&h, 0, pieces * mib).unwrap();
+    assert_eq!(
+        state.reads.load(Ordering::SeqCst),
+        2,
+        "one read per PREFETCH_SPAN_BYTES_MAX"
+    );
+
     // primarycache=none: read-ahead reads nothing.
     let (primary, state) = test_primary(tmp.path(), Duration::ZERO);
     let c = cache(8 << 20, 2);
