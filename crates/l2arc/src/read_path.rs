@@ -78,7 +78,7 @@ use crate::arc::policy::{AccessKind, DramPolicy};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
 use crate::l2arc::device::{DeviceIo, FileDevice};
-use crate::l2arc::format::Compression;
+use crate::l2arc::format::{Compression, SECTOR_TABLE_RECORD_BYTES_MIN};
 use crate::l2arc::ring::IoEngine;
 use crate::l2arc::{DeviceOpen, L2Arc, L2ArcConfig};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
@@ -399,6 +399,22 @@ impl ReadView {
         }
         at
     }
+}
+
+/// A small read is tried as a sector read when it is at most this
+/// fraction of its record (see `Cache::get_piece`).
+const SECTOR_READ_FRACTION: usize = 8;
+
+/// `wanted` of a whole record, cut at its end, and whether it is short.
+fn piece_of(
+    record: Arc<Record>,
+    wanted: Range<usize>,
+    recordsize: usize,
+) -> (Arc<Record>, Range<usize>, bool) {
+    let len = record.data.len();
+    let to = wanted.end.min(len);
+    let from = wanted.start.min(to);
+    (record, from..to, len < recordsize)
 }
 
 /// Object states kept beyond those open handles hold: each is ~100 bytes,
@@ -816,17 +832,16 @@ impl Cache {
             // Within one record: copy straight out of the record buffer.
             let timer = self.analytics.start_read();
             let index = offset / recordsize;
-            let record = self.get_record(handle, index, AccessKind::Demand)?;
             let from = (offset - index * recordsize) as usize;
-            let to = ((end - index * recordsize) as usize)
-                .min(record.data.len())
-                .max(from);
-            buf[..to - from].copy_from_slice(&record.data[from..to]);
+            let to = (end - index * recordsize) as usize;
+            let (record, range, _) = self.get_piece(handle, index, AccessKind::Demand, from..to)?;
+            let n = range.len();
+            buf[..n].copy_from_slice(&record.data[range]);
             self.counters.reads.add(1);
-            self.counters.read_bytes.add((to - from) as u64);
+            self.counters.read_bytes.add(n as u64);
             self.analytics
                 .finish_read(timer, handle.dataset_id.0, handle.state.id);
-            return Ok(to - from);
+            return Ok(n);
         }
         let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
         Ok(view.copy_to(buf))
@@ -859,13 +874,12 @@ impl Cache {
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
         let timer = self.analytics.start_read_if(kind == AccessKind::Demand);
         for index in offset / recordsize..=(end - 1) / recordsize {
-            let record = self.get_record(handle, index, kind)?;
             let record_start = index * recordsize;
             let from = (offset.max(record_start) - record_start) as usize;
-            let to = ((end - record_start) as usize).min(record.data.len());
-            let short = record.data.len() < recordsize as usize;
-            if from < to {
-                segments.push((record, from..to));
+            let to = ((end - record_start) as usize).min(recordsize as usize);
+            let (record, range, short) = self.get_piece(handle, index, kind, from..to)?;
+            if !range.is_empty() {
+                segments.push((record, range));
             }
             if short {
                 break; // end of object as the primary saw it
@@ -880,6 +894,59 @@ impl Cache {
             return Ok(view);
         }
         Ok(ReadView { segments })
+    }
+
+    /// Bytes `wanted` of record `index` (cut at the record's end): a
+    /// buffer, the range of it that holds them, and whether the record is
+    /// short (the object's last).
+    ///
+    /// A small demand read (at most 1/`SECTOR_READ_FRACTION` of a record)
+    /// of a record the ARC neither holds nor is filling is first tried as
+    /// a sector read from the L2ARC (`L2Arc::read_sectors`): the 4 KiB
+    /// blocks under it and the record's sector table, not the whole
+    /// record, and no ARC fill. Reading a 1 MiB record from flash to serve
+    /// 4 KiB is 256 times the I/O, and filling the ARC with it evicts a
+    /// megabyte of DRAM for every random read that misses it. A record
+    /// read this way is still counted as an ARC miss and an L2ARC hit.
+    fn get_piece(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        kind: AccessKind,
+        wanted: Range<usize>,
+    ) -> io::Result<(Arc<Record>, Range<usize>, bool)> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        if kind == AccessKind::Demand
+            && recordsize >= SECTOR_TABLE_RECORD_BYTES_MIN
+            && wanted.len() * SECTOR_READ_FRACTION <= recordsize
+        {
+            let token = handle.token();
+            let key = handle.record_key(index);
+            match self.arc.lookup_resident(key, token, kind) {
+                Some(Lookup::Hit(record)) => return Ok(piece_of(record, wanted, recordsize)),
+                Some(_) => {} // being filled: wait for it below
+                None => {
+                    if let Some((l2, key_hash)) = self.l2_source(handle, index, token) {
+                        let timer = self.analytics.start();
+                        if let Some((data, record_bytes)) =
+                            l2.read_sectors(key_hash, wanted.clone())
+                        {
+                            self.arc.note_miss(key, kind);
+                            self.note_l2_hit(handle, timer, data.len() as u64);
+                            let len = data.len();
+                            let record = Arc::new(Record {
+                                data,
+                                generation_token: token,
+                                fill_sequence: 0,
+                            });
+                            return Ok((record, 0..len, record_bytes < recordsize));
+                        }
+                    }
+                }
+            }
+        }
+        let record = self.get_record(handle, index, kind)?;
+        Ok(piece_of(record, wanted, recordsize))
     }
 
     fn get_record(

@@ -757,3 +757,181 @@ fn writes_racing_feeds(l2_config: l2arc::L2ArcConfig) {
     drop(f);
     shutdown(cache);
 }
+
+// ---------------------------------------------------------------------------
+// 6. Sector reads
+
+/// Small reads of 1 MiB records that the ARC does not hold take only the
+/// 4 KiB blocks under them (and the record's sector table) from flash, and
+/// return primary's bytes: across block boundaries, at the end of a short
+/// last record, past the end of the object. A damaged block is caught by
+/// its table entry: the read is a miss served from primary. Compressed
+/// records have no table and are read whole.
+#[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
+fn small_reads_of_large_records_take_sectors_from_flash() {
+    const RECORD: usize = 1 << 20;
+    for compression in [Compression::Off, Compression::Lz4] {
+        let mut world = World::new();
+        // Eight whole records and a short ninth.
+        let data = world.add_file("f", 8 * RECORD + 100_000, 77);
+        let new_cache = || {
+            let cache = l2arc::Cache::new(l2arc::CacheConfig {
+                arc_max_bytes: 2 << 20,
+                arc_shards: 2,
+                l2arc: quiet_l2(),
+                ..l2arc::CacheConfig::default()
+            })
+            .unwrap();
+            let ds = cache
+                .add_dataset(
+                    "data",
+                    Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap()),
+                    l2arc::DatasetConfig {
+                        recordsize_bytes: RECORD as u32,
+                        compression,
+                        ..l2arc::DatasetConfig::default()
+                    },
+                )
+                .unwrap();
+            (cache, ds)
+        };
+        let (cache, ds) = new_cache();
+        let device = world.device_path("cache.dev");
+        add_path(&cache, &device, Some(DEVICE_BYTES)).unwrap();
+        let f = cache.open(ds, "f", false).unwrap();
+        let mut whole = vec![0u8; RECORD];
+        for index in 0..data.len().div_ceil(RECORD) {
+            let n = cache.read(&f, (index * RECORD) as u64, &mut whole).unwrap();
+            assert_eq!(whole[..n], data[index * RECORD..(index * RECORD + n)]);
+            cache.feed_l2arc();
+        }
+        cache.feed_l2arc();
+        assert!(
+            l2(&cache).get("l2_bufs") >= 8,
+            "{compression}: {:?}",
+            l2(&cache)
+        );
+
+        // Random small reads, some across a 4 KiB boundary, some at or past
+        // the end of the object, through `read` and `read_view`.
+        let before = l2(&cache);
+        let arc_before = cache.stats().arc.misses;
+        let mut rng = Rng(0x5EC7_0125);
+        let reads = 400u64;
+        for i in 0..reads {
+            let len = [4096usize, 512, 6000, 1][(i % 4) as usize];
+            let offset = match i % 50 {
+                0 => data.len() as u64 - 10,
+                1 => data.len() as u64 + 5,
+                _ => rng.below(data.len() as u64),
+            };
+            let mut buf = vec![0u8; len];
+            let n = if i % 2 == 0 {
+                cache.read(&f, offset, &mut buf).unwrap()
+            } else {
+                let view = cache
+                    .read_view(&f, offset, len, l2arc::arc::AccessKind::Demand)
+                    .unwrap();
+                view.copy_to(&mut buf)
+            };
+            let start = (offset as usize).min(data.len());
+            let end = (start + len).min(data.len());
+            assert_eq!(n, end - start, "{compression}: length of {len} at {offset}");
+            assert!(
+                buf[..n] == data[start..end],
+                "{compression}: bytes of {len} at {offset}"
+            );
+        }
+        let after = l2(&cache);
+        let sector_hits = after.get("l2_sector_hits") - before.get("l2_sector_hits");
+        let read_bytes = after.get("l2_read_bytes") - before.get("l2_read_bytes");
+        eprintln!("{compression}: {sector_hits} sector hits, {read_bytes} bytes read from flash");
+        if compression == Compression::Off {
+            // The ARC holds two of nine records: most reads go to flash.
+            assert!(sector_hits >= reads / 2, "{compression}: {after:?}");
+            assert!(
+                cache.stats().arc.misses - arc_before >= sector_hits,
+                "sector hits are ARC misses"
+            );
+            // A block or two and the table per read, never the record.
+            assert!(
+                read_bytes <= reads * 3 * BLOCK_BYTES,
+                "{compression}: {read_bytes} bytes from flash for {reads} small reads"
+            );
+        } else {
+            assert_eq!(sector_hits, 0, "compressed records have no sector table");
+            assert!(after.get("l2_hits") > before.get("l2_hits"));
+        }
+
+        // Damage one block in the middle of every plain record on flash: a
+        // small read of it is a miss (counted), served from primary.
+        let chain = log_chain(&device);
+        let mut damaged = Vec::new();
+        for entry in chain.iter().flat_map(|b| &b.entries) {
+            let location = entry.location;
+            if !location.sectored() {
+                continue;
+            }
+            let block_at = location.offset_bytes() + 100 * BLOCK_BYTES;
+            let mut byte = read_at(&device, block_at + 7, 1);
+            byte[0] ^= 0x10;
+            write_at(&device, block_at + 7, &byte);
+            damaged.push(location);
+        }
+        if compression == Compression::Off {
+            assert!(
+                damaged.len() >= 8,
+                "records with a sector table: {}",
+                damaged.len()
+            );
+        } else {
+            assert!(damaged.is_empty());
+        }
+        let bad_before = l2(&cache).get("l2_cksum_bad");
+        for index in 0..8 {
+            let offset = (index * RECORD) as u64 + 100 * BLOCK_BYTES + 3;
+            let mut buf = [0u8; 64];
+            assert_eq!(cache.read(&f, offset, &mut buf).unwrap(), 64);
+            assert!(buf[..] == data[offset as usize..offset as usize + 64]);
+        }
+        let bad = l2(&cache).get("l2_cksum_bad") - bad_before;
+        if compression == Compression::Off {
+            // The two records in the ARC are not read from flash.
+            assert!(bad >= 6, "damaged blocks not caught: {bad}");
+        }
+        check_all_large(&cache, &f, &data, RECORD);
+        drop(f);
+        shutdown(cache);
+
+        // After a restart the rebuilt index serves sector reads too.
+        let (cache, ds) = new_cache();
+        add_path(&cache, &device, None).unwrap();
+        wait_rebuild(&cache);
+        let f = cache.open(ds, "f", false).unwrap();
+        for i in 0..64u64 {
+            let offset = rng.below(data.len() as u64 - 4096);
+            let mut buf = [0u8; 4096];
+            assert_eq!(cache.read(&f, offset, &mut buf).unwrap(), 4096, "read {i}");
+            assert!(buf[..] == data[offset as usize..offset as usize + 4096]);
+        }
+        let rebuilt = l2(&cache);
+        if compression == Compression::Off {
+            assert!(
+                rebuilt.get("l2_sector_hits") >= 16,
+                "after restart: {rebuilt:?}"
+            );
+        }
+        drop(f);
+        shutdown(cache);
+        world.assert_primary_intact();
+    }
+}
+
+fn check_all_large(cache: &l2arc::Cache, f: &l2arc::ObjectHandle, data: &[u8], record: usize) {
+    let mut buf = vec![0u8; record];
+    for index in 0..data.len().div_ceil(record) {
+        let n = cache.read(f, (index * record) as u64, &mut buf).unwrap();
+        assert!(buf[..n] == data[index * record..index * record + n]);
+    }
+}

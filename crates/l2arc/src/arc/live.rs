@@ -363,6 +363,41 @@ impl LiveArc {
     /// Looks a record up for a reader of an object whose current generation
     /// token is `token`.
     pub fn lookup(&self, key: RecordKey, token: u64, kind: AccessKind) -> Lookup<'_> {
+        self.lookup_or_claim(key, token, kind, true)
+            .expect("a claiming lookup always finds something to return")
+    }
+
+    /// As [`Self::lookup`], but a record that is neither resident nor being
+    /// filled is `None`: nothing is claimed and no miss counted (the caller
+    /// serves the read another way, or looks up again with a claim).
+    pub fn lookup_resident(
+        &self,
+        key: RecordKey,
+        token: u64,
+        kind: AccessKind,
+    ) -> Option<Lookup<'_>> {
+        self.lookup_or_claim(key, token, kind, false)
+    }
+
+    /// Counts a miss that was served without a fill (see
+    /// [`Self::lookup_resident`]).
+    pub fn note_miss(&self, key: RecordKey, kind: AccessKind) {
+        let mut guard = self.shard(&key);
+        let stats = &mut guard.stats;
+        stats.misses += 1;
+        match kind {
+            AccessKind::Demand => stats.demand_data_misses += 1,
+            AccessKind::Prefetch => stats.prefetch_data_misses += 1,
+        }
+    }
+
+    fn lookup_or_claim(
+        &self,
+        key: RecordKey,
+        token: u64,
+        kind: AccessKind,
+        claim: bool,
+    ) -> Option<Lookup<'_>> {
         let mut guard = self.shard(&key);
         let shard = &mut *guard;
         match shard.policy.get(&key, kind) {
@@ -378,7 +413,7 @@ impl LiveArc {
                     ListId::Mfu => stats.mfu_hits += 1,
                     _ => stats.mru_hits += 1,
                 }
-                return Lookup::Hit(record);
+                return Some(Lookup::Hit(record));
             }
             Some(_) => {
                 shard.policy.remove(&key);
@@ -388,7 +423,10 @@ impl LiveArc {
         }
         if let Some(fill) = shard.fills.get(&key) {
             shard.stats.iohits += 1;
-            return Lookup::InFlight(Arc::clone(fill));
+            return Some(Lookup::InFlight(Arc::clone(fill)));
+        }
+        if !claim {
+            return None;
         }
         shard.stats.misses += 1;
         match kind {
@@ -402,13 +440,13 @@ impl LiveArc {
             waiting: AtomicU32::new(0),
         });
         shard.fills.insert(key, Arc::clone(&fill));
-        Lookup::Claimed(FillClaim {
+        Some(Lookup::Claimed(FillClaim {
             arc: self,
             key,
             kind,
             fill,
             completed: false,
-        })
+        }))
     }
 
     fn complete_fill(

@@ -27,6 +27,8 @@ pub(super) const STATE_REMOVED: u8 = 3;
 #[derive(Default)]
 pub(crate) struct DeviceCounters {
     pub hits: AtomicU64,
+    /// Hits served from 4 KiB pieces of a record (`L2Arc::read_sectors`).
+    pub sector_hits: AtomicU64,
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub writes_sent: AtomicU64,

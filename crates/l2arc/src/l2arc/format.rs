@@ -42,6 +42,17 @@
 //! byte-exact stored length of a record is kept in the location word
 //! (`tail_bytes`), so alignment costs padding on the device, not precision.
 //!
+//! SECTOR TABLES FOR LARGE PLAIN RECORDS. A 4 KiB read of a 1 MiB record
+//! that the ARC does not hold would otherwise read the whole megabyte from
+//! flash, check it, and push a megabyte out of DRAM to keep it: random
+//! small reads then run at the flash's bandwidth divided by 256. So a
+//! plain record of 256 KiB or more is followed by one block of per-block
+//! checksums (each mixing in the key and the block's index, for the reason
+//! the record checksum mixes in the key), and a small read takes the
+//! blocks under it and that table, nothing else. The table costs a block
+//! per record (0.4% at 1 MiB) and no DRAM; a compressed record cannot be
+//! read in pieces and gets none.
+//!
 //! Decoding is defensive: every decoder of bytes read from a device returns a
 //! [`FormatError`] rather than panicking, and allocates only after checking a
 //! length field against the size of the buffer it came in.
@@ -59,8 +70,9 @@ pub const DATA_START_BYTES: u64 = 1 << 20;
 /// The format version of the device header this module writes (it reads 1
 /// and 2: version 2 adds `batch_blocks_max`).
 pub const FORMAT_VERSION: u32 = 2;
-/// The version of log blocks (unchanged since version 1).
-pub const LOG_BLOCK_VERSION: u32 = 1;
+/// The version of log blocks this module writes (it reads 1 and 2: version
+/// 2 adds records stored with a sector table, stored-as value 3).
+pub const LOG_BLOCK_VERSION: u32 = 2;
 /// Offset of `batch_blocks_max` in a version 2 header.
 const HEADER_BATCH_BLOCKS_FIELD: usize = 104;
 
@@ -128,7 +140,7 @@ pub enum FormatError {
         found: [u8; 8],
     },
     #[error(
-        "unsupported format version {0} (this build reads headers of versions 1 and {FORMAT_VERSION}, log blocks of version {LOG_BLOCK_VERSION})"
+        "unsupported format version {0} (this build reads headers and log blocks of versions 1 and 2)"
     )]
     /// A version this build does not read.
     UnsupportedVersion(u32),
@@ -292,6 +304,8 @@ const DEVICE_MASK: u64 = (1 << 4) - 1;
 const ASIZE_MASK: u64 = (1 << 9) - 1;
 const COMPRESSION_MASK: u64 = (1 << 2) - 1;
 const TAIL_MASK: u64 = (1 << 12) - 1;
+/// The stored-as value of a plain payload followed by a sector table.
+const STORED_SECTORED: u64 = 3;
 
 /// The packed u64 location word of `docs/format.md`: where a record payload
 /// lies on which device, how big it is and how it is stored.
@@ -333,6 +347,31 @@ impl Location {
         )
     }
 
+    /// Packs the location of a plain payload of `payload_blocks` followed
+    /// by its sector table block. Panics as [`Location::new`] does, and
+    /// unless `1 <= payload_blocks <= 510`.
+    pub fn new_sectored(
+        block: u32,
+        lap: u32,
+        device: u8,
+        payload_blocks: u16,
+        tail_bytes: u16,
+    ) -> Location {
+        assert!(
+            (1..MAX_ASIZE_BLOCKS).contains(&payload_blocks),
+            "payload_blocks {payload_blocks} out of range 1..511"
+        );
+        let plain = Location::new(
+            block,
+            lap,
+            device,
+            payload_blocks + 1,
+            Compression::Off,
+            tail_bytes,
+        );
+        Location(plain.0 | (STORED_SECTORED << COMPRESSION_SHIFT))
+    }
+
     /// 4 KiB block number from the start of the device.
     pub fn block(self) -> u32 {
         (self.0 >> BLOCK_SHIFT) as u32
@@ -353,9 +392,32 @@ impl Location {
         ((self.0 >> ASIZE_SHIFT) & ASIZE_MASK) as u16
     }
 
-    /// `None` for the invalid value 3.
+    /// How the payload is coded. A record stored with a sector table
+    /// (stored-as value 3) is stored as it is: `Some(Off)`.
     pub fn compression(self) -> Option<Compression> {
+        if self.sectored() {
+            return Some(Compression::Off);
+        }
         Compression::from_bits(((self.0 >> COMPRESSION_SHIFT) & COMPRESSION_MASK) as u8)
+    }
+
+    /// Whether the payload is followed by a sector table (stored-as value
+    /// 3, log blocks of version 2): then 4 KiB pieces of it can be read
+    /// and checked alone.
+    pub fn sectored(self) -> bool {
+        (self.0 >> COMPRESSION_SHIFT) & COMPRESSION_MASK == STORED_SECTORED
+    }
+
+    /// Device offset of the sector table (the last block), if there is one.
+    pub fn sector_table_offset_bytes(self) -> Option<u64> {
+        self.sectored()
+            .then(|| (self.end_block() - 1) * BLOCK_BYTES)
+    }
+
+    /// 4 KiB blocks of the payload alone (without a sector table).
+    pub fn payload_blocks(self) -> u16 {
+        self.asize_blocks()
+            .saturating_sub(u16::from(self.sectored()))
     }
 
     /// Zero padding after the stored bytes in the last block.
@@ -369,10 +431,10 @@ impl Location {
         Location((self.0 & !(DEVICE_MASK << DEVICE_SHIFT)) | (u64::from(device) << DEVICE_SHIFT))
     }
 
-    /// Length of the stored payload: `asize_blocks * 4096 - tail_bytes`
+    /// Length of the stored payload: `payload_blocks * 4096 - tail_bytes`
     /// (0 for the invalid `asize_blocks == 0`).
     pub fn stored_bytes(self) -> usize {
-        (usize::from(self.asize_blocks()) * BLOCK_BYTES as usize)
+        (usize::from(self.payload_blocks()) * BLOCK_BYTES as usize)
             .saturating_sub(usize::from(self.tail_bytes()))
     }
 
@@ -806,7 +868,8 @@ pub fn decode_log_block(
     buf: &[u8],
     expected_device_guid: u128,
 ) -> Result<(LogBlockHeader, Vec<LogEntry>), FormatError> {
-    let b = checked_preamble(buf, LOG_MAGIC, "log block", &[LOG_BLOCK_VERSION])?;
+    let b = checked_preamble(buf, LOG_MAGIC, "log block", &[1, LOG_BLOCK_VERSION])?;
+    let version = rd_u32(b, 8);
     let size_bytes = check_log_block_size(b, buf)?;
     let size = size_bytes as usize;
     check_log_block_crc(b, buf)?;
@@ -848,6 +911,7 @@ pub fn decode_log_block(
     let entries = decode_log_entries(
         &buf[LOG_BLOCK_HEADER_BYTES..LOG_BLOCK_HEADER_BYTES + n * LOG_ENTRY_BYTES],
         &header,
+        version,
     )?;
     Ok((header, entries))
 }
@@ -897,6 +961,7 @@ fn check_log_block_crc(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<(
 fn decode_log_entries(
     raw_entries: &[u8],
     header: &LogBlockHeader,
+    version: u32,
 ) -> Result<Vec<LogEntry>, FormatError> {
     debug_assert!(raw_entries.len().is_multiple_of(LOG_ENTRY_BYTES));
     let lap_mod32 = (header.lap % 32) as u8;
@@ -910,8 +975,10 @@ fn decode_log_entries(
             Some("key_hash 0")
         } else if loc.asize_blocks() == 0 {
             Some("asize_blocks 0")
-        } else if loc.compression().is_none() {
-            Some("compression 3")
+        } else if loc.sectored() && version < 2 {
+            Some("stored-as 3 (a sector table) in a version 1 log block")
+        } else if loc.sectored() && loc.asize_blocks() < 2 {
+            Some("a sector table without a payload block")
         } else if loc.lap_mod32() != lap_mod32 {
             Some("lap differs from the log block's")
         } else if loc.block() < header.first_block {
@@ -940,6 +1007,61 @@ fn decode_log_entries(
 /// without the padding).
 pub fn record_checksum(key_hash: u64, stored: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&key_hash.to_le_bytes()), stored)
+}
+
+// ---------------------------------------------------------------------------
+// Sector tables
+
+/// Plain records at least this long are written with a sector table, so
+/// that a small read can take 4 KiB pieces of them from flash instead of
+/// the whole record. The table costs a block: under 1.6% from here up.
+pub const SECTOR_TABLE_RECORD_BYTES_MIN: usize = 256 * 1024;
+
+/// The checksum of payload block `index` of a record in its sector table:
+/// `crc32c(key_hash as 8 LE bytes ++ index as 4 LE bytes ++ the 4096
+/// bytes as stored, padding included)`. The key and the position are
+/// mixed in for the reason the record checksum mixes the key in: a block
+/// of another record, or of another place in this one, fails the check.
+pub fn sector_checksum(key_hash: u64, index: u32, block: &[u8]) -> u32 {
+    debug_assert_eq!(block.len(), BLOCK_BYTES as usize);
+    let seed = crc32c::crc32c_append(
+        crc32c::crc32c(&key_hash.to_le_bytes()),
+        &index.to_le_bytes(),
+    );
+    crc32c::crc32c_append(seed, block)
+}
+
+/// Fills `table` (one 4 KiB block) with the [`sector_checksum`] of every
+/// 4 KiB block of `payload` (whole blocks, padding included), as u32 LE
+/// from offset 0, and zeros after them.
+pub fn encode_sector_table(key_hash: u64, payload: &[u8], table: &mut [u8]) {
+    assert_eq!(table.len(), BLOCK_BYTES as usize);
+    assert!(payload.len().is_multiple_of(BLOCK_BYTES as usize));
+    let blocks = payload.len() / BLOCK_BYTES as usize;
+    assert!(
+        blocks * 4 <= table.len(),
+        "{blocks} blocks do not fit one table"
+    );
+    for (i, block) in payload.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+        let crc = sector_checksum(key_hash, i as u32, block);
+        table[i * 4..i * 4 + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+    table[blocks * 4..].fill(0);
+}
+
+/// Checks payload blocks `first..` (`blocks`, whole 4 KiB blocks read from
+/// the device) against a sector table block.
+pub fn check_sectors(key_hash: u64, table: &[u8], first: u32, blocks: &[u8]) -> bool {
+    blocks
+        .chunks_exact(BLOCK_BYTES as usize)
+        .enumerate()
+        .all(|(i, block)| {
+            let index = first + i as u32;
+            let at = index as usize * 4;
+            table.get(at..at + 4).is_some_and(|stored| {
+                stored == sector_checksum(key_hash, index, block).to_le_bytes()
+            })
+        })
 }
 
 /// Writes a compressed payload `[psize u32][lsize u32][compressed]` into
@@ -1386,7 +1508,9 @@ mod tests {
         assert_eq!(l.offset_bytes(), 40960);
         // Arbitrary words never make an accessor panic.
         let junk = Location(u64::MAX);
-        assert_eq!(junk.compression(), None);
+        assert!(junk.sectored());
+        assert_eq!(junk.compression(), Some(Compression::Off));
+        assert_eq!(junk.stored_bytes(), 510 * 4096 - 4095);
         let zero_asize = Location(0xfff << 52);
         assert_eq!(zero_asize.asize_blocks(), 0);
         assert_eq!(zero_asize.stored_bytes(), 0);
@@ -1877,12 +2001,12 @@ mod tests {
             "{e}"
         );
         // Another version.
-        let mut v2 = buf;
-        v2[8] = 2;
-        reseal_log(&mut v2);
+        let mut v3 = buf;
+        v3[8] = 3;
+        reseal_log(&mut v3);
         assert!(matches!(
-            decode_log_block(&v2, GUID),
-            Err(FormatError::UnsupportedVersion(2))
+            decode_log_block(&v3, GUID),
+            Err(FormatError::UnsupportedVersion(3))
         ));
     }
 
@@ -1935,6 +2059,78 @@ mod tests {
     }
 
     #[test]
+    fn sectored_locations_and_tables_round_trip() {
+        let l = Location::new_sectored(1000, 37, 3, 256, 0);
+        assert!(l.sectored());
+        assert_eq!(l.compression(), Some(Compression::Off));
+        assert_eq!((l.asize_blocks(), l.payload_blocks()), (257, 256));
+        assert_eq!(l.stored_bytes(), 1 << 20);
+        assert_eq!(l.sector_table_offset_bytes(), Some(1256 * BLOCK_BYTES));
+        let short = Location::new_sectored(5, 0, 0, 3, 100);
+        assert_eq!(short.stored_bytes(), 3 * 4096 - 100);
+        assert_eq!(short.end_block(), 9);
+        let plain = Location::new(5, 0, 0, 3, Compression::Off, 100);
+        assert!(!plain.sectored());
+        assert_eq!(plain.sector_table_offset_bytes(), None);
+
+        // Every block checks against its own entry only: not another
+        // record's (key), not another place's (index), not damaged bytes.
+        let mut rng = Rng(9);
+        let payload: Vec<u8> = (0..8 * 4096).map(|_| rng.next() as u8).collect();
+        let mut table = vec![0xffu8; 4096];
+        encode_sector_table(77, &payload, &mut table);
+        assert!(table[32..].iter().all(|&b| b == 0));
+        assert!(check_sectors(77, &table, 0, &payload));
+        assert!(check_sectors(77, &table, 3, &payload[3 * 4096..5 * 4096]));
+        assert!(!check_sectors(78, &table, 3, &payload[3 * 4096..4 * 4096]));
+        assert!(!check_sectors(77, &table, 4, &payload[3 * 4096..4 * 4096]));
+        let mut damaged = payload[..4096].to_vec();
+        damaged[4095] ^= 1;
+        assert!(!check_sectors(77, &table, 0, &damaged));
+        // Past the table's end (a corrupt location) is a failure, not a panic.
+        assert!(!check_sectors(77, &table, 1024, &payload[..4096]));
+    }
+
+    #[test]
+    fn version_1_log_blocks_are_read_but_hold_no_sector_tables() {
+        let header = LogBlockHeader {
+            device_guid: GUID,
+            sequence: 2,
+            lap: 37,
+            first_block: 1000,
+            prev: None,
+            entry_count: 2,
+            size_bytes: 4096,
+        };
+        let plain = sample_entries(1, 1000, 37)[0];
+        let sectored = LogEntry {
+            location: Location::new_sectored(1010, 37, 0, 256, 0),
+            ..plain
+        };
+        let as_version_1 = |entries: &[LogEntry]| {
+            let mut buf = vec![0u8; 4096];
+            encode_log_block(&header, entries, &mut buf);
+            buf[8..12].copy_from_slice(&1u32.to_le_bytes());
+            buf[124..128].fill(0);
+            let crc = crc32c::crc32c(&buf);
+            buf[124..128].copy_from_slice(&crc.to_le_bytes());
+            buf
+        };
+        let mut v2 = vec![0u8; 4096];
+        encode_log_block(&header, &[plain, sectored], &mut v2);
+        assert_eq!(
+            decode_log_block(&v2, GUID).unwrap().1,
+            vec![plain, sectored]
+        );
+        let v1 = as_version_1(&[plain, plain]);
+        assert_eq!(decode_log_block(&v1, GUID).unwrap().1, vec![plain, plain]);
+        let msg = decode_log_block(&as_version_1(&[plain, sectored]), GUID)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("version 1 log block"), "{msg}");
+    }
+
+    #[test]
     fn log_block_rejects_impossible_entries() {
         let good = sample_entries(1, 1000, 37)[0];
         let raw = |loc: u64| LogEntry {
@@ -1950,7 +2146,7 @@ mod tests {
                 },
             ),
             ("asize_blocks 0", raw(good.location.0 & !(0x1ff << 41))),
-            ("compression 3", raw(good.location.0 | (3 << 50))),
+            ("sector table without", raw(good.location.0 | (3 << 50))),
             (
                 "lap",
                 LogEntry {

@@ -171,6 +171,85 @@ impl L2Arc {
         result
     }
 
+    /// Reads bytes `range` of a record from flash without reading the
+    /// rest of it, when the record was stored with a sector table: the
+    /// 4 KiB blocks under the range and the table block are read and each
+    /// block is checked against its table entry. Returns the bytes (cut at
+    /// the record's end) and the record's length.
+    ///
+    /// `None` when the record is not on flash, has no sector table, or
+    /// fails a check (then its entry is dropped and the failure counted as
+    /// a whole-record read counts it). No miss is counted here: the caller
+    /// then reads the whole record, which counts the miss if there is one.
+    pub fn read_sectors(
+        &self,
+        key_hash: u64,
+        range: std::ops::Range<usize>,
+    ) -> Option<(AlignedBuf, usize)> {
+        let entry = self.index.get(key_hash)?;
+        let location = Location(entry.location);
+        if !location.sectored() {
+            return None;
+        }
+        let device = match self.device(location.device()) {
+            Some(device) if device.is_readable() && device.holds_location(location) => device,
+            device => {
+                self.drop_entry(key_hash, location, device.as_deref());
+                return None;
+            }
+        };
+        let record_bytes = location.stored_bytes();
+        let to = range.end.min(record_bytes);
+        let from = range.start.min(to);
+        if from == to {
+            return Some((AlignedBuf::zeroed(0), record_bytes));
+        }
+        let block = BLOCK_BYTES as usize;
+        let first = from / block;
+        let blocks = to.div_ceil(block) - first;
+        debug_assert!(first + blocks <= usize::from(location.payload_blocks()));
+        device.inflight_reads.fetch_add(1, Ordering::SeqCst);
+        let (buf, io_result) = read_blocks_and_table(&device, location, first, blocks);
+        let c = &device.counters;
+        let result = match io_result {
+            Err(_) => {
+                c.io_error.fetch_add(1, Ordering::Relaxed);
+                self.drop_entry(key_hash, location, Some(&device));
+                if device.note_error() {
+                    self.forget_device(&device);
+                }
+                None
+            }
+            Ok(()) => {
+                device.note_success();
+                c.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                let (data, table) = buf.split_at(blocks * block);
+                if format::check_sectors(key_hash, table, first as u32, data) {
+                    let skip = from - first * block;
+                    Some((
+                        AlignedBuf::copy_from(&data[skip..skip + (to - from)]),
+                        record_bytes,
+                    ))
+                } else {
+                    if device.holds_location(location) {
+                        c.cksum_bad.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        c.evict_reading.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.drop_entry(key_hash, location, Some(&device));
+                    None
+                }
+            }
+        };
+        device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
+        if result.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            c.hits.fetch_add(1, Ordering::Relaxed);
+            c.sector_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
     fn check_read(
         &self,
         device: &CacheDevice,
@@ -226,4 +305,28 @@ impl L2Arc {
             }
         }
     }
+}
+
+/// Reads payload blocks `first..first + blocks` of a sectored record and
+/// its table block after them in one buffer: in one read when they touch
+/// (the end of the record), else two.
+fn read_blocks_and_table(
+    device: &CacheDevice,
+    location: Location,
+    first: usize,
+    blocks: usize,
+) -> (AlignedBuf, std::io::Result<()>) {
+    let block = BLOCK_BYTES as usize;
+    let start = location.offset_bytes() + (first * block) as u64;
+    let mut buf = AlignedBuf::for_overwrite((blocks + 1) * block);
+    let result = if first + blocks == usize::from(location.payload_blocks()) {
+        device.io.read_at(start, buf.as_mut_slice())
+    } else {
+        let (data, table) = buf.as_mut_slice().split_at_mut(blocks * block);
+        device.io.read_at(start, data).and_then(|()| {
+            let table_at = location.sector_table_offset_bytes().expect("sectored");
+            device.io.read_at(table_at, table)
+        })
+    };
+    (buf, result)
 }

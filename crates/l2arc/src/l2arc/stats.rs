@@ -61,6 +61,7 @@ pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
     };
     vec![
         ("l2_hits", get(&c.hits)),
+        ("l2_sector_hits", get(&c.sector_hits)),
         ("l2_feeds", get(&c.feeds)),
         ("l2_read_bytes", get(&c.read_bytes)),
         ("l2_write_bytes", get(&c.write_bytes)),

@@ -281,11 +281,18 @@ struct Payload<'a> {
     stored: std::borrow::Cow<'a, [u8]>,
     compression: Compression,
     logical_bytes: usize,
+    /// Followed by a sector table block (plain and large: see
+    /// `format::SECTOR_TABLE_RECORD_BYTES_MIN`).
+    sectored: bool,
 }
 
 impl Payload<'_> {
-    fn asize_blocks(&self) -> u32 {
+    fn payload_blocks(&self) -> u32 {
         self.stored.len().div_ceil(BLOCK_BYTES as usize).max(1) as u32
+    }
+
+    fn asize_blocks(&self) -> u32 {
+        self.payload_blocks() + u32::from(self.sectored)
     }
 }
 
@@ -307,11 +314,14 @@ fn lay_out<'a>(records: &[FeedRecord<'a>], max_blocks: u32) -> Vec<Payload<'a>> 
         } else {
             (std::borrow::Cow::Borrowed(record.data), Compression::Off)
         };
+        let sectored = compression == Compression::Off
+            && stored.len() >= format::SECTOR_TABLE_RECORD_BYTES_MIN;
         let payload = Payload {
             key_hash: record.key_hash,
             stored,
             compression,
             logical_bytes: record.data.len(),
+            sectored,
         };
         let asize_blocks = payload.asize_blocks();
         let log_blocks =
@@ -358,6 +368,34 @@ fn advance_hand(
     Ok((lap, hand))
 }
 
+/// Copies a payload into its blocks of a batch (`out`, whole blocks),
+/// zeroes the padding after it, writes its sector table into the last
+/// block if it has one, and returns its location at `(block, lap, slot)`.
+fn place_payload(payload: &Payload<'_>, out: &mut [u8], at: (u32, u32, u8)) -> Location {
+    let (block, lap, slot) = at;
+    let payload_blocks = payload.payload_blocks() as u16;
+    let allocated = usize::from(payload_blocks) * BLOCK_BYTES as usize;
+    let tail_bytes = (allocated - payload.stored.len()) as u16;
+    let (blocks, table) = out.split_at_mut(allocated);
+    blocks[..payload.stored.len()].copy_from_slice(&payload.stored);
+    // The buffer is reused: padding must not carry an older batch.
+    blocks[payload.stored.len()..].fill(0);
+    if payload.sectored {
+        format::encode_sector_table(payload.key_hash, blocks, table);
+        Location::new_sectored(block, lap, slot, payload_blocks, tail_bytes)
+    } else {
+        debug_assert!(table.is_empty());
+        Location::new(
+            block,
+            lap,
+            slot,
+            payload_blocks,
+            payload.compression,
+            tail_bytes,
+        )
+    }
+}
+
 /// Where a batch goes: the lap and first block of the hand, and its size.
 #[derive(Clone, Copy)]
 struct BatchPosition {
@@ -399,21 +437,10 @@ fn encode_batch(
     let mut at_block = 0u32;
     for payload in payloads {
         let asize_blocks = payload.asize_blocks() as u16;
-        let allocated = usize::from(asize_blocks) * BLOCK_BYTES as usize;
-        let tail_bytes = (allocated - payload.stored.len()) as u16;
         let offset = at_block as usize * BLOCK_BYTES as usize;
-        let stored_end = offset + payload.stored.len();
-        bytes[offset..stored_end].copy_from_slice(&payload.stored);
-        // The buffer is reused: padding must not carry an older batch.
-        bytes[stored_end..offset + allocated].fill(0);
-        let location = Location::new(
-            hand + at_block,
-            lap,
-            device.slot,
-            asize_blocks,
-            payload.compression,
-            tail_bytes,
-        );
+        let out = &mut bytes[offset..offset + usize::from(asize_blocks) * BLOCK_BYTES as usize];
+        let location = place_payload(payload, out, (hand + at_block, lap, device.slot));
+        debug_assert_eq!(location.asize_blocks(), asize_blocks);
         let stored = &bytes[offset..offset + location.stored_bytes()];
         entries.push(LogEntry {
             key_hash: payload.key_hash,
