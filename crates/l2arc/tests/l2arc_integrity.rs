@@ -854,9 +854,11 @@ fn small_reads_of_large_records_take_sectors_from_flash() {
                 cache.stats().arc.misses - arc_before >= sector_hits,
                 "sector hits are ARC misses"
             );
-            // A block or two and the table per read, never the record.
+            // A block or two per read, never the record; the table once a
+            // record (then it is kept in DRAM): 1.6 blocks a read here,
+            // 2.6 if the table were read every time.
             assert!(
-                read_bytes <= reads * 3 * BLOCK_BYTES,
+                read_bytes <= reads * 2 * BLOCK_BYTES,
                 "{compression}: {read_bytes} bytes from flash for {reads} small reads"
             );
         } else {

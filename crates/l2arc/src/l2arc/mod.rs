@@ -48,6 +48,7 @@ mod lifecycle;
 pub(crate) mod reader;
 mod rebuild;
 pub(crate) mod ring;
+mod sector_tables;
 mod stats;
 mod sweep;
 pub(crate) mod writeback;
@@ -143,6 +144,8 @@ pub struct L2Arc {
     /// Evicted records waiting for the feeder, and how evictions went.
     writeback: writeback::WriteBack,
     evict_counters: writeback::EvictCounters,
+    /// Sector tables of records read in pieces lately (`sector_tables`).
+    sector_tables: sector_tables::SectorTables,
 }
 
 /// Seed for random guids: time, pid and an address, mixed.
@@ -175,6 +178,7 @@ impl L2Arc {
                 (BATCH_BYTES_MAX / 4).min(config.l2arc_writeback_max_bytes / 4),
             ),
             evict_counters: writeback::EvictCounters::default(),
+            sector_tables: sector_tables::SectorTables::new(),
             config,
         }
     }

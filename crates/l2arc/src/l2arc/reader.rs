@@ -209,34 +209,34 @@ impl L2Arc {
         let blocks = to.div_ceil(block) - first;
         debug_assert!(first + blocks <= usize::from(location.payload_blocks()));
         device.inflight_reads.fetch_add(1, Ordering::SeqCst);
-        let (buf, io_result) = read_blocks_and_table(&device, location, first, blocks);
+        let kept = self.sector_tables.get(key_hash, location.0);
+        let (buf, io_result) =
+            read_blocks_and_table(&device, location, first, blocks, kept.is_none());
         let c = &device.counters;
         let result = match io_result {
             Err(_) => {
-                c.io_error.fetch_add(1, Ordering::Relaxed);
-                self.drop_entry(key_hash, location, Some(&device));
-                if device.note_error() {
-                    self.forget_device(&device);
-                }
+                self.read_failed(&device, key_hash, location);
                 None
             }
             Ok(()) => {
                 device.note_success();
                 c.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
                 let (data, table) = buf.split_at(blocks * block);
+                let table = kept.as_deref().unwrap_or(table);
                 if format::check_sectors(key_hash, table, first as u32, data) {
+                    if kept.is_none() {
+                        let used = 4 * usize::from(location.payload_blocks());
+                        self.sector_tables
+                            .keep(key_hash, location.0, &table[..used]);
+                    }
                     let skip = from - first * block;
                     Some((
                         AlignedBuf::copy_from(&data[skip..skip + (to - from)]),
                         record_bytes,
                     ))
                 } else {
-                    if device.holds_location(location) {
-                        c.cksum_bad.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        c.evict_reading.fetch_add(1, Ordering::Relaxed);
-                    }
-                    self.drop_entry(key_hash, location, Some(&device));
+                    self.sector_tables.forget(key_hash);
+                    self.checksum_failed(&device, key_hash, location);
                     None
                 }
             }
@@ -248,6 +248,28 @@ impl L2Arc {
             c.sector_hits.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// A device read failed: the entry goes, and enough failures fault
+    /// the device.
+    fn read_failed(&self, device: &CacheDevice, key_hash: u64, location: Location) {
+        device.counters.io_error.fetch_add(1, Ordering::Relaxed);
+        self.drop_entry(key_hash, location, Some(device));
+        if device.note_error() {
+            self.forget_device(device);
+        }
+    }
+
+    /// Bytes read failed their checksum: corruption, or the hand swept
+    /// over them while they were read (not corruption). The entry goes.
+    fn checksum_failed(&self, device: &CacheDevice, key_hash: u64, location: Location) {
+        let c = &device.counters;
+        if device.holds_location(location) {
+            c.cksum_bad.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.evict_reading.fetch_add(1, Ordering::Relaxed);
+        }
+        self.drop_entry(key_hash, location, Some(device));
     }
 
     fn check_read(
@@ -263,24 +285,14 @@ impl L2Arc {
         let c = &device.counters;
         let compression = location.compression()?;
         if io_result.is_err() {
-            c.io_error.fetch_add(1, Ordering::Relaxed);
-            self.drop_entry(key_hash, location, Some(device));
-            if device.note_error() {
-                self.forget_device(device);
-            }
+            self.read_failed(device, key_hash, location);
             return None;
         }
         device.note_success();
         c.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         let stored_bytes = location.stored_bytes();
         if format::record_checksum(key_hash, &buf[..stored_bytes]) != entry.checksum {
-            if device.holds_location(location) {
-                c.cksum_bad.fetch_add(1, Ordering::Relaxed);
-            } else {
-                // The hand swept over it while we read: not corruption.
-                c.evict_reading.fetch_add(1, Ordering::Relaxed);
-            }
-            self.drop_entry(key_hash, location, Some(device));
+            self.checksum_failed(device, key_hash, location);
             return None;
         }
         match compression {
@@ -307,19 +319,20 @@ impl L2Arc {
     }
 }
 
-/// Reads payload blocks `first..first + blocks` of a sectored record and
-/// its table block after them in one buffer: in one read when they touch
-/// (the end of the record), else two.
+/// Reads payload blocks `first..first + blocks` of a sectored record, and
+/// (`with_table`) its table block after them in the same buffer: in one
+/// read when they touch (the end of the record), else two.
 fn read_blocks_and_table(
     device: &CacheDevice,
     location: Location,
     first: usize,
     blocks: usize,
+    with_table: bool,
 ) -> (AlignedBuf, std::io::Result<()>) {
     let block = BLOCK_BYTES as usize;
     let start = location.offset_bytes() + (first * block) as u64;
-    let mut buf = AlignedBuf::for_overwrite((blocks + 1) * block);
-    let result = if first + blocks == usize::from(location.payload_blocks()) {
+    let mut buf = AlignedBuf::for_overwrite((blocks + usize::from(with_table)) * block);
+    let result = if !with_table || first + blocks == usize::from(location.payload_blocks()) {
         device.io.read_at(start, buf.as_mut_slice())
     } else {
         let (data, table) = buf.as_mut_slice().split_at_mut(blocks * block);
