@@ -128,6 +128,7 @@ impl System for L2arcSystem {
                 "misses",
                 "primary_reads",
                 "l2_hits",
+                "l2_sector_hits",
                 "l2_misses",
                 "l2_size",
                 "l2_write_bytes",
