@@ -37,6 +37,7 @@ mod l2_index;
 mod l2_rebuild;
 mod latency;
 mod nbd;
+mod nbd_reread;
 
 mod report;
 mod runner;
@@ -82,6 +83,8 @@ pub enum Scenario {
     All,
     /// Feeder capture: an image read whole four times through an ARC an eighth its size; L2 hits per pass and the evict_l2_* counters, write-back vs intake wake vs timer.
     FeedCapture,
+    /// Feeder capture over NBD: an image read whole four times with nbdcopy through `l2arc serve-nbd`, ARC an eighth of it; L2 hits per pass and the evict_l2_* counters (needs nbdcopy).
+    NbdReread,
     /// Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up.
     S3,
 }
@@ -339,6 +342,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::Warmup => warmup::run(&args),
         Scenario::FeedCapture => feed_capture::run(&args),
         Scenario::S3 => s3::run(&args),
+        Scenario::NbdReread => nbd_reread::run(&args),
         Scenario::All => {
             throughput::run(&args)?;
             latency::run(&args)?;

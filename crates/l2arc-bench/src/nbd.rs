@@ -106,7 +106,7 @@ fn require(tool: &str) -> Result<()> {
 }
 
 /// The image: reused when `--data DIR` holds one of the right size.
-fn make_image(path: &Path, size_bytes: u64, seed: u64) -> Result<()> {
+pub(crate) fn make_image(path: &Path, size_bytes: u64, seed: u64) -> Result<()> {
     if std::fs::metadata(path).is_ok_and(|m| m.len() == size_bytes) {
         return Ok(());
     }
@@ -132,7 +132,7 @@ fn make_image(path: &Path, size_bytes: u64, seed: u64) -> Result<()> {
 }
 
 /// A server process, killed on drop.
-struct ServerProcess {
+pub(crate) struct ServerProcess {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
@@ -146,7 +146,7 @@ impl Drop for ServerProcess {
 
 impl ServerProcess {
     /// Stops with SIGTERM (ours prints its statistics then).
-    fn stop(mut self) -> Vec<String> {
+    pub(crate) fn stop(mut self) -> Vec<String> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -162,7 +162,7 @@ impl ServerProcess {
     }
 }
 
-fn spawn(mut cmd: Command) -> Result<ServerProcess> {
+pub(crate) fn spawn(mut cmd: Command) -> Result<ServerProcess> {
     let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -181,7 +181,7 @@ fn spawn(mut cmd: Command) -> Result<ServerProcess> {
 }
 
 /// Waits until something accepts connections on `socket`.
-fn wait_for_socket(server: &mut ServerProcess, socket: &Path) -> Result<()> {
+pub(crate) fn wait_for_socket(server: &mut ServerProcess, socket: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
@@ -231,7 +231,7 @@ impl Fio {
     }
 }
 
-fn shell_words(cmd: &Command) -> String {
+pub(crate) fn shell_words(cmd: &Command) -> String {
     std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
         .map(|a| a.to_string_lossy().into_owned())
