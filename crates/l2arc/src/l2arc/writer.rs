@@ -209,10 +209,11 @@ impl L2Arc {
 
         let c = &device.counters;
         c.writes_sent.fetch_add(1, Ordering::Relaxed);
+        // Durable before the header that points at its log block is
+        // written: a header never names a log block that a crash can lose.
         device
             .io
-            .write_at(u64::from(hand) * BLOCK_BYTES, &state.batch)?;
-        device.io.sync()?;
+            .write_at_durable(u64::from(hand) * BLOCK_BYTES, &state.batch)?;
         let mut header = writer.header.clone();
         header.sequence += 1;
         header.hand_block = hand + total_blocks;
