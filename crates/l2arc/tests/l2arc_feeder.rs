@@ -128,6 +128,9 @@ fn evicted_records_reach_flash_through_the_write_back() {
     assert!(first.get("evict_l2_eligible_mru") > 0);
     assert_eq!(first.get("evict_l2_cached"), 0, "nothing was on flash yet");
     assert!(first.get("l2_size") >= eligible, "{first:?}");
+    // Exactly: a batch that fills before the queue runs out (its log block
+    // takes room too) puts the rest back in the queue, never drops them.
+    assert_eq!(first.get("l2_bufs") * RS as u64, eligible, "{first:?}");
 
     let before = cache.stats();
     check_all(&cache, &f, &data, "second pass");
@@ -237,6 +240,117 @@ fn a_write_after_eviction_keeps_the_queued_old_copy_off_flash() {
         check_record(&cache, &f, &expected, index, "after the write");
     }
     check_record(&cache, &f, &expected, 0, "the rewritten record");
+    drop(f);
+    shutdown(cache);
+}
+
+/// A cache over `world.src` with `recordsize` records, an ARC of
+/// `arc_max_bytes` in two shards, and the write-back alone feeding.
+fn write_back_cache(
+    world: &World,
+    recordsize: usize,
+    arc_max_bytes: u64,
+) -> (std::sync::Arc<l2arc::Cache>, l2arc::DatasetId) {
+    let cache = l2arc::Cache::new(l2arc::CacheConfig {
+        arc_max_bytes,
+        arc_shards: 2,
+        l2arc: write_back_only(32 << 20),
+        ..l2arc::CacheConfig::default()
+    })
+    .unwrap();
+    let ds = cache
+        .add_dataset(
+            "data",
+            std::sync::Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap()),
+            l2arc::DatasetConfig {
+                recordsize_bytes: recordsize as u32,
+                compression: Compression::Off,
+                ..l2arc::DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    (cache, ds)
+}
+
+/// Records the ARC turns away (every eviction candidate is being read, as
+/// under many concurrent readers) are let go at once, and the write-back
+/// takes them as it takes evictions: counted eligible and queued, written,
+/// and found on flash by the next read.
+#[test]
+fn records_the_arc_turns_away_still_reach_flash() {
+    let mut world = World::new();
+    let data = world.add_file("f", 64 * RS, 23);
+    let (cache, ds) = write_back_cache(&world, RS, 1 << 20);
+    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    // Hold every record of the first 16 (the whole ARC) while reading on.
+    let held: Vec<l2arc::ReadView> = (0..16)
+        .map(|i| {
+            cache
+                .read_view(&f, (i * RS) as u64, RS, l2arc::arc::AccessKind::Demand)
+                .unwrap()
+        })
+        .collect();
+    for i in 16..32 {
+        check_record(&cache, &f, &data, i, "read past a pinned ARC");
+    }
+    let refused = cache.stats().arc.insert_no_room;
+    assert!(
+        refused >= 8,
+        "the ARC took records it had no room for: {refused}"
+    );
+    drain_write_back(&cache);
+    let stats = l2(&cache);
+    assert!(
+        stats.get("evict_l2_queued") >= refused * RS as u64,
+        "turned-away records not queued: {stats:?}"
+    );
+    assert_eq!(stats.get("evict_l2_skip"), 0, "{stats:?}");
+    drop(held);
+    let before = l2(&cache).get("l2_hits");
+    for i in 16..32 {
+        check_record(&cache, &f, &data, i, "again, from flash");
+    }
+    let hits = l2(&cache).get("l2_hits") - before;
+    assert!(
+        hits >= refused,
+        "{hits} L2 hits for {refused} turned-away records"
+    );
+    drop(f);
+    shutdown(cache);
+}
+
+/// Records with a sector table take a block more on flash than their
+/// bytes, so a batch of queued records can fill before the queue's share
+/// of it runs out: what does not fit goes back to the front of the queue
+/// for the next feed, never lost (every evicted record reaches flash).
+#[test]
+fn evicted_records_a_full_batch_leaves_out_are_queued_again() {
+    const RECORD: usize = 256 << 10;
+    let mut world = World::new();
+    let data = world.add_file("f", 24 * RECORD, 29);
+    let (cache, ds) = write_back_cache(&world, RECORD, 1 << 20);
+    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    let mut buf = vec![0u8; RECORD];
+    for i in 0..24 {
+        let n = cache.read(&f, (i * RECORD) as u64, &mut buf).unwrap();
+        assert!(buf[..n] == data[i * RECORD..(i + 1) * RECORD]);
+    }
+    drain_write_back(&cache);
+    let stats = l2(&cache);
+    let queued = stats.get("evict_l2_queued");
+    assert!(queued >= 16 * RECORD as u64, "{stats:?}");
+    assert_eq!(stats.get("evict_l2_skip"), 0, "{stats:?}");
+    // The ARC holds the last four; each of the first sixteen was evicted
+    // and queued, and comes back from flash.
+    let before = stats.get("l2_hits");
+    for i in 0..16 {
+        let n = cache.read(&f, (i * RECORD) as u64, &mut buf).unwrap();
+        assert!(buf[..n] == data[i * RECORD..(i + 1) * RECORD]);
+    }
+    let hits = l2(&cache).get("l2_hits") - before;
+    assert_eq!(hits, 16, "evicted records left out of a batch were lost");
     drop(f);
     shutdown(cache);
 }

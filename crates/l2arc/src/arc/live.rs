@@ -516,6 +516,20 @@ impl LiveArc {
                     }
                     InsertOutcome::TooLarge => stats.insert_no_room += 1,
                 }
+                if !matches!(outcome, InsertOutcome::Inserted { .. }) {
+                    // Refused (every eviction candidate is being read): the
+                    // ARC lets go of it at once, and the L2ARC's write-back
+                    // must see it as it sees an eviction, or a burst of
+                    // readers holding records would keep those it turns
+                    // away off flash for good.
+                    evicted.push(Evicted {
+                        key,
+                        value: Arc::clone(record),
+                        size_bytes: record.size_bytes(),
+                        from: ListId::Mru,
+                        prefetched: kind == AccessKind::Prefetch,
+                    });
+                }
                 for record in shard.evicted.drain(..) {
                     match record.from {
                         ListId::Mfu => stats.evicted_mfu += 1,

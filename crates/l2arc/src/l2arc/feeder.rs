@@ -220,10 +220,32 @@ impl Cache {
             Err(_) => return FeedOutcome::default(),
         };
         assert!(records <= batch.len());
+        let left_out = records < batch.len();
+        drop(batch);
+        if left_out {
+            // The batch filled before the selection ran out (its log block
+            // takes room too): evicted records go back to the front of the
+            // queue for the next feed, which comes at once, instead of
+            // being lost; copied ones are still in the ARC.
+            let requeue: Vec<super::writeback::Queued> = selected
+                .into_iter()
+                .skip(records)
+                .filter_map(|s| match s.data {
+                    SelectedBytes::Evicted(record) => Some(super::writeback::Queued {
+                        key: s.key,
+                        key_hash: s.key_hash,
+                        record,
+                    }),
+                    SelectedBytes::Copied(_) => None,
+                })
+                .collect();
+            let skipped = l2.writeback.requeue_front(requeue);
+            l2.evict_counters.skip.fetch_add(skipped, Ordering::Relaxed);
+        }
         FeedOutcome {
             records,
             bytes,
-            full: batch_bytes >= budget_bytes && records == batch.len(),
+            full: left_out || batch_bytes >= budget_bytes,
         }
     }
 

@@ -9,6 +9,12 @@
 //! shared buffer, no copy) to a bounded queue; the feeder writes the queue
 //! first, oldest first, and is woken as soon as a quarter of a batch waits.
 //! The records are already out of the ARC, so holding them blocks nothing.
+//! A record the ARC turns away on insert (every eviction candidate of its
+//! shard is being read, as under many concurrent readers) counts as let go
+//! at once and comes here too: otherwise such bursts would keep exactly
+//! the records they read off flash for good. A queued record that a batch
+//! has no room for (a sector table or the log block took it) goes back to
+//! the front of the queue, not away.
 //!
 //! Bounds. The queue holds at most `l2arc_writeback_max` bytes of buffers
 //! (DRAM on top of `arc_max`, stated in the memory budget); past that an
@@ -117,6 +123,25 @@ impl WriteBack {
             *held_bytes -= bytes;
             out.push(records.pop_front().expect("front exists"));
         }
+    }
+
+    /// Puts back, in front and in their order, evicted records a feed took
+    /// but could not fit in its batch, as far as the bound allows; returns
+    /// the bytes that did not fit (the caller counts them skipped).
+    pub(crate) fn requeue_front(&self, records: Vec<Queued>) -> u64 {
+        let mut guard = self.queue.lock().expect("write-back queue poisoned");
+        let (queue, held_bytes) = &mut *guard;
+        let mut skipped = 0u64;
+        for queued in records.into_iter().rev() {
+            let bytes = queued.record.data.len() as u64;
+            if *held_bytes + bytes > self.bytes_max {
+                skipped += bytes;
+                continue;
+            }
+            *held_bytes += bytes;
+            queue.push_front(queued);
+        }
+        skipped
     }
 
     /// Bytes of buffers the queue holds.
