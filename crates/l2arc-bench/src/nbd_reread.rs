@@ -67,7 +67,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             "--cache={}",
             tmp.path().join("cache.img").display()
         ))
-        .arg(format!("--cache-size={cache_bytes}"));
+        .arg(format!("--cache-size={cache_bytes}"))
+        .arg(format!("--compression={}", args.compression));
     let command = shell_words(&cmd);
     let mut server = spawn(cmd)?;
     wait_for_socket(&mut server, &socket)?;

@@ -1141,6 +1141,9 @@ pub fn compress(data: &[u8], compression: Compression, out: &mut Vec<u8>) -> boo
     let Some(max_psize) = budget.checked_sub(COMPRESSED_FRAME_HEADER_BYTES) else {
         return false;
     };
+    if looks_incompressible(data) {
+        return false;
+    }
     let psize = match compression {
         Compression::Off => None,
         Compression::Lz4 => {
@@ -1172,6 +1175,33 @@ pub fn compress(data: &[u8], compression: Compression, out: &mut Vec<u8>) -> boo
             false
         }
     }
+}
+
+/// Records at least this long are probed before they are compressed.
+const COMPRESS_PROBE_RECORD_BYTES_MIN: usize = 32 * 1024;
+/// Bytes of each probe sample.
+const COMPRESS_PROBE_SAMPLE_BYTES: usize = 4096;
+
+/// Early abort: whether LZ4 saves less than 1/8 on a 4 KiB sample at the
+/// start of a record and on one in its middle. Incompressible records
+/// (media, encrypted or already compressed data) are then stored as they
+/// are without compressing them whole, which on such data cost the feeder
+/// most of its time (it kept a 256 MiB re-read over NBD from flash: with
+/// LZ4 attempted on random bytes, 88-95% L2 hits on the second pass, with
+/// compression off 100%). A record that compresses in neither sample but
+/// would as a whole is stored plain: capacity, never correctness.
+fn looks_incompressible(data: &[u8]) -> bool {
+    if data.len() < COMPRESS_PROBE_RECORD_BYTES_MIN {
+        return false;
+    }
+    let mut out = [0u8; lz4_flex::block::get_maximum_output_size(COMPRESS_PROBE_SAMPLE_BYTES)];
+    let middle = (data.len() / 2) / COMPRESS_PROBE_SAMPLE_BYTES * COMPRESS_PROBE_SAMPLE_BYTES;
+    [0, middle].into_iter().all(|at| {
+        let sample = &data[at..at + COMPRESS_PROBE_SAMPLE_BYTES];
+        lz4_flex::block::compress_into(sample, &mut out).map_or(true, |n| {
+            n > COMPRESS_PROBE_SAMPLE_BYTES - COMPRESS_PROBE_SAMPLE_BYTES / 8
+        })
+    })
 }
 
 /// Decompresses `compressed` (the bytes of a frame, as returned by
@@ -2206,6 +2236,36 @@ mod tests {
     }
 
     // ---- record payloads ----
+
+    /// Records whose first and middle 4 KiB do not compress are not
+    /// compressed at all; one compressible sample is enough to try.
+    #[test]
+    fn incompressible_records_are_not_compressed_whole() {
+        let mut rng = Rng(5);
+        let random: Vec<u8> = (0..64 * 1024).map(|_| rng.next() as u8).collect();
+        let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog. "
+            .iter()
+            .copied()
+            .cycle()
+            .take(64 * 1024)
+            .collect();
+        let mut out = Vec::new();
+        for c in [Compression::Lz4, Compression::Zstd] {
+            assert!(!compress(&random, c, &mut out), "{c}");
+            assert!(out.is_empty());
+            assert!(compress(&text, c, &mut out), "{c}");
+            // Compressible but for the two samples: stored as it is.
+            let mut mixed = text.clone();
+            mixed[..4096].copy_from_slice(&random[..4096]);
+            mixed[32 * 1024..36 * 1024].copy_from_slice(&random[4096..8192]);
+            assert!(!compress(&mixed, c, &mut out), "{c}");
+            // Compressible in the middle sample only: compressed.
+            mixed[32 * 1024..36 * 1024].copy_from_slice(&text[..4096]);
+            assert!(compress(&mixed, c, &mut out), "{c}");
+            // Small records are not probed: a 16 KiB text record compresses.
+            assert!(compress(&text[..16 * 1024], c, &mut out), "{c}");
+        }
+    }
 
     #[test]
     fn record_checksum_covers_key_and_bytes() {
