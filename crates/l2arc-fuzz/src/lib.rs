@@ -477,18 +477,23 @@ fn seeds_log_block() -> Vec<Vec<u8>> {
         let entries: Vec<LogEntry> = (0..count)
             .map(|i| LogEntry {
                 key_hash: 0x1234_5678_9abc_def0 ^ (i as u64 + 1),
-                location: format::Location::new(
-                    first_block + 2 * i as u32,
-                    2,
-                    0,
-                    1 + (i % 2) as u16,
-                    if i % 2 == 0 {
-                        format::Compression::Off
-                    } else {
-                        format::Compression::Lz4
-                    },
-                    (100 * (i % 3)) as u16,
-                ),
+                // Plain, LZ4, and plain with a sector table, in turn.
+                location: if i % 3 == 2 {
+                    format::Location::new_sectored(first_block + 2 * i as u32, 2, 0, 1, 100)
+                } else {
+                    format::Location::new(
+                        first_block + 2 * i as u32,
+                        2,
+                        0,
+                        1 + (i % 2) as u16,
+                        if i % 2 == 0 {
+                            format::Compression::Off
+                        } else {
+                            format::Compression::Lz4
+                        },
+                        (100 * (i % 3)) as u16,
+                    )
+                },
                 checksum: i as u32 * 31,
             })
             .collect();
