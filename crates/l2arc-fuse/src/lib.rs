@@ -60,6 +60,7 @@ mod handles;
 mod inodes;
 mod locks;
 mod object_fs;
+mod pace;
 mod readahead;
 mod relief;
 mod sys;
@@ -68,7 +69,7 @@ mod workers;
 pub use fs::{CachedFs, FsOptions};
 /// A mounted file system served from background threads (fuser's).
 pub use fuser::BackgroundSession as Session;
-pub use object_fs::{ObjectFs, ObjectFsOptions};
+pub use object_fs::{ObjectFs, ObjectFsOptions, READAHEAD_WINDOW_DEFAULT_BYTES};
 
 /// How the mount is made.
 #[derive(Clone, Debug)]

@@ -22,15 +22,27 @@
 //! after the reply, on a thread of its own, never waited for.
 //!
 //! Writes: the mount is read-only (the "ro" mount option, and EROFS from
-//! every call that would change something). Read-ahead splits what it asks
-//! for into spans of whole records (`readahead_span_bytes`, 4 MiB) queued
-//! to a bounded pool of threads; each span is one ranged GET
-//! (`Cache::prefetch_span`), and a sequential reader has several in flight.
+//! every call that would change something).
+//!
+//! Read-ahead is where the GETs go, so it is shaped by them: a sequential
+//! reader gets its whole window at once (`ReadAhead::at_once`), claimed on
+//! the request thread before the demand read looks its records up
+//! (`Cache::claim_span`), in spans of whole records (`readahead_span_bytes`,
+//! 64 MiB) that a pool of threads fills, one streamed GET each
+//! (`ClaimedSpan::fill`); a span is claimed only when a thread is free for
+//! it, never left to wait in a queue with its reader waiting on it. The demand read waits on the span's first record
+//! instead of issuing a GET of its own, and each record is served as soon
+//! as its bytes are in: a cold sequential read costs one GET per window,
+//! as a streaming client's one GET per object. A span is paced to its
+//! reader (`crate::pace`): it runs at most a quarter of the window, and at
+//! most an eighth of `arc_max`, ahead of the reader, so that what is read
+//! ahead is not evicted before it is read. Memory beyond the ARC's records:
+//! one record being assembled per span in flight (`l2arc::prefetch`).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -42,10 +54,11 @@ use fuser::{
 };
 use l2arc::arc::AccessKind;
 use l2arc::primary::object_store::{ObjectMeta, ObjectStorePrimary};
-use l2arc::{Cache, DatasetId, ObjectHandle};
+use l2arc::{Cache, ClaimedSpan, DatasetId, ObjectHandle};
 
 use crate::fs::NotifierSlot;
 use crate::handles::{Handle, HandleTable};
+use crate::pace::Pace;
 use crate::readahead::ReadAhead;
 use crate::relief::{Relief, ReliefClock};
 use crate::workers;
@@ -55,8 +68,9 @@ use crate::workers;
 pub struct ObjectFsOptions {
     /// How long the kernel may trust attributes and names (the metadata TTL).
     pub attr_timeout: Duration,
-    /// Largest read-ahead window, in records (0 = none).
-    pub readahead_max_records: u32,
+    /// Read-ahead window of a sequential reader (0 = none), in whole
+    /// records, at least one: what one GET asks for at most.
+    pub readahead_window_bytes: u64,
     /// Threads fetching read-ahead spans (GETs in flight for read-ahead).
     pub prefetch_threads: usize,
     /// Largest read-ahead span, one GET (whole records, at least one; the
@@ -73,17 +87,17 @@ impl Default for ObjectFsOptions {
     fn default() -> Self {
         Self {
             attr_timeout: Duration::from_secs(60),
-            readahead_max_records: 16,
+            readahead_window_bytes: READAHEAD_WINDOW_DEFAULT_BYTES,
             prefetch_threads: 8,
-            readahead_span_bytes: 4 << 20,
+            readahead_span_bytes: l2arc::PREFETCH_SPAN_BYTES_MAX,
             max_open_handles: 1 << 16,
             max_nodes: 1 << 20,
         }
     }
 }
 
-/// Read-ahead records waiting for a thread; more are dropped (a hint).
-const PREFETCH_QUEUE_LEN: usize = 256;
+/// Default `readahead_window_bytes`: one GET of the engine's largest span.
+pub const READAHEAD_WINDOW_DEFAULT_BYTES: u64 = l2arc::PREFETCH_SPAN_BYTES_MAX;
 /// Kernel invalidations waiting for the notifier thread; more are dropped
 /// (the next getattr or open catches the change again).
 const INVALIDATE_QUEUE_LEN: usize = 1024;
@@ -114,9 +128,22 @@ struct OpenObject {
     /// The cache's generation token when the kernel's pages were last
     /// known good for this open: a change means the pages must go.
     token_seen: AtomicU64,
+    /// Where the reader is, for the spans read ahead of it.
+    pace: Arc<Pace>,
+    /// The record the last read ended in (`u64::MAX`: none yet), for
+    /// `Cache::read_view_continuing`.
+    last_record: AtomicU64,
 }
 
-type PrefetchJob = (Arc<OpenObject>, u64, u64);
+impl Drop for OpenObject {
+    fn drop(&mut self) {
+        self.pace.close(); // spans still waiting for this reader give up
+    }
+}
+
+/// A span to fill, paced to its reader.
+type PrefetchJob = (ClaimedSpan, Arc<Pace>);
+
 /// Entries (parent id, name) the kernel is asked to drop.
 type ReliefJob = Vec<(u64, String)>;
 
@@ -129,6 +156,8 @@ pub struct ObjectFs {
     nodes: Mutex<NodeTable>,
     handles: HandleTable<OpenObject, Vec<(String, FileType, u64)>>,
     prefetch: Option<SyncSender<PrefetchJob>>,
+    /// Spans sent to the pool and not yet filled (at most one a thread).
+    spans_in_flight: Arc<AtomicUsize>,
     invalidate: SyncSender<u64>,
     relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
@@ -251,16 +280,18 @@ impl ObjectFs {
         options: ObjectFsOptions,
     ) -> io::Result<Self> {
         assert!(options.max_open_handles > 0 && options.max_nodes > 1);
-        let prefetch = if options.readahead_max_records > 0 && options.prefetch_threads > 0 {
-            let cache = Arc::clone(&cache);
+        let spans_in_flight = Arc::new(AtomicUsize::new(0));
+        let prefetch = if options.readahead_window_bytes > 0 && options.prefetch_threads > 0 {
+            let in_flight = Arc::clone(&spans_in_flight);
             Some(workers::spawn_pool(
                 "l2arc-s3-prefetch",
                 options.prefetch_threads,
-                PREFETCH_QUEUE_LEN,
-                move |(file, offset, len): PrefetchJob| {
-                    // A failed read-ahead is only a lost hint; the demand
-                    // read reports errors.
-                    let _ = cache.prefetch_span(&file.handle, offset, len);
+                options.prefetch_threads,
+                move |(span, pace): PrefetchJob| {
+                    // A failed read-ahead is only a lost hint; a demand read
+                    // waiting on it gets the error (a 412: it re-stats).
+                    let _ = span.fill_paced(&|offset| pace.wait_for(offset));
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
                 },
             )?)
         } else {
@@ -301,6 +332,7 @@ impl ObjectFs {
             nodes,
             handles,
             prefetch,
+            spans_in_flight,
             invalidate,
             relief,
             notifier,
@@ -315,6 +347,71 @@ impl ObjectFs {
     /// Bytes of one read-ahead job: whole records, at least one.
     fn readahead_span_bytes(&self, recordsize: u64) -> u64 {
         (self.options.readahead_span_bytes / recordsize).max(1) * recordsize
+    }
+
+    /// Read-ahead window in records, at least one (0: read-ahead is off).
+    fn readahead_window_records(&self, recordsize: u64) -> u32 {
+        if self.prefetch.is_none() {
+            return 0;
+        }
+        let records = self.options.readahead_window_bytes / recordsize;
+        u32::try_from(records).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// How far a span may run ahead of its reader: a quarter of the window
+    /// and an eighth of `arc_max` at most, a record at least.
+    fn readahead_ahead_bytes(&self, recordsize: u64) -> u64 {
+        (self.options.readahead_window_bytes / 4)
+            .min(self.cache.arc_max_bytes() / 8)
+            .max(recordsize)
+    }
+
+    /// Read-ahead for a read of `size` bytes at `offset`, before the read:
+    /// the spans it asks for are claimed here, so the demand read waits on
+    /// them instead of reading a record of its own.
+    fn read_ahead(&self, file: &OpenObject, offset: u64, size: u32) {
+        file.pace.reader_at(offset);
+        let Some(tx) = &self.prefetch else {
+            return;
+        };
+        let recordsize = u64::from(file.handle.recordsize_bytes());
+        let size_bytes = file.handle.size_bytes();
+        let len = u64::from(size).min(size_bytes.saturating_sub(offset));
+        // Claimed under the lock: a read of this file that comes after
+        // this one finds the claims, never races them with its own.
+        let mut readahead = file.readahead.lock().expect("poisoned");
+        let Some((from, len)) = readahead.on_read(offset, len, recordsize, size_bytes) else {
+            return;
+        };
+        // One job a span of records (one GET each): the pool fetches the
+        // spans concurrently. A span is claimed only when a thread is free
+        // to fill it at once: claims that waited in a queue behind other
+        // readers' streams would hold this reader up. Without a thread, it
+        // reads on its own and asks again at its next read.
+        let span_bytes = self.readahead_span_bytes(recordsize);
+        let threads = self.options.prefetch_threads;
+        let mut at = from;
+        while at < from + len {
+            if self.spans_in_flight.fetch_add(1, Ordering::AcqRel) >= threads {
+                self.spans_in_flight.fetch_sub(1, Ordering::AcqRel);
+                readahead.not_asked_from(at);
+                return;
+            }
+            let n = span_bytes.min(from + len - at);
+            let sent = self
+                .cache
+                .claim_span(&file.handle, at, n)
+                .map(|span| tx.try_send((span, Arc::clone(&file.pace))));
+            if !matches!(sent, Some(Ok(()))) {
+                self.spans_in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let Some(Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) = sent {
+                // Dropped: its claims are given up (a waiter looks again).
+                readahead.not_asked_from(at);
+                return;
+            }
+            at += n;
+        }
     }
 
     fn node(&self, ino: INodeNo) -> Result<(String, bool), Errno> {
@@ -441,11 +538,15 @@ impl ObjectFs {
             meta.size_bytes,
         );
         let keep = self.note_page_version(ino.0, version);
+        let recordsize = u64::from(handle.recordsize_bytes());
+        let window_records = self.readahead_window_records(recordsize);
         let file = Arc::new(OpenObject {
             ino: ino.0,
             token_seen: AtomicU64::new(handle.generation_token()),
             handle,
-            readahead: Mutex::new(ReadAhead::new(self.options.readahead_max_records)),
+            pace: Arc::new(Pace::new(self.readahead_ahead_bytes(recordsize))),
+            last_record: AtomicU64::new(u64::MAX),
+            readahead: Mutex::new(ReadAhead::at_once(window_records)),
             last_revalidate: Mutex::new(Instant::now()),
         });
         let fh = self.handles.add(Handle::File(file))?;
@@ -499,37 +600,21 @@ impl ObjectFs {
         if let Err(e) = self.maybe_revalidate(&file) {
             return reply.error(errno(&e));
         }
-        let view =
-            match self
-                .cache
-                .read_view(&file.handle, offset, size as usize, AccessKind::Demand)
-            {
-                Ok(v) => v,
-                Err(e) => return reply.error(errno(&e)),
-            };
-        if let Some(tx) = &self.prefetch {
-            let recordsize = u64::from(file.handle.recordsize_bytes());
-            let ahead = file.readahead.lock().expect("poisoned").on_read(
-                offset,
-                view.len() as u64,
-                recordsize,
-                file.handle.size_bytes(),
-            );
-            if let Some((from, len)) = ahead {
-                // One job a span of records (one GET each): the pool
-                // fetches the spans concurrently.
-                let span_bytes = self.readahead_span_bytes(recordsize);
-                let mut at = from;
-                while at < from + len {
-                    let n = span_bytes.min(from + len - at);
-                    match tx.try_send((Arc::clone(&file), at, n)) {
-                        Ok(()) => {}
-                        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => break,
-                    }
-                    at += n;
-                }
-            }
-        }
+        self.read_ahead(&file, offset, size);
+        let recordsize = u64::from(file.handle.recordsize_bytes());
+        let last_record = offset.saturating_add(u64::from(size).max(1) - 1) / recordsize;
+        let continues =
+            Some(file.last_record.swap(last_record, Ordering::Relaxed)).filter(|&r| r != u64::MAX);
+        let view = match self.cache.read_view_continuing(
+            &file.handle,
+            offset,
+            size as usize,
+            AccessKind::Demand,
+            continues,
+        ) {
+            Ok(v) => v,
+            Err(e) => return reply.error(errno(&e)),
+        };
         match view.as_single_slice() {
             Some(bytes) => reply.data(bytes),
             None => {

@@ -47,7 +47,7 @@ mod top_objects;
 pub use l2arc::device::{DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
 pub use l2arc::{DeviceOpen, DeviceStats, IoEngine, L2ArcConfig, L2Stats};
-pub use prefetch::PREFETCH_SPAN_BYTES_MAX;
+pub use prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use properties::PropertyError;
 pub use read_path::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, FeedOutcome,

@@ -6,95 +6,250 @@
 //! GiB with 1 MiB records. Read-ahead knows that a whole range is wanted,
 //! so it claims every record of the range that is neither in the ARC nor
 //! being read, takes from the L2ARC those it holds there, and reads each
-//! run of the rest from primary storage at once (one GET), then hands each
-//! record its slice. The claims keep single flight: a demand reader of a
-//! record in the span waits for the span's read, as it would for the
-//! record's own, and a write that lands meanwhile dooms the claims it
-//! touches as it dooms any fill.
+//! run of the rest from primary storage at once (one GET). The claims keep
+//! single flight: a demand reader of a record in the span waits for the
+//! span's read, as it would for the record's own, and a write that lands
+//! meanwhile dooms the claims it touches as it dooms any fill.
 //!
-//! One read is bounded (`PREFETCH_SPAN_BYTES_MAX`): it is the transient
-//! buffer a read-ahead holds, on top of the records it becomes; a longer
-//! run is read in pieces of that size.
+//! Claiming and filling are two steps ([`Cache::claim_span`],
+//! [`ClaimedSpan::fill`]) so that a front end can take the claims on the
+//! request thread, before its demand read looks the records up, and fill
+//! them on a worker: the demand read then waits on the span instead of
+//! racing it with a GET of its own.
+//!
+//! The run is read as a stream (`PrimaryObject::read_span_at_generation`)
+//! and each record is published as soon as its last byte is in, so a long
+//! span does not hold the first reader until its end. Memory: a span holds
+//! one record being assembled beyond what the primary buffers (an object
+//! store: a few network chunks; the default of the trait: the whole run, at
+//! most `PREFETCH_SPAN_BYTES_MAX`); published records are the ARC's, under
+//! `arc_max`. A read that fails midway leaves the records already published
+//! (they are of the version their token names: every piece of the stream is
+//! of it) and fails the rest, so a changed object (412) caches nothing of
+//! its new version under the old token.
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::arc::AccessKind;
-use crate::arc::live::{FillClaim, Lookup};
+use crate::arc::live::{DetachedClaim, FillClaim, Lookup};
+use crate::buf::AlignedBuf;
 use crate::{Cache, ObjectHandle};
 
-/// Largest read one [`Cache::prefetch_span`] makes below.
+/// Largest read one span makes below (one GET of an object store).
 pub const PREFETCH_SPAN_BYTES_MAX: u64 = 64 << 20;
 
-/// Claimed records of a span not on the L2ARC, consecutive from the first.
-type Run<'a> = Vec<(u64, FillClaim<'a>)>;
+/// Records of a span claimed for read-ahead and not yet filled: made by
+/// [`Cache::claim_span`], filled by [`ClaimedSpan::fill`] on any thread.
+/// Dropped unfilled, it gives its claims up and their waiters look again.
+#[must_use = "fill it: until then, readers of its records wait"]
+pub struct ClaimedSpan {
+    cache: Arc<Cache>,
+    handle: ObjectHandle,
+    token: u64,
+    /// (record index, claim), ascending.
+    claims: Vec<(u64, DetachedClaim)>,
+}
+
+impl std::fmt::Debug for ClaimedSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedSpan")
+            .field("records", &self.claims.len())
+            .finish_non_exhaustive()
+    }
+}
 
 impl Cache {
     /// Fetches the records covering `len` bytes at `offset` into the cache
     /// (read-ahead), reading each run of them that is neither cached nor
     /// being read nor on the L2ARC from primary storage in one read (of at
     /// most [`PREFETCH_SPAN_BYTES_MAX`]). An error of a primary read is
-    /// returned (the records it was for stay uncached; demand reads report
-    /// their own errors).
-    pub fn prefetch_span(&self, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {
-        let size_bytes = handle.size_bytes();
-        if handle.caches_nothing() || len == 0 || offset >= size_bytes {
-            return Ok(());
-        }
-        let end = offset.saturating_add(len).min(size_bytes);
-        let recordsize = u64::from(handle.recordsize_bytes());
-        let token = handle.token();
-        let run_records_max = (PREFETCH_SPAN_BYTES_MAX / recordsize).max(1) as usize;
-        let mut run: Run<'_> = Vec::new();
+    /// returned (the records it was for stay uncached; demand readers
+    /// waiting on them get it too).
+    pub fn prefetch_span(
+        self: &Arc<Self>,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        let end = offset.saturating_add(len).min(handle.size_bytes());
         let mut result = Ok(());
-        for index in offset / recordsize..=(end - 1) / recordsize {
-            let key = handle.record_key(index);
-            match self.arc.lookup(key, token, AccessKind::Prefetch) {
-                Lookup::Claimed(claim) => {
-                    let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-                    if let Some(data) = self.read_l2(handle, index, token) {
-                        let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
-                        result = result.and(self.read_run(handle, &mut run, token));
-                    } else {
-                        run.push((index, claim));
-                        if run.len() == run_records_max {
-                            result = result.and(self.read_run(handle, &mut run, token));
-                        }
-                    }
-                }
-                Lookup::Hit(_) | Lookup::InFlight(_) => {
-                    result = result.and(self.read_run(handle, &mut run, token));
-                }
+        let mut at = offset;
+        while at < end {
+            let n = PREFETCH_SPAN_BYTES_MAX.min(end - at);
+            if let Some(span) = self.claim_span(handle, at, n) {
+                result = result.and(span.fill());
             }
+            at += n;
         }
-        result.and(self.read_run(handle, &mut run, token))
+        result
     }
 
-    /// Reads a run of claimed records from primary storage in one read and
-    /// publishes each (or the error to each); empties `run`.
-    fn read_run(&self, handle: &ObjectHandle, run: &mut Run<'_>, token: u64) -> io::Result<()> {
+    /// Claims the records covering `len` bytes at `offset` (at most
+    /// [`PREFETCH_SPAN_BYTES_MAX`], from `offset` on) that are neither in
+    /// the ARC nor being read: cheap, no I/O. None if there is none.
+    pub fn claim_span(
+        self: &Arc<Self>,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: u64,
+    ) -> Option<ClaimedSpan> {
+        let size_bytes = handle.size_bytes();
+        if handle.caches_nothing() || len == 0 || offset >= size_bytes {
+            return None;
+        }
+        let end = offset
+            .saturating_add(len.min(PREFETCH_SPAN_BYTES_MAX))
+            .min(size_bytes);
+        let recordsize = u64::from(handle.recordsize_bytes());
+        let token = handle.token();
+        let mut claims = Vec::new();
+        for index in offset / recordsize..=(end - 1) / recordsize {
+            if let Lookup::Claimed(claim) =
+                self.arc
+                    .lookup(handle.record_key(index), token, AccessKind::Prefetch)
+            {
+                claims.push((index, claim.detach()));
+            }
+        }
+        (!claims.is_empty()).then(|| ClaimedSpan {
+            cache: Arc::clone(self),
+            handle: handle.clone(),
+            token,
+            claims,
+        })
+    }
+}
+
+impl ClaimedSpan {
+    /// Records claimed.
+    pub fn records(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// Fills the claimed records: from the L2ARC those it holds, the rest
+    /// from primary storage, one read per run of consecutive records. The
+    /// first error of a primary read is returned (its records are failed).
+    pub fn fill(self) -> io::Result<()> {
+        self.fill_paced(&|_| true)
+    }
+
+    /// As [`Self::fill`], asking `pace` before each record read from
+    /// primary storage, with the record's offset: it may block until the
+    /// reader is close enough (so that what is read ahead is not evicted
+    /// before it is read), or return false to give the rest of the span up
+    /// (its claims are dropped: their waiters look again).
+    pub fn fill_paced(mut self, pace: &dyn Fn(u64) -> bool) -> io::Result<()> {
+        let claims = std::mem::take(&mut self.claims);
+        let cache = &*self.cache;
+        let (handle, token) = (&self.handle, self.token);
+        let mut run: Vec<(u64, FillClaim<'_>)> = Vec::new();
+        let mut result = Ok(());
+        for (index, claim) in claims {
+            let claim = claim.attach(&cache.arc);
+            let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
+            if !consecutive {
+                result = result.and(cache.read_run(handle, &mut run, token, pace));
+            }
+            let fill_sequence = cache.invalidation_sequence.load(Ordering::Acquire);
+            if let Some(data) = cache.read_l2(handle, index, token) {
+                let _ = cache.publish_fill(claim, Ok(data), token, fill_sequence);
+                result = result.and(cache.read_run(handle, &mut run, token, pace));
+            } else {
+                run.push((index, claim));
+            }
+        }
+        result.and(cache.read_run(handle, &mut run, token, pace))
+    }
+}
+
+impl Drop for ClaimedSpan {
+    fn drop(&mut self) {
+        // Unfilled: attached and dropped, each claim fails as abandoned.
+        for (_, claim) in self.claims.drain(..) {
+            drop(claim.attach(&self.cache.arc));
+        }
+    }
+}
+
+impl Cache {
+    /// Reads a run of claimed consecutive records from primary storage in
+    /// one read, publishing each record as soon as its bytes are in (and
+    /// the error to those never completed); empties `run`.
+    fn read_run(
+        &self,
+        handle: &ObjectHandle,
+        run: &mut Vec<(u64, FillClaim<'_>)>,
+        token: u64,
+        pace: &dyn Fn(u64) -> bool,
+    ) -> io::Result<()> {
         let Some(&(first, _)) = run.first() else {
             return Ok(());
         };
         let recordsize = handle.recordsize_bytes() as usize;
+        let records = run.len();
+        let mut claims = run.drain(..);
         // Before the read: a write logged after it may have changed what
         // the read returns (`Record::fill_sequence`).
         let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-        let span = self.read_primary_span(handle, first, run.len(), token);
-        for (k, (index, claim)) in run.drain(..).enumerate() {
-            assert_eq!(index, first + k as u64, "a run is consecutive records");
-            let data = match &span {
-                Ok(span) => {
-                    let from = (k * recordsize).min(span.len());
-                    let to = (from + recordsize).min(span.len());
-                    Ok(crate::buf::AlignedBuf::copy_from(
-                        &span.as_slice()[from..to],
-                    ))
+        // The record being assembled: (its claim, its bytes, how many are in).
+        let mut current: Option<(FillClaim<'_>, AlignedBuf, usize)> = None;
+        let mut next_index = first;
+        let mut stopped = false;
+        let publish = |claim, data| {
+            let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
+        };
+        let result =
+            self.read_primary_stream(handle, first, records, token, &mut |mut piece: &[u8]| {
+                while !piece.is_empty() {
+                    if current.is_none() {
+                        if !pace(next_index * recordsize as u64) {
+                            stopped = true;
+                            return false;
+                        }
+                        let Some((index, claim)) = claims.next() else {
+                            return false; // more than asked for: not ours
+                        };
+                        assert_eq!(index, next_index, "a run is consecutive records");
+                        next_index += 1;
+                        current = Some((claim, AlignedBuf::zeroed(recordsize), 0));
+                    }
+                    let (_, buf, filled) = current.as_mut().expect("set above");
+                    let n = piece.len().min(recordsize - *filled);
+                    buf.as_mut_slice()[*filled..*filled + n].copy_from_slice(&piece[..n]);
+                    *filled += n;
+                    piece = &piece[n..];
+                    if *filled == recordsize {
+                        let (claim, buf, _) = current.take().expect("set above");
+                        publish(claim, buf);
+                    }
                 }
-                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            };
-            let _ = self.publish_fill(claim, data, token, fill_sequence);
+                true
+            });
+        match &result {
+            // Given up: the claims not filled are dropped (abandoned).
+            Ok(_) if stopped => {}
+            Ok(_) => {
+                // Short at the end of the object: the record in progress is
+                // the last one, and those past it are empty.
+                if let Some((claim, mut buf, filled)) = current.take() {
+                    buf.set_len(filled);
+                    publish(claim, buf);
+                }
+                for (_, claim) in claims {
+                    publish(claim, AlignedBuf::zeroed(0));
+                }
+            }
+            Err(e) => {
+                // Never published in part: a record is whole or not at all.
+                let unfinished = current.take().map(|(claim, _, _)| claim);
+                for claim in unfinished.into_iter().chain(claims.map(|(_, c)| c)) {
+                    let error = io::Error::new(e.kind(), e.to_string());
+                    let _ = self.publish_fill(claim, Err(error), token, fill_sequence);
+                }
+            }
         }
-        span.map(|_| ())
+        result.map(|_| ())
     }
 }

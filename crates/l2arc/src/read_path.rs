@@ -867,6 +867,23 @@ impl Cache {
         len: usize,
         kind: AccessKind,
     ) -> io::Result<ReadView> {
+        self.read_view_continuing(handle, offset, len, kind, None)
+    }
+
+    /// As [`Self::read_view`], for a reader whose previous read ended in
+    /// record `continues`: a hit on that record is counted, but is not a new
+    /// access for the ARC's policy (`LiveArc::peek_hit`). Without it a
+    /// sequential reader that reads a record in several reads (the kernel's
+    /// 128 KiB) would promote every record it reads to MFU, as if it were
+    /// reused, and the records read ahead of it would be evicted first.
+    pub fn read_view_continuing(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        kind: AccessKind,
+        continues: Option<u64>,
+    ) -> io::Result<ReadView> {
         let size_bytes = handle.size_bytes();
         let mut segments = SmallVec::new();
         if len == 0 || offset >= size_bytes {
@@ -879,7 +896,13 @@ impl Cache {
             let record_start = index * recordsize;
             let from = (offset.max(record_start) - record_start) as usize;
             let to = ((end - record_start) as usize).min(recordsize as usize);
-            let (record, range, short) = self.get_piece(handle, index, kind, from..to)?;
+            let peeked = (kind == AccessKind::Demand && continues == Some(index))
+                .then(|| self.arc.peek_hit(handle.record_key(index), handle.token()))
+                .flatten();
+            let (record, range, short) = match peeked {
+                Some(record) => piece_of(record, from..to, recordsize as usize),
+                None => self.get_piece(handle, index, kind, from..to)?,
+            };
             if !range.is_empty() {
                 segments.push((record, range));
             }
@@ -967,8 +990,10 @@ impl Cache {
                     self.analytics.note_below();
                     match fill.wait() {
                         Ok(record) if record.generation_token == token => return Ok(record),
-                        // Filled under another generation: look again.
+                        // Filled under another generation, or the claim
+                        // was dropped unfilled: look again.
                         Ok(_) => continue,
+                        Err(e) if e.is_abandoned() => continue,
                         Err(e) => Err(io::Error::from(e)),
                     }
                 }
@@ -1140,6 +1165,47 @@ impl Cache {
                 Err(e)
             }
         }
+    }
+
+    /// Reads `records` whole records from `first` on from primary storage
+    /// as one stream (`PrimaryObject::read_span_at_generation`), handing
+    /// the bytes to `sink` as they arrive; counted as one read, as
+    /// [`Self::read_primary_span`] is. `token` is the one the records will
+    /// carry.
+    pub(crate) fn read_primary_stream(
+        &self,
+        handle: &ObjectHandle,
+        first: u64,
+        records: usize,
+        token: u64,
+        sink: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<usize> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        let expected = handle.state.generation_of(token);
+        let timer = self.analytics.start();
+        let result = handle.object.read_span_at_generation(
+            first * recordsize as u64,
+            recordsize * records,
+            expected.as_ref(),
+            sink,
+        );
+        match &result {
+            Ok(n) => {
+                self.counters.primary_reads.add(1);
+                self.counters.primary_read_bytes.add(*n as u64);
+                let dataset = handle.dataset_id.0 as usize;
+                self.analytics
+                    .primary_done(timer, dataset, handle.state.id, *n as u64);
+            }
+            Err(e) if !is_stale(e) => self.counters.primary_errors.add(1),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// `arc_max`: the most DRAM record buffers may take.
+    pub fn arc_max_bytes(&self) -> u64 {
+        self.config.arc_max_bytes
     }
 
     fn read_uncached(

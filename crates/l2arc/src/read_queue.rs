@@ -554,16 +554,10 @@ impl<'c> ReadQueue<'c> {
                     Ok(record) if record.generation_token == token => {
                         self.deliver(index, slot, Ok(record));
                     }
-                    Ok(_) => {
-                        // Filled under another generation: look again.
-                        let request = self.requests[index as usize].as_mut().expect("live");
-                        request.slots[slot as usize] = RecordSlot::Reading;
-                        self.resolve_again(index, slot)?;
-                        let request = self.requests[index as usize].as_ref().expect("live");
-                        still_parked |=
-                            matches!(request.slots[slot as usize], RecordSlot::Parked(_));
-                    }
-                    Err(e) => self.deliver(index, slot, Err(e.into())),
+                    Err(e) if !e.is_abandoned() => self.deliver(index, slot, Err(e.into())),
+                    // Filled under another generation, or the claim was
+                    // dropped unfilled: look again.
+                    _ => self.look_again(index, slot, &mut still_parked)?,
                 }
             }
             if still_parked {
@@ -573,6 +567,18 @@ impl<'c> ReadQueue<'c> {
                 self.finish_if_resolved(index);
             }
         }
+        Ok(())
+    }
+
+    /// Resolves a parked record again (its fill gave nothing usable).
+    fn look_again(&mut self, index: u32, slot: u32, still_parked: &mut bool) -> io::Result<()> {
+        {
+            let request = self.requests[index as usize].as_mut().expect("live");
+            request.slots[slot as usize] = RecordSlot::Reading;
+        }
+        self.resolve_again(index, slot)?;
+        let request = self.requests[index as usize].as_ref().expect("live");
+        *still_parked |= matches!(request.slots[slot as usize], RecordSlot::Parked(_));
         Ok(())
     }
 

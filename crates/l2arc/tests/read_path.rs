@@ -11,7 +11,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, RwLock};
+use std::sync::{Arc, Barrier, Mutex, RwLock, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use l2arc::arc::AccessKind;
@@ -1228,4 +1228,266 @@ fn a_prefetch_span_reads_each_run_of_uncached_records_in_one_read() {
     let h = c.open(ds, "f", false).unwrap();
     c.prefetch_span(&h, 0, 21 * rs).unwrap();
     assert_eq!(state.reads.load(Ordering::SeqCst), 0);
+}
+
+/// Bytes after which a span tells the test (first) and waits for it.
+type Hold = (usize, mpsc::Sender<()>, mpsc::Receiver<()>);
+
+/// An object store in miniature: versions (a hash and bytes), conditional
+/// reads, and spans streamed in pieces that do not line up with records. A
+/// span can be held after some bytes (until the test lets it go), or the
+/// object can change after some bytes (the span then fails as a 412 would).
+struct VersionedObject {
+    /// (version hash, bytes) of the current version.
+    current: Mutex<(u64, Vec<u8>)>,
+    hold: Mutex<Option<Hold>>,
+    /// Bytes after which the object becomes this version mid-span.
+    change: Mutex<Option<(usize, Vec<u8>)>>,
+    span_reads: AtomicUsize,
+    record_reads: AtomicUsize,
+}
+
+const PIECE_BYTES: usize = 100_000;
+
+impl VersionedObject {
+    fn new(data: Vec<u8>) -> Arc<Self> {
+        Arc::new(Self {
+            current: Mutex::new((1, data)),
+            hold: Mutex::new(None),
+            change: Mutex::new(None),
+            span_reads: AtomicUsize::new(0),
+            record_reads: AtomicUsize::new(0),
+        })
+    }
+
+    /// The bytes of the version `expected` names, or a 412.
+    fn bytes_of(&self, expected: Option<&l2arc::primary::Generation>) -> io::Result<Vec<u8>> {
+        let current = self.current.lock().unwrap();
+        if expected.map(|g| g.version_hash) != Some(current.0) {
+            return Err(io::Error::new(
+                io::ErrorKind::StaleNetworkFileHandle,
+                "precondition failed",
+            ));
+        }
+        Ok(current.1.clone())
+    }
+}
+
+struct VersionedPrimary(Arc<VersionedObject>);
+
+impl Primary for VersionedPrimary {
+    fn open(&self, _name: &str, _writable: bool) -> io::Result<Arc<dyn PrimaryObject>> {
+        Ok(Arc::clone(&self.0) as Arc<dyn PrimaryObject>)
+    }
+
+    fn describe(&self) -> String {
+        "versioned".into()
+    }
+}
+
+impl PrimaryObject for VersionedObject {
+    fn info(&self) -> io::Result<ObjectInfo> {
+        let current = self.current.lock().unwrap();
+        Ok(ObjectInfo {
+            id: 1,
+            generation: l2arc::primary::Generation {
+                ino: 1,
+                size_bytes: current.1.len() as u64,
+                version_hash: current.0,
+                ..Default::default()
+            },
+        })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let generation = self.info()?.generation;
+        self.read_at_generation(offset, buf, Some(&generation))
+    }
+
+    fn read_at_generation(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        expected: Option<&l2arc::primary::Generation>,
+    ) -> io::Result<usize> {
+        self.record_reads.fetch_add(1, Ordering::SeqCst);
+        let bytes = self.bytes_of(expected)?;
+        let from = (offset as usize).min(bytes.len());
+        let n = buf.len().min(bytes.len() - from);
+        buf[..n].copy_from_slice(&bytes[from..from + n]);
+        Ok(n)
+    }
+
+    fn read_span_at_generation(
+        &self,
+        offset: u64,
+        len: usize,
+        expected: Option<&l2arc::primary::Generation>,
+        sink: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<usize> {
+        self.span_reads.fetch_add(1, Ordering::SeqCst);
+        let bytes = self.bytes_of(expected)?;
+        let from = (offset as usize).min(bytes.len());
+        let end = (from + len).min(bytes.len());
+        let mut at = from;
+        while at < end {
+            let handed = at - from;
+            let hold = self
+                .hold
+                .lock()
+                .unwrap()
+                .take_if(|(after, ..)| handed >= *after);
+            if let Some((_, tell, wait)) = hold {
+                tell.send(()).unwrap();
+                wait.recv().unwrap();
+            }
+            let change = self
+                .change
+                .lock()
+                .unwrap()
+                .take_if(|(after, _)| handed >= *after);
+            if let Some((_, new)) = change {
+                *self.current.lock().unwrap() = (2, new);
+                return Err(io::Error::new(
+                    io::ErrorKind::StaleNetworkFileHandle,
+                    "precondition failed midway",
+                ));
+            }
+            let n = PIECE_BYTES.min(end - at);
+            let more = sink(&bytes[at..at + n]);
+            at += n;
+            if !more {
+                break;
+            }
+        }
+        Ok(at - from)
+    }
+
+    fn write_at(&self, _offset: u64, _data: &[u8]) -> io::Result<()> {
+        Err(io::ErrorKind::ReadOnlyFilesystem.into())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn versioned_cache(object: &Arc<VersionedObject>, rs: u32) -> (Arc<Cache>, ObjectHandle) {
+    let c = cache(8 << 20, 2);
+    let primary = Arc::new(VersionedPrimary(Arc::clone(object)));
+    let ds = dataset(&c, primary, rs, CacheMode::All);
+    let h = c.open(ds, "o", false).unwrap();
+    (c, h)
+}
+
+/// Reads `len` bytes at `offset` on another thread; None if it does not
+/// finish within a generous bound (it would wait for the span's end).
+fn read_within(c: &Arc<Cache>, h: &ObjectHandle, offset: u64, len: usize) -> Option<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    let (c, h) = (Arc::clone(c), h.clone());
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; len];
+        let n = c.read(&h, offset, &mut buf).unwrap();
+        buf.truncate(n);
+        let _ = tx.send(buf);
+    });
+    rx.recv_timeout(Duration::from_secs(30)).ok()
+}
+
+#[test]
+fn a_streamed_span_serves_each_record_as_soon_as_its_bytes_are_in() {
+    let rs = 64 * KIB as usize;
+    let data = pattern(8 * rs + 999, 5); // 9 records, the last short
+    let object = VersionedObject::new(data.clone());
+    let (c, h) = versioned_cache(&object, rs as u32);
+    // The span stops after two and a half records until told to go on.
+    let (tell, told) = mpsc::channel();
+    let (go, wait) = mpsc::channel();
+    *object.hold.lock().unwrap() = Some((2 * rs + rs / 2, tell, wait));
+    let span = c.claim_span(&h, 0, data.len() as u64).unwrap();
+    assert_eq!(span.records(), 9);
+    let filler = std::thread::spawn(move || span.fill());
+    told.recv().unwrap();
+    // Mid-span: the first two records are served, from the cache.
+    let got = read_within(&c, &h, 0, 2 * rs).expect("records 0-1 served mid-span");
+    assert!(got == data[..2 * rs]);
+    assert_eq!(object.record_reads.load(Ordering::SeqCst), 0);
+    go.send(()).unwrap();
+    filler.join().unwrap().unwrap();
+    // One read below for the whole span; every record right, all hits.
+    assert!(read_all(&c, &h, data.len()) == data);
+    assert_eq!(object.span_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(object.record_reads.load(Ordering::SeqCst), 0);
+    assert_eq!(c.stats().primary_reads, 1);
+}
+
+#[test]
+fn an_object_changed_mid_span_caches_nothing_of_its_new_version_under_the_old_token() {
+    let rs = 64 * KIB as usize;
+    let old = pattern(8 * rs, 6);
+    let new = pattern(8 * rs, 7);
+    let object = VersionedObject::new(old.clone());
+    let (c, h) = versioned_cache(&object, rs as u32);
+    // After two pieces (three records and a bit) the object changes: the
+    // span's read fails as a conditional GET would (412).
+    let cut = 2 * PIECE_BYTES;
+    let (whole, partial) = (cut / rs, cut / rs); // records 0..3 whole, 3 cut
+    assert!(!cut.is_multiple_of(rs), "a record is cut midway");
+    *object.change.lock().unwrap() = Some((cut, new.clone()));
+    let span = c.claim_span(&h, 0, old.len() as u64).unwrap();
+    let e = span.fill().unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::StaleNetworkFileHandle);
+    // The whole records are of the old version, under its token, and
+    // served as such until the change is seen.
+    let mut buf = vec![0u8; whole * rs];
+    c.read(&h, 0, &mut buf).unwrap();
+    assert!(buf == old[..whole * rs]);
+    assert_eq!(object.record_reads.load(Ordering::SeqCst), 0, "hits");
+    // The record cut midway was not published: read below, it is found
+    // stale, the object is re-stated, and it reads as the new version,
+    // as does every record after that.
+    let mut buf = vec![0u8; rs];
+    c.read(&h, (partial * rs) as u64, &mut buf).unwrap();
+    assert!(
+        buf == new[partial * rs..][..rs],
+        "the cut record is all new"
+    );
+    assert!(object.record_reads.load(Ordering::SeqCst) >= 1);
+    assert!(read_all(&c, &h, new.len()) == new, "all of the new version");
+}
+
+#[test]
+fn a_paced_span_given_up_midway_lets_its_waiters_read_for_themselves() {
+    let rs = 64 * KIB as usize;
+    let data = pattern(8 * rs, 8);
+    let object = VersionedObject::new(data.clone());
+    let (c, h) = versioned_cache(&object, rs as u32);
+    let span = c.claim_span(&h, 0, data.len() as u64).unwrap();
+    // A demand reader of record 5 waits on the span's claim...
+    let iohits = c.stats().arc.iohits;
+    let reader = {
+        let (c, h) = (Arc::clone(&c), h.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; rs];
+            c.read(&h, 5 * rs as u64, &mut buf).map(|_| buf)
+        })
+    };
+    while c.stats().arc.iohits == iohits {
+        std::thread::yield_now();
+    }
+    // ...and the span gives up after three records (its reader went away).
+    span.fill_paced(&|offset| offset < 3 * rs as u64).unwrap();
+    let got = reader.join().unwrap().expect("the waiter reads for itself");
+    assert!(got == data[5 * rs..6 * rs]);
+    assert_eq!(
+        object.record_reads.load(Ordering::SeqCst),
+        1,
+        "record 5 alone"
+    );
+    // Records 0-2 came from the span; 3-4 and 6-7 were never read.
+    let before = object.record_reads.load(Ordering::SeqCst);
+    let mut buf = vec![0u8; 3 * rs];
+    c.read(&h, 0, &mut buf).unwrap();
+    assert!(buf == data[..3 * rs]);
+    assert_eq!(object.record_reads.load(Ordering::SeqCst), before);
 }

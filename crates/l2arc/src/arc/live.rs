@@ -83,6 +83,18 @@ pub struct FillError {
     pub message: String,
 }
 
+impl FillError {
+    /// The claim was dropped unfilled (`FillClaim`'s drop): nothing went
+    /// wrong below, so a waiter looks the record up again (and may claim
+    /// it) instead of failing.
+    pub fn is_abandoned(&self) -> bool {
+        self.kind == ABANDONED_KIND
+    }
+}
+
+/// The kind of the error an abandoned fill hands its waiters.
+const ABANDONED_KIND: io::ErrorKind = io::ErrorKind::Interrupted;
+
 impl From<FillError> for io::Error {
     fn from(e: FillError) -> io::Error {
         io::Error::new(e.kind, e.message)
@@ -167,11 +179,48 @@ impl FillClaim<'_> {
     }
 }
 
+impl FillClaim<'_> {
+    /// The claim without its borrow of the ARC, so that it can move to
+    /// another thread with an owner of the ARC (a read-ahead span claimed
+    /// on a request thread and filled on a worker). The holder must
+    /// [`DetachedClaim::attach`] it to the same ARC again, to complete it
+    /// or to drop it (which fails the fill as a dropped claim does).
+    pub(crate) fn detach(mut self) -> DetachedClaim {
+        self.completed = true; // the detached claim carries the duty
+        DetachedClaim {
+            key: self.key,
+            kind: self.kind,
+            fill: Arc::clone(&self.fill),
+        }
+    }
+}
+
+/// A [`FillClaim`] away from its ARC (see [`FillClaim::detach`]).
+#[must_use = "attach it to its ARC to complete or drop it: waiters wait until then"]
+pub(crate) struct DetachedClaim {
+    key: RecordKey,
+    kind: AccessKind,
+    fill: Arc<Fill>,
+}
+
+impl DetachedClaim {
+    /// The claim again, on `arc`, which must be the one it was taken from.
+    pub(crate) fn attach(self, arc: &LiveArc) -> FillClaim<'_> {
+        FillClaim {
+            arc,
+            key: self.key,
+            kind: self.kind,
+            fill: self.fill,
+            completed: false,
+        }
+    }
+}
+
 impl Drop for FillClaim<'_> {
     fn drop(&mut self) {
         if !self.completed {
             let error = FillError {
-                kind: io::ErrorKind::Other,
+                kind: ABANDONED_KIND,
                 message: "record fill abandoned".into(),
             };
             self.arc
@@ -377,6 +426,31 @@ impl LiveArc {
             .expect("ARC shard lock poisoned")
     }
 
+    /// A demand hit that is not a new access: the record if it is resident
+    /// under `token`, counted as a demand hit, with the policy's lists left
+    /// as they are (no refresh, no promotion to MFU). For a reader that
+    /// reads on within the record its previous read ended in: one reader
+    /// crossing a record in several reads uses it once, it does not reuse it
+    /// (ZFS's `ARC_MINTIME` makes the same call by time).
+    pub fn peek_hit(&self, key: RecordKey, token: u64) -> Option<Arc<Record>> {
+        let mut guard = self.shard(&key);
+        let shard = &mut *guard;
+        let record = shard
+            .policy
+            .peek(&key)
+            .filter(|r| r.generation_token == token)
+            .map(Arc::clone)?;
+        let list = shard.policy.list_of(&key);
+        let stats = &mut shard.stats;
+        stats.hits += 1;
+        stats.demand_data_hits += 1;
+        match list {
+            Some(ListId::Mfu) => stats.mfu_hits += 1,
+            _ => stats.mru_hits += 1,
+        }
+        Some(record)
+    }
+
     /// Looks a record up for a reader of an object whose current generation
     /// token is `token`.
     pub fn lookup(&self, key: RecordKey, token: u64, kind: AccessKind) -> Lookup<'_> {
@@ -571,12 +645,17 @@ impl LiveArc {
 
     /// Records near the eviction end of `list` in every shard, up to
     /// `bytes_per_shard` deep, coldest first: the L2ARC feeder's candidates.
-    /// Each comes with its prefetch flag. The buffers are shared, not copied.
+    /// Each comes with its prefetch flag. The buffers are not copied, and
+    /// not held either: a record referenced cannot be evicted, and a whole
+    /// scan held while the feeder copies it one record at a time could fill
+    /// a shard with records it cannot evict, refusing every insert
+    /// meanwhile. The feeder upgrades one at a time; a record evicted
+    /// since is gone (and on its way to the L2ARC by the write-back path).
     pub fn feed_candidates(
         &self,
         list: ListId,
         bytes_per_shard: u64,
-        out: &mut Vec<(RecordKey, Arc<Record>, bool)>,
+        out: &mut Vec<(RecordKey, std::sync::Weak<Record>, bool)>,
     ) {
         for shard in self.shards.iter() {
             let shard = shard.0.lock().expect("ARC shard lock poisoned");
@@ -586,7 +665,7 @@ impl LiveArc {
                     break;
                 }
                 scanned_bytes += size_bytes;
-                out.push((*key, Arc::clone(record), prefetched));
+                out.push((*key, Arc::downgrade(record), prefetched));
             }
         }
     }
@@ -791,7 +870,7 @@ mod tests {
             panic!("expected in flight");
         };
         drop(claim);
-        assert!(fill.wait().is_err());
+        assert!(fill.wait().is_err_and(|e| e.is_abandoned()));
     }
 
     #[test]

@@ -290,6 +290,10 @@ impl Cache {
                 .feed_candidates(ListId::Mru, per_shard, &mut candidates);
         }
         for (key, record, prefetched) in candidates {
+            // One record held at a time, only while it is copied.
+            let Some(record) = record.upgrade() else {
+                continue; // evicted meanwhile
+            };
             if (prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
                 continue;
             }

@@ -171,6 +171,32 @@ pub trait PrimaryObject: Send + Sync + 'static {
         self.read_at(offset, buf)
     }
 
+    /// Reads `len` bytes at `offset` of the version `expected` names, under
+    /// the rules of [`Self::read_at_generation`], and hands them to `sink`
+    /// in order, in pieces of any size, as they arrive, for as long as it
+    /// returns true. Returns the bytes handed over: fewer than `len` only
+    /// at the end of the object or when `sink` said stop. On an error, what
+    /// was handed over before it is of `expected` and good; the rest never
+    /// comes (a stale object: `StaleNetworkFileHandle`, and no byte of the
+    /// new version is handed over).
+    ///
+    /// The default reads the whole range at once and hands it over in one
+    /// piece (a buffer of `len` bytes for the call). An object store
+    /// streams one GET instead, so that the first records of a long span
+    /// are served while the rest is still on the wire.
+    fn read_span_at_generation(
+        &self,
+        offset: u64,
+        len: usize,
+        expected: Option<&Generation>,
+        sink: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<usize> {
+        let mut buf = crate::buf::AlignedBuf::zeroed(len);
+        let n = self.read_at_generation(offset, buf.as_mut_slice(), expected)?;
+        sink(&buf.as_slice()[..n]);
+        Ok(n)
+    }
+
     /// Writes all of `data` at `offset` (write-through; the object may grow).
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
 

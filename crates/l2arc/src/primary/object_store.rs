@@ -361,21 +361,27 @@ impl Shared {
                 Ok(Err(_)) | Err(_) => {}
             }
             tries += 1;
-            self.counters.retries.fetch_add(1, Ordering::Relaxed);
-            let backoff_ms = self
-                .config
-                .backoff_base_ms
-                .saturating_mul(1u64 << (tries - 1).min(16))
-                .min(BACKOFF_MAX_MS);
-            // Half the backoff plus jitter from the clock's low bits: many
-            // clients throttled together must not come back together.
-            let nanos = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| u64::from(d.subsec_nanos()))
-                .unwrap_or(0);
-            let sleep_ms = backoff_ms / 2 + nanos % (backoff_ms / 2 + 1);
-            std::thread::sleep(Duration::from_millis(sleep_ms));
+            self.back_off(tries);
         }
+    }
+
+    /// Counts a retry and sleeps before try `tries` + 1 (`tries` >= 1):
+    /// capped exponential backoff with jitter.
+    fn back_off(&self, tries: u32) {
+        self.counters.retries.fetch_add(1, Ordering::Relaxed);
+        let backoff_ms = self
+            .config
+            .backoff_base_ms
+            .saturating_mul(1u64 << (tries - 1).min(16))
+            .min(BACKOFF_MAX_MS);
+        // Half the backoff plus jitter from the clock's low bits: many
+        // clients throttled together must not come back together.
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| u64::from(d.subsec_nanos()))
+            .unwrap_or(0);
+        let sleep_ms = backoff_ms / 2 + nanos % (backoff_ms / 2 + 1);
+        std::thread::sleep(Duration::from_millis(sleep_ms));
     }
 
     /// HEAD a key, through the stat cache (positive and negative entries).
@@ -719,6 +725,91 @@ impl StoreObject {
     }
 }
 
+/// How one streamed GET ended.
+enum StreamEnd {
+    /// The server sent its last byte.
+    Done,
+    Failed(opendal::Error),
+    /// No piece within the request timeout.
+    TimedOut,
+    /// More bytes than the range holds: not trusted.
+    Overlong,
+    /// The sink wanted no more.
+    Stopped,
+}
+
+impl StoreObject {
+    /// What we know of the version `expected` names (its ETag), or
+    /// `StaleNetworkFileHandle` if it is none we remember.
+    fn version_of(&self, expected: Option<&Generation>) -> io::Result<ObjectMeta> {
+        let meta = expected.and_then(|expected| {
+            let view = self.state.lock().expect("object view poisoned");
+            view.versions
+                .iter()
+                .rev()
+                .find(|(h, _)| *h == expected.version_hash)
+                .map(|(_, m)| m.clone())
+        });
+        let meta = meta.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::StaleNetworkFileHandle,
+                format!("{}: object changed", self.key),
+            )
+        })?;
+        debug_assert_eq!(Some(meta.size_bytes), expected.map(|e| e.size_bytes));
+        Ok(meta)
+    }
+
+    /// One GET of `[*at, end)` under If-Match, each piece handed to `sink`
+    /// as it arrives and `*at` moved past it. The request timeout bounds
+    /// the wait for each piece, not the whole stream: a long span may take
+    /// longer than one timeout while it flows.
+    async fn stream_get(
+        &self,
+        meta: &ObjectMeta,
+        at: &mut u64,
+        end: u64,
+        sink: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> StreamEnd {
+        use futures_core::Stream;
+        let s = &self.shared;
+        let timeout = Duration::from_millis(s.config.request_timeout_ms.max(1));
+        let mut reader = s.op.reader_with(&self.key);
+        if !meta.etag.is_empty() {
+            reader = reader.if_match(&meta.etag);
+        }
+        let opened = async { reader.await?.into_stream(*at..end).await };
+        let stream = match tokio::time::timeout(timeout, opened).await {
+            Err(_) => return StreamEnd::TimedOut,
+            Ok(Err(e)) => return StreamEnd::Failed(e),
+            Ok(Ok(stream)) => stream,
+        };
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx));
+            let buffer = match tokio::time::timeout(timeout, next).await {
+                Err(_) => return StreamEnd::TimedOut,
+                Ok(None) => return StreamEnd::Done,
+                Ok(Some(Err(e))) => return StreamEnd::Failed(e),
+                Ok(Some(Ok(buffer))) => buffer,
+            };
+            for chunk in buffer {
+                if chunk.len() as u64 > end - *at {
+                    return StreamEnd::Overlong;
+                }
+                let more = sink(&chunk);
+                *at += chunk.len() as u64;
+                s.counters
+                    .get_bytes
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                if !more {
+                    return StreamEnd::Stopped;
+                }
+            }
+        }
+    }
+}
+
 impl PrimaryObject for StoreObject {
     fn info(&self) -> io::Result<ObjectInfo> {
         let (fresh, meta) = {
@@ -755,27 +846,7 @@ impl PrimaryObject for StoreObject {
         buf: &mut [u8],
         expected: Option<&Generation>,
     ) -> io::Result<usize> {
-        let stale = || {
-            io::Error::new(
-                io::ErrorKind::StaleNetworkFileHandle,
-                format!("{}: object changed", self.key),
-            )
-        };
-        let Some(expected) = expected else {
-            return Err(stale());
-        };
-        let meta = {
-            let view = self.state.lock().expect("object view poisoned");
-            view.versions
-                .iter()
-                .rev()
-                .find(|(h, _)| *h == expected.version_hash)
-                .map(|(_, m)| m.clone())
-        };
-        let Some(meta) = meta else {
-            return Err(stale());
-        };
-        debug_assert_eq!(meta.size_bytes, expected.size_bytes);
+        let meta = self.version_of(expected)?;
         if offset >= meta.size_bytes || buf.is_empty() {
             return Ok(0);
         }
@@ -825,6 +896,81 @@ impl PrimaryObject for StoreObject {
             .get_bytes
             .fetch_add(want as u64, Ordering::Relaxed);
         Ok(want)
+    }
+
+    /// One conditional GET for the whole range, streamed. A stream cut off
+    /// midway (a transport error, a timeout) goes on from where it stopped
+    /// with another GET under the same If-Match, within the retry budget:
+    /// every byte handed over is of the version `expected` names, and a
+    /// 412 on a later GET ends the read with what came before it.
+    fn read_span_at_generation(
+        &self,
+        offset: u64,
+        len: usize,
+        expected: Option<&Generation>,
+        sink: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<usize> {
+        let meta = self.version_of(expected)?;
+        if offset >= meta.size_bytes || len == 0 {
+            return Ok(0);
+        }
+        let end = offset.saturating_add(len as u64).min(meta.size_bytes);
+        let s = &self.shared;
+        let mut at = offset;
+        let mut tries = 0u32;
+        loop {
+            s.counters.gets.fetch_add(1, Ordering::Relaxed);
+            let ended = s
+                .runtime
+                .block_on(self.stream_get(&meta, &mut at, end, sink));
+            let what = format!("read {} [{at}, {end})", self.key);
+            let error = match ended {
+                StreamEnd::Done if at == end => return Ok((end - offset) as usize),
+                StreamEnd::Stopped => return Ok((at - offset) as usize),
+                // Ended early without an error: cut off; go on.
+                StreamEnd::Done => None,
+                StreamEnd::TimedOut => None,
+                StreamEnd::Failed(e) if retryable(&e) => Some(to_io(e, &what)),
+                StreamEnd::Failed(e) => {
+                    let e = to_io(e, &what);
+                    if e.kind() == io::ErrorKind::StaleNetworkFileHandle {
+                        s.counters
+                            .precondition_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::StaleNetworkFileHandle | io::ErrorKind::NotFound
+                    ) {
+                        self.expire();
+                    }
+                    return Err(e);
+                }
+                StreamEnd::Overlong => {
+                    self.expire();
+                    return Err(io::Error::other(format!(
+                        "{what}: the store returned more bytes than the range holds"
+                    )));
+                }
+            };
+            if tries >= s.config.retries_max {
+                let (kind, reason) = error.map_or_else(
+                    || {
+                        (
+                            io::ErrorKind::TimedOut,
+                            format!("{what}: cut off or timed out"),
+                        )
+                    },
+                    |e| (e.kind(), e.to_string()),
+                );
+                return Err(io::Error::new(
+                    kind,
+                    format!("{reason} (gave up after {} tries)", tries + 1),
+                ));
+            }
+            tries += 1;
+            s.back_off(tries);
+        }
     }
 
     fn write_at(&self, _offset: u64, _data: &[u8]) -> io::Result<()> {

@@ -1,0 +1,131 @@
+//! Pacing a read-ahead span to its reader.
+//!
+//! A span is one GET, and the store sends it as fast as it can; the reader
+//! may be slower. What arrives goes into the ARC, where records read ahead
+//! sit on the recency side, the first to go when the cache is full: a span
+//! that ran far ahead of its reader would see its own records evicted
+//! before they are read, and each of them read again by a GET of its own.
+//! So before each record a span's fill waits until the reader is within
+//! `ahead_bytes` of it; the stream stalls (TCP backpressure) instead of
+//! flooding the ARC, and what a reader has ahead of it in DRAM is bounded.
+//! A reader that makes no progress for `IDLE_MAX` (or closes the file)
+//! lets the span go: the rest is given up, and read again if wanted.
+
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a span waits for a reader that does not move before it gives
+/// the rest up (its GET stays open meanwhile).
+const IDLE_MAX: Duration = Duration::from_secs(10);
+
+/// Where the reader of one open file is, for the spans read ahead of it.
+pub(crate) struct Pace {
+    state: Mutex<PaceState>,
+    advanced: Condvar,
+    ahead_bytes: u64,
+}
+
+struct PaceState {
+    /// Furthest offset a read started at.
+    read_to: u64,
+    closed: bool,
+    /// Spans blocked in `wait_for` (a read notifies only when some are).
+    waiting: u32,
+}
+
+impl Pace {
+    pub(crate) fn new(ahead_bytes: u64) -> Self {
+        Self {
+            state: Mutex::new(PaceState {
+                read_to: 0,
+                closed: false,
+                waiting: 0,
+            }),
+            advanced: Condvar::new(),
+            ahead_bytes,
+        }
+    }
+
+    /// A read starts at `offset` (called before it looks records up, so
+    /// that the record it waits for is always within reach).
+    pub(crate) fn reader_at(&self, offset: u64) {
+        let mut state = self.state.lock().expect("pace poisoned");
+        if offset > state.read_to {
+            state.read_to = offset;
+            if state.waiting > 0 {
+                self.advanced.notify_all();
+            }
+        }
+    }
+
+    /// The file is closed: spans waiting give up.
+    pub(crate) fn close(&self) {
+        self.state.lock().expect("pace poisoned").closed = true;
+        self.advanced.notify_all();
+    }
+
+    /// Blocks until a record at `offset` is within `ahead_bytes` of the
+    /// reader; false if the reader closed the file or stood still for
+    /// `IDLE_MAX`.
+    pub(crate) fn wait_for(&self, offset: u64) -> bool {
+        let mut state = self.state.lock().expect("pace poisoned");
+        let mut seen = state.read_to;
+        let mut deadline = Instant::now() + IDLE_MAX;
+        loop {
+            if state.closed {
+                return false;
+            }
+            if offset < state.read_to.saturating_add(self.ahead_bytes) {
+                return true;
+            }
+            if state.read_to != seen {
+                seen = state.read_to;
+                deadline = Instant::now() + IDLE_MAX;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            state.waiting += 1;
+            state = self
+                .advanced
+                .wait_timeout(state, left)
+                .expect("pace poisoned")
+                .0;
+            state.waiting -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_span_waits_for_its_reader_and_lets_go_when_the_file_closes() {
+        let pace = Arc::new(Pace::new(4 << 20));
+        assert!(pace.wait_for(0), "within reach of a reader at 0");
+        assert!(pace.wait_for((4 << 20) - 1));
+        // Beyond reach: waits until the reader moves.
+        let span = {
+            let pace = Arc::clone(&pace);
+            std::thread::spawn(move || pace.wait_for(10 << 20))
+        };
+        while pace.state.lock().unwrap().waiting == 0 {
+            std::thread::yield_now();
+        }
+        pace.reader_at(7 << 20);
+        assert!(span.join().unwrap(), "the reader came within reach");
+        // A reader that closes the file releases a waiting span.
+        let span = {
+            let pace = Arc::clone(&pace);
+            std::thread::spawn(move || pace.wait_for(100 << 20))
+        };
+        while pace.state.lock().unwrap().waiting == 0 {
+            std::thread::yield_now();
+        }
+        pace.close();
+        assert!(!span.join().unwrap(), "closed: the span gives up");
+        assert!(!pace.wait_for(0), "closed: nothing more is read ahead");
+    }
+}
