@@ -31,6 +31,10 @@
 /// How far out of order a read may arrive and still continue a stream
 /// (at once): a few of the kernel's read-ahead requests.
 const REORDER_SLACK_BYTES: u64 = 1 << 20;
+/// The smallest read that starts a stream on a fresh open anywhere but at
+/// offset 0 (within the reorder slack): the kernel's sequential reads are
+/// 128 KiB, a random reader's are a few KiB.
+const FRESH_STREAM_READ_BYTES_MIN: u64 = 64 << 10;
 
 /// Per-open-file state.
 #[derive(Debug, Clone)]
@@ -83,7 +87,12 @@ impl ReadAhead {
         // continues it, and never moves it back. A stream starts only with
         // a read where the last one ended, so random readers start none.
         let slack = REORDER_SLACK_BYTES.max(recordsize_bytes);
-        let streaming = self.at_once && (self.window_records > 0 || self.next_offset == 0);
+        // A fresh open streams from a read at 0, or from a read as large as
+        // the kernel's sequential ones that overtook it; not from a small
+        // read near the start (a random reader's 4 KiB).
+        let fresh_start =
+            self.next_offset == 0 && (offset == 0 || len >= FRESH_STREAM_READ_BYTES_MIN);
+        let streaming = self.at_once && (self.window_records > 0 || fresh_start);
         let sequential = len > 0
             && if streaming {
                 offset <= self.next_offset.saturating_add(slack)
@@ -230,6 +239,16 @@ mod tests {
         for w in asks.windows(2) {
             assert_eq!(w[0].0 + w[0].1, w[1].0, "contiguous");
         }
+        // A small read near the start of a fresh open is not a stream (a
+        // random reader), a large one overtaken by the read at 0 is.
+        let mut ra = ReadAhead::at_once(64);
+        assert_eq!(ra.on_read(20 << 10, 4096, MIB, size), None);
+        assert_eq!(ra.window_records(), 0);
+        let mut ra = ReadAhead::at_once(64);
+        assert_eq!(
+            ra.on_read(128 << 10, 128 << 10, MIB, size),
+            Some((0, 64 * MIB))
+        );
         // A small file: one ask for all of it.
         let mut ra = ReadAhead::at_once(64);
         assert_eq!(
