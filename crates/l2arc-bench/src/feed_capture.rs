@@ -97,10 +97,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         cache_file_bytes,
         recordsize_bytes,
         feeders: Vec::new(),
-        load_average: std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
+        load_average: crate::load_average(),
     };
     for (name, write_back, feed_again) in feeders {
         let cache_path = dir.join("feed-capture-cache.img");

@@ -210,10 +210,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     drop(mounted);
     let report = Report {
         machine: super::l2_hit::machine(tmp.path()),
-        load_average: std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
+        load_average: crate::load_average(),
         data_bytes: FILES as u64 * FILE_BYTES,
         files: FILES,
         recordsize_bytes,

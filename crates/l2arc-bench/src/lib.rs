@@ -254,6 +254,14 @@ fn emit_with_report<T: serde::Serialize>(
     Ok(())
 }
 
+/// `/proc/loadavg`, trimmed, for reports (empty where there is none).
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 /// A program built into the same directory as this one (the `l2arc`
 /// binary, whose `serve-nbd` the nbd scenario measures).
 pub(crate) fn sibling_binary(name: &str) -> Result<PathBuf> {

@@ -488,7 +488,7 @@ fn distribution(hot_read_fraction: f64, hot_data_fraction: f64) -> String {
 
 /// Our server's statistics from the lines it printed when it stopped
 /// (`name value`, arcstats names).
-fn server_stats(lines: &[String]) -> Vec<(String, u64)> {
+pub(crate) fn server_stats(lines: &[String]) -> Vec<(String, u64)> {
     lines
         .iter()
         .filter_map(|l| {

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use super::BenchArgs;
-use super::nbd::{make_image, shell_words, spawn, wait_for_socket};
+use super::nbd::{make_image, server_stats, shell_words, spawn, wait_for_socket};
 
 const PASSES: usize = 4;
 /// The counters printed per pass (deltas, but `l2_size` as it stands).
@@ -73,7 +73,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut server = spawn(cmd)?;
     wait_for_socket(&mut server, &socket)?;
     let uri = format!("nbd+unix:///?socket={}", socket.display());
-    let load_before = load_average();
+    let load_before = crate::load_average();
     let mut before = ctl_stats(&control)?;
     let mut rows = Vec::new();
     for pass in 1..=PASSES {
@@ -127,7 +127,7 @@ fn print_report(image_bytes: u64, command: &str, load_before: &str, rows: &[Pass
         image_bytes >> 20,
         arc_max_bytes >> 20,
         cache_bytes >> 20,
-        load_average()
+        crate::load_average()
     );
     println!("server: {command}");
     println!(
@@ -174,24 +174,13 @@ fn ctl_stats(control: &Path) -> Result<Vec<(String, u64)>> {
     if !out.status.success() {
         bail!("l2arc ctl stats: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            let name = words.next()?;
-            let value = words.next()?.parse().ok()?;
-            Some((name.to_string(), value))
-        })
-        .collect())
+        .map(String::from)
+        .collect();
+    Ok(server_stats(&lines))
 }
 
 fn get(stats: &[(String, u64)], name: &str) -> u64 {
     stats.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
 }

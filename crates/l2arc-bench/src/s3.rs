@@ -322,7 +322,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
         None => tempfile::tempdir()?,
     };
-    let load_before = load_average();
+    let load_before = crate::load_average();
     let server = S3Server::start();
     server.create_bucket(BUCKET);
     let files_n = args.files.max(1) as u64;
@@ -351,17 +351,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         data_bytes >> 20,
         DELAY_MS.0,
         DELAY_MS.1,
-        load_average()
+        crate::load_average()
     );
     print_results(&results);
     Ok(())
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
 }
 
 /// `files_n` objects `f0`.. of `file_bytes` pseudo-random bytes each

@@ -953,18 +953,17 @@ impl Cache {
                 None => {
                     if let Some((l2, key_hash)) = self.l2_source(handle, index, token) {
                         let timer = self.analytics.start();
-                        if let Some((data, record_bytes)) =
+                        if let Some((data, range, record_bytes)) =
                             l2.read_sectors(key_hash, wanted.clone())
                         {
                             self.arc.note_miss(key, kind);
-                            self.note_l2_hit(handle, timer, data.len() as u64);
-                            let len = data.len();
+                            self.note_l2_hit(handle, timer, range.len() as u64);
                             let record = Arc::new(Record {
                                 data,
                                 generation_token: token,
                                 fill_sequence: 0,
                             });
-                            return Ok((record, 0..len, record_bytes < recordsize));
+                            return Ok((record, range, record_bytes < recordsize));
                         }
                     }
                 }

@@ -152,6 +152,20 @@ fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+impl FileDevice {
+    /// A write must be aligned and end within the device.
+    fn check_write(&self, offset: u64, len_bytes: usize) -> io::Result<()> {
+        check_aligned(offset, len_bytes)?;
+        if offset + len_bytes as u64 > self.size_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "write past the end of the cache device",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl DeviceIo for FileDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_aligned(offset, buf.len())?;
@@ -159,13 +173,7 @@ impl DeviceIo for FileDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        check_aligned(offset, buf.len())?;
-        if offset + buf.len() as u64 > self.size_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "write past the end of the cache device",
-            ));
-        }
+        self.check_write(offset, buf.len())?;
         self.file.write_all_at(buf, offset)
     }
 
@@ -182,13 +190,7 @@ impl DeviceIo for FileDevice {
     /// then `sync`.
     fn write_at_durable(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        check_aligned(offset, buf.len())?;
-        if offset + buf.len() as u64 > self.size_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "write past the end of the cache device",
-            ));
-        }
+        self.check_write(offset, buf.len())?;
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &buf[done..];

@@ -2121,9 +2121,9 @@ mod tests {
         assert!(!check_sectors(77, &table, 1024, &payload[..4096]));
     }
 
-    #[test]
-    fn version_1_log_blocks_are_read_but_hold_no_sector_tables() {
-        let header = LogBlockHeader {
+    /// The header of a one-block log of two entries, batch at block 1000.
+    fn two_entry_header() -> LogBlockHeader {
+        LogBlockHeader {
             device_guid: GUID,
             sequence: 2,
             lap: 37,
@@ -2131,7 +2131,12 @@ mod tests {
             prev: None,
             entry_count: 2,
             size_bytes: 4096,
-        };
+        }
+    }
+
+    #[test]
+    fn version_1_log_blocks_are_read_but_hold_no_sector_tables() {
+        let header = two_entry_header();
         let plain = sample_entries(1, 1000, 37)[0];
         let sectored = LogEntry {
             location: Location::new_sectored(1010, 37, 0, 256, 0),
@@ -2200,15 +2205,7 @@ mod tests {
             ),
         ];
         for (why, bad) in cases {
-            let header = LogBlockHeader {
-                device_guid: GUID,
-                sequence: 2,
-                lap: 37,
-                first_block: 1000,
-                prev: None,
-                entry_count: 2,
-                size_bytes: 4096,
-            };
+            let header = two_entry_header();
             let mut buf = vec![0u8; 4096];
             encode_log_block(&header, &[good, bad], &mut buf);
             let e = decode_log_block(&buf, GUID).unwrap_err();

@@ -174,8 +174,9 @@ impl L2Arc {
     /// Reads bytes `range` of a record from flash without reading the
     /// rest of it, when the record was stored with a sector table: the
     /// 4 KiB blocks under the range and the table block are read and each
-    /// block is checked against its table entry. Returns the bytes (cut at
-    /// the record's end) and the record's length.
+    /// block is checked against its table entry. Returns the buffer read,
+    /// the range of it that holds the bytes asked for (cut at the record's
+    /// end; handed out as read, not copied), and the record's length.
     ///
     /// `None` when the record is not on flash, has no sector table, or
     /// fails a check (then its entry is dropped and the failure counted as
@@ -185,7 +186,7 @@ impl L2Arc {
         &self,
         key_hash: u64,
         range: std::ops::Range<usize>,
-    ) -> Option<(AlignedBuf, usize)> {
+    ) -> Option<(AlignedBuf, std::ops::Range<usize>, usize)> {
         let entry = self.index.get(key_hash)?;
         let location = Location(entry.location);
         if !location.sectored() {
@@ -202,7 +203,7 @@ impl L2Arc {
         let to = range.end.min(record_bytes);
         let from = range.start.min(to);
         if from == to {
-            return Some((AlignedBuf::zeroed(0), record_bytes));
+            return Some((AlignedBuf::zeroed(0), 0..0, record_bytes));
         }
         let block = BLOCK_BYTES as usize;
         let first = from / block;
@@ -230,10 +231,7 @@ impl L2Arc {
                             .keep(key_hash, location.0, &table[..used]);
                     }
                     let skip = from - first * block;
-                    Some((
-                        AlignedBuf::copy_from(&data[skip..skip + (to - from)]),
-                        record_bytes,
-                    ))
+                    Some(skip..skip + (to - from))
                 } else {
                     self.sector_tables.forget(key_hash);
                     self.checksum_failed(&device, key_hash, location);
@@ -242,12 +240,11 @@ impl L2Arc {
             }
         };
         device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
-        if result.is_some() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            c.hits.fetch_add(1, Ordering::Relaxed);
-            c.sector_hits.fetch_add(1, Ordering::Relaxed);
-        }
-        result
+        let wanted = result?;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        c.hits.fetch_add(1, Ordering::Relaxed);
+        c.sector_hits.fetch_add(1, Ordering::Relaxed);
+        Some((buf, wanted, record_bytes))
     }
 
     /// A device read failed: the entry goes, and enough failures fault
