@@ -42,6 +42,10 @@ pub(crate) struct ServeNbdArgs {
     /// Worker threads per connection (requests served in parallel on one connection).
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
+    /// Reads per connection kept in flight on flash by one thread (io_uring),
+    /// for reads of cached data; 0 sends every read to the workers.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub read_queue_depth: u16,
     /// Seconds a client may stay silent with nothing in flight (or leave a
     /// reply unread) before it is disconnected. When every slot is taken, a
     /// new client takes the slot of the longest-idle one anyway.
@@ -153,6 +157,7 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
         max_connections: args.max_connections,
         idle_timeout: std::time::Duration::from_secs_f64(args.idle_timeout),
         workers_per_connection: args.workers.clamp(1, 256),
+        read_queue_depth: usize::from(args.read_queue_depth),
         buffer_max_bytes: args.nbd_buffer_max,
         ..ServerConfig::default()
     }
@@ -162,12 +167,14 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
 fn print_stopped(server: &Server, cache: &l2arc::Cache) {
     let s = server.stats();
     eprintln!(
-        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
+        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
         s.connections_accepted,
         s.connections_refused,
         s.requests,
         s.request_errors,
         s.requests_split,
+        s.reads_queued,
+        s.reads_passed_on,
         s.protocol_errors,
         s.buffer_high_water_bytes >> 20,
         s.connections_reclaimed

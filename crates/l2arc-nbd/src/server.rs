@@ -44,6 +44,15 @@
 //!   them (EINVAL for reads, ENOSPC for writes): nothing outside the image
 //!   is ever read or written.
 //!
+//! Reads of cached data. Where the cache reads flash through io_uring,
+//! each connection also gets a read-queue thread (`read_queue_thread`):
+//! reads whose records are all in the ARC or on flash go there and are
+//! kept in flight together on the device through one `ReadQueue`, without
+//! a worker thread blocked on each (the reads a client pipelines overlap
+//! on flash at the cost of one thread, and no hand-off per request). A
+//! read that needs primary storage goes on to the workers, so a slow disk
+//! never holds up reads of cached data behind it.
+//!
 //! A framing error (bad request magic) disconnects that client only; a
 //! stop (SIGTERM in the CLI) shuts every socket down, lets the workers
 //! finish the requests they hold, and joins every thread.
@@ -71,6 +80,12 @@ use crate::protocol::{
     PayloadMode, Request, RequestDecoder, SIMPLE_REPLY_BYTES,
 };
 
+/// Deepest read queue of one connection.
+pub const READ_QUEUE_DEPTH_MAX: usize = 1024;
+/// How long the read-queue thread waits on flash before it looks for new
+/// requests again: a request arriving behind reads in flight waits at most
+/// this long to be started.
+const READ_QUEUE_POLL: Duration = Duration::from_micros(50);
 /// Bytes read from a socket at a time.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Piece size of a request over `max_payload_bytes`, served by splitting.
@@ -262,6 +277,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Threads serving one connection's requests.
     pub workers_per_connection: usize,
+    /// Reads of one connection kept in flight by its read-queue thread
+    /// (0: every request goes to the workers). Used only where the cache
+    /// reads flash through io_uring.
+    pub read_queue_depth: usize,
     /// Most requests of one connection in flight.
     pub max_in_flight_requests: usize,
     /// Most bytes of one connection's requests in flight.
@@ -291,6 +310,7 @@ impl Default for ServerConfig {
             read_only: false,
             max_connections: 64,
             workers_per_connection: 8,
+            read_queue_depth: 64,
             max_in_flight_requests: 64,
             max_in_flight_bytes: 64 << 20,
             max_payload_bytes: PAYLOAD_MAX_BYTES_DEFAULT,
@@ -318,6 +338,11 @@ impl ServerConfig {
         }
         if self.max_in_flight_requests == 0 {
             return bad("max_in_flight_requests must be at least 1");
+        }
+        if self.read_queue_depth > READ_QUEUE_DEPTH_MAX {
+            return bad(&format!(
+                "read_queue_depth must be at most {READ_QUEUE_DEPTH_MAX}"
+            ));
         }
         if self.max_payload_bytes < 4096
             || self.max_in_flight_bytes < u64::from(self.max_payload_bytes)
@@ -362,6 +387,12 @@ pub struct ServerStats {
     pub requests: u64,
     /// Requests answered with an error.
     pub request_errors: u64,
+    /// Reads served by a connection's read-queue thread (data in the ARC
+    /// or on flash).
+    pub reads_queued: u64,
+    /// Reads the read-queue thread handed to the workers (they needed
+    /// primary storage).
+    pub reads_passed_on: u64,
 }
 
 #[derive(Default)]
@@ -375,6 +406,8 @@ struct Counters {
     protocol_errors: AtomicU64,
     requests: AtomicU64,
     request_errors: AtomicU64,
+    reads_queued: AtomicU64,
+    reads_passed_on: AtomicU64,
 }
 
 struct Shared {
@@ -455,6 +488,8 @@ impl Server {
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
             request_errors: c.request_errors.load(Ordering::Relaxed),
+            reads_queued: c.reads_queued.load(Ordering::Relaxed),
+            reads_passed_on: c.reads_passed_on.load(Ordering::Relaxed),
         }
     }
 
@@ -855,8 +890,10 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
         conn.shutdown();
         return;
     }
+    let (read_tx, read_thread) = spawn_read_queue_thread(shared, &tx, &replier, slot);
     let queue = Queue {
         tx: &tx,
+        reads: read_tx.as_ref(),
         replier: &replier,
         slot,
     };
@@ -868,6 +905,11 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
             .fetch_add(1, Ordering::Relaxed);
         // Broken framing: the client is gone for us; do not finish its work.
         conn.shutdown();
+    }
+    // The read-queue thread first: it hands reads on to the workers.
+    drop(read_tx);
+    if let Some(t) = read_thread {
+        let _ = t.join();
     }
     drop(tx);
     for w in workers {
@@ -883,6 +925,8 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
 /// (activity, requests in flight, its share of the buffer pool).
 struct Queue<'a> {
     tx: &'a SyncSender<Job>,
+    /// The read-queue thread, if the connection has one.
+    reads: Option<&'a SyncSender<Job>>,
     replier: &'a Replier,
     slot: &'a Slot,
 }
@@ -1059,7 +1103,12 @@ fn submit(
     request: Request,
     payload: Vec<u8>,
 ) -> bool {
-    let Queue { tx, replier, slot } = *queue;
+    let Queue {
+        tx,
+        reads,
+        replier,
+        slot,
+    } = *queue;
     let config = &shared.config;
     let counters = &shared.counters;
     let charge = if request.command == NBD_CMD_WRITE && request.length_bytes > 0 {
@@ -1110,8 +1159,16 @@ fn submit(
         payload,
         _charge: charge,
     };
+    let to = match reads {
+        Some(reads)
+            if command == Command::Read && request.length_bytes <= read_piece_bytes(config) =>
+        {
+            reads
+        }
+        _ => tx,
+    };
     slot.in_flight.fetch_add(1, Ordering::SeqCst);
-    if tx.send(job).is_err() {
+    if to.send(job).is_err() {
         slot.in_flight.fetch_sub(1, Ordering::SeqCst);
         return false;
     }
@@ -1175,6 +1232,215 @@ fn write_header(
     Some(PayloadMode::Chunks {
         chunk_bytes: piece_bytes,
     })
+}
+
+/// Starts a connection's read-queue thread where it pays: reads of flash
+/// through io_uring and a nonzero `read_queue_depth`.
+fn spawn_read_queue_thread(
+    shared: &Arc<Shared>,
+    workers: &SyncSender<Job>,
+    replier: &Arc<Replier>,
+    slot: &Arc<Slot>,
+) -> (Option<SyncSender<Job>>, Option<JoinHandle<()>>) {
+    let depth = shared
+        .config
+        .read_queue_depth
+        .min(shared.config.max_in_flight_requests);
+    if depth == 0 || shared.cache.ioengine() != l2arc::IoEngine::IoUring {
+        return (None, None);
+    }
+    let (tx, rx) = sync_channel::<Job>(shared.config.max_in_flight_requests);
+    let (shared, workers, replier, slot) = (
+        Arc::clone(shared),
+        workers.clone(),
+        Arc::clone(replier),
+        Arc::clone(slot),
+    );
+    let spawned = std::thread::Builder::new()
+        .name("nbd-reads".to_string())
+        .spawn(move || read_queue_thread(&shared, depth, &rx, &workers, &replier, &slot));
+    match spawned {
+        Ok(t) => (Some(tx), Some(t)),
+        Err(_) => (None, None),
+    }
+}
+
+/// A request taken by the read-queue thread and not yet answered.
+struct QueuedRead {
+    job: Job,
+    timer: l2arc::analytics::Timer,
+}
+
+/// Serves the reads the reader hands it through one read queue, `depth`
+/// in flight at most; passes reads that need primary storage on to the
+/// workers. Runs until the reader is done and every read is answered.
+fn read_queue_thread(
+    shared: &Shared,
+    depth: usize,
+    rx: &Receiver<Job>,
+    workers: &SyncSender<Job>,
+    replier: &Replier,
+    slot: &Slot,
+) {
+    let mut queue = match shared.cache.read_queue(depth) {
+        Ok(q) if q.ioengine() == l2arc::IoEngine::IoUring => q,
+        _ => {
+            // No ring after all: the workers serve every read.
+            for job in rx {
+                pass_on(workers, job, slot);
+            }
+            return;
+        }
+    };
+    let mut taken: Vec<Option<QueuedRead>> = (0..depth).map(|_| None).collect();
+    let mut free_tags: Vec<u64> = (0..depth as u64).rev().collect();
+    let mut done = Vec::with_capacity(depth);
+    let mut open = true;
+    while open || queue.pending() > 0 {
+        let mut next = if open && queue.pending() == 0 {
+            // Nothing in flight: wait for a request.
+            rx.recv().ok()
+        } else {
+            None
+        };
+        open &= next.is_some() || queue.pending() > 0;
+        loop {
+            let job = match next.take() {
+                Some(job) => job,
+                None if open && queue.has_room() => match rx.try_recv() {
+                    Ok(job) => job,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                },
+                None => break,
+            };
+            let taking = (&mut taken[..], &mut free_tags);
+            if take_read(shared, &mut queue, job, taking, workers, replier, slot).is_err() {
+                return give_up(replier, &mut taken, rx, slot);
+            }
+        }
+        if queue.pending() == 0 {
+            continue;
+        }
+        let waited = if open {
+            queue.wait_timeout(1, &mut done, READ_QUEUE_POLL)
+        } else {
+            queue.wait(queue.pending(), &mut done)
+        };
+        for completion in done.drain(..) {
+            let read = taken[completion.tag as usize]
+                .take()
+                .expect("a completion for a read this thread took");
+            free_tags.push(completion.tag);
+            answer_read(shared, replier, read, completion.result);
+            let before = slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+            assert!(before > 0, "a request left that never came in");
+        }
+        if waited.is_err() {
+            return give_up(replier, &mut taken, rx, slot);
+        }
+    }
+}
+
+/// The read queue failed (its ring refused to submit or wait): reads in
+/// flight cannot be trusted to finish, so the connection ends; the
+/// requests taken or still queued are dropped with it.
+fn give_up(replier: &Replier, taken: &mut [Option<QueuedRead>], rx: &Receiver<Job>, slot: &Slot) {
+    replier.hang_up();
+    let dropped = taken.iter_mut().filter_map(Option::take).count() + rx.try_iter().count();
+    slot.in_flight.fetch_sub(dropped, Ordering::SeqCst);
+}
+
+/// Starts one read in the queue, or passes it on to the workers if it
+/// needs primary storage. `Err`: the queue failed (the request is
+/// answered with the error).
+fn take_read(
+    shared: &Shared,
+    queue: &mut l2arc::ReadQueue<'_>,
+    job: Job,
+    (taken, free_tags): (&mut [Option<QueuedRead>], &mut Vec<u64>),
+    workers: &SyncSender<Job>,
+    replier: &Replier,
+    slot: &Slot,
+) -> io::Result<()> {
+    if replier.broken.load(Ordering::Relaxed) || slot.account.is_closed() {
+        drop(job);
+        slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return Ok(());
+    }
+    let tag = free_tags
+        .pop()
+        .expect("a free tag while the queue has room");
+    let timer = shared.cache.analytics().start();
+    let request = job.request;
+    match queue.submit_if_cached(
+        &shared.handle,
+        request.offset_bytes,
+        request.length_bytes as usize,
+        tag,
+    ) {
+        Ok(true) => {
+            shared.counters.reads_queued.fetch_add(1, Ordering::Relaxed);
+            taken[tag as usize] = Some(QueuedRead { job, timer });
+        }
+        Ok(false) => {
+            shared
+                .counters
+                .reads_passed_on
+                .fetch_add(1, Ordering::Relaxed);
+            free_tags.push(tag);
+            pass_on(workers, job, slot);
+        }
+        Err(e) => {
+            let failed = io::Error::new(e.kind(), e.to_string());
+            answer_read(shared, replier, QueuedRead { job, timer }, Err(e));
+            slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(failed);
+        }
+    }
+    Ok(())
+}
+
+/// Hands a request to the workers (they count it out when done).
+fn pass_on(workers: &SyncSender<Job>, job: Job, slot: &Slot) {
+    if workers.send(job).is_err() {
+        slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Sends a read's reply: its bytes, zeros past a short read (the image
+/// shrank behind us, as `read_piece` fills), or its error.
+fn answer_read(
+    shared: &Shared,
+    replier: &Replier,
+    read: QueuedRead,
+    result: io::Result<l2arc::ReadView>,
+) {
+    let request = read.job.request;
+    match result {
+        Ok(view) => {
+            let header = protocol::simple_reply(request.cookie, 0);
+            let zeros = vec![0u8; (request.length_bytes as usize).saturating_sub(view.len())];
+            let mut parts: smallvec::SmallVec<[&[u8]; 4]> = smallvec::SmallVec::new();
+            parts.push(&header);
+            parts.extend(view.slices());
+            parts.push(&zeros);
+            let mut conn = replier.conn.lock().unwrap_or_else(|p| p.into_inner());
+            replier.write_parts(&mut conn, &parts);
+            drop(conn);
+            shared.cache.analytics().frontend.finish(read.timer);
+        }
+        Err(e) => {
+            shared
+                .counters
+                .request_errors
+                .fetch_add(1, Ordering::Relaxed);
+            replier.reply(request.cookie, protocol::errno_of(&e));
+        }
+    }
 }
 
 fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>, replier: &Replier, slot: &Slot) {

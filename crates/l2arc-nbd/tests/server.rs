@@ -641,3 +641,75 @@ fn oversized_requests_are_served_by_splitting_and_the_connection_stays_usable() 
     );
     assert_eq!(stats.protocol_errors, 0);
 }
+
+/// Pipelined reads on one connection: those of data the cache holds are
+/// served by the connection's read-queue thread, those that need the image
+/// by the workers, and every reply carries its own request's bytes, in any
+/// order. With `read_queue_depth` 0 the workers serve every read.
+#[test]
+fn pipelined_reads_of_cached_data_go_through_the_read_queue() {
+    for depth in [64, 0] {
+        let srv = start(ServerConfig {
+            read_queue_depth: depth,
+            ..ServerConfig::default()
+        });
+        let image = pattern(IMAGE_BYTES);
+        let mut c = Client::open(&srv.socket);
+        // The first 1 MiB into the ARC (the ARC holds 8 MiB).
+        for at in (0..1 << 20).step_by(64 << 10) {
+            assert_eq!(
+                c.read(at, 64 << 10).unwrap(),
+                image[at as usize..][..64 << 10]
+            );
+        }
+        let before = srv.server.stats();
+        // 48 reads in flight at once: 32 of cached data, 16 of the rest.
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut expected = std::collections::HashMap::new();
+        for cookie in 0..48u64 {
+            let (base, span) = if cookie < 32 {
+                (0, 1 << 20)
+            } else {
+                (1 << 20, IMAGE_BYTES as u64 - (1 << 20))
+            };
+            let len = (next() % 3 + 1) as u32 * 4096 - (next() % 100) as u32;
+            let offset = base + next() % (span - u64::from(len));
+            c.send(NBD_CMD_READ, 0, cookie, offset, len, &[]);
+            expected.insert(cookie, (offset, len));
+        }
+        for _ in 0..48 {
+            let (cookie, error) = c.reply();
+            assert_eq!(error, 0, "cookie {cookie}");
+            let (offset, len) = expected.remove(&cookie).expect("one reply per request");
+            let mut data = vec![0u8; len as usize];
+            c.s.read_exact(&mut data).unwrap();
+            assert_eq!(
+                data,
+                image[offset as usize..][..len as usize],
+                "{offset}+{len}"
+            );
+        }
+        let after = srv.server.stats();
+        let (queued, passed_on) = (
+            after.reads_queued - before.reads_queued,
+            after.reads_passed_on - before.reads_passed_on,
+        );
+        if depth == 0 {
+            assert_eq!((queued, passed_on), (0, 0), "{after:?}");
+        } else {
+            assert!(queued >= 32, "cached reads through the queue: {after:?}");
+            assert!(
+                passed_on >= 1,
+                "reads of the image to the workers: {after:?}"
+            );
+            assert_eq!(queued + passed_on, 48, "{after:?}");
+        }
+        assert_eq!(after.request_errors, 0);
+    }
+}

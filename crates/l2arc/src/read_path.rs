@@ -1100,6 +1100,27 @@ impl Cache {
             .l2_hit_done(timer, dataset, handle.state.id, bytes);
     }
 
+    /// Whether every record under a range is in the ARC (resident or being
+    /// filled) or on flash: a read of it needs nothing from primary storage,
+    /// unless a record leaves both before it is read. No statistics.
+    pub(crate) fn holds_range(&self, handle: &ObjectHandle, offset: u64, len: usize) -> bool {
+        if !handle.caches_in_arc() {
+            return false;
+        }
+        let end = offset.saturating_add(len as u64).min(handle.size_bytes());
+        if offset >= end {
+            return true;
+        }
+        let recordsize = u64::from(handle.recordsize_bytes());
+        let token = handle.token();
+        (offset / recordsize..=(end - 1) / recordsize).all(|index| {
+            self.arc.holds(handle.record_key(index), token)
+                || self
+                    .l2_source(handle, index, token)
+                    .is_some_and(|(l2, key_hash)| l2.contains(key_hash))
+        })
+    }
+
     /// The L2ARC and the record's key there, if the record may be on flash.
     pub(crate) fn l2_source(
         &self,

@@ -180,6 +180,26 @@ impl<'c> ReadQueue<'c> {
         self.submit_kind(handle, offset, len, tag, AccessKind::Demand)
     }
 
+    /// As [`Self::submit`], for a caller that has another way to serve
+    /// reads that need primary storage (threads of its own): `Ok(false)`,
+    /// and nothing taken, when a record under the range is neither in the
+    /// ARC (resident or being filled) nor on flash, so that the thread
+    /// owning the queue does not wait on primary storage. A record that
+    /// leaves both between this check and its lookup is still read, from
+    /// primary storage in this thread: correct, only slower.
+    pub fn submit_if_cached(
+        &mut self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        tag: u64,
+    ) -> io::Result<bool> {
+        if !self.cache.holds_range(handle, offset, len) {
+            return Ok(false);
+        }
+        self.submit(handle, offset, len, tag).map(|()| true)
+    }
+
     fn submit_kind(
         &mut self,
         handle: &ObjectHandle,
@@ -385,7 +405,30 @@ impl<'c> ReadQueue<'c> {
     /// Hands back at least `min` completions (fewer only if fewer are
     /// pending), appended to `out`; more if more are ready.
     pub fn wait(&mut self, min: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
+        self.wait_until(min, out, None)
+    }
+
+    /// As [`Self::wait`], but returns after `timeout` even with fewer than
+    /// `min` (maybe none) when all it waits on are reads in the ring: for a
+    /// caller that also has new requests to take. A wait on a record someone
+    /// else is filling is not cut short.
+    pub fn wait_timeout(
+        &mut self,
+        min: usize,
+        out: &mut Vec<ReadCompletion>,
+        timeout: std::time::Duration,
+    ) -> io::Result<()> {
+        self.wait_until(min, out, Some(timeout))
+    }
+
+    fn wait_until(
+        &mut self,
+        min: usize,
+        out: &mut Vec<ReadCompletion>,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<()> {
         let want = min.min(self.outstanding);
+        let mut timed_out = false;
         let mut given = 0;
         loop {
             while let Some(completion) = self.done.pop_front() {
@@ -393,12 +436,15 @@ impl<'c> ReadQueue<'c> {
                 given += 1;
                 self.outstanding -= 1;
             }
-            if given >= want {
+            if given >= want || timed_out {
                 return Ok(());
             }
             let ring_busy = self.ring.as_ref().is_some_and(|r| r.in_flight() > 0);
             if ring_busy {
-                self.reap(1)?;
+                match timeout {
+                    Some(timeout) => timed_out = !self.reap_within(timeout)?,
+                    None => self.reap(1)?,
+                }
             } else if let Some(&index) = self.parked.first() {
                 // Nothing of ours in flight: a parked record waits on a
                 // fill elsewhere, which completes without us.
@@ -426,6 +472,18 @@ impl<'c> ReadQueue<'c> {
             self.complete_op(user_data as u32, result);
         }
         Ok(())
+    }
+
+    /// As `reap(1)`, giving up after `timeout`: false if nothing completed.
+    fn reap_within(&mut self, timeout: std::time::Duration) -> io::Result<bool> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(false);
+        };
+        let completed_any = ring.submit_and_wait_timeout(timeout)?;
+        if completed_any {
+            self.reap(0)?;
+        }
+        Ok(completed_any)
     }
 
     fn complete_op(&mut self, op_index: u32, result: i32) {

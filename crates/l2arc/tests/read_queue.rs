@@ -267,3 +267,66 @@ fn the_io_engine_is_resolved_at_start() {
         assert_eq!(cache.read_queue(2).unwrap().ioengine(), got);
     }
 }
+
+/// `submit_if_cached` takes reads whose records are all in the ARC or on
+/// flash and returns their bytes without touching primary storage; a read
+/// of a record only primary storage has is refused and nothing of it is
+/// taken, claimed or counted. `wait_timeout` returns when nothing is ready
+/// and hands back what is.
+#[test]
+fn reads_of_cached_records_only_are_taken_when_asked() {
+    let mut world = World::new();
+    let len = 2 * (1 << 20) + 4_321;
+    let data = world.add_file("f", len, 3);
+    let device = world.device_path("cache.dev");
+    let (cache, ds) = new_cache(&world.src, Compression::Off, config(IoEngine::IoUring));
+    add_path(&cache, &device, Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    let mut queue = cache.read_queue(8).unwrap();
+    let mut done: Vec<ReadCompletion> = Vec::new();
+    // Cold: refused, and nothing changed.
+    let before = cache.stats();
+    assert!(!queue.submit_if_cached(&f, 0, 4096, 1).unwrap());
+    assert!(!queue.submit_if_cached(&f, RS as u64 - 10, 20, 2).unwrap());
+    assert_eq!(queue.pending(), 0);
+    let after = cache.stats();
+    assert_eq!(after.primary_reads, before.primary_reads);
+    assert_eq!(after.arc.misses, before.arc.misses);
+    // Past the end there is nothing to read: taken, and empty.
+    assert!(queue.submit_if_cached(&f, len as u64 + 1, 10, 3).unwrap());
+    queue.wait(1, &mut done).unwrap();
+    assert_eq!(done.pop().unwrap().result.unwrap().len(), 0);
+    // Everything onto flash; then every shape is taken and right.
+    fill(&cache, &f, &data);
+    let primary_before = cache.stats().primary_reads;
+    let mut rng = Rng(5);
+    for round in 0..200u64 {
+        let offset = rng.below(len as u64);
+        let n = rng.below(2 * RS as u64) as usize + 1;
+        assert!(
+            queue.submit_if_cached(&f, offset, n, round).unwrap(),
+            "{offset}+{n} is cached"
+        );
+        while queue.pending() > 0 {
+            queue
+                .wait_timeout(1, &mut done, std::time::Duration::from_micros(50))
+                .unwrap();
+        }
+        let completion = done.pop().unwrap();
+        assert!(done.is_empty());
+        assert_eq!(completion.tag, round);
+        let view = completion.result.unwrap();
+        let mut bytes = vec![0u8; view.len()];
+        view.copy_to(&mut bytes);
+        assert_eq!(bytes, expected(&data, offset, n), "{offset}+{n}");
+    }
+    assert_eq!(cache.stats().primary_reads, primary_before);
+    // Nothing in flight: a timed wait returns at once, with nothing.
+    queue
+        .wait_timeout(1, &mut done, std::time::Duration::from_secs(5))
+        .unwrap();
+    assert!(done.is_empty());
+    drop(queue);
+    drop(f);
+    shutdown(cache);
+}

@@ -451,6 +451,17 @@ impl LiveArc {
         Some(record)
     }
 
+    /// Whether a record is resident under `token` or being filled: no
+    /// statistics, no change to the policy's lists.
+    pub fn holds(&self, key: RecordKey, token: u64) -> bool {
+        let guard = self.shard(&key);
+        guard
+            .policy
+            .peek(&key)
+            .is_some_and(|r| r.generation_token == token)
+            || guard.fills.contains_key(&key)
+    }
+
     /// Looks a record up for a reader of an object whose current generation
     /// token is `token`.
     pub fn lookup(&self, key: RecordKey, token: u64, kind: AccessKind) -> Lookup<'_> {

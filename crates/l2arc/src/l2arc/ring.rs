@@ -22,6 +22,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::time::Duration;
 
 use io_uring::{IoUring, opcode, types};
 
@@ -147,6 +148,32 @@ impl ReadRing {
         }
         self.in_flight += 1;
         Ok(())
+    }
+
+    /// Sends queued reads and waits up to `timeout` for one completion:
+    /// whether one is ready.
+    pub(crate) fn submit_and_wait_timeout(&mut self, timeout: Duration) -> io::Result<bool> {
+        if self.in_flight == 0 {
+            return Ok(false);
+        }
+        let timespec = types::Timespec::from(timeout);
+        let args = types::SubmitArgs::new().timespec(&timespec);
+        loop {
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EBUSY)) => {
+                    break;
+                }
+                // A kernel without timed waits (before 5.11): wait untimed.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    self.submit_and_wait(1)?;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(!self.ring.completion().is_empty())
     }
 
     /// Sends queued reads and waits until at least `want` completions are
