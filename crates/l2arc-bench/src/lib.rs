@@ -37,6 +37,7 @@ mod l2_index;
 mod l2_rebuild;
 mod latency;
 mod nbd;
+mod nbd_l2_hit;
 mod nbd_reread;
 
 mod report;
@@ -85,6 +86,8 @@ pub enum Scenario {
     FeedCapture,
     /// Feeder capture over NBD: an image read whole four times with nbdcopy through `l2arc serve-nbd`, ARC an eighth of it; L2 hits per pass and the evict_l2_* counters (needs nbdcopy).
     NbdReread,
+    /// NBD export warm from the L2ARC: random 4 KiB reads at queue depth 32 with fio's nbd engine, read queue vs workers only, against nbdkit's file plugin on the cache file (flash and page cache), with the servers' CPU per request (needs fio, nbdkit, nbdcopy).
+    NbdL2Hit,
     /// Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up.
     S3,
 }
@@ -351,6 +354,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::FeedCapture => feed_capture::run(&args),
         Scenario::S3 => s3::run(&args),
         Scenario::NbdReread => nbd_reread::run(&args),
+        Scenario::NbdL2Hit => nbd_l2_hit::run(&args),
         Scenario::All => {
             throughput::run(&args)?;
             latency::run(&args)?;

@@ -145,6 +145,24 @@ impl Drop for ServerProcess {
 }
 
 impl ServerProcess {
+    /// CPU time (user + system) the process has used so far, in seconds.
+    pub(crate) fn cpu_secs(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the command name (which may hold spaces): state is
+        // field 3, utime 14 and stime 15.
+        let rest = stat.rsplit_once(") ").context("malformed /proc stat")?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> Result<f64> {
+            Ok(fields
+                .get(i - 3)
+                .context("short /proc stat")?
+                .parse::<f64>()?)
+        };
+        // SAFETY: sysconf has no preconditions.
+        let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok((ticks(14)? + ticks(15)?) / ticks_per_sec)
+    }
+
     /// Stops with SIGTERM (ours prints its statistics then).
     pub(crate) fn stop(mut self) -> Vec<String> {
         let _ = Command::new("kill")

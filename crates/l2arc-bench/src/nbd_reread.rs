@@ -164,7 +164,7 @@ fn print_report(image_bytes: u64, command: &str, load_before: &str, rows: &[Pass
 }
 
 /// `l2arc ctl --socket CONTROL stats`: `name value` lines.
-fn ctl_stats(control: &Path) -> Result<Vec<(String, u64)>> {
+pub(crate) fn ctl_stats(control: &Path) -> Result<Vec<(String, u64)>> {
     let out = Command::new(crate::sibling_binary("l2arc")?)
         .args(["ctl", "--socket"])
         .arg(control)
@@ -181,6 +181,6 @@ fn ctl_stats(control: &Path) -> Result<Vec<(String, u64)>> {
     Ok(server_stats(&lines))
 }
 
-fn get(stats: &[(String, u64)], name: &str) -> u64 {
+pub(crate) fn get(stats: &[(String, u64)], name: &str) -> u64 {
     stats.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
 }
