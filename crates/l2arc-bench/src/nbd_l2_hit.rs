@@ -81,7 +81,7 @@ struct Place {
     secs: f64,
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+fn require_tools() -> Result<()> {
     for tool in ["fio", "nbdkit", "nbdcopy"] {
         if !Command::new(tool)
             .arg("--version")
@@ -93,6 +93,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    require_tools()?;
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-nbd-l2")
         .tempdir()?;
@@ -309,6 +314,35 @@ fn print_report(place: &Place, command: &str, load_before: &str, rounds: &[Vec<(
         "{:<32} {:>9} {:>8} {:>8} {:>12} {:>8} {:>16}",
         "server", "IOPS", "p50 us", "p99 us", "CPU us/req", "L2 hits", "IOPS per round"
     );
+    print_rows(rounds);
+    // Ratios within each round, then their median.
+    let ratio = |a: Side, b: Side| -> f64 {
+        median(
+            rounds
+                .iter()
+                .map(|r| {
+                    let iops =
+                        |s: Side| r.iter().find(|(x, _)| *x == s).map_or(0.0, |(_, m)| m.iops);
+                    iops(a) / iops(b).max(1.0)
+                })
+                .collect(),
+        )
+    };
+    println!();
+    println!(
+        "ours (read queue) / nbdkit on flash: {:.2}x; ours (workers only) / nbdkit on flash: {:.2}x; read queue / workers: {:.2}x; ours (read queue) / nbdkit from the page cache: {:.2}x",
+        ratio(Side::OursReadQueue, Side::NbdkitFlash),
+        ratio(Side::OursWorkers, Side::NbdkitFlash),
+        ratio(Side::OursReadQueue, Side::OursWorkers),
+        ratio(Side::OursReadQueue, Side::NbdkitPageCache),
+    );
+    println!(
+        "CPU us/req: the server's user + system time over the requests of the run (fio's own CPU not counted); L2 hits: over the ARC's misses in the run"
+    );
+}
+
+/// One row per side: medians over the rounds, and each round's IOPS.
+fn print_rows(rounds: &[Vec<(Side, Measured)>]) {
     let of = |side: Side, f: &dyn Fn(&Measured) -> f64| -> f64 {
         median(
             rounds
@@ -344,28 +378,4 @@ fn print_report(place: &Place, command: &str, load_before: &str, rounds: &[Vec<(
             per_round.join(" ")
         );
     }
-    // Ratios within each round, then their median.
-    let ratio = |a: Side, b: Side| -> f64 {
-        median(
-            rounds
-                .iter()
-                .map(|r| {
-                    let iops =
-                        |s: Side| r.iter().find(|(x, _)| *x == s).map_or(0.0, |(_, m)| m.iops);
-                    iops(a) / iops(b).max(1.0)
-                })
-                .collect(),
-        )
-    };
-    println!();
-    println!(
-        "ours (read queue) / nbdkit on flash: {:.2}x; ours (workers only) / nbdkit on flash: {:.2}x; read queue / workers: {:.2}x; ours (read queue) / nbdkit from the page cache: {:.2}x",
-        ratio(Side::OursReadQueue, Side::NbdkitFlash),
-        ratio(Side::OursWorkers, Side::NbdkitFlash),
-        ratio(Side::OursReadQueue, Side::OursWorkers),
-        ratio(Side::OursReadQueue, Side::NbdkitPageCache),
-    );
-    println!(
-        "CPU us/req: the server's user + system time over the requests of the run (fio's own CPU not counted); L2 hits: over the ARC's misses in the run"
-    );
 }
