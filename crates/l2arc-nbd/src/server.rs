@@ -97,11 +97,17 @@ const REPLY_PIECE_BYTES: usize = 1 << 20;
 pub const BUFFER_MAX_BYTES_DEFAULT: u64 = 256 << 20;
 /// Bytes of the handshake's read buffer.
 const HANDSHAKE_BUF_BYTES: usize = 64 * 1024;
+/// Memory a connection's read-queue thread holds: the freed record buffers
+/// a thread keeps for reuse (the engine's 512 KiB at most), its stack, ring
+/// and tables.
+const READ_QUEUE_THREAD_BYTES: u64 = (512 + 128) << 10;
 /// Memory a connection holds outside the buffer pool, for the RSS budget
-/// (docs/nbd.md): its socket read buffer, the handshake buffer, and the
+/// (docs/nbd.md): its socket read buffer, the handshake buffer, the
 /// touched stack pages of its reader and default 8 workers (measured: 64
-/// connections idle after the handshake add under this each).
-pub const CONNECTION_FIXED_BYTES: u64 = (READ_CHUNK_BYTES + HANDSHAKE_BUF_BYTES) as u64 + (1 << 20);
+/// connections idle after the handshake add under 1.3 MiB each), and its
+/// read-queue thread.
+pub const CONNECTION_FIXED_BYTES: u64 =
+    (READ_CHUNK_BYTES + HANDSHAKE_BUF_BYTES) as u64 + (1 << 20) + READ_QUEUE_THREAD_BYTES;
 /// Largest write of zeros for `NBD_CMD_WRITE_ZEROES` when no hole is punched.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// How often the accept loop looks at the stop flag.
