@@ -57,6 +57,7 @@ mod writer;
 use cache_device::CacheDevice;
 use index::L2Index;
 pub use lifecycle::DeviceOpen;
+#[cfg(feature = "internals")]
 pub use rebuild::REBUILD_BUFFER_BYTES_MAX;
 pub use ring::IoEngine;
 pub use stats::{DeviceStats, L2Stats};

@@ -200,7 +200,7 @@ impl L2Arc {
         let state = &mut *writer;
         let encoded = encode_batch(
             device,
-            (&state.header, state.log_sequence),
+            (&state.header, state.log_sequence, state.older_logs),
             &mut state.batch,
             &payloads,
             position,
@@ -220,8 +220,9 @@ impl L2Arc {
         header.lap = lap;
         header.newest_log = Some(encoded.log_pointer);
         device.write_header(&header)?;
+        header.newest_log = writer.header.newest_log;
         writer.header = header;
-        writer.log_sequence += 1;
+        writer.push_log(encoded.log_pointer);
 
         self.index_batch(device, &encoded.entries, gate);
         for (entry, payload) in encoded.entries.iter().zip(&payloads) {
@@ -275,6 +276,27 @@ impl L2Arc {
     }
 }
 
+/// The largest prefix of `records` (plain) that fits a batch of
+/// `max_blocks`, as `lay_out` fits it: each record's blocks and whether it
+/// has a sector table, and the blocks of them all.
+#[cfg(feature = "internals")]
+fn lay_out_plain(records: &[LogOnlyRecord], max_blocks: u32) -> (Vec<(u32, bool)>, u32) {
+    let mut asizes: Vec<(u32, bool)> = Vec::with_capacity(records.len());
+    let mut blocks_total = 0u32;
+    for record in records {
+        let stored_bytes = record.stored_bytes as usize;
+        let sectored = stored_bytes >= format::SECTOR_TABLE_RECORD_BYTES_MIN;
+        let payload_blocks = stored_bytes.div_ceil(BLOCK_BYTES as usize).max(1) as u32;
+        let asize_blocks = payload_blocks + u32::from(sectored);
+        if !batch_fits(blocks_total, asize_blocks, asizes.len() + 1, max_blocks) {
+            break;
+        }
+        blocks_total += asize_blocks;
+        asizes.push((asize_blocks, sectored));
+    }
+    (asizes, blocks_total)
+}
+
 /// A record of a log-only batch ([`L2Arc::write_log_only_batch`]): its
 /// identity, stored length and checksum, without its bytes.
 #[cfg(feature = "internals")]
@@ -311,25 +333,7 @@ impl L2Arc {
         let turn = self.rotor.fetch_add(1, Ordering::Relaxed) as usize % online.len();
         let device = &online[turn];
         let mut writer = device.writer.lock().expect("writer poisoned");
-        // As `lay_out` fits plain records.
-        let mut asizes: Vec<(u32, bool)> = Vec::with_capacity(records.len());
-        let mut blocks_total = 0u32;
-        for record in records {
-            let stored_bytes = record.stored_bytes as usize;
-            let sectored = stored_bytes >= format::SECTOR_TABLE_RECORD_BYTES_MIN;
-            let payload_blocks = stored_bytes.div_ceil(BLOCK_BYTES as usize).max(1) as u32;
-            let asize_blocks = payload_blocks + u32::from(sectored);
-            if !batch_fits(
-                blocks_total,
-                asize_blocks,
-                asizes.len() + 1,
-                device.batch_blocks_max,
-            ) {
-                break;
-            }
-            blocks_total += asize_blocks;
-            asizes.push((asize_blocks, sectored));
-        }
+        let (asizes, blocks_total) = lay_out_plain(records, device.batch_blocks_max);
         if asizes.is_empty() {
             return Ok((0, 0));
         }
@@ -358,6 +362,7 @@ impl L2Arc {
             lap,
             first_block: hand,
             prev: writer.header.newest_log,
+            read_ahead: writer.older_logs,
             entry_count: entries.len() as u32,
             size_bytes: log_bytes as u32,
         };
@@ -365,18 +370,20 @@ impl L2Arc {
         let crc = format::encode_log_block(&log_header, &entries, log.as_mut_slice());
         let log_offset_bytes = u64::from(hand + at_block) * BLOCK_BYTES;
         device.io.write_at(log_offset_bytes, &log)?;
+        let log_pointer = LogPointer {
+            offset_bytes: log_offset_bytes,
+            size_bytes: log_bytes as u32,
+            crc,
+        };
         let mut header = writer.header.clone();
         header.sequence += 1;
         header.hand_block = hand + total_blocks;
         header.lap = lap;
-        header.newest_log = Some(LogPointer {
-            offset_bytes: log_offset_bytes,
-            size_bytes: log_bytes as u32,
-            crc,
-        });
+        header.newest_log = Some(log_pointer);
         device.write_header(&header)?;
+        header.newest_log = writer.header.newest_log;
         writer.header = header;
-        writer.log_sequence += 1;
+        writer.push_log(log_pointer);
         Ok((u64::from(total_blocks) * BLOCK_BYTES, entries.len()))
     }
 
@@ -548,10 +555,15 @@ struct EncodedBatch {
 
 /// Lays `payloads` and their log block out in `batch` (resized to the
 /// batch; every byte written: payloads, zeroed padding, the log block).
-/// `log` is the device header as last written and the newest log sequence.
+/// `log` is the device header as last written, the newest log sequence and
+/// the log blocks before the newest (the read-ahead hints).
 fn encode_batch(
     device: &CacheDevice,
-    log: (&super::format::DeviceHeader, u64),
+    log: (
+        &super::format::DeviceHeader,
+        u64,
+        [Option<LogPointer>; format::LOG_READ_AHEAD_POINTERS],
+    ),
     batch: &mut AlignedBuf,
     payloads: &[Payload<'_>],
     position: BatchPosition,
@@ -583,7 +595,7 @@ fn encode_batch(
         });
         at_block += u32::from(asize_blocks);
     }
-    let (header, log_sequence) = log;
+    let (header, log_sequence, older_logs) = log;
     let log_bytes = format::log_block_size_bytes(entries.len());
     let log_header = LogBlockHeader {
         device_guid: device.guid,
@@ -591,6 +603,7 @@ fn encode_batch(
         lap,
         first_block: hand,
         prev: header.newest_log,
+        read_ahead: older_logs,
         entry_count: entries.len() as u32,
         size_bytes: log_bytes as u32,
     };
