@@ -164,7 +164,7 @@ pub struct BenchArgs {
     /// Dataset content: random (incompressible) or mixed (about 2:1 with LZ4: text lines and random bytes).
     #[arg(long, value_enum, default_value = "random", default_value_ifs = SEED_CONTENT)]
     pub content: dataset::Content,
-    /// Record counts, comma-separated (k, M, G are powers of 1000). --scenario l2-index: index sizes (default 1M,10M); --scenario l2-rebuild: records per warm device (default 262144: a 1 GiB device of 4 KiB records and a 2 GiB one of 8 KiB records).
+    /// Record counts, comma-separated (k, M, G are powers of 1000). --scenario l2-index: index sizes (default 1M,10M); --scenario l2-rebuild: records per warm device (default 262144: a 1 GiB device of 4 KiB records and a 2 GiB one of 8 KiB records; above 1048576 the device is a sparse file holding only its log).
     #[arg(long, value_parser = parse_count, value_delimiter = ',')]
     pub records: Vec<u64>,
     /// Print JSON instead of tables.

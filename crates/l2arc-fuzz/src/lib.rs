@@ -507,6 +507,7 @@ fn seeds_log_block() -> Vec<Vec<u8>> {
                 size_bytes: 4096,
                 crc: 1,
             }),
+            read_ahead: [None; format::LOG_READ_AHEAD_POINTERS],
             entry_count: count as u32,
             size_bytes: log_block_size_bytes(count) as u32,
         };

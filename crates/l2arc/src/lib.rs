@@ -67,6 +67,9 @@ pub mod internals {
     pub use crate::buf::AlignedBuf;
     #[cfg(feature = "test-utils")]
     pub use crate::l2arc::faulty_device::{Faults, FaultyDevice};
-    pub use crate::l2arc::{BATCH_BYTES_MAX, DEVICE_ERRORS_MAX, FeedRecord, L2Arc, format, index};
+    pub use crate::l2arc::{
+        BATCH_BYTES_MAX, DEVICE_ERRORS_MAX, FeedRecord, L2Arc, LogOnlyRecord,
+        REBUILD_BUFFER_BYTES_MAX, format, index,
+    };
     pub use crate::read_path::OBJECT_STATES_MAX;
 }

@@ -13,7 +13,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use super::device::DeviceIo;
-use super::format::{BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, Location};
+use super::format::{
+    BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, LOG_READ_AHEAD_POINTERS, Location,
+    LogPointer,
+};
 use super::*;
 use crate::buf::AlignedBuf;
 
@@ -62,6 +65,9 @@ pub(super) struct WriterState {
     pub(super) header: DeviceHeader,
     /// Sequence of the newest log block written (0 = none).
     pub(super) log_sequence: u64,
+    /// The log blocks before `header.newest_log`, newest first: the next
+    /// log block's read-ahead hints (`LogBlockHeader::read_ahead`).
+    pub(super) older_logs: [Option<LogPointer>; LOG_READ_AHEAD_POINTERS],
     /// Lap fraction (in sixteenths) at which the index was last swept.
     pub(super) swept_at: u64,
     /// The batch being laid out, kept from one batch to the next: a fresh
@@ -86,6 +92,17 @@ pub(crate) struct CacheDevice {
     pub(super) counters: DeviceCounters,
 }
 
+impl WriterState {
+    /// Makes `pointer` the newest log block (the header is written by the
+    /// caller); the one it replaces becomes the first read-ahead hint.
+    pub(super) fn push_log(&mut self, pointer: LogPointer) {
+        self.older_logs.rotate_right(1);
+        self.older_logs[0] = self.header.newest_log;
+        self.header.newest_log = Some(pointer);
+        self.log_sequence += 1;
+    }
+}
+
 impl CacheDevice {
     /// A device in `slot` laid out as `header` says, still rebuilding.
     pub(super) fn new(
@@ -105,6 +122,7 @@ impl CacheDevice {
             position: AtomicU64::new((u64::from(header.lap) << 32) | u64::from(header.hand_block)),
             writer: Mutex::new(WriterState {
                 log_sequence: 0,
+                older_logs: [None; LOG_READ_AHEAD_POINTERS],
                 swept_at: 0,
                 header: header.clone(),
                 batch: AlignedBuf::zeroed(0),

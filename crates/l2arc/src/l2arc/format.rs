@@ -761,11 +761,22 @@ pub struct LogBlockHeader {
     pub first_block: u32,
     /// The previous log block (older batch), if any.
     pub prev: Option<LogPointer>,
+    /// Hints: the log blocks 2, 3 and 4 back, so that a rebuild can read
+    /// them ahead of the chain (which still decides what it walks: a hint
+    /// is used only if it equals the pointer the chain reaches). Stored in
+    /// what format version 2 reserved; a malformed hint reads as none.
+    pub read_ahead: [Option<LogPointer>; LOG_READ_AHEAD_POINTERS],
     /// Entries in the block.
     pub entry_count: u32,
     /// Size of the whole block.
     pub size_bytes: u32,
 }
+
+/// Read-ahead hints in a log block (see [`LogBlockHeader::read_ahead`]).
+pub const LOG_READ_AHEAD_POINTERS: usize = 3;
+/// Offset of the first read-ahead hint in a log block (16 bytes each).
+const LOG_READ_AHEAD_FIELD: usize = 68;
+const _: () = assert!(LOG_READ_AHEAD_FIELD + 16 * LOG_READ_AHEAD_POINTERS <= CRC_FIELD);
 
 /// The 128-byte preamble of a header or log block, once its magic and
 /// version are right (both structures start the same way).
@@ -831,7 +842,10 @@ pub fn encode_log_block(header: &LogBlockHeader, entries: &[LogEntry], out: &mut
     wr(out, 44, &header.first_block.to_le_bytes());
     LogPointer::encode(header.prev, out, 48);
     wr(out, 64, &header.size_bytes.to_le_bytes());
-    // 68..124: reserved, 0; 124: CRC, 0 while computing it.
+    for (i, hint) in header.read_ahead.iter().enumerate() {
+        LogPointer::encode(*hint, out, LOG_READ_AHEAD_FIELD + 16 * i);
+    }
+    // 116..124: reserved, 0; 124: CRC, 0 while computing it.
     let body = &mut out[LOG_BLOCK_HEADER_BYTES..];
     for (entry, slot) in entries.iter().zip(body.chunks_exact_mut(LOG_ENTRY_BYTES)) {
         entry.encode(slot.try_into().expect("chunk of LOG_ENTRY_BYTES"));
@@ -902,6 +916,11 @@ pub fn decode_log_block(
         lap: rd_u32(b, 40),
         first_block: rd_u32(b, 44),
         prev: LogPointer::decode(b, 48, "log block previous pointer")?,
+        read_ahead: std::array::from_fn(|i| {
+            LogPointer::decode(b, LOG_READ_AHEAD_FIELD + 16 * i, "read-ahead hint")
+                .ok()
+                .flatten()
+        }),
         entry_count,
         size_bytes,
     };
@@ -1442,6 +1461,19 @@ mod tests {
                 size_bytes: 8192,
                 crc: 0xabcd_ef01,
             }),
+            read_ahead: [
+                Some(LogPointer {
+                    offset_bytes: 800 * BLOCK_BYTES,
+                    size_bytes: 4096,
+                    crc: 0x1234_5678,
+                }),
+                None,
+                Some(LogPointer {
+                    offset_bytes: 700 * BLOCK_BYTES,
+                    size_bytes: 8192,
+                    crc: 7,
+                }),
+            ],
             entry_count: n as u32,
             size_bytes: size as u32,
         };
@@ -1944,7 +1976,8 @@ mod tests {
                     .iter()
                     .all(|&b| b == 0)
             );
-            assert!(buf[68..124].iter().all(|&b| b == 0));
+            // Reserved: after the read-ahead hints, up to the CRC.
+            assert!(buf[116..124].iter().all(|&b| b == 0));
             let (h, e) = decode_log_block(&buf, GUID).unwrap();
             assert_eq!(h, header);
             assert_eq!(e, entries);
@@ -1956,6 +1989,7 @@ mod tests {
             lap: 0,
             first_block: 256,
             prev: None,
+            read_ahead: [None; LOG_READ_AHEAD_POINTERS],
             entry_count: 3,
             size_bytes: 4096,
         };
@@ -1963,6 +1997,30 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         encode_log_block(&header, &entries, &mut buf);
         assert_eq!(decode_log_block(&buf, GUID).unwrap(), (header, entries));
+    }
+
+    #[test]
+    fn read_ahead_hints_are_only_hints() {
+        // Written before hints existed (zeros): none.
+        let (_, _, mut buf, _) = sample_log(3);
+        buf[68..116].fill(0);
+        reseal_log(&mut buf);
+        let (h, _) = decode_log_block(&buf, GUID).unwrap();
+        assert_eq!(h.read_ahead, [None; LOG_READ_AHEAD_POINTERS]);
+        // A malformed hint (unaligned, or before the data area) is none;
+        // the block and its other hints still decode.
+        let (header, _, mut buf, _) = sample_log(3);
+        buf[68..76].copy_from_slice(&(800 * BLOCK_BYTES + 1).to_le_bytes());
+        buf[100..108].copy_from_slice(&4096u64.to_le_bytes());
+        reseal_log(&mut buf);
+        let (h, _) = decode_log_block(&buf, GUID).unwrap();
+        assert_eq!(h.read_ahead, [None, None, None]);
+        assert_eq!(h.prev, header.prev);
+        let (header, _, mut buf, _) = sample_log(3);
+        buf[68..76].copy_from_slice(&(800 * BLOCK_BYTES + 1).to_le_bytes());
+        reseal_log(&mut buf);
+        let (h, _) = decode_log_block(&buf, GUID).unwrap();
+        assert_eq!(h.read_ahead, [None, None, header.read_ahead[2]]);
     }
 
     #[test]
@@ -2129,6 +2187,7 @@ mod tests {
             lap: 37,
             first_block: 1000,
             prev: None,
+            read_ahead: [None; LOG_READ_AHEAD_POINTERS],
             entry_count: 2,
             size_bytes: 4096,
         }
@@ -2224,6 +2283,7 @@ mod tests {
             lap: 37,
             first_block: 1000,
             prev: None,
+            read_ahead: [None; LOG_READ_AHEAD_POINTERS],
             entry_count: 1,
             size_bytes: 4096,
         };

@@ -57,9 +57,13 @@ mod writer;
 use cache_device::CacheDevice;
 use index::L2Index;
 pub use lifecycle::DeviceOpen;
+#[cfg(feature = "internals")]
+pub use rebuild::REBUILD_BUFFER_BYTES_MAX;
 pub use ring::IoEngine;
 pub use stats::{DeviceStats, L2Stats};
 pub use writer::FeedRecord;
+#[cfg(feature = "internals")]
+pub use writer::LogOnlyRecord;
 pub(crate) use writer::WriteGate;
 
 /// Devices per cache: the location word has 4 bits for the device.

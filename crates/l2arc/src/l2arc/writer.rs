@@ -200,7 +200,7 @@ impl L2Arc {
         let state = &mut *writer;
         let encoded = encode_batch(
             device,
-            (&state.header, state.log_sequence),
+            (&state.header, state.log_sequence, state.older_logs),
             &mut state.batch,
             &payloads,
             position,
@@ -220,8 +220,9 @@ impl L2Arc {
         header.lap = lap;
         header.newest_log = Some(encoded.log_pointer);
         device.write_header(&header)?;
+        header.newest_log = writer.header.newest_log;
         writer.header = header;
-        writer.log_sequence += 1;
+        writer.push_log(encoded.log_pointer);
 
         self.index_batch(device, &encoded.entries, gate);
         for (entry, payload) in encoded.entries.iter().zip(&payloads) {
@@ -275,6 +276,126 @@ impl L2Arc {
     }
 }
 
+/// The largest prefix of `records` (plain) that fits a batch of
+/// `max_blocks`, as `lay_out` fits it: each record's blocks and whether it
+/// has a sector table, and the blocks of them all.
+#[cfg(feature = "internals")]
+fn lay_out_plain(records: &[LogOnlyRecord], max_blocks: u32) -> (Vec<(u32, bool)>, u32) {
+    let mut asizes: Vec<(u32, bool)> = Vec::with_capacity(records.len());
+    let mut blocks_total = 0u32;
+    for record in records {
+        let stored_bytes = record.stored_bytes as usize;
+        let sectored = stored_bytes >= format::SECTOR_TABLE_RECORD_BYTES_MIN;
+        let payload_blocks = stored_bytes.div_ceil(BLOCK_BYTES as usize).max(1) as u32;
+        let asize_blocks = payload_blocks + u32::from(sectored);
+        if !batch_fits(blocks_total, asize_blocks, asizes.len() + 1, max_blocks) {
+            break;
+        }
+        blocks_total += asize_blocks;
+        asizes.push((asize_blocks, sectored));
+    }
+    (asizes, blocks_total)
+}
+
+/// A record of a log-only batch ([`L2Arc::write_log_only_batch`]): its
+/// identity, stored length and checksum, without its bytes.
+#[cfg(feature = "internals")]
+#[derive(Clone, Copy, Debug)]
+pub struct LogOnlyRecord {
+    /// Hash of the record's identity.
+    pub key_hash: u64,
+    /// Its stored (plain) length.
+    pub stored_bytes: u32,
+    /// [`format::record_checksum`] of the bytes the device holds for it.
+    pub checksum: u32,
+}
+
+#[cfg(feature = "internals")]
+impl L2Arc {
+    /// For benchmarks of the rebuild (feature `internals`): writes the next
+    /// batch of the rotor exactly as [`write_batch`](Self::write_batch)
+    /// lays it out (the same fit, locations, log block and header update),
+    /// but writes only its log block: the records' blocks keep whatever the
+    /// device holds there (holes in a sparse file read as zeros), and their
+    /// entries carry the checksums given. Nothing is indexed, and nothing
+    /// is synced (call [`sync_devices`](Self::sync_devices) at the end).
+    /// Returns the bytes the batch spans and how many of `records` (a
+    /// prefix) went in.
+    pub fn write_log_only_batch(&self, records: &[LogOnlyRecord]) -> io::Result<(u64, usize)> {
+        let online: Vec<_> = self
+            .all_devices()
+            .into_iter()
+            .filter(|d| d.is_online())
+            .collect();
+        if online.is_empty() || records.is_empty() {
+            return Ok((0, 0));
+        }
+        let turn = self.rotor.fetch_add(1, Ordering::Relaxed) as usize % online.len();
+        let device = &online[turn];
+        let mut writer = device.writer.lock().expect("writer poisoned");
+        let (asizes, blocks_total) = lay_out_plain(records, device.batch_blocks_max);
+        if asizes.is_empty() {
+            return Ok((0, 0));
+        }
+        let log_bytes = format::log_block_size_bytes(asizes.len());
+        let total_blocks = blocks_total + (log_bytes as u64 / BLOCK_BYTES) as u32;
+        let (lap, hand) = advance_hand(device, &mut writer, total_blocks)?;
+        let mut entries = Vec::with_capacity(asizes.len());
+        let mut at_block = 0u32;
+        for (record, &(asize_blocks, sectored)) in records.iter().zip(&asizes) {
+            let location = payload_location(
+                record.stored_bytes as usize,
+                Compression::Off,
+                sectored,
+                (hand + at_block, lap, device.slot),
+            );
+            entries.push(LogEntry {
+                key_hash: record.key_hash,
+                location,
+                checksum: record.checksum,
+            });
+            at_block += asize_blocks;
+        }
+        let log_header = LogBlockHeader {
+            device_guid: device.guid,
+            sequence: writer.log_sequence + 1,
+            lap,
+            first_block: hand,
+            prev: writer.header.newest_log,
+            read_ahead: writer.older_logs,
+            entry_count: entries.len() as u32,
+            size_bytes: log_bytes as u32,
+        };
+        let mut log = AlignedBuf::zeroed(log_bytes);
+        let crc = format::encode_log_block(&log_header, &entries, log.as_mut_slice());
+        let log_offset_bytes = u64::from(hand + at_block) * BLOCK_BYTES;
+        device.io.write_at(log_offset_bytes, &log)?;
+        let log_pointer = LogPointer {
+            offset_bytes: log_offset_bytes,
+            size_bytes: log_bytes as u32,
+            crc,
+        };
+        let mut header = writer.header.clone();
+        header.sequence += 1;
+        header.hand_block = hand + total_blocks;
+        header.lap = lap;
+        header.newest_log = Some(log_pointer);
+        device.write_header(&header)?;
+        header.newest_log = writer.header.newest_log;
+        writer.header = header;
+        writer.push_log(log_pointer);
+        Ok((u64::from(total_blocks) * BLOCK_BYTES, entries.len()))
+    }
+
+    /// Syncs every device (after [`write_log_only_batch`](Self::write_log_only_batch)).
+    pub fn sync_devices(&self) -> io::Result<()> {
+        for device in self.all_devices() {
+            device.io.sync()?;
+        }
+        Ok(())
+    }
+}
+
 /// One record as it will be stored: framed (compressed) or plain bytes
 /// (borrowed from the feeder's copy, not copied again).
 struct Payload<'a> {
@@ -325,15 +446,40 @@ fn lay_out<'a>(records: &[FeedRecord<'a>], max_blocks: u32) -> Vec<Payload<'a>> 
             sectored,
         };
         let asize_blocks = payload.asize_blocks();
-        let log_blocks =
-            format::log_block_size_bytes(payloads.len() + 1) as u32 / BLOCK_BYTES as u32;
-        if blocks_total + asize_blocks + log_blocks > max_blocks || asize_blocks > 511 {
+        if !batch_fits(blocks_total, asize_blocks, payloads.len() + 1, max_blocks) {
             break;
         }
         blocks_total += asize_blocks;
         payloads.push(payload);
     }
     payloads
+}
+
+/// Whether a batch of `blocks_total` blocks of records still fits
+/// `max_blocks` with one more record of `asize_blocks` and the log block
+/// for `entries` records.
+fn batch_fits(blocks_total: u32, asize_blocks: u32, entries: usize, max_blocks: u32) -> bool {
+    let log_blocks = format::log_block_size_bytes(entries) as u32 / BLOCK_BYTES as u32;
+    blocks_total + asize_blocks + log_blocks <= max_blocks
+        && asize_blocks <= u32::from(format::MAX_ASIZE_BLOCKS)
+}
+
+/// The location of a payload of `stored_bytes` at `(block, lap, slot)`.
+fn payload_location(
+    stored_bytes: usize,
+    compression: Compression,
+    sectored: bool,
+    at: (u32, u32, u8),
+) -> Location {
+    let (block, lap, slot) = at;
+    let payload_blocks = stored_bytes.div_ceil(BLOCK_BYTES as usize).max(1) as u16;
+    let allocated = usize::from(payload_blocks) * BLOCK_BYTES as usize;
+    let tail_bytes = (allocated - stored_bytes) as u16;
+    if sectored {
+        Location::new_sectored(block, lap, slot, payload_blocks, tail_bytes)
+    } else {
+        Location::new(block, lap, slot, payload_blocks, compression, tail_bytes)
+    }
 }
 
 /// Moves the write hand over the next `total_blocks` and publishes it
@@ -373,28 +519,22 @@ fn advance_hand(
 /// zeroes the padding after it, writes its sector table into the last
 /// block if it has one, and returns its location at `(block, lap, slot)`.
 fn place_payload(payload: &Payload<'_>, out: &mut [u8], at: (u32, u32, u8)) -> Location {
-    let (block, lap, slot) = at;
-    let payload_blocks = payload.payload_blocks() as u16;
-    let allocated = usize::from(payload_blocks) * BLOCK_BYTES as usize;
-    let tail_bytes = (allocated - payload.stored.len()) as u16;
+    let allocated = payload.payload_blocks() as usize * BLOCK_BYTES as usize;
     let (blocks, table) = out.split_at_mut(allocated);
     blocks[..payload.stored.len()].copy_from_slice(&payload.stored);
     // The buffer is reused: padding must not carry an older batch.
     blocks[payload.stored.len()..].fill(0);
     if payload.sectored {
         format::encode_sector_table(payload.key_hash, blocks, table);
-        Location::new_sectored(block, lap, slot, payload_blocks, tail_bytes)
     } else {
         debug_assert!(table.is_empty());
-        Location::new(
-            block,
-            lap,
-            slot,
-            payload_blocks,
-            payload.compression,
-            tail_bytes,
-        )
     }
+    payload_location(
+        payload.stored.len(),
+        payload.compression,
+        payload.sectored,
+        at,
+    )
 }
 
 /// Where a batch goes: the lap and first block of the hand, and its size.
@@ -415,10 +555,15 @@ struct EncodedBatch {
 
 /// Lays `payloads` and their log block out in `batch` (resized to the
 /// batch; every byte written: payloads, zeroed padding, the log block).
-/// `log` is the device header as last written and the newest log sequence.
+/// `log` is the device header as last written, the newest log sequence and
+/// the log blocks before the newest (the read-ahead hints).
 fn encode_batch(
     device: &CacheDevice,
-    log: (&super::format::DeviceHeader, u64),
+    log: (
+        &super::format::DeviceHeader,
+        u64,
+        [Option<LogPointer>; format::LOG_READ_AHEAD_POINTERS],
+    ),
     batch: &mut AlignedBuf,
     payloads: &[Payload<'_>],
     position: BatchPosition,
@@ -450,7 +595,7 @@ fn encode_batch(
         });
         at_block += u32::from(asize_blocks);
     }
-    let (header, log_sequence) = log;
+    let (header, log_sequence, older_logs) = log;
     let log_bytes = format::log_block_size_bytes(entries.len());
     let log_header = LogBlockHeader {
         device_guid: device.guid,
@@ -458,6 +603,7 @@ fn encode_batch(
         lap,
         first_block: hand,
         prev: header.newest_log,
+        read_ahead: older_logs,
         entry_count: entries.len() as u32,
         size_bytes: log_bytes as u32,
     };
