@@ -39,6 +39,7 @@ mod latency;
 mod nbd;
 mod nbd_l2_hit;
 mod nbd_reread;
+mod nbd_warmup;
 
 mod report;
 mod runner;
@@ -88,6 +89,8 @@ pub enum Scenario {
     NbdReread,
     /// NBD export warm from the L2ARC: random 4 KiB reads at queue depth 32 with fio's nbd engine, read queue vs workers only, against nbdkit's file plugin on the cache file (flash and page cache), with the servers' CPU per request (needs fio, nbdkit, nbdcopy).
     NbdL2Hit,
+    /// Warm-up through the NBD export: the seed workload (random 4 KiB, queue depth 32, 1 GiB on an emulated 4-spindle HDD) from an empty cache; seconds to 90% of the warm rate against one pass over the image from the disks (needs fio).
+    NbdWarmup,
     /// Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up.
     S3,
 }
@@ -355,6 +358,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::S3 => s3::run(&args),
         Scenario::NbdReread => nbd_reread::run(&args),
         Scenario::NbdL2Hit => nbd_l2_hit::run(&args),
+        Scenario::NbdWarmup => nbd_warmup::run(&args),
         Scenario::All => {
             throughput::run(&args)?;
             latency::run(&args)?;

@@ -192,7 +192,7 @@ impl Default for CacheConfig {
 
 /// Identifies a dataset within one [`Cache`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DatasetId(u32);
+pub struct DatasetId(pub(crate) u32);
 
 pub(crate) struct Dataset {
     name: String,

@@ -253,10 +253,24 @@ impl<'c> ReadQueue<'c> {
             .slots
             .extend(records.clone().map(|_| RecordSlot::Reading));
         self.requests[index as usize] = Some(request);
+        // Timed as `Cache::read` times ARC hits: a request that completes
+        // here, without going below the ARC, was served from DRAM.
+        let timer = self
+            .cache
+            .analytics
+            .start_read_if(kind == AccessKind::Demand);
         for slot in 0..(records.end - records.start) as u32 {
             self.resolve(index, slot)?;
         }
+        let from_dram = self.requests[index as usize]
+            .as_ref()
+            .is_some_and(|r| r.unresolved == 0 && r.error.is_none());
         self.finish_if_resolved(index);
+        if from_dram {
+            self.cache
+                .analytics
+                .finish_read(timer, handle.dataset().0, handle.object_id());
+        }
         Ok(())
     }
 
