@@ -91,16 +91,40 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     .run(Some(tmp.path()))?;
     let stopped = server.stop();
     let _ = std::fs::remove_file(&cache);
-    let per_second = read.iops_per_second;
-    if per_second.len() < 8 {
-        bail!("fio logged {} seconds of IOPS; too few", per_second.len());
+    print_report(
+        image_bytes,
+        secs,
+        &command,
+        &load_before,
+        &read.iops_per_second,
+    )?;
+    if let Some(line) = stopped.iter().find(|l| l.contains("stopped:")) {
+        println!("{line}");
     }
-    let tail =
-        &per_second[per_second.len() - ((per_second.len() as f64 * FINAL_SHARE).ceil() as usize)..];
+    Ok(())
+}
+
+/// The curve, the warm rate, the seconds to 90% of it and the one-pass
+/// time.
+fn print_report(
+    image_bytes: u64,
+    secs: f64,
+    command: &str,
+    load_before: &str,
+    iops_per_second: &[f64],
+) -> Result<()> {
+    if iops_per_second.len() < 8 {
+        bail!(
+            "fio logged {} seconds of IOPS; too few",
+            iops_per_second.len()
+        );
+    }
+    let tail = &iops_per_second
+        [iops_per_second.len() - ((iops_per_second.len() as f64 * FINAL_SHARE).ceil() as usize)..];
     let mut sorted = tail.to_vec();
     sorted.sort_by(f64::total_cmp);
     let warm_iops = sorted[sorted.len() / 2];
-    let secs_to_90pct = per_second
+    let secs_to_90pct = iops_per_second
         .iter()
         .position(|&iops| iops >= 0.9 * warm_iops)
         .map(|i| i as f64 + 1.0);
@@ -114,7 +138,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         crate::load_average()
     );
     println!("ours: {command}");
-    let curve: Vec<String> = per_second
+    let curve: Vec<String> = iops_per_second
         .chunks(5)
         .enumerate()
         .map(|(i, c)| format!("{}s {:.0}", i * 5, c.iter().sum::<f64>() / c.len() as f64))
@@ -126,9 +150,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             t / one_pass_secs
         ),
         None => println!("warm: {warm_iops:.0} IOPS; never at 90% of it"),
-    }
-    if let Some(line) = stopped.iter().find(|l| l.contains("stopped:")) {
-        println!("{line}");
     }
     Ok(())
 }
