@@ -480,11 +480,7 @@ impl<'c> ReadQueue<'c> {
             return Ok(());
         };
         ring.submit_and_wait(want)?;
-        let mut completed: SmallVec<[(u64, i32); 32]> = SmallVec::new();
-        ring.reap(|user_data, result| completed.push((user_data, result)));
-        for (user_data, result) in completed {
-            self.complete_op(user_data as u32, result);
-        }
+        self.finish_completed();
         Ok(())
     }
 
@@ -494,10 +490,20 @@ impl<'c> ReadQueue<'c> {
             return Ok(false);
         };
         let completed_any = ring.submit_and_wait_timeout(timeout)?;
-        if completed_any {
-            self.reap(0)?;
-        }
+        self.finish_completed();
         Ok(completed_any)
+    }
+
+    /// Finishes every read the ring has completed.
+    fn finish_completed(&mut self) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let mut completed: SmallVec<[(u64, i32); 32]> = SmallVec::new();
+        ring.reap(|user_data, result| completed.push((user_data, result)));
+        for (user_data, result) in completed {
+            self.complete_op(user_data as u32, result);
+        }
     }
 
     fn complete_op(&mut self, op_index: u32, result: i32) {
