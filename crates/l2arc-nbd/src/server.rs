@@ -51,13 +51,17 @@
 //! a worker thread blocked on each (the reads a client pipelines overlap
 //! on flash at the cost of one thread, and no hand-off per request). A
 //! read that needs primary storage goes on to the workers, so a slow disk
-//! never holds up reads of cached data behind it.
+//! never holds up reads of cached data behind it. The thread never blocks
+//! on the workers' queue: a worker may be waiting for a record the read
+//! queue is reading, which completes only when this thread reaps it, so a
+//! read the full queue refuses waits in the thread's own bounded list
+//! (and the thread takes no new reads meanwhile).
 //!
 //! A framing error (bad request magic) disconnects that client only; a
 //! stop (SIGTERM in the CLI) shuts every socket down, lets the workers
 //! finish the requests they hold, and joins every thread.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -1301,19 +1305,24 @@ fn read_queue_thread(
     let mut taken: Vec<Option<QueuedRead>> = (0..depth).map(|_| None).collect();
     let mut free_tags: Vec<u64> = (0..depth as u64).rev().collect();
     let mut done = Vec::with_capacity(depth);
+    // Reads for the workers that their full queue has not taken yet (at
+    // most `depth`: no more are taken from the reader meanwhile).
+    let mut passing: VecDeque<Job> = VecDeque::with_capacity(depth);
     let mut open = true;
-    while open || queue.pending() > 0 {
-        let mut next = if open && queue.pending() == 0 {
+    while open || queue.pending() > 0 || !passing.is_empty() {
+        pass_on_without_blocking(workers, &mut passing, slot);
+        let mut next = None;
+        if open && queue.pending() == 0 && passing.is_empty() {
             // Nothing in flight: wait for a request.
-            rx.recv().ok()
-        } else {
-            None
-        };
-        open &= next.is_some() || queue.pending() > 0;
+            match rx.recv() {
+                Ok(job) => next = Some(job),
+                Err(_) => open = false,
+            }
+        }
         loop {
             let job = match next.take() {
                 Some(job) => job,
-                None if open && queue.has_room() => match rx.try_recv() {
+                None if open && queue.has_room() && passing.len() < depth => match rx.try_recv() {
                     Ok(job) => job,
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -1324,11 +1333,17 @@ fn read_queue_thread(
                 None => break,
             };
             let taking = (&mut taken[..], &mut free_tags);
-            if take_read(shared, &mut queue, job, taking, workers, replier, slot).is_err() {
-                return give_up(replier, &mut taken, rx, slot);
+            if take_read(shared, &mut queue, job, taking, &mut passing, replier, slot).is_err() {
+                return give_up(replier, &mut taken, passing, rx, slot);
             }
         }
+        pass_on_without_blocking(workers, &mut passing, slot);
         if queue.pending() == 0 {
+            if !passing.is_empty() {
+                // The workers are busy (reads of primary storage take
+                // milliseconds): look again shortly.
+                std::thread::sleep(READ_QUEUE_POLL);
+            }
             continue;
         }
         let waited = if open {
@@ -1346,7 +1361,7 @@ fn read_queue_thread(
             assert!(before > 0, "a request left that never came in");
         }
         if waited.is_err() {
-            return give_up(replier, &mut taken, rx, slot);
+            return give_up(replier, &mut taken, passing, rx, slot);
         }
     }
 }
@@ -1354,9 +1369,16 @@ fn read_queue_thread(
 /// The read queue failed (its ring refused to submit or wait): reads in
 /// flight cannot be trusted to finish, so the connection ends; the
 /// requests taken or still queued are dropped with it.
-fn give_up(replier: &Replier, taken: &mut [Option<QueuedRead>], rx: &Receiver<Job>, slot: &Slot) {
+fn give_up(
+    replier: &Replier,
+    taken: &mut [Option<QueuedRead>],
+    passing: VecDeque<Job>,
+    rx: &Receiver<Job>,
+    slot: &Slot,
+) {
     replier.hang_up();
-    let dropped = taken.iter_mut().filter_map(Option::take).count() + rx.try_iter().count();
+    let dropped =
+        taken.iter_mut().filter_map(Option::take).count() + passing.len() + rx.try_iter().count();
     slot.in_flight.fetch_sub(dropped, Ordering::SeqCst);
 }
 
@@ -1368,7 +1390,7 @@ fn take_read(
     queue: &mut l2arc::ReadQueue<'_>,
     job: Job,
     (taken, free_tags): (&mut [Option<QueuedRead>], &mut Vec<u64>),
-    workers: &SyncSender<Job>,
+    passing: &mut VecDeque<Job>,
     replier: &Replier,
     slot: &Slot,
 ) -> io::Result<()> {
@@ -1398,7 +1420,7 @@ fn take_read(
                 .reads_passed_on
                 .fetch_add(1, Ordering::Relaxed);
             free_tags.push(tag);
-            pass_on(workers, job, slot);
+            passing.push_back(job);
         }
         Err(e) => {
             let failed = io::Error::new(e.kind(), e.to_string());
@@ -1410,10 +1432,30 @@ fn take_read(
     Ok(())
 }
 
-/// Hands a request to the workers (they count it out when done).
+/// Hands a request to the workers (they count it out when done),
+/// blocking while their queue is full.
 fn pass_on(workers: &SyncSender<Job>, job: Job, slot: &Slot) {
     if workers.send(job).is_err() {
         slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Hands the workers what they have room for, without blocking: a worker
+/// may be waiting on a record this thread's queue is reading, and that
+/// read completes only when this thread reaps it.
+fn pass_on_without_blocking(workers: &SyncSender<Job>, passing: &mut VecDeque<Job>, slot: &Slot) {
+    while let Some(job) = passing.pop_front() {
+        match workers.try_send(job) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(job)) => {
+                passing.push_front(job);
+                return;
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(job)) => {
+                drop(job);
+                slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
     }
 }
 

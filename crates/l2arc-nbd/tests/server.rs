@@ -713,3 +713,118 @@ fn pipelined_reads_of_cached_data_go_through_the_read_queue() {
         assert_eq!(after.request_errors, 0);
     }
 }
+
+/// Reads of records on flash claimed by the read queue while reads that
+/// need the image (and cover the same records) fill the workers' queue:
+/// a worker waits on a record the read queue is reading, so the read-queue
+/// thread must never block handing reads to the workers (it alone can reap
+/// that read). One worker and a workers' queue of two make the queue full
+/// all the time; every reply must still come, with its bytes.
+#[test]
+fn reads_passed_on_to_busy_workers_never_wait_on_the_read_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, handle, bytes) = cache_with_flash(dir.path());
+    let socket = dir.path().join("nbd.sock");
+    let server = Arc::new(
+        Server::new(
+            Arc::clone(&cache),
+            handle,
+            ServerConfig {
+                read_only: true,
+                workers_per_connection: 1,
+                max_in_flight_requests: 2,
+                ..ServerConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let listener = Listener::bind(&ListenAddr::Unix(socket.clone())).unwrap();
+    let stop = server.stop_flag();
+    let s = Arc::clone(&server);
+    let thread = std::thread::spawn(move || s.serve(listener));
+    let mut c = Client::open(&socket);
+    let mut sender = Client {
+        s: c.s.try_clone().unwrap(),
+    };
+    // Pairs: 4 KiB inside flash record k (the read queue claims it), then
+    // a read from inside record k to the uncached 3rd MiB (the workers).
+    let requests: Vec<(u64, u32)> = (0..120u64)
+        .flat_map(|i| {
+            let k = i % 32;
+            let at = k * (64 << 10);
+            [
+                (at + 4096, 4096),
+                (at + 60_000, (3 << 20) - (at + 60_000) as u32),
+            ]
+        })
+        .collect();
+    let to_send = requests.clone();
+    let writer = std::thread::spawn(move || {
+        for (cookie, &(offset, len)) in to_send.iter().enumerate() {
+            sender.send(NBD_CMD_READ, 0, cookie as u64, offset, len, &[]);
+        }
+    });
+    for _ in 0..requests.len() {
+        let (cookie, error) = c.reply();
+        assert_eq!(error, 0, "cookie {cookie}");
+        let (offset, len) = requests[cookie as usize];
+        let mut data = vec![0u8; len as usize];
+        c.s.read_exact(&mut data).unwrap();
+        assert_eq!(
+            data,
+            bytes[offset as usize..][..len as usize],
+            "{offset}+{len}"
+        );
+    }
+    writer.join().unwrap();
+    let stats = server.stats();
+    assert!(
+        stats.reads_queued > 0 && stats.reads_passed_on > 0,
+        "{stats:?}"
+    );
+    stop.store(true, Ordering::SeqCst);
+    drop(c);
+    thread.join().unwrap().unwrap();
+}
+
+/// A cache of 1 MiB of ARC and a 32 MiB cache file over a read-only image
+/// of `IMAGE_BYTES`, with the image's first 2 MiB (32 records of 64 KiB)
+/// fed to flash: the cache, the image's handle and its bytes.
+fn cache_with_flash(dir: &Path) -> (Arc<Cache>, l2arc::ObjectHandle, Vec<u8>) {
+    let image = dir.join("disk.img");
+    let bytes = pattern(IMAGE_BYTES);
+    std::fs::write(&image, &bytes).unwrap();
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: 1 << 20,
+        arc_shards: 1,
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    cache
+        .add_cache_path(dir.join("cache.dev"), Some(32 << 20))
+        .unwrap();
+    let ds = cache
+        .add_dataset(
+            "nbd",
+            Arc::new(ImagePrimary::open(&image, false).unwrap()),
+            DatasetConfig {
+                recordsize_bytes: 64 << 10,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    let handle = cache.open(ds, "", false).unwrap();
+    // The first 2 MiB (32 records) onto flash; the ARC holds 16 at most.
+    let mut buf = vec![0u8; 64 << 10];
+    for _ in 0..2 {
+        for record in 0..32u64 {
+            cache.read(&handle, record * (64 << 10), &mut buf).unwrap();
+        }
+        for _ in 0..8 {
+            cache.feed_l2arc();
+        }
+    }
+    let l2_bytes = cache.stats().l2.unwrap().get("l2_size");
+    assert!(l2_bytes >= 16 << 16, "{l2_bytes} bytes on flash");
+    (cache, handle, bytes)
+}
