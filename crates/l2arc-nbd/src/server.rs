@@ -28,7 +28,8 @@
 //! - every write payload and read reply buffer is charged, before it is
 //!   allocated, to one pool of `buffer_max_bytes` shared by all connections
 //!   (`pool.rs`), and per connection to `max_in_flight_bytes`, with at most
-//!   `max_in_flight_requests` queued requests; past that the reader stops
+//!   `max_in_flight_requests` queued requests in each of its queues (the
+//!   workers' and the read-queue thread's); past that the reader stops
 //!   reading the socket (TCP flow control pushes back on that client). A
 //!   connection whose client keeps its pool memory from coming back (a
 //!   reply unread or a payload not sent for `stall_timeout`) is
