@@ -635,7 +635,7 @@ impl WarmL2<'_> {
     }
 }
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {

@@ -92,17 +92,43 @@ struct Report {
     ours_stats: Vec<(String, u64)>,
 }
 
-fn require(tool: &str) -> Result<()> {
-    match Command::new(tool).arg("--version").output() {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => bail!(
-            "{tool} --version failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(_) => bail!(
-            "{tool} is not installed: --scenario nbd needs fio and nbdkit (scripts/setup.sh installs them)"
-        ),
+/// Fails with a clear message unless every one of `tools` runs.
+pub(crate) fn require_tools(scenario: &str, tools: &[&str]) -> Result<()> {
+    for tool in tools {
+        match Command::new(tool).arg("--version").output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => bail!(
+                "{tool} --version failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(_) => bail!(
+                "{tool} is not installed: --scenario {scenario} needs {} (scripts/setup.sh installs them)",
+                tools.join(", ")
+            ),
+        }
     }
+    Ok(())
+}
+
+/// The scenario's image, `name` in `--data` (reused when it has the right
+/// size) or in `tmp`: `--dataset-size` in whole `unit_bytes`, at least
+/// 16 MiB.
+pub(crate) fn scenario_image(
+    args: &BenchArgs,
+    tmp: &Path,
+    scenario: &str,
+    name: &str,
+    unit_bytes: u64,
+) -> Result<(PathBuf, u64)> {
+    let image_bytes = args.dataset_size / unit_bytes * unit_bytes;
+    if image_bytes < 16 << 20 {
+        bail!("--dataset-size must be at least 16 MiB for --scenario {scenario}");
+    }
+    let dir = args.data.as_deref().unwrap_or(tmp);
+    std::fs::create_dir_all(dir)?;
+    let image = dir.join(name);
+    make_image(&image, image_bytes, args.seed)?;
+    Ok((image, image_bytes))
 }
 
 /// The image: reused when `--data DIR` holds one of the right size.
@@ -258,8 +284,7 @@ pub(crate) fn shell_words(cmd: &Command) -> String {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    require("fio")?;
-    require("nbdkit")?;
+    require_tools("nbd", &["fio", "nbdkit"])?;
     let bench = NbdBench::prepare(args)?;
     let ours = bench.measure_ours(args)?;
     let nbdkit = bench.measure_nbdkit(args)?;

@@ -27,7 +27,10 @@ use anyhow::{Result, bail};
 
 use super::BenchArgs;
 use super::fio::{FioJob, FioTarget};
-use super::nbd::{ServerProcess, make_image, shell_words, spawn, wait_for_socket};
+use super::l2_hit::median;
+use super::nbd::{
+    ServerProcess, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
+};
 use super::nbd_reread::{ctl_stats, get};
 
 const BLOCK_BYTES: u64 = 4 << 10;
@@ -81,38 +84,13 @@ struct Place {
     secs: f64,
 }
 
-fn require_tools() -> Result<()> {
-    for tool in ["fio", "nbdkit", "nbdcopy"] {
-        if !Command::new(tool)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            bail!(
-                "{tool} is not installed: --scenario nbd-l2-hit needs fio, nbdkit and nbdcopy (scripts/setup.sh installs them)"
-            );
-        }
-    }
-    Ok(())
-}
-
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    require_tools()?;
+    require_tools("nbd-l2-hit", &["fio", "nbdkit", "nbdcopy"])?;
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-nbd-l2")
         .tempdir()?;
-    let image_bytes = args.dataset_size / (1 << 20) * (1 << 20);
-    if image_bytes < 16 << 20 {
-        bail!("--dataset-size must be at least 16 MiB for --scenario nbd-l2-hit");
-    }
-    let image = match &args.data {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            dir.join("nbd-l2-hit.img")
-        }
-        None => tmp.path().join("nbd-l2-hit.img"),
-    };
-    make_image(&image, image_bytes, args.seed)?;
+    let (image, image_bytes) =
+        scenario_image(args, tmp.path(), "nbd-l2-hit", "nbd-l2-hit.img", 1 << 20)?;
     let cache = image.with_file_name("nbd-l2-hit-cache.img");
     let _ = std::fs::remove_file(&cache);
     let machine = super::l2_hit::machine(cache.parent().unwrap_or(tmp.path()));
@@ -289,16 +267,6 @@ fn uri(socket: &Path) -> String {
     format!("nbd+unix:///?socket={}", socket.display())
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 fn print_report(place: &Place, command: &str, load_before: &str, rounds: &[Vec<(Side, Measured)>]) {
     println!(
         "NBD export warm from the L2ARC: random 4 KiB reads, fio nbd engine, queue depth {QUEUE_DEPTH}, {} MiB image, {:.0} s per measurement, medians of {} rounds; load before {load_before}, after {}",
@@ -318,14 +286,14 @@ fn print_report(place: &Place, command: &str, load_before: &str, rounds: &[Vec<(
     // Ratios within each round, then their median.
     let ratio = |a: Side, b: Side| -> f64 {
         median(
-            rounds
+            &rounds
                 .iter()
                 .map(|r| {
                     let iops =
                         |s: Side| r.iter().find(|(x, _)| *x == s).map_or(0.0, |(_, m)| m.iops);
                     iops(a) / iops(b).max(1.0)
                 })
-                .collect(),
+                .collect::<Vec<_>>(),
         )
     };
     println!();
@@ -345,10 +313,10 @@ fn print_report(place: &Place, command: &str, load_before: &str, rounds: &[Vec<(
 fn print_rows(rounds: &[Vec<(Side, Measured)>]) {
     let of = |side: Side, f: &dyn Fn(&Measured) -> f64| -> f64 {
         median(
-            rounds
+            &rounds
                 .iter()
                 .flat_map(|r| r.iter().filter(|(s, _)| *s == side).map(|(_, m)| f(m)))
-                .collect(),
+                .collect::<Vec<_>>(),
         )
     };
     for side in Side::ALL {
@@ -365,7 +333,7 @@ fn print_rows(rounds: &[Vec<(Side, Measured)>]) {
         let l2 = if l2.is_empty() {
             "-".to_string()
         } else {
-            format!("{:.1}%", 100.0 * median(l2))
+            format!("{:.1}%", 100.0 * median(&l2))
         };
         println!(
             "{:<32} {:>9.0} {:>8.1} {:>8.1} {:>12.1} {:>8} {:>16}",

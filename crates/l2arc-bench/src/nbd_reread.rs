@@ -20,7 +20,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use super::BenchArgs;
-use super::nbd::{make_image, server_stats, shell_words, spawn, wait_for_socket};
+use super::nbd::{
+    require_tools, scenario_image, server_stats, shell_words, spawn, wait_for_socket,
+};
 
 const PASSES: usize = 4;
 /// The counters printed per pass (deltas, but `l2_size` as it stands).
@@ -38,15 +40,7 @@ const COUNTERS: [&str; 10] = [
 ];
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    if !Command::new("nbdcopy")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        bail!(
-            "nbdcopy is not installed: --scenario nbd-reread needs it (scripts/setup.sh installs libnbd-bin)"
-        );
-    }
+    require_tools("nbd-reread", &["nbdcopy"])?;
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-reread")
         .tempdir()?;
@@ -100,18 +94,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
 /// The image (reused from `--data` when it has the right size), read once
 /// into the page cache.
 fn prepare_image(args: &BenchArgs, tmp: &Path) -> Result<(std::path::PathBuf, u64)> {
-    let image_bytes = args.dataset_size / (1 << 20) * (1 << 20);
-    if image_bytes < 16 << 20 {
-        bail!("--dataset-size must be at least 16 MiB for --scenario nbd-reread");
-    }
-    let image = match &args.data {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            dir.join("nbd-reread.img")
-        }
-        None => tmp.join("nbd-reread.img"),
-    };
-    make_image(&image, image_bytes, args.seed)?;
+    let (image, image_bytes) = scenario_image(args, tmp, "nbd-reread", "nbd-reread.img", 1 << 20)?;
     // Into the page cache: primary reads are then as fast as they get.
     std::io::copy(&mut std::fs::File::open(&image)?, &mut std::io::sink())?;
     Ok((image, image_bytes))

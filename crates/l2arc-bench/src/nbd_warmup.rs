@@ -18,7 +18,7 @@ use anyhow::{Result, bail};
 
 use super::BenchArgs;
 use super::fio::{FioJob, FioTarget};
-use super::nbd::{make_image, shell_words, spawn, wait_for_socket};
+use super::nbd::{require_tools, scenario_image, shell_words, spawn, wait_for_socket};
 
 const BLOCK_BYTES: u64 = 4 << 10;
 const QUEUE_DEPTH: usize = 32;
@@ -29,34 +29,20 @@ const SEEK_MS_MAX: f64 = 12.0;
 const TRANSFER_MIB_PER_SEC: f64 = 150.0;
 const RECORDSIZE_BYTES: u64 = 128 << 10;
 const ARC_MAX_BYTES: u64 = 128 << 20;
-/// Share of the run whose median second is the warm rate.
-const FINAL_SHARE: f64 = 0.25;
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    if !Command::new("fio")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        bail!(
-            "fio is not installed: --scenario nbd-warmup needs it (scripts/setup.sh installs it)"
-        );
-    }
+    require_tools("nbd-warmup", &["fio"])?;
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-nbd-warmup")
         .tempdir()?;
-    let image_bytes = args.dataset_size / RECORDSIZE_BYTES * RECORDSIZE_BYTES;
-    if image_bytes < 16 << 20 {
-        bail!("--dataset-size must be at least 16 MiB for --scenario nbd-warmup");
-    }
-    let dir = args
-        .data
-        .clone()
-        .unwrap_or_else(|| tmp.path().to_path_buf());
-    std::fs::create_dir_all(&dir)?;
-    let image = dir.join("nbd-warmup.img");
-    make_image(&image, image_bytes, args.seed)?;
-    let cache = dir.join("nbd-warmup-cache.img");
+    let (image, image_bytes) = scenario_image(
+        args,
+        tmp.path(),
+        "nbd-warmup",
+        "nbd-warmup.img",
+        RECORDSIZE_BYTES,
+    )?;
+    let cache = image.with_file_name("nbd-warmup-cache.img");
     let _ = std::fs::remove_file(&cache);
     let secs = args.measure_secs.unwrap_or(120.0).max(10.0);
     let socket = tmp.path().join("ours.sock");
@@ -119,15 +105,8 @@ fn print_report(
             iops_per_second.len()
         );
     }
-    let tail = &iops_per_second
-        [iops_per_second.len() - ((iops_per_second.len() as f64 * FINAL_SHARE).ceil() as usize)..];
-    let mut sorted = tail.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let warm_iops = sorted[sorted.len() / 2];
-    let secs_to_90pct = iops_per_second
-        .iter()
-        .position(|&iops| iops >= 0.9 * warm_iops)
-        .map(|i| i as f64 + 1.0);
+    let (warm_iops, first_warm) = super::warmup::warm_level(iops_per_second);
+    let secs_to_90pct = first_warm.map(|i| i as f64 + 1.0);
     let records = image_bytes / RECORDSIZE_BYTES;
     let service_ms = (SEEK_MS_MIN + SEEK_MS_MAX) / 2.0
         + RECORDSIZE_BYTES as f64 / (TRANSFER_MIB_PER_SEC * (1 << 20) as f64) * 1000.0;

@@ -170,16 +170,22 @@ fn run_target(
 /// The final IOPS (the median second of the last `FINAL_SHARE` of the
 /// run) and the end of the first second at 90% of it.
 fn final_level(samples: &[Sample]) -> (f64, Option<f64>) {
-    let n = samples.len();
-    let tail = &samples[n - ((n as f64 * FINAL_SHARE).ceil() as usize).clamp(1, n)..];
-    let mut tail_iops: Vec<f64> = tail.iter().map(|s| s.iops).collect();
-    tail_iops.sort_by(f64::total_cmp);
-    let final_iops = tail_iops[tail_iops.len() / 2];
-    let secs_to_90pct = samples
-        .iter()
-        .find(|s| s.iops >= 0.9 * final_iops)
-        .map(|s| s.end_secs);
-    (final_iops, secs_to_90pct)
+    let iops: Vec<f64> = samples.iter().map(|s| s.iops).collect();
+    let (final_iops, first) = warm_level(&iops);
+    (final_iops, first.map(|i| samples[i].end_secs))
+}
+
+/// The warm level of a curve of IOPS per interval (the median of its last
+/// `FINAL_SHARE`) and the first interval at 90% of it.
+pub(crate) fn warm_level(iops: &[f64]) -> (f64, Option<usize>) {
+    let n = iops.len();
+    if n == 0 {
+        return (0.0, None);
+    }
+    let mut tail = iops[n - ((n as f64 * FINAL_SHARE).ceil() as usize).clamp(1, n)..].to_vec();
+    tail.sort_by(f64::total_cmp);
+    let warm = tail[tail.len() / 2];
+    (warm, iops.iter().position(|&x| x >= 0.9 * warm))
 }
 
 fn print_tables(r: &WarmupReport) {

@@ -45,18 +45,32 @@ fn start(config: ServerConfig) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("disk.img");
     std::fs::write(&image, pattern(IMAGE_BYTES)).unwrap();
-    let socket = dir.path().join("nbd.sock");
-    let writable = !config.read_only;
+    let (cache, handle) = image_cache(&image, !config.read_only, (8 << 20, 4), None);
+    serve(dir, image, cache, handle, config)
+}
+
+/// A cache over `image` (64 KiB records) with `arc_max_bytes` of ARC in
+/// `arc_shards` and, with `cache_device`, a cache file of 32 MiB there;
+/// the image's handle.
+fn image_cache(
+    image: &Path,
+    writable: bool,
+    (arc_max_bytes, arc_shards): (u64, usize),
+    cache_device: Option<&Path>,
+) -> (Arc<Cache>, l2arc::ObjectHandle) {
     let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 8 << 20,
-        arc_shards: 4,
+        arc_max_bytes,
+        arc_shards,
         ..CacheConfig::default()
     })
     .unwrap();
+    if let Some(path) = cache_device {
+        cache.add_cache_path(path, Some(32 << 20)).unwrap();
+    }
     let ds = cache
         .add_dataset(
             "nbd",
-            Arc::new(ImagePrimary::open(&image, writable).unwrap()),
+            Arc::new(ImagePrimary::open(image, writable).unwrap()),
             DatasetConfig {
                 recordsize_bytes: 64 << 10,
                 ..DatasetConfig::default()
@@ -64,6 +78,18 @@ fn start(config: ServerConfig) -> Running {
         )
         .unwrap();
     let handle = cache.open(ds, "", writable).unwrap();
+    (cache, handle)
+}
+
+/// Serves `handle` of `cache` on a Unix socket in `dir` until dropped.
+fn serve(
+    dir: tempfile::TempDir,
+    image: PathBuf,
+    cache: Arc<Cache>,
+    handle: l2arc::ObjectHandle,
+    config: ServerConfig,
+) -> Running {
+    let socket = dir.path().join("nbd.sock");
     let server = Arc::new(Server::new(cache, handle, config).unwrap());
     let listener = Listener::bind(&ListenAddr::Unix(socket.clone())).unwrap();
     let stop = server.stop_flag();
@@ -723,26 +749,29 @@ fn pipelined_reads_of_cached_data_go_through_the_read_queue() {
 #[test]
 fn reads_passed_on_to_busy_workers_never_wait_on_the_read_queue() {
     let dir = tempfile::tempdir().unwrap();
-    let (cache, handle, bytes) = cache_with_flash(dir.path());
-    let socket = dir.path().join("nbd.sock");
-    let server = Arc::new(
-        Server::new(
-            Arc::clone(&cache),
-            handle,
-            ServerConfig {
-                read_only: true,
-                workers_per_connection: 1,
-                max_in_flight_requests: 2,
-                ..ServerConfig::default()
-            },
-        )
-        .unwrap(),
+    let image = dir.path().join("disk.img");
+    let bytes = pattern(IMAGE_BYTES);
+    std::fs::write(&image, &bytes).unwrap();
+    let (cache, handle) = image_cache(
+        &image,
+        false,
+        (1 << 20, 1),
+        Some(&dir.path().join("cache.dev")),
     );
-    let listener = Listener::bind(&ListenAddr::Unix(socket.clone())).unwrap();
-    let stop = server.stop_flag();
-    let s = Arc::clone(&server);
-    let thread = std::thread::spawn(move || s.serve(listener));
-    let mut c = Client::open(&socket);
+    feed_first_records(&cache, &handle, 32);
+    let srv = serve(
+        dir,
+        image,
+        cache,
+        handle,
+        ServerConfig {
+            read_only: true,
+            workers_per_connection: 1,
+            max_in_flight_requests: 2,
+            ..ServerConfig::default()
+        },
+    );
+    let mut c = Client::open(&srv.socket);
     let mut sender = Client {
         s: c.s.try_clone().unwrap(),
     };
@@ -777,54 +806,26 @@ fn reads_passed_on_to_busy_workers_never_wait_on_the_read_queue() {
         );
     }
     writer.join().unwrap();
-    let stats = server.stats();
+    let stats = srv.server.stats();
     assert!(
         stats.reads_queued > 0 && stats.reads_passed_on > 0,
         "{stats:?}"
     );
-    stop.store(true, Ordering::SeqCst);
     drop(c);
-    thread.join().unwrap().unwrap();
 }
 
-/// A cache of 1 MiB of ARC and a 32 MiB cache file over a read-only image
-/// of `IMAGE_BYTES`, with the image's first 2 MiB (32 records of 64 KiB)
-/// fed to flash: the cache, the image's handle and its bytes.
-fn cache_with_flash(dir: &Path) -> (Arc<Cache>, l2arc::ObjectHandle, Vec<u8>) {
-    let image = dir.join("disk.img");
-    let bytes = pattern(IMAGE_BYTES);
-    std::fs::write(&image, &bytes).unwrap();
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 1 << 20,
-        arc_shards: 1,
-        ..CacheConfig::default()
-    })
-    .unwrap();
-    cache
-        .add_cache_path(dir.join("cache.dev"), Some(32 << 20))
-        .unwrap();
-    let ds = cache
-        .add_dataset(
-            "nbd",
-            Arc::new(ImagePrimary::open(&image, false).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: 64 << 10,
-                ..DatasetConfig::default()
-            },
-        )
-        .unwrap();
-    let handle = cache.open(ds, "", false).unwrap();
-    // The first 2 MiB (32 records) onto flash; the ARC holds 16 at most.
+/// Reads the image's first `records` (64 KiB each) twice and feeds them
+/// to flash, so that at least half of them are there (a 1 MiB ARC holds 16).
+fn feed_first_records(cache: &Cache, handle: &l2arc::ObjectHandle, records: u64) {
     let mut buf = vec![0u8; 64 << 10];
     for _ in 0..2 {
-        for record in 0..32u64 {
-            cache.read(&handle, record * (64 << 10), &mut buf).unwrap();
+        for record in 0..records {
+            cache.read(handle, record * (64 << 10), &mut buf).unwrap();
         }
         for _ in 0..8 {
             cache.feed_l2arc();
         }
     }
     let l2_bytes = cache.stats().l2.unwrap().get("l2_size");
-    assert!(l2_bytes >= 16 << 16, "{l2_bytes} bytes on flash");
-    (cache, handle, bytes)
+    assert!(l2_bytes >= (records / 2) << 16, "{l2_bytes} bytes on flash");
 }
