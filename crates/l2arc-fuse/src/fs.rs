@@ -576,13 +576,17 @@ impl CachedFs {
         }
     }
 
-    /// Revalidates an open file at most once per attribute timeout.
+    /// Revalidates an open file at most once per attribute timeout. The
+    /// lock is held through the revalidation: a concurrent read of the same
+    /// file (the kernel sends several at once) must wait for it, not go on
+    /// under the old size and generation because the clock was already
+    /// reset (it served bytes past a truncation behind the mount).
     fn maybe_revalidate(&self, file: &OpenFile) -> io::Result<()> {
         let mut last = file.last_revalidate.lock().expect("poisoned");
         if last.elapsed() >= self.options.attr_timeout {
-            *last = Instant::now();
-            drop(last);
+            let started = Instant::now();
             self.cache.revalidate(&file.handle)?;
+            *last = started;
         }
         Ok(())
     }

@@ -581,12 +581,13 @@ impl ObjectFs {
 
     /// Revalidates an open file at most once per attribute timeout (a HEAD
     /// at most once per metadata TTL, fewer when the stat cache answers).
+    /// Concurrent reads of the file wait for it (see `CachedFs`'s).
     fn maybe_revalidate(&self, file: &OpenObject) -> io::Result<()> {
         let mut last = file.last_revalidate.lock().expect("poisoned");
         if last.elapsed() >= self.options.attr_timeout {
-            *last = Instant::now();
-            drop(last);
+            let started = Instant::now();
             self.cache.revalidate(&file.handle)?;
+            *last = started;
         }
         Ok(())
     }
