@@ -39,8 +39,9 @@ pub(crate) struct ServeNbdArgs {
     /// Most client connections at once.
     #[arg(long, default_value_t = 64)]
     pub max_connections: usize,
-    /// Worker threads per connection (requests served in parallel on one connection).
-    #[arg(long, default_value_t = 8)]
+    /// Most worker threads per connection (requests served in parallel on
+    /// one connection; each of 8 at first, more while all are busy).
+    #[arg(long, default_value_t = l2arc_nbd::server::WORKERS_DEFAULT)]
     pub workers: usize,
     /// Reads per connection kept in flight on flash by one thread (io_uring),
     /// for reads of cached data; 0 sends every read to the workers.
@@ -108,7 +109,7 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
         "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
         resolved.cache_config.arc_max_bytes >> 20,
         args.nbd_buffer_max >> 20,
-        l2arc_nbd::server::CONNECTION_FIXED_BYTES >> 10,
+        l2arc_nbd::server::connection_fixed_bytes(args.workers.clamp(1, 256)) >> 10,
     );
     if !s3 && is_block_device(&args.image) {
         eprintln!(
@@ -167,7 +168,7 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
 fn print_stopped(server: &Server, cache: &l2arc::Cache) {
     let s = server.stats();
     eprintln!(
-        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
+        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers; {} worker threads started), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
         s.connections_accepted,
         s.connections_refused,
         s.requests,
@@ -175,6 +176,7 @@ fn print_stopped(server: &Server, cache: &l2arc::Cache) {
         s.requests_split,
         s.reads_queued,
         s.reads_passed_on,
+        s.workers_started,
         s.protocol_errors,
         s.buffer_high_water_bytes >> 20,
         s.connections_reclaimed

@@ -106,13 +106,32 @@ const HANDSHAKE_BUF_BYTES: usize = 64 * 1024;
 /// a thread keeps for reuse (the engine's 512 KiB at most), its stack, ring
 /// and tables.
 const READ_QUEUE_THREAD_BYTES: u64 = (512 + 128) << 10;
+/// Workers a connection starts with; more are started, up to
+/// `ServerConfig::workers_per_connection`, while every one is busy.
+pub const WORKERS_INITIAL: usize = 8;
+/// Default of `ServerConfig::workers_per_connection`: enough primary reads
+/// in flight from one connection at queue depth 32 that a disk array is
+/// kept busy (with 8, the seed workload's 4 emulated spindles ran at 84%
+/// of their rate; with 32, at 97%).
+pub const WORKERS_DEFAULT: usize = 32;
+/// Touched stack of a worker started past the initial ones (measured:
+/// 8–12 KiB each from smaps with 32 busy workers; budgeted at 16).
+const WORKER_GROWN_BYTES: u64 = 16 << 10;
 /// Memory a connection holds outside the buffer pool, for the RSS budget
-/// (docs/nbd.md): its socket read buffer, the handshake buffer, the
-/// touched stack pages of its reader and default 8 workers (measured: 64
-/// connections idle after the handshake add under 1.3 MiB each), and its
+/// (docs/nbd.md), with up to `workers_max` workers: its socket read
+/// buffer, the handshake buffer, the touched stack pages of its reader and
+/// its first 8 workers (measured: 64 connections idle after the handshake
+/// add under 1.3 MiB each) and of the workers it grows, and its
 /// read-queue thread.
-pub const CONNECTION_FIXED_BYTES: u64 =
-    (READ_CHUNK_BYTES + HANDSHAKE_BUF_BYTES) as u64 + (1 << 20) + READ_QUEUE_THREAD_BYTES;
+pub const fn connection_fixed_bytes(workers_max: usize) -> u64 {
+    let grown = workers_max.saturating_sub(WORKERS_INITIAL) as u64;
+    (READ_CHUNK_BYTES + HANDSHAKE_BUF_BYTES) as u64
+        + (1 << 20)
+        + grown * WORKER_GROWN_BYTES
+        + READ_QUEUE_THREAD_BYTES
+}
+/// [`connection_fixed_bytes`] at the default number of workers.
+pub const CONNECTION_FIXED_BYTES: u64 = connection_fixed_bytes(WORKERS_DEFAULT);
 /// Largest write of zeros for `NBD_CMD_WRITE_ZEROES` when no hole is punched.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 /// How often the accept loop looks at the stop flag.
@@ -286,7 +305,8 @@ pub struct ServerConfig {
     pub read_only: bool,
     /// Most connections at once (`--max-connections`).
     pub max_connections: usize,
-    /// Threads serving one connection's requests.
+    /// Most threads serving one connection's requests: it starts with
+    /// [`WORKERS_INITIAL`] and starts another whenever all are busy.
     pub workers_per_connection: usize,
     /// Reads of one connection kept in flight by its read-queue thread
     /// (0: every request goes to the workers). Used only where the cache
@@ -320,7 +340,7 @@ impl Default for ServerConfig {
             export_name: String::new(),
             read_only: false,
             max_connections: 64,
-            workers_per_connection: 8,
+            workers_per_connection: WORKERS_DEFAULT,
             read_queue_depth: 64,
             max_in_flight_requests: 64,
             max_in_flight_bytes: 64 << 20,
@@ -404,6 +424,9 @@ pub struct ServerStats {
     /// Reads the read-queue thread handed to the workers (they needed
     /// primary storage).
     pub reads_passed_on: u64,
+    /// Worker threads started, over all connections: 8 per connection at
+    /// first, and one more whenever all of a connection's are busy.
+    pub workers_started: u64,
 }
 
 #[derive(Default)]
@@ -419,6 +442,7 @@ struct Counters {
     request_errors: AtomicU64,
     reads_queued: AtomicU64,
     reads_passed_on: AtomicU64,
+    workers_started: AtomicU64,
 }
 
 struct Shared {
@@ -501,6 +525,7 @@ impl Server {
             request_errors: c.request_errors.load(Ordering::Relaxed),
             reads_queued: c.reads_queued.load(Ordering::Relaxed),
             reads_passed_on: c.reads_passed_on.load(Ordering::Relaxed),
+            workers_started: c.workers_started.load(Ordering::Relaxed),
         }
     }
 
@@ -881,23 +906,20 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
         }
     };
     let (tx, rx) = sync_channel::<Job>(shared.config.max_in_flight_requests);
-    let rx = Arc::new(Mutex::new(rx));
-    let mut workers = Vec::with_capacity(shared.config.workers_per_connection);
-    for i in 0..shared.config.workers_per_connection {
-        let (shared, rx, replier, slot) = (
-            Arc::clone(shared),
-            Arc::clone(&rx),
-            Arc::clone(&replier),
-            Arc::clone(slot),
-        );
-        let spawned = std::thread::Builder::new()
-            .name(format!("nbd-worker-{i}"))
-            .spawn(move || worker(&shared, &rx, &replier, &slot));
-        if let Ok(t) = spawned {
-            workers.push(t);
-        }
+    let workers = Arc::new(Workers {
+        shared: Arc::clone(shared),
+        rx: Mutex::new(rx),
+        replier: Arc::clone(&replier),
+        slot: Arc::clone(slot),
+        workers_max: shared.config.workers_per_connection,
+        started: AtomicUsize::new(0),
+        idle: AtomicUsize::new(0),
+        threads: Mutex::new(Vec::new()),
+    });
+    for _ in 0..WORKERS_INITIAL.min(workers.workers_max) {
+        Workers::start_one(&workers);
     }
-    if workers.is_empty() {
+    if workers.started.load(Ordering::SeqCst) == 0 {
         conn.shutdown();
         return;
     }
@@ -923,9 +945,7 @@ fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &
         let _ = t.join();
     }
     drop(tx);
-    for w in workers {
-        let _ = w.join();
-    }
+    workers.join_all();
     slot.account.close(&shared.pool);
     conn.shutdown();
     shared.pool.want_trim();
@@ -1492,15 +1512,89 @@ fn answer_read(
     }
 }
 
-fn worker(shared: &Shared, rx: &Mutex<Receiver<Job>>, replier: &Replier, slot: &Slot) {
-    loop {
-        let job = {
-            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
-            match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            }
+/// A connection's workers: they share one queue of requests, and the pool
+/// grows while every worker is busy, up to `workers_max`. A worker blocked
+/// on primary storage holds a thread, so a client with 32 reads in flight
+/// that all miss needs 32 workers to keep 32 primary reads going; a quiet
+/// connection keeps its first few. Workers end with the connection.
+struct Workers {
+    shared: Arc<Shared>,
+    rx: Mutex<Receiver<Job>>,
+    replier: Arc<Replier>,
+    slot: Arc<Slot>,
+    workers_max: usize,
+    /// Workers started (they never end before the connection does).
+    started: AtomicUsize,
+    /// Workers waiting for a request.
+    idle: AtomicUsize,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Workers {
+    /// Starts one more worker unless `workers_max` are running.
+    fn start_one(workers: &Arc<Workers>) {
+        let claimed = workers
+            .started
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < workers.workers_max).then_some(n + 1)
+            });
+        let Ok(n) = claimed else {
+            return;
         };
+        let pool = Arc::clone(workers);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-worker-{n}"))
+            .spawn(move || worker(&pool));
+        match spawned {
+            Ok(t) => {
+                workers
+                    .shared
+                    .counters
+                    .workers_started
+                    .fetch_add(1, Ordering::Relaxed);
+                workers
+                    .threads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(t);
+            }
+            Err(_) => {
+                workers.started.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Waits for every worker to end (the queue's sender is gone). A worker
+    /// may start another while it runs; the one it starts is listed before
+    /// its own join returns, so an empty list means none is left.
+    fn join_all(&self) {
+        loop {
+            let next = self.threads.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let Some(thread) = next else {
+                return;
+            };
+            let _ = thread.join();
+        }
+    }
+}
+
+fn worker(pool: &Arc<Workers>) {
+    let (shared, replier, slot) = (&*pool.shared, &*pool.replier, &*pool.slot);
+    loop {
+        pool.idle.fetch_add(1, Ordering::SeqCst);
+        let job = {
+            let rx = pool.rx.lock().unwrap_or_else(|p| p.into_inner());
+            rx.recv()
+        };
+        let idle_before = pool.idle.fetch_sub(1, Ordering::SeqCst);
+        let Ok(job) = job else {
+            return;
+        };
+        if idle_before == 1 {
+            // The last idle worker took this one: the next request would
+            // wait behind busy ones.
+            Workers::start_one(pool);
+        }
         // A connection that is going away gets no more work done for it.
         if !replier.broken.load(Ordering::Relaxed) && !slot.account.is_closed() {
             serve_request(shared, replier, &job);

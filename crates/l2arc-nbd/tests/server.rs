@@ -829,3 +829,81 @@ fn feed_first_records(cache: &Cache, handle: &l2arc::ObjectHandle, records: u64)
     let l2_bytes = cache.stats().l2.unwrap().get("l2_size");
     assert!(l2_bytes >= (records / 2) << 16, "{l2_bytes} bytes on flash");
 }
+
+/// Pipelined reads that all miss, on a primary that takes 200 ms a read:
+/// a connection starts with 8 workers and starts another whenever all are
+/// busy, so every read is on the primary at once (up to the bound), and
+/// a quiet connection keeps its first 8.
+#[test]
+fn workers_grow_while_all_are_busy_up_to_the_bound() {
+    use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
+    for workers_max in [32usize, 12] {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        let bytes = pattern(IMAGE_BYTES);
+        std::fs::write(&image, &bytes).unwrap();
+        let cache = Cache::new(CacheConfig {
+            arc_max_bytes: 8 << 20,
+            arc_shards: 4,
+            ..CacheConfig::default()
+        })
+        .unwrap();
+        let slow = EmulatedHdd::new(
+            Arc::new(ImagePrimary::open(&image, false).unwrap()),
+            HddConfig {
+                spindles: 64,
+                seek_ms_min: 200.0,
+                seek_ms_max: 200.0,
+                stripe_bytes: 64 << 10,
+                ..HddConfig::default()
+            },
+        )
+        .unwrap();
+        let ds = cache
+            .add_dataset(
+                "nbd",
+                Arc::new(slow),
+                DatasetConfig {
+                    recordsize_bytes: 64 << 10,
+                    ..DatasetConfig::default()
+                },
+            )
+            .unwrap();
+        let handle = cache.open(ds, "", false).unwrap();
+        let srv = serve(
+            dir,
+            image,
+            cache,
+            handle,
+            ServerConfig {
+                workers_per_connection: workers_max,
+                ..ServerConfig::default()
+            },
+        );
+        let mut quiet = Client::open(&srv.socket);
+        assert_eq!(quiet.read(0, 4096).unwrap(), bytes[..4096]);
+        assert_eq!(srv.server.stats().workers_started, 8, "a quiet connection");
+        let mut c = Client::open(&srv.socket);
+        // 32 reads of 32 other records (the image has 64), all at once.
+        for cookie in 1..=32u64 {
+            c.send(NBD_CMD_READ, 0, cookie, cookie << 16, 4096, &[]);
+        }
+        for _ in 0..32 {
+            let (cookie, error) = c.reply();
+            assert_eq!(error, 0, "cookie {cookie}");
+            let mut data = vec![0u8; 4096];
+            c.s.read_exact(&mut data).unwrap();
+            assert_eq!(data, bytes[(cookie << 16) as usize..][..4096]);
+        }
+        let started = srv.server.stats().workers_started - 8;
+        if workers_max == 32 {
+            assert!(
+                started >= 24,
+                "32 slow misses in flight start workers past the first 8: {started}"
+            );
+        } else {
+            assert_eq!(started, 12, "never past --workers");
+        }
+        drop(quiet);
+    }
+}
