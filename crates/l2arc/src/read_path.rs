@@ -490,7 +490,6 @@ pub struct Cache {
     /// before it reads, so a write-back of its record can tell which writes
     /// came after (`Record::fill_sequence`).
     pub(crate) invalidation_sequence: AtomicU64,
-    feeder_started: std::sync::atomic::AtomicBool,
     /// Wakes the feeder under eviction pressure (see `l2arc::feeder`).
     pub(crate) feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
     /// How read queues read flash (`l2arc_ioengine`, resolved at start),
@@ -552,7 +551,6 @@ impl Cache {
             l2: OnceLock::new(),
             invalidations: Mutex::new(Invalidations::default()),
             invalidation_sequence: AtomicU64::new(0),
-            feeder_started: std::sync::atomic::AtomicBool::new(false),
             feed_wake,
             ioengine,
             analytics: crate::analytics::Analytics::default(),
@@ -625,13 +623,12 @@ impl Cache {
                 Arc::downgrade(self),
             )));
         let added = l2.add_device(io)?;
-        if !self.feeder_started.swap(true, Ordering::SeqCst) {
-            let weak = Arc::downgrade(self);
-            let wake = Arc::clone(&self.feed_wake);
-            std::thread::Builder::new()
-                .name("l2arc-feed".into())
-                .spawn(move || crate::l2arc::feeder::feeder_loop(weak, wake))?;
-        }
+        crate::l2arc::feeder::spawn_device_feeder(
+            Arc::downgrade(self),
+            Arc::clone(&self.feed_wake),
+            l2,
+            added.0,
+        )?;
         Ok(added)
     }
 

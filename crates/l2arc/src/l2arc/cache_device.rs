@@ -164,6 +164,12 @@ impl CacheDevice {
         self.state.load(Ordering::SeqCst) == STATE_ONLINE
     }
 
+    /// Taken out by `remove_device` (for good: a device added again is a
+    /// new one).
+    pub(super) fn is_removed(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == STATE_REMOVED
+    }
+
     /// Online or rebuilding: what the rebuild has restored may be read.
     pub(super) fn is_readable(&self) -> bool {
         matches!(

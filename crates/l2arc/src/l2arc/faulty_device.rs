@@ -24,6 +24,11 @@ pub struct Faults {
     pub vanished: AtomicBool,
     /// Reads failed on purpose so far.
     pub reads_failed: AtomicU64,
+    /// Writes hang until this is switched off (a device that stopped
+    /// answering), then go on.
+    pub stall_writes: AtomicBool,
+    /// Writes that have hung on `stall_writes` so far.
+    pub writes_stalled: AtomicU64,
 }
 
 /// A device wrapper for tests: real I/O until a fault is switched on.
@@ -98,6 +103,12 @@ impl DeviceIo for FaultyDevice {
         }
         if f.fail_writes.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if f.stall_writes.load(Ordering::SeqCst) {
+            f.writes_stalled.fetch_add(1, Ordering::SeqCst);
+            while f.stall_writes.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         self.inner.write_at(offset, buf)
     }

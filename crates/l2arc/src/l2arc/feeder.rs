@@ -21,6 +21,15 @@
 //! wakes on its timer alone, which is why what the ARC evicts between
 //! wake-ups is lost to its L2ARC.
 //!
+//! One feeder per device. Each cache device has its own feeder thread
+//! (as OpenZFS has had since 2026), which fills batches for that device
+//! alone: devices are written side by side, a slow or faulted one holds
+//! back no other, and the write rate grows with the devices. The feeders
+//! share the ARC's cold ends and the write-back queue; a record one of
+//! them has chosen is claimed (`L2Arc::feeding`) until it is indexed or
+//! given up, so no two write it. The scan reaches `l2arc_headroom` batches
+//! deep, so a second feeder finds the next batch behind the first's claims.
+//!
 //! Races with writes. The selected records are copied and released before
 //! the slow device write (a record a feed holds cannot be evicted). A write
 //! through the cache may make a copied record stale while the batch is in
@@ -31,9 +40,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
-use super::FeedRecord;
-use super::WriteGate;
+use super::cache_device::CacheDevice;
 use super::format::Compression;
+use super::{FeedRecord, L2Arc, WriteGate};
 use crate::arc::live::RecordKey;
 use crate::arc::policy::ListId;
 use crate::hash::{FastBuildHasher, hash_one};
@@ -44,7 +53,8 @@ use crate::read_path::{Cache, CacheMode, Dataset, FeedOutcome, Invalidation, l2_
 pub(crate) struct FeedWake {
     inserted_bytes: AtomicU64,
     threshold_bytes: u64,
-    woken: Mutex<bool>,
+    /// Wake-ups so far: each feeder waits for it to pass the count it saw.
+    wakeups: Mutex<u64>,
     wake: Condvar,
 }
 
@@ -55,7 +65,7 @@ impl FeedWake {
         Self {
             inserted_bytes: AtomicU64::new(0),
             threshold_bytes,
-            woken: Mutex::new(false),
+            wakeups: Mutex::new(0),
             wake: Condvar::new(),
         }
     }
@@ -65,32 +75,81 @@ impl FeedWake {
     pub(crate) fn note_insert(&self, bytes: u64) {
         let before = self.inserted_bytes.fetch_add(bytes, Ordering::Relaxed);
         if before < self.threshold_bytes && before + bytes >= self.threshold_bytes {
-            *self.woken.lock().expect("feed wake poisoned") = true;
-            self.wake.notify_one();
+            self.wake_now();
         }
     }
 
-    /// Wakes the feeder at once (the write-back queue has work).
+    /// Wakes every feeder at once (the write-back queue has work).
     pub(crate) fn wake_now(&self) {
-        *self.woken.lock().expect("feed wake poisoned") = true;
-        self.wake.notify_one();
+        *self.wakeups.lock().expect("feed wake poisoned") += 1;
+        self.wake.notify_all();
     }
 
-    /// Waits `pause` at most, less if woken; then starts counting anew.
-    /// True if it was woken by eviction pressure.
-    fn wait(&self, pause: Duration) -> bool {
-        let mut woken = self.woken.lock().expect("feed wake poisoned");
-        if !*woken && !pause.is_zero() {
-            woken = self
+    /// Waits `pause` at most, less if woken since `seen` (updated); then
+    /// starts counting anew. True if it was woken by eviction pressure.
+    fn wait(&self, pause: Duration, seen: &mut u64) -> bool {
+        let mut wakeups = self.wakeups.lock().expect("feed wake poisoned");
+        if *wakeups == *seen && !pause.is_zero() {
+            wakeups = self
                 .wake
-                .wait_timeout(woken, pause)
+                .wait_timeout(wakeups, pause)
                 .expect("feed wake poisoned")
                 .0;
         }
-        let was_woken = *woken;
-        *woken = false;
+        let was_woken = *wakeups != *seen;
+        *seen = *wakeups;
         self.inserted_bytes.store(0, Ordering::Relaxed);
         was_woken
+    }
+}
+
+/// The records a feed has claimed (`L2Arc::feeding`), released when the
+/// feed ends, however it ends.
+struct FeedClaims<'a> {
+    l2: &'a L2Arc,
+    key_hashes: Vec<u64>,
+}
+
+impl FeedClaims<'_> {
+    /// Claims `key_hash` for this feed unless it is on flash already or
+    /// another feed has it.
+    fn claim(&mut self, key_hash: u64) -> bool {
+        if self.l2.contains(key_hash) {
+            return false;
+        }
+        let claimed = self
+            .l2
+            .feeding
+            .lock()
+            .expect("feed claims poisoned")
+            .insert(key_hash);
+        if claimed {
+            self.key_hashes.push(key_hash);
+        }
+        claimed
+    }
+}
+
+impl FeedClaims<'_> {
+    /// Gives up this feed's claims on `key_hashes` before it ends (and
+    /// forgets them, so that the end does not drop another feed's claims).
+    fn release(&mut self, key_hashes: impl Iterator<Item = u64>) {
+        let mut feeding = self.l2.feeding.lock().expect("feed claims poisoned");
+        for key_hash in key_hashes {
+            if let Some(at) = self.key_hashes.iter().position(|&k| k == key_hash) {
+                self.key_hashes.swap_remove(at);
+                feeding.remove(&key_hash);
+            }
+        }
+    }
+}
+
+impl Drop for FeedClaims<'_> {
+    fn drop(&mut self) {
+        let mut feeding = self.l2.feeding.lock().expect("feed claims poisoned");
+        for key_hash in &self.key_hashes {
+            feeding.remove(key_hash);
+        }
     }
 }
 
@@ -175,12 +234,25 @@ impl WriteGate for StaleWriteGate<'_> {
 
 impl Cache {
     /// One pass of the L2ARC feeder: copy eligible records from the cold
-    /// ends of the ARC (MFU first, then MRU) to the next cache device.
+    /// ends of the ARC (MFU first, then MRU) to the next cache device of
+    /// the rotor. (Each device's own feeder thread feeds it alone.)
     pub fn feed_l2arc(&self) -> FeedOutcome {
+        self.feed_to(None)
+    }
+
+    /// One pass of `device`'s feeder: a batch for it alone.
+    fn feed_device(&self, device: &CacheDevice) -> FeedOutcome {
+        self.feed_to(Some(device))
+    }
+
+    fn feed_to(&self, device: Option<&CacheDevice>) -> FeedOutcome {
         let Some(l2) = self.l2.get() else {
             return FeedOutcome::default();
         };
-        let budget_bytes = l2.feed_budget_bytes();
+        let budget_bytes = match device {
+            Some(device) => l2.feed_budget_bytes_for(device),
+            None => l2.feed_budget_bytes(),
+        };
         if budget_bytes == 0 {
             return FeedOutcome::default();
         }
@@ -189,7 +261,11 @@ impl Cache {
             .lock()
             .expect("invalidations poisoned")
             .sequence;
-        let selected = self.select_for_feed(budget_bytes);
+        let mut claims = FeedClaims {
+            l2,
+            key_hashes: Vec::new(),
+        };
+        let selected = self.select_for_feed(budget_bytes, &mut claims);
         let since: Vec<u64> = selected
             .iter()
             .map(|s| match &s.data {
@@ -215,32 +291,18 @@ impl Cache {
             keys: &keys,
             since: &since,
         };
-        let (bytes, records) = match l2.write_batch_gated(&batch, &mut gate) {
-            Ok(written) => written,
-            Err(_) => return FeedOutcome::default(),
+        let written = match device {
+            Some(device) => l2.write_batch_gated_to(device, &batch, &mut gate),
+            None => l2.write_batch_gated(&batch, &mut gate),
+        };
+        let Ok((bytes, records)) = written else {
+            return FeedOutcome::default();
         };
         assert!(records <= batch.len());
         let left_out = records < batch.len();
         drop(batch);
         if left_out {
-            // The batch filled before the selection ran out (its log block
-            // takes room too): evicted records go back to the front of the
-            // queue for the next feed, which comes at once, instead of
-            // being lost; copied ones are still in the ARC.
-            let requeue: Vec<super::writeback::Queued> = selected
-                .into_iter()
-                .skip(records)
-                .filter_map(|s| match s.data {
-                    SelectedBytes::Evicted(record) => Some(super::writeback::Queued {
-                        key: s.key,
-                        key_hash: s.key_hash,
-                        record,
-                    }),
-                    SelectedBytes::Copied(_) => None,
-                })
-                .collect();
-            let skipped = l2.writeback.requeue_front(requeue);
-            l2.evict_counters.skip.fetch_add(skipped, Ordering::Relaxed);
+            requeue_left_out(l2, selected, records, &mut claims);
         }
         FeedOutcome {
             records,
@@ -253,7 +315,7 @@ impl Cache {
     /// then the eligible records at the ARC's cold ends, up to
     /// `budget_bytes`; the latter copied out so that the ARC may evict them
     /// while the batch is written.
-    fn select_for_feed(&self, budget_bytes: u64) -> Vec<Selected> {
+    fn select_for_feed(&self, budget_bytes: u64, claims: &mut FeedClaims<'_>) -> Vec<Selected> {
         let l2 = self.l2.get().expect("feeding needs an L2ARC");
         let config = l2.config();
         let datasets: Vec<Arc<Dataset>> =
@@ -263,7 +325,7 @@ impl Cache {
         let mut queued = Vec::new();
         l2.writeback.take(budget_bytes, &mut queued);
         for q in queued {
-            if l2.contains(q.key_hash) {
+            if !claims.claim(q.key_hash) {
                 continue;
             }
             let Some(dataset) = datasets.get(q.key.dataset as usize) else {
@@ -305,7 +367,7 @@ impl Cache {
             }
             let key_hash =
                 l2_key_hash(dataset.uid, key.object, key.record, record.generation_token);
-            if l2.contains(key_hash) {
+            if !claims.claim(key_hash) {
                 continue;
             }
             batch_bytes += record.data.len() as u64;
@@ -325,23 +387,77 @@ impl Cache {
     }
 }
 
-/// The feeder thread: feeds while there is work, sleeps when there is none,
-/// and ends with the cache.
-pub(crate) fn feeder_loop(cache: Weak<Cache>, wake: Arc<FeedWake>) {
+/// The batch filled before the selection ran out (its log block takes room
+/// too): the evicted records past the first `records` go back to the front
+/// of the queue for the next feed, which comes at once, instead of being
+/// lost; copied ones are still in the ARC. Their claims go first, or the
+/// next feed (maybe another device's) would find them claimed and drop them.
+fn requeue_left_out(
+    l2: &L2Arc,
+    selected: Vec<Selected>,
+    records: usize,
+    claims: &mut FeedClaims<'_>,
+) {
+    let left_out = &selected[records..];
+    claims.release(left_out.iter().map(|s| s.key_hash));
+    let requeue: Vec<super::writeback::Queued> = selected
+        .into_iter()
+        .skip(records)
+        .filter_map(|s| match s.data {
+            SelectedBytes::Evicted(record) => Some(super::writeback::Queued {
+                key: s.key,
+                key_hash: s.key_hash,
+                record,
+            }),
+            SelectedBytes::Copied(_) => None,
+        })
+        .collect();
+    let skipped = l2.writeback.requeue_front(requeue);
+    l2.evict_counters.skip.fetch_add(skipped, Ordering::Relaxed);
+}
+
+/// Starts the feeder thread of the device in `slot`: it feeds that device
+/// while there is work, sleeps when there is none, and ends with the cache
+/// or when the device leaves its slot.
+pub(crate) fn spawn_device_feeder(
+    cache: Weak<Cache>,
+    wake: Arc<FeedWake>,
+    l2: &L2Arc,
+    slot: u8,
+) -> std::io::Result<()> {
+    let Some(device) = l2.device(slot) else {
+        return Ok(());
+    };
+    let device = Arc::downgrade(&device);
+    std::thread::Builder::new()
+        .name(format!("l2arc-feed-{slot}"))
+        .spawn(move || device_feeder_loop(&cache, &wake, &device))?;
+    Ok(())
+}
+
+fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheDevice>) {
     let mut pause = Duration::from_millis(10);
+    let mut seen = 0u64;
     loop {
-        let woken = wake.wait(pause);
+        let woken = wake.wait(pause, &mut seen);
         let Some(cache) = cache.upgrade() else {
             return;
         };
         let Some(l2) = cache.l2.get() else {
             return;
         };
+        let Some(device) = device.upgrade() else {
+            return; // removed
+        };
+        if device.is_removed() {
+            return;
+        }
         if woken {
             l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         let config = l2.config().clone();
-        let outcome = cache.feed_l2arc();
+        let outcome = cache.feed_device(&device);
+        drop(device);
         drop(cache);
         pause = if outcome.full && config.l2arc_feed_again {
             Duration::ZERO

@@ -150,6 +150,9 @@ pub struct L2Arc {
     evict_counters: writeback::EvictCounters,
     /// Sector tables of records read in pieces lately (`sector_tables`).
     sector_tables: sector_tables::SectorTables,
+    /// Key hashes of the records a feed has chosen and not yet indexed:
+    /// each device has its own feeder, and two must not write one record.
+    feeding: Mutex<std::collections::HashSet<u64, crate::hash::FastBuildHasher>>,
 }
 
 /// Seed for random guids: time, pid and an address, mixed.
@@ -183,6 +186,7 @@ impl L2Arc {
             ),
             evict_counters: writeback::EvictCounters::default(),
             sector_tables: sector_tables::SectorTables::new(),
+            feeding: Mutex::new(std::collections::HashSet::default()),
             config,
         }
     }

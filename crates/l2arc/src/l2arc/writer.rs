@@ -61,8 +61,9 @@ pub struct FeedRecord<'a> {
 }
 
 impl L2Arc {
-    /// How many bytes the feeder may write now: the per-feed cap, the batch
-    /// size, and the endurance budget.
+    /// How many bytes the feeder may write now to the next device of the
+    /// rotor: the per-feed cap, the smallest batch size, and the endurance
+    /// budget.
     pub fn feed_budget_bytes(&self) -> u64 {
         let devices = self.all_devices();
         let online: Vec<_> = devices.iter().filter(|d| d.is_online()).collect();
@@ -74,13 +75,29 @@ impl L2Arc {
             .map(|d| u64::from(d.batch_blocks_max) * BLOCK_BYTES)
             .min()
             .unwrap_or(0);
+        self.capped_budget_bytes(batch_bytes)
+    }
+
+    /// [`feed_budget_bytes`](Self::feed_budget_bytes) for one device (its
+    /// own batch size); 0 unless it is online. The endurance budget is
+    /// shared: each device's feeder reads the same credit, so devices fed
+    /// at once may overdraw it by a batch each, which the next refills
+    /// wait out (the rate over a day holds).
+    pub(crate) fn feed_budget_bytes_for(&self, device: &CacheDevice) -> u64 {
+        if !device.is_online() {
+            return 0;
+        }
+        self.capped_budget_bytes(u64::from(device.batch_blocks_max) * BLOCK_BYTES)
+    }
+
+    /// `batch_bytes` capped by `l2arc_write_max` and the endurance credit.
+    fn capped_budget_bytes(&self, batch_bytes: u64) -> u64 {
         let mut budget = batch_bytes;
         if self.config.l2arc_write_max_bytes > 0 {
             budget = budget.min(self.config.l2arc_write_max_bytes);
         }
         if self.config.l2arc_dwpd > 0.0 {
-            let total_bytes: u64 = online.iter().map(|d| d.data_blocks() * BLOCK_BYTES).sum();
-            let per_sec = self.config.l2arc_dwpd * total_bytes as f64 / 86_400.0;
+            let per_sec = self.dwpd_bytes_per_day() as f64 / 86_400.0;
             let mut bucket = self.budget_bytes.lock().expect("budget poisoned");
             let now = std::time::Instant::now();
             // Refill, holding at most one batch of credit.
@@ -150,7 +167,20 @@ impl L2Arc {
             return Ok((0, 0));
         }
         let turn = self.rotor.fetch_add(1, Ordering::Relaxed) as usize % online.len();
-        let device = &online[turn];
+        self.write_batch_gated_to(&online[turn], records, gate)
+    }
+
+    /// [`write_batch_gated`](Self::write_batch_gated) to one device (its
+    /// own feeder's), counting its errors and faulting it past the limit.
+    pub(crate) fn write_batch_gated_to(
+        &self,
+        device: &CacheDevice,
+        records: &[FeedRecord<'_>],
+        gate: &mut dyn WriteGate,
+    ) -> io::Result<(u64, usize)> {
+        if records.is_empty() {
+            return Ok((0, 0));
+        }
         let result = self.write_batch_to(device, records, gate);
         match &result {
             Ok((bytes, _)) => {

@@ -65,7 +65,7 @@ impl Rng {
 }
 
 /// L2ARC settings that keep the background feeder out of the way: it feeds
-/// once shortly after the first device is added, then sleeps for an hour.
+/// once shortly after each device is added, then sleeps for an hour.
 /// The tests feed explicitly with `Cache::feed_l2arc`.
 pub(crate) fn quiet_l2() -> L2ArcConfig {
     L2ArcConfig {
@@ -179,11 +179,11 @@ pub(crate) fn new_cache(
     (cache, ds)
 }
 
-/// The background feeder feeds once 10 ms after the first device is added
-/// (and with `quiet_l2` then sleeps for an hour). Give it that feed while
-/// the ARC is still empty, so that it never races with the test's feeds.
-fn settle_feeder(first: bool) {
-    if first {
+/// A device's background feeder feeds it once 10 ms after it is added
+/// (and with `quiet_l2` then sleeps for an hour). Give it that feed before
+/// the test goes on, so that it never races with the test's feeds.
+fn settle_feeder(added: bool) {
+    if added {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -194,9 +194,8 @@ pub(crate) fn add_path(
     path: &Path,
     create_size_bytes: Option<u64>,
 ) -> std::io::Result<(u8, DeviceOpen)> {
-    let first = cache.l2arc().is_none();
     let added = cache.add_cache_path(path, create_size_bytes);
-    settle_feeder(first && added.is_ok());
+    settle_feeder(added.is_ok());
     added
 }
 
@@ -205,9 +204,8 @@ pub(crate) fn add_device(
     cache: &Arc<Cache>,
     device: Box<dyn DeviceIo>,
 ) -> std::io::Result<(u8, DeviceOpen)> {
-    let first = cache.l2arc().is_none();
     let added = cache.add_cache_device(device);
-    settle_feeder(first && added.is_ok());
+    settle_feeder(added.is_ok());
     added
 }
 
