@@ -50,6 +50,12 @@ use crate::read_path::{Cache, ObjectHandle, ReadView};
 pub(crate) const RING_ENTRIES_MAX: usize = 256;
 /// Most requests one queue holds.
 pub(crate) const QUEUE_DEPTH_MAX: usize = 4096;
+/// Most completed flash reads finished (checked, published to the ARC) per
+/// reap. Finishing one costs microseconds (a CRC, an ARC insert); a caller
+/// handed a few completions at once refills the ring with new reads before
+/// the rest are finished, so the device is not left with a ring drained
+/// by a long finishing pass.
+const FINISH_PER_REAP_MAX: usize = 4;
 
 /// A finished read: the caller's tag and the bytes (shared record buffers,
 /// as [`Cache::read_view`] returns them) or the error.
@@ -494,13 +500,16 @@ impl<'c> ReadQueue<'c> {
         Ok(completed_any)
     }
 
-    /// Finishes every read the ring has completed.
+    /// Finishes up to `FINISH_PER_REAP_MAX` of the reads the ring has
+    /// completed; the rest wait in the ring for the next call.
     fn finish_completed(&mut self) {
         let Some(ring) = self.ring.as_mut() else {
             return;
         };
-        let mut completed: SmallVec<[(u64, i32); 32]> = SmallVec::new();
-        ring.reap(|user_data, result| completed.push((user_data, result)));
+        let mut completed: SmallVec<[(u64, i32); FINISH_PER_REAP_MAX]> = SmallVec::new();
+        ring.reap(FINISH_PER_REAP_MAX, |user_data, result| {
+            completed.push((user_data, result));
+        });
         for (user_data, result) in completed {
             self.complete_op(user_data as u32, result);
         }

@@ -193,11 +193,11 @@ impl ReadRing {
         }
     }
 
-    /// Hands every completed read to `done(user_data, result)`: the bytes
-    /// read, or a negative errno.
-    pub(crate) fn reap(&mut self, mut done: impl FnMut(u64, i32)) {
+    /// Hands at most `max` completed reads to `done(user_data, result)`:
+    /// the bytes read, or a negative errno. The rest stay in the ring.
+    pub(crate) fn reap(&mut self, max: usize, mut done: impl FnMut(u64, i32)) {
         let mut reaped = 0;
-        for entry in self.ring.completion() {
+        for entry in self.ring.completion().take(max) {
             reaped += 1;
             done(entry.user_data(), entry.result());
         }
@@ -243,7 +243,7 @@ mod tests {
         let mut done = [false; 16];
         while ring.in_flight() > 0 {
             ring.submit_and_wait(1).unwrap();
-            ring.reap(|user_data, result| {
+            ring.reap(usize::MAX, |user_data, result| {
                 assert_eq!(result, 4096);
                 done[user_data as usize] = true;
             });
