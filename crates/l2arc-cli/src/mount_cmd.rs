@@ -43,6 +43,12 @@ pub(crate) struct MountArgs {
     /// (at most half of the ARC either way for s3://).
     #[arg(long)]
     pub readahead_records: Option<u32>,
+    /// After a small read of a record of 128 KiB or less, hand the kernel
+    /// the whole record for its page cache, so that a random reader warms
+    /// the page cache a record per miss (never while the file is open for
+    /// writing). Directory mounts only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub store_whole_records: bool,
     /// Threads serving FUSE requests.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -95,6 +101,7 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
         FsOptions {
             attr_timeout: Duration::from_secs_f64(args.attr_timeout),
             readahead_max_records: args.readahead_records.unwrap_or(DIR_READAHEAD_RECORDS),
+            store_whole_records: args.store_whole_records,
             max_nodes: args.max_nodes,
             max_open_handles: args.max_open_handles,
             max_dir_listing_bytes: usize::try_from(args.dir_listing_max).unwrap_or(usize::MAX),

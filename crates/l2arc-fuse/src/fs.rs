@@ -34,6 +34,28 @@
 //! it only a bounded time: the kernel may need one of our threads to
 //! finish a read before it can drop a page that read holds locked.
 //!
+//! Whole records into the page cache. A random 4 KiB read that misses
+//! the kernel's pages costs a FUSE round trip and fills one page, so a
+//! random reader warms the page cache one page per miss (the seed
+//! workload took 2.9x a pass over the disks to reach the page cache's
+//! rate). After answering such a read, the record under it is handed to
+//! the kernel whole (`notify_store`), from the notification thread, so
+//! each record read fills all its pages. A store is the one write into
+//! the kernel's pages that no request orders, so it is fenced:
+//!
+//! - it is taken only while no handle of the file is open for writing
+//!   (`Inode::writers`): a buffered write holds its pages locked while it
+//!   waits for our answer, so a store must never be in flight then;
+//! - every change the pages must not outlive (an open for writing, a
+//!   truncate, a change seen behind the mount, an open without
+//!   KEEP_CACHE) bumps the inode's `store_epoch` after the change and then
+//!   waits, before its answer, for the notification thread to pass a
+//!   barrier: a store taken before the change has then landed before the
+//!   kernel hears of it, and a store taken at the old epoch is dropped;
+//! - the waits are bounded (see below); a store that lands after its
+//!   epoch moved anyway is followed at once by an invalidation of its
+//!   range.
+//!
 //! One exception, in `getattr`: when the size changed, the kernel's own
 //! check drops what the new size makes stale when it applies our answer,
 //! and an invalidation sent before the answer would make the kernel throw
@@ -97,6 +119,10 @@ pub struct FsOptions {
     pub max_dir_listing_bytes: usize,
     /// Background read-ahead threads.
     pub prefetch_threads: usize,
+    /// After a small read, hand the kernel the whole record under it (up
+    /// to 128 KiB), so that a random reader fills the page cache a record
+    /// per miss instead of a page (see the module comment).
+    pub store_whole_records: bool,
 }
 
 impl Default for FsOptions {
@@ -109,6 +135,7 @@ impl Default for FsOptions {
             max_dir_entries: 1 << 20,
             max_dir_listing_bytes: 64 << 20,
             prefetch_threads: 2,
+            store_whole_records: true,
         }
     }
 }
@@ -120,6 +147,12 @@ const PREFETCH_QUEUE_LEN: usize = 64;
 const INVALIDATE_QUEUE_LEN: usize = 1024;
 /// Relief batches waiting for their thread (each is bounded by the table).
 const RELIEF_QUEUE_LEN: usize = 2;
+/// Largest record stored whole into the kernel's pages on a small read.
+const STORE_RECORD_BYTES_MAX: u64 = 128 << 10;
+/// Most record bytes held by stores waiting for the notification thread.
+const STORE_BYTES_MAX: usize = 32 << 20;
+/// Most stores waiting (a quarter of the queue: invalidations keep room).
+const STORE_JOBS_MAX: usize = INVALIDATE_QUEUE_LEN / 4;
 /// Longest a request waits for the kernel to drop an inode's pages.
 const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// Descriptors kept free for everything that is not a node or a handle.
@@ -128,9 +161,20 @@ const FD_RESERVE: u64 = 256;
 /// One open of a regular file.
 pub(crate) struct OpenFile {
     handle: ObjectHandle,
+    /// The file's node (its store epoch and writer count).
+    inode: Arc<Inode>,
     writable: bool,
     readahead: Mutex<ReadAhead>,
     last_revalidate: Mutex<Instant>,
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        if self.writable {
+            let before = self.inode.writers.fetch_sub(1, Ordering::SeqCst);
+            assert!(before > 0, "a writer closed that never opened");
+        }
+    }
 }
 
 struct DirEntry {
@@ -182,7 +226,108 @@ struct SetAttr {
 type PrefetchJob = (Arc<OpenFile>, u64, u64);
 /// Nodes whose entries the kernel is asked to drop (`InodeTable::relief`).
 type ReliefJob = Vec<Arc<Inode>>;
-type InvalidateJob = (u64, SyncSender<()>);
+/// Work for the notification thread, done in order.
+enum KernelJob {
+    /// Drop an inode's pages and attributes; then say so.
+    Invalidate(u64, SyncSender<()>),
+    /// Say so once every job before this one is done.
+    Barrier(SyncSender<()>),
+    /// Hand a whole record to the kernel's pages (see the module comment).
+    Store(StoreJob),
+}
+
+/// A record to store into the kernel's pages of `inode` at `offset_bytes`,
+/// if its store epoch is still `epoch` and no writer is open.
+struct StoreJob {
+    inode: Arc<Inode>,
+    epoch: u64,
+    offset_bytes: u64,
+    view: l2arc::ReadView,
+    /// Released from `StoreBudget` when the job is done or dropped.
+    budget: Arc<StoreBudget>,
+}
+
+impl Drop for StoreJob {
+    fn drop(&mut self) {
+        self.budget.release(self.view.len());
+    }
+}
+
+/// Bounds the record bytes (and jobs) held by queued stores, so that they
+/// never crowd invalidations out of the queue nor hold much DRAM.
+struct StoreBudget {
+    bytes: AtomicUsize,
+    jobs: AtomicUsize,
+}
+
+impl StoreBudget {
+    fn try_take(&self, bytes: usize) -> bool {
+        if self.jobs.fetch_add(1, Ordering::SeqCst) >= STORE_JOBS_MAX {
+            self.jobs.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        if self.bytes.fetch_add(bytes, Ordering::SeqCst) + bytes > STORE_BYTES_MAX {
+            self.release(bytes);
+            return false;
+        }
+        true
+    }
+
+    fn release(&self, bytes: usize) {
+        self.bytes.fetch_sub(bytes, Ordering::SeqCst);
+        self.jobs.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Does one job of the notification thread.
+fn do_kernel_job(notifier: Option<&fuser::Notifier>, job: KernelJob) {
+    match job {
+        KernelJob::Invalidate(ino, done) => {
+            if let Some(notifier) = notifier {
+                // ENOENT: the kernel already forgot the inode.
+                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+            }
+            let _ = done.try_send(());
+        }
+        KernelJob::Barrier(done) => {
+            let _ = done.try_send(());
+        }
+        KernelJob::Store(job) => {
+            if let Some(notifier) = notifier {
+                store_record(notifier, &job);
+            }
+        }
+    }
+}
+
+/// Stores `job`'s record into the kernel's pages unless a writer is open
+/// or its epoch moved; invalidates the range again if the epoch moved
+/// while it was being stored.
+fn store_record(notifier: &fuser::Notifier, job: &StoreJob) {
+    let inode = &job.inode;
+    let current = || {
+        inode.writers.load(Ordering::SeqCst) == 0
+            && inode.store_epoch.load(Ordering::SeqCst) == job.epoch
+    };
+    if !current() {
+        return;
+    }
+    let mut at = job.offset_bytes;
+    for slice in job.view.slices() {
+        // ENOENT: the kernel forgot the inode; nothing to fill.
+        if notifier.store(INodeNo(inode.id), at, slice).is_err() {
+            break;
+        }
+        at += slice.len() as u64;
+    }
+    if !current() {
+        let _ = notifier.inval_inode(
+            INodeNo(inode.id),
+            job.offset_bytes as i64,
+            job.view.len() as i64,
+        );
+    }
+}
 
 /// The kernel side of the mount, known once it is mounted (`crate::mount`).
 pub(crate) type NotifierSlot = Arc<OnceLock<fuser::Notifier>>;
@@ -196,7 +341,8 @@ pub struct CachedFs {
     handles: HandleTable<OpenFile, DirListing>,
     locks: LockTable,
     prefetch: Option<SyncSender<PrefetchJob>>,
-    invalidate: SyncSender<InvalidateJob>,
+    invalidate: SyncSender<KernelJob>,
+    store_budget: Arc<StoreBudget>,
     relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
     /// The source directory's path now, to name open files in analytics.
@@ -344,13 +490,7 @@ impl CachedFs {
             workers::spawn_worker(
                 "l2arc-fuse-inval",
                 INVALIDATE_QUEUE_LEN,
-                move |(ino, done): InvalidateJob| {
-                    if let Some(notifier) = notifier.get() {
-                        // ENOENT: the kernel already forgot the inode.
-                        let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
-                    }
-                    let _ = done.try_send(());
-                },
+                move |job: KernelJob| do_kernel_job(notifier.get(), job),
             )?
         };
         let relief = {
@@ -371,6 +511,10 @@ impl CachedFs {
             locks: LockTable::new(options.max_open_handles),
             prefetch,
             invalidate,
+            store_budget: Arc::new(StoreBudget {
+                bytes: AtomicUsize::new(0),
+                jobs: AtomicUsize::new(0),
+            }),
             relief,
             notifier,
             source_root,
@@ -454,6 +598,9 @@ impl CachedFs {
         }
         let size_changed = old_size.is_some_and(|size| size != st.st_size as u64);
         if size_changed {
+            // The invalidation comes after the answer: a store in flight
+            // must land before it (it could stretch the size back).
+            self.fence_stores(inode);
             return Some(inode.id);
         }
         self.invalidate_kernel(inode.id);
@@ -485,6 +632,9 @@ impl CachedFs {
             // Handles share the object's state: this revalidates them all.
             let _ = self.cache.revalidate(&file.handle);
         }
+        // Stores taken before are of the old content; the invalidation
+        // that follows (queued behind any store in flight) is the barrier.
+        inode.store_epoch.fetch_add(1, Ordering::SeqCst);
         true
     }
 
@@ -492,14 +642,30 @@ impl CachedFs {
     /// waiting (after a reply; see `notice_change_for_getattr`).
     fn invalidate_kernel_later(&self, ino: u64) {
         let (done, _wait) = sync_channel(1);
-        let _ = self.invalidate.try_send((ino, done));
+        let _ = self.invalidate.try_send(KernelJob::Invalidate(ino, done));
     }
 
     /// Tells the kernel to drop its pages and attributes of `ino`, waiting
     /// a bounded time for it to have done so.
     fn invalidate_kernel(&self, ino: u64) {
         let (done, wait) = sync_channel(1);
-        if self.invalidate.try_send((ino, done)).is_ok() {
+        if self
+            .invalidate
+            .try_send(KernelJob::Invalidate(ino, done))
+            .is_ok()
+        {
+            let _ = wait.recv_timeout(INVALIDATE_WAIT_MAX);
+        }
+    }
+
+    /// After a change to `inode` that its kernel pages must not outlive:
+    /// drops the stores taken before it and waits (bounded) until any store
+    /// already being made has landed, so that the kernel hears of the
+    /// change after it (see the module comment).
+    fn fence_stores(&self, inode: &Inode) {
+        inode.store_epoch.fetch_add(1, Ordering::SeqCst);
+        let (done, wait) = sync_channel(1);
+        if self.invalidate.try_send(KernelJob::Barrier(done)).is_ok() {
             let _ = wait.recv_timeout(INVALIDATE_WAIT_MAX);
         }
     }
@@ -541,13 +707,23 @@ impl CachedFs {
         if let Some(name) = name {
             self.cache.name_object(&handle, &name);
         }
+        if writable {
+            // Counted before the file exists: its drop uncounts it.
+            inode.writers.fetch_add(1, Ordering::SeqCst);
+        }
         let file = Arc::new(OpenFile {
             handle,
+            inode: Arc::clone(&inode),
             writable,
             readahead: Mutex::new(ReadAhead::new(self.options.readahead_max_records)),
             last_revalidate: Mutex::new(Instant::now()),
         });
         *inode.open_file.lock().expect("poisoned") = Arc::downgrade(&file);
+        if writable || !keep {
+            // A writer's pages, or pages the kernel drops at this open,
+            // must not meet a store taken before.
+            self.fence_stores(&inode);
+        }
         let fh = self.handles.add(Handle::File(file))?;
         let flags = if keep {
             FopenFlags::FOPEN_KEEP_CACHE
@@ -574,6 +750,7 @@ impl CachedFs {
             // Handles share the object's state: this drops it for all of them.
             self.cache.invalidate_object(&handle);
         }
+        self.fence_stores(inode);
     }
 
     /// Revalidates an open file at most once per attribute timeout. The
@@ -726,18 +903,24 @@ impl CachedFs {
         if let Err(e) = self.maybe_revalidate(&file) {
             return reply.error(errno(&e));
         }
-        let view =
-            match self
-                .cache
-                .read_view(&file.handle, offset, size as usize, AccessKind::Demand)
-            {
-                Ok(v) => v,
-                Err(e) => return reply.error(errno(&e)),
-            };
+        // Taken before the read: a change after it drops the store.
+        let epoch = file.inode.store_epoch.load(Ordering::SeqCst);
+        let whole = self.record_to_store(&file, offset, size);
+        let (read_at, read_len) = whole.unwrap_or((offset, size as usize));
+        let view = match self
+            .cache
+            .read_view(&file.handle, read_at, read_len, AccessKind::Demand)
+        {
+            Ok(v) => v,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        // What the request asked for, within what was read.
+        let skip = (offset - read_at) as usize;
+        let served = view.len().saturating_sub(skip).min(size as usize);
         if let Some(tx) = &self.prefetch {
             let ahead = file.readahead.lock().expect("poisoned").on_read(
                 offset,
-                view.len() as u64,
+                served as u64,
                 u64::from(file.handle.recordsize_bytes()),
                 file.handle.size_bytes(),
             );
@@ -749,14 +932,49 @@ impl CachedFs {
             }
         }
         match view.as_single_slice() {
-            Some(bytes) => reply.data(bytes),
+            Some(bytes) => reply.data(&bytes[skip.min(bytes.len())..][..served]),
             None => {
                 let mut buf = vec![0u8; view.len()];
                 view.copy_to(&mut buf);
-                reply.data(&buf);
+                reply.data(&buf[skip.min(buf.len())..][..served]);
             }
         }
+        if whole.is_some() && !view.is_empty() && self.store_budget.try_take(view.len()) {
+            let job = StoreJob {
+                inode: Arc::clone(&file.inode),
+                epoch,
+                offset_bytes: read_at,
+                view,
+                budget: Arc::clone(&self.store_budget),
+            };
+            // A full queue drops the store (its drop gives the budget back).
+            let _ = self.invalidate.try_send(KernelJob::Store(job));
+        }
         self.cache.analytics().frontend.finish(timer);
+    }
+
+    /// The record to read whole and store into the kernel's pages for a
+    /// read of `size` at `offset` (see the module comment): a small read
+    /// inside one record of at most `STORE_RECORD_BYTES_MAX`, of a file
+    /// with no writer open. Larger records are read in sectors from flash,
+    /// and reading them whole for one page would cost more than it saves.
+    fn record_to_store(&self, file: &OpenFile, offset: u64, size: u32) -> Option<(u64, usize)> {
+        let record_bytes = u64::from(file.handle.recordsize_bytes());
+        let file_bytes = file.handle.size_bytes();
+        if !self.options.store_whole_records
+            || record_bytes > STORE_RECORD_BYTES_MAX
+            || u64::from(size) >= record_bytes
+            || offset >= file_bytes
+            || file.inode.writers.load(Ordering::SeqCst) != 0
+            || self.notifier.get().is_none()
+        {
+            return None;
+        }
+        let start = offset / record_bytes * record_bytes;
+        if offset + u64::from(size) > start + record_bytes {
+            return None; // crosses into the next record
+        }
+        Some((start, (file_bytes - start).min(record_bytes) as usize))
     }
 
     /// Creates a node under `parent` as the caller, then looks it up.

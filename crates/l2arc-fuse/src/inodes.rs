@@ -91,6 +91,13 @@ pub(crate) struct Inode {
     /// An open file of this inode, if any: revalidates the cache's records
     /// when a change is noticed by a getattr or lookup without a handle.
     pub open_file: Mutex<Weak<crate::fs::OpenFile>>,
+    /// Bumped after every change the kernel's pages of this file must not
+    /// outlive (a writer opened, a truncate, a change behind the mount): a
+    /// store of whole records into those pages (`crate::fs`) taken at an
+    /// older count is dropped.
+    pub store_epoch: AtomicU64,
+    /// Handles open for writing: none may be, for records to be stored.
+    pub writers: std::sync::atomic::AtomicUsize,
 }
 
 impl Inode {
@@ -141,6 +148,8 @@ impl InodeTable {
             last_lookup_tick: AtomicU64::new(0),
             page_generation: Mutex::new(None),
             open_file: Mutex::new(Weak::new()),
+            store_epoch: AtomicU64::new(0),
+            writers: std::sync::atomic::AtomicUsize::new(0),
         });
         Self {
             nodes: HashMap::from([(ROOT_ID, root)]),
@@ -220,6 +229,8 @@ impl InodeTable {
             last_lookup_tick: AtomicU64::new(tick),
             page_generation: Mutex::new(None),
             open_file: Mutex::new(Weak::new()),
+            store_epoch: AtomicU64::new(0),
+            writers: std::sync::atomic::AtomicUsize::new(0),
         });
         self.nodes.insert(id, Arc::clone(&inode));
         self.by_key.insert((dev, ino), id);

@@ -269,3 +269,153 @@ fn hot_files_are_served_by_the_page_cache_until_the_source_changes() {
     );
     assert!(stat(&m.cache, "reads") > reads);
 }
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
+        .collect()
+}
+
+/// Opens `path` read-only with the kernel's read-ahead off (a random
+/// reader's hint), so that every page the page cache gains comes from a
+/// read of ours or a store.
+fn open_random(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: an open descriptor; advice only.
+    let ret = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    assert_eq!(ret, 0);
+    f
+}
+
+/// Which of the pages of `f` in `[offset, offset + len)` are in the page
+/// cache (mincore of a shared mapping).
+fn resident_pages(f: &std::fs::File, offset: usize, len: usize) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    const PAGE: usize = 4096;
+    // SAFETY: a fresh shared read-only mapping of an open file, unmapped
+    // below; mincore writes one byte per page into `vec`.
+    unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            offset as libc::off_t,
+        );
+        assert_ne!(map, libc::MAP_FAILED);
+        let mut vec = vec![0u8; len / PAGE];
+        assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
+        libc::munmap(map, len);
+        vec.iter().map(|b| b & 1 == 1).collect()
+    }
+}
+
+/// A small random read fills the page cache with the whole record under
+/// it (128 KiB), so the next read of that record never reaches the daemon;
+/// with `store_whole_records` off, only the pages read are there.
+#[test]
+fn a_small_read_fills_the_page_cache_with_its_whole_record() {
+    use std::os::unix::fs::FileExt;
+    const RECORD: usize = 128 << 10;
+    for store in [true, false] {
+        let data = pattern(8 * RECORD, 1);
+        let m = mount(
+            FsOptions {
+                store_whole_records: store,
+                ..FsOptions::default()
+            },
+            |src| std::fs::write(src.join("r"), &data).unwrap(),
+        );
+        let f = open_random(&m.mnt.join("r"));
+        let mut page = vec![0u8; 4096];
+        f.read_exact_at(&mut page, (RECORD + 8192) as u64).unwrap();
+        assert_eq!(page, data[RECORD + 8192..][..4096]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let whole = loop {
+            let resident = resident_pages(&f, RECORD, RECORD);
+            if resident.iter().all(|r| *r) || std::time::Instant::now() > deadline {
+                break resident.iter().filter(|r| **r).count();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let next = resident_pages(&f, 2 * RECORD, RECORD);
+        assert!(next.iter().all(|r| !*r), "the next record was read too");
+        if store {
+            assert_eq!(
+                whole,
+                RECORD / 4096,
+                "pages of the record in the page cache"
+            );
+            let reads = stat(&m.cache, "reads");
+            f.read_exact_at(&mut page, (RECORD + 100 * 1024) as u64)
+                .unwrap();
+            assert_eq!(page, data[RECORD + 100 * 1024..][..4096]);
+            assert_eq!(stat(&m.cache, "reads"), reads, "served by the page cache");
+        } else {
+            assert!(whole < 4, "{whole} pages without stores");
+        }
+    }
+}
+
+/// Small reads (each storing its record into the page cache) raced with
+/// writes and truncates through the mount: every read after a write or
+/// truncate returned sees it, whatever the stores were doing.
+#[test]
+fn stores_never_outlive_a_write_or_truncate_through_the_mount() {
+    use std::os::unix::fs::FileExt;
+    const RECORD: usize = 128 << 10;
+    const LEN: usize = 4 * RECORD;
+    let mut model = pattern(LEN, 2);
+    let m = mount(FsOptions::default(), |src| {
+        std::fs::write(src.join("w"), &model).unwrap();
+    });
+    let path = m.mnt.join("w");
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let mut page = vec![0u8; 4096];
+    for round in 0..1000u32 {
+        let len = model.len();
+        // A small read: its record goes to the page cache by a store.
+        let at = next(len - 4096) / 4096 * 4096;
+        let reader = open_random(&path);
+        reader.read_exact_at(&mut page, at as u64).unwrap();
+        assert_eq!(page, model[at..][..4096], "round {round}: read at {at}");
+        if round % 10 == 9 {
+            // Truncate into the record just read, then grow back by a write.
+            let cut = at + next(4096);
+            let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            w.set_len(cut as u64).unwrap();
+            model.truncate(cut);
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), cut as u64);
+            let mut tail = Vec::new();
+            open_random(&path).read_to_end(&mut tail).unwrap();
+            assert!(tail == model, "round {round}: after truncating to {cut}");
+            let fill = pattern(LEN - cut, round as u8);
+            w.write_all_at(&fill, cut as u64).unwrap();
+            model.extend_from_slice(&fill);
+        } else {
+            // A write into the same record, through a writer opened now.
+            let into = at / RECORD * RECORD + next(RECORD - 512);
+            let bytes = pattern(512, round as u8 ^ 0x5a);
+            let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            w.write_all_at(&bytes, into as u64).unwrap();
+            model[into..into + 512].copy_from_slice(&bytes);
+        }
+        let mut back = vec![0u8; RECORD];
+        let start = at / RECORD * RECORD;
+        let fresh = open_random(&path);
+        fresh.read_exact_at(&mut back, start as u64).unwrap();
+        assert!(
+            back == model[start..start + RECORD],
+            "round {round}: the record at {start} after the change"
+        );
+        drop(reader);
+    }
+}
