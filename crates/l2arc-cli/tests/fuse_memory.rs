@@ -37,6 +37,8 @@ const NODE_BYTES: u64 = 300;
 const HANDLE_BYTES: u64 = 700;
 /// FUSE request buffers: one of max_write (1 MiB) per serving thread.
 const THREAD_BUFFER_BYTES: u64 = 1 << 20;
+/// Records waiting to be stored into the page cache (`STORE_BYTES_MAX`).
+const STORE_QUEUE_BYTES: u64 = 32 << 20;
 /// The fixed part of the formula: code, stacks, allocator slack.
 const FIXED_BYTES: u64 = 64 << 20;
 
@@ -318,6 +320,7 @@ fn hostile_clients_get_clean_errors_and_the_mount_stays_within_its_memory_formul
     let budget_bytes = ARC_MAX_BYTES
         + WRITEBACK_MAX_BYTES
         + THREADS * THREAD_BUFFER_BYTES
+        + STORE_QUEUE_BYTES
         + DIR_LISTING_MAX_BYTES
         + MAX_NODES * NODE_BYTES
         + MAX_OPEN_HANDLES * HANDLE_BYTES
