@@ -55,6 +55,17 @@ fn start(config: ServerConfig) -> Running {
 fn image_cache(
     image: &Path,
     writable: bool,
+    arc: (u64, usize),
+    cache_device: Option<&Path>,
+) -> (Arc<Cache>, l2arc::ObjectHandle) {
+    let primary = Arc::new(ImagePrimary::open(image, writable).unwrap());
+    primary_cache(primary, writable, arc, cache_device)
+}
+
+/// `image_cache` over any primary (a slowed-down image, say).
+fn primary_cache(
+    primary: Arc<dyn l2arc::primary::Primary>,
+    writable: bool,
     (arc_max_bytes, arc_shards): (u64, usize),
     cache_device: Option<&Path>,
 ) -> (Arc<Cache>, l2arc::ObjectHandle) {
@@ -70,7 +81,7 @@ fn image_cache(
     let ds = cache
         .add_dataset(
             "nbd",
-            Arc::new(ImagePrimary::open(image, writable).unwrap()),
+            primary,
             DatasetConfig {
                 recordsize_bytes: 64 << 10,
                 ..DatasetConfig::default()
@@ -842,12 +853,6 @@ fn workers_grow_while_all_are_busy_up_to_the_bound() {
         let image = dir.path().join("disk.img");
         let bytes = pattern(IMAGE_BYTES);
         std::fs::write(&image, &bytes).unwrap();
-        let cache = Cache::new(CacheConfig {
-            arc_max_bytes: 8 << 20,
-            arc_shards: 4,
-            ..CacheConfig::default()
-        })
-        .unwrap();
         let slow = EmulatedHdd::new(
             Arc::new(ImagePrimary::open(&image, false).unwrap()),
             HddConfig {
@@ -859,17 +864,7 @@ fn workers_grow_while_all_are_busy_up_to_the_bound() {
             },
         )
         .unwrap();
-        let ds = cache
-            .add_dataset(
-                "nbd",
-                Arc::new(slow),
-                DatasetConfig {
-                    recordsize_bytes: 64 << 10,
-                    ..DatasetConfig::default()
-                },
-            )
-            .unwrap();
-        let handle = cache.open(ds, "", false).unwrap();
+        let (cache, handle) = primary_cache(Arc::new(slow), false, (8 << 20, 4), None);
         let srv = serve(
             dir,
             image,

@@ -158,9 +158,6 @@ impl L2Arc {
         records: &[FeedRecord<'_>],
         gate: &mut dyn WriteGate,
     ) -> io::Result<(u64, usize)> {
-        if records.is_empty() {
-            return Ok((0, 0));
-        }
         let devices = self.all_devices();
         let online: Vec<_> = devices.into_iter().filter(|d| d.is_online()).collect();
         if online.is_empty() {
