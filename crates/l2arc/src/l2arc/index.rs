@@ -907,6 +907,11 @@ impl L2Index {
         removed_count
     }
 
+    /// Bits of `key_hash` the index keeps to tell keys apart (all 64).
+    pub fn fingerprint_bits(&self) -> u32 {
+        64
+    }
+
     /// Entries in the index (a sum of per-shard counts, not a snapshot while
     /// other threads write).
     pub fn len(&self) -> usize {
