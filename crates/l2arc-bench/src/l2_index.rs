@@ -193,7 +193,7 @@ fn measure(records: u64, build: Build) -> Result<Measured> {
 
 /// Records two different keys may share the fingerprint of, out of
 /// `records`, at most: four times the expected count of pairs, plus slack.
-fn records_lost_max(records: u64, fingerprint_bits: u32) -> u64 {
+pub(crate) fn records_lost_max(records: u64, fingerprint_bits: u32) -> u64 {
     let pairs = records as f64 * records as f64 / 2.0 / (fingerprint_bits as f64).exp2();
     (4.0 * pairs) as u64 + 16
 }
