@@ -42,6 +42,8 @@ const SHARDS: usize = 64;
 const OPENZFS_L2ONLY_HDR_BYTES: f64 = 96.0;
 /// 100 GiB of 8 KiB records.
 const RECORDS_PER_100GIB_OF_8K: u64 = (100 << 30) / (8 << 10);
+/// Issue 11: at most this many bytes of DRAM per record held only on flash.
+const GOAL_BYTES_PER_RECORD: f64 = 16.0;
 const CHILD_ENV: &str = "L2ARC_BENCH_INDEX_CHILD";
 const DEFAULT_RECORDS: [u64; 2] = [1_000_000, 10_000_000];
 const RECORDS_MAX: u64 = 1_000_000_000;
@@ -65,7 +67,18 @@ struct Measured {
     /// `None` where `/proc/self/clear_refs` cannot reset the peak.
     rss_peak_delta_bytes: Option<u64>,
     insert_seconds: f64,
+    /// Entries the index holds after the build.
+    len: u64,
+    /// `GETS` lookups of present keys (in a scrambled order), and of absent
+    /// ones, after the build.
+    get_hit_seconds: f64,
+    get_miss_seconds: f64,
+    /// Absent keys a lookup found an entry for (a fingerprint collision).
+    get_miss_found: u64,
 }
+
+/// Lookups timed after each build, of present and of absent keys.
+const GETS: u64 = 2_000_000;
 
 #[derive(Serialize)]
 struct Row {
@@ -81,6 +94,12 @@ struct Row {
     gib_per_100gib_of_8k_records: f64,
     openzfs_gib_per_100gib_of_8k_records: f64,
     inserts_per_sec: f64,
+    /// Records the index does not hold: lost to a later record with the
+    /// same fingerprint (the bits of `key_hash` the index keeps).
+    records_lost: u64,
+    gets_hit_per_sec: f64,
+    gets_miss_per_sec: f64,
+    get_miss_found: u64,
 }
 
 #[derive(Serialize)]
@@ -145,18 +164,15 @@ fn measure(records: u64, build: Build) -> Result<Measured> {
     let insert_seconds = started.elapsed().as_secs_f64();
     let after = rss_bytes()?;
     let peak_after = rss_peak_bytes();
-    if index.len() as u64 != records {
+    check_contents(&index, records)?;
+    let (found, get_hit_seconds) = time_gets(&index, |i| 1 + mix64(i) % records);
+    if found + (records - index.len() as u64) < GETS {
         bail!(
-            "the index holds {} entries, not {records}: colliding synthetic keys",
-            index.len()
+            "{} of {GETS} lookups of present records missed",
+            GETS - found
         );
     }
-    // Every entry is there and intact.
-    for n in (1..=records).step_by((records / 1000).max(1) as usize) {
-        if index.get(entry(n).key_hash) != Some(entry(n)) {
-            bail!("entry {n} lost or damaged");
-        }
-    }
+    let (get_miss_found, get_miss_seconds) = time_gets(&index, |i| records + 1 + i);
     let rss_peak_delta_bytes = match (peak_ok, peak_before, peak_after) {
         (true, Some(b), Some(a)) => Some(a.saturating_sub(b.min(before))),
         _ => None,
@@ -168,7 +184,55 @@ fn measure(records: u64, build: Build) -> Result<Measured> {
         rss_delta_bytes: after.saturating_sub(before),
         rss_peak_delta_bytes,
         insert_seconds,
+        len: index.len() as u64,
+        get_hit_seconds,
+        get_miss_seconds,
+        get_miss_found,
     })
+}
+
+/// Records two different keys may share the fingerprint of, out of
+/// `records`, at most: four times the expected count of pairs, plus slack.
+pub(crate) fn records_lost_max(records: u64, fingerprint_bits: u32) -> u64 {
+    let pairs = records as f64 * records as f64 / 2.0 / (fingerprint_bits as f64).exp2();
+    (4.0 * pairs) as u64 + 16
+}
+
+/// Checks that the index holds every record but those a fingerprint
+/// collision replaced (a later record with the same kept bits), and that a
+/// sample of them reads back intact.
+fn check_contents(index: &L2Index, records: u64) -> Result<()> {
+    let lost = records.saturating_sub(index.len() as u64);
+    if index.len() as u64 > records || lost > records_lost_max(records, index.fingerprint_bits()) {
+        bail!(
+            "the index holds {} entries, not {records}: more fingerprint collisions than \
+             {} kept key bits explain",
+            index.len(),
+            index.fingerprint_bits()
+        );
+    }
+    let mut damaged = 0;
+    for n in (1..=records).step_by((records / 1000).max(1) as usize) {
+        match index.get(entry(n).key_hash) {
+            Some(e) if e == entry(n) => {}
+            // Replaced by a later record with the same fingerprint.
+            Some(_) => damaged += 1,
+            None => bail!("entry {n} lost"),
+        }
+    }
+    if damaged > lost {
+        bail!("{damaged} sampled entries damaged, only {lost} lost to collisions");
+    }
+    Ok(())
+}
+
+/// Times `GETS` lookups of `entry(key_of(i))`; returns (found, seconds).
+fn time_gets(index: &L2Index, key_of: impl Fn(u64) -> u64) -> (u64, f64) {
+    let started = Instant::now();
+    let found = (0..GETS)
+        .filter(|&i| index.get(entry(key_of(i)).key_hash).is_some())
+        .count() as u64;
+    (found, started.elapsed().as_secs_f64())
 }
 
 /// Runs one measurement in a fresh copy of this process.
@@ -250,6 +314,10 @@ impl Row {
             gib_per_100gib_of_8k_records: to_gib(ours),
             openzfs_gib_per_100gib_of_8k_records: to_gib(OPENZFS_L2ONLY_HDR_BYTES),
             inserts_per_sec: records as f64 / m.insert_seconds,
+            records_lost: records - m.len,
+            gets_hit_per_sec: GETS as f64 / m.get_hit_seconds,
+            gets_miss_per_sec: GETS as f64 / m.get_miss_seconds,
+            get_miss_found: m.get_miss_found,
         }
     }
 }
@@ -257,10 +325,10 @@ impl Row {
 fn print_report(report: &Report) {
     println!(
         "L2ARC index: DRAM per cached record ({SHARDS} shards), against OpenZFS's \
-         {OPENZFS_L2ONLY_HDR_BYTES:.0}-byte L2-only header"
+         {OPENZFS_L2ONLY_HDR_BYTES:.0}-byte L2-only header; goal at most {GOAL_BYTES_PER_RECORD:.0} B"
     );
     println!(
-        "{:>11} {:<17} {:>9} {:>10} {:>9} {:>8} {:>8} {:>14} {:>11}",
+        "{:>11} {:<17} {:>9} {:>10} {:>9} {:>8} {:>8} {:>14} {:>10} {:>9} {:>9} {:>7} {:>6}",
         "records",
         "build",
         "index B",
@@ -269,11 +337,16 @@ fn print_report(report: &Report) {
         "OpenZFS",
         "ratio",
         "per 100 GiB 8K",
-        "inserts/s"
+        "inserts/s",
+        "get hit",
+        "get miss",
+        "lost",
+        "goal"
     );
     for r in &report.rows {
         println!(
-            "{:>11} {:<17} {:>9.1} {:>10.1} {:>9} {:>8.0} {:>7.1}x {:>10.3} GiB {:>10.2}M",
+            "{:>11} {:<17} {:>9.1} {:>10.1} {:>9} {:>8.0} {:>7.1}x {:>10.3} GiB {:>9.2}M {:>8.2}M \
+             {:>8.2}M {:>7} {:>6}",
             r.records,
             format!("{:?}", r.build),
             r.index_bytes_per_record,
@@ -284,6 +357,14 @@ fn print_report(report: &Report) {
             r.openzfs_over_ours,
             r.gib_per_100gib_of_8k_records,
             r.inserts_per_sec / 1e6,
+            r.gets_hit_per_sec / 1e6,
+            r.gets_miss_per_sec / 1e6,
+            r.records_lost,
+            if r.index_bytes_per_record <= GOAL_BYTES_PER_RECORD {
+                "met"
+            } else {
+                "over"
+            },
         );
     }
     println!(
@@ -294,7 +375,10 @@ fn print_report(report: &Report) {
     );
     println!(
         "index B = L2Index::memory_bytes() / records (l2_hdr_size); RSS B = resident growth \
-         over the build; peak B = peak resident growth during it (each build in a fresh process)"
+         over the build; peak B = peak resident growth during it (each build in a fresh process); \
+         get hit / miss = {GETS} lookups of present / absent keys after the build, one thread; \
+         lost = records replaced by a later one with the same fingerprint; goal = index B <= \
+         {GOAL_BYTES_PER_RECORD:.0} (issue 11: measured at 10 M and 100 M records)"
     );
 }
 

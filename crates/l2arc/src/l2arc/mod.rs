@@ -222,6 +222,19 @@ impl L2Arc {
         self.index.is_empty()
     }
 
+    /// `key_hash` with the bits the index drops cleared: two keys equal
+    /// here share one index entry (`index::L2Index::fingerprint`).
+    #[cfg(feature = "internals")]
+    pub fn index_fingerprint(&self, key_hash: u64) -> u64 {
+        self.index.fingerprint(key_hash)
+    }
+
+    /// Bits of `key_hash` the index keeps (`index::L2Index::fingerprint_bits`).
+    #[cfg(feature = "internals")]
+    pub fn index_fingerprint_bits(&self) -> u32 {
+        self.index.fingerprint_bits()
+    }
+
     /// Stops background work (rebuild threads check this).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);

@@ -10,7 +10,7 @@
 //! restored yet is a miss, never a wrong hit.
 //!
 //! Why runs, not one insert per entry. A device of 100 M records has 100 M
-//! entries to restore into a 2.2 GB table. Inserted in log order, each
+//! entries to restore into a 1.6 GB table. Inserted in log order, each
 //! lands at a random slot: a DRAM miss and, in a VM, a TLB miss walked
 //! through two levels of page tables, ~0.5 us each, so 100 M took ~45 s.
 //! So the reader stages entries in a run (at most `REBUILD_RUN_ENTRIES_MAX`),
@@ -20,7 +20,9 @@
 //! then swept forwards, a few pages at a time, with many misses in flight
 //! instead of one. The sort is stable and the walk goes from newest to
 //! oldest, so within a run and across runs the first entry met for a key is
-//! the newest, and `insert_if_absent` keeps it.
+//! the newest, and `insert_if_absent` keeps it (for a key's fingerprint, the
+//! bits the index keeps of it: of two keys that share one, the newest
+//! entry of either wins, and the other is a miss).
 //!
 //! Why three threads. The reader reads and checks log blocks (CRC,
 //! decoding), fills a run and sorts it while the previous run is inserted;
