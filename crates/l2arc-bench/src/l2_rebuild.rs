@@ -673,10 +673,14 @@ mod tests {
             "{allocated_bytes}"
         );
         for index in [Index::PreSized, Index::GrownFromEmpty] {
-            let (_, _, index_bytes) =
+            let (_, _, index_bytes, restored) =
                 rebuild_once(&config, &path, index, record_bytes, records, Warm::LogOnly)
                     .expect("rebuild");
             assert!(index_bytes as f64 / (records as f64) < 32.0);
+            assert!(
+                restored <= records && restored + 16 >= records,
+                "{restored}"
+            );
         }
     }
 }

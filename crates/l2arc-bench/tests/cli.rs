@@ -143,8 +143,13 @@ fn bench_l2_index_fits_the_dram_budget() {
     for row in rows {
         assert_eq!(row["records"], 1_000_000);
         let bytes = row["index_bytes_per_record"].as_f64().unwrap();
-        // A slot is 20 bytes; the budget is 32 per record, all overheads in.
-        assert!((20.0..=32.0).contains(&bytes), "{row}");
+        // A slot is 15 bytes (17 in the small shards of 1 M records) at 77
+        // to 96% load, all overheads in.
+        assert!((15.0..=23.0).contains(&bytes), "{row}");
+        // Records lost to a fingerprint collision: ~2 expected of 1 M.
+        assert!(row["records_lost"].as_u64().unwrap() < 40, "{row}");
+        assert!(row["gets_hit_per_sec"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["gets_miss_per_sec"].as_f64().unwrap() > 0.0, "{row}");
         let rss = row["rss_delta_bytes_per_record"].as_f64().unwrap();
         assert!(rss > 10.0 && rss < 2.0 * bytes + 8.0, "{row}");
         assert_eq!(row["openzfs_bytes_per_record"], 96.0);
