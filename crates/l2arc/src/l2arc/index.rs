@@ -65,11 +65,12 @@
 //! 1.6 M-slot shards) and a get reads the slots from home to its entry, ~13
 //! slots (~200 bytes, three or four adjacent cache lines) at 0.96 against
 //! ~5.5 (110 bytes) with 20-byte slots at 0.90. Measured (below), gets
-//! came out within the noise of the 20-byte index at 10 M and faster at
+//! came out 2-5% slower than the 20-byte index at 10 M and ~40% faster at
 //! 100 M (the table is 30% smaller: fewer TLB and cache misses on the way
 //! to the home slot, which is most of a lookup's cost), and inserts one at
-//! a time 14-31% slower (longer runs to shift); either is small next to
-//! the flash read that follows a hit (tens of microseconds). Between 0.95, 0.96 and 0.97 this machine could not tell
+//! a time 12% slower at 10 M (longer runs to shift) and faster at 100 M;
+//! either is small next to the flash read that follows a hit (tens of
+//! microseconds). Between 0.95, 0.96 and 0.97 this machine could not tell
 //! (`measure_memory_and_throughput` at 10 M under another engineer's load
 //! of 5-9: gets 3.8-4.8 M/s, 3.2-3.9 and 3.1-4.2), so the margin decided:
 //! 0.96 keeps 0.2 bytes of it at 10 M.
@@ -121,23 +122,22 @@
 //!
 //! Measured (`l2arc bench --scenario l2-index`, docs/benchmarks.md, each
 //! build in a fresh process, one thread, 64 shards; a shared 2-vCPU VM,
-//! another engineer's fio load running; `memory_bytes`, confirmed by RSS):
+//! both indexes back to back at load 0.4-3; `memory_bytes`, confirmed by
+//! RSS):
 //!
 //! | | 20-byte slots (before) | 15-byte slots |
 //! |---|---|---|
 //! | 1 M entries, pre-sized | 22.9 B | 18.3 B (17-byte slots: small shards) |
 //! | 10 M, pre-sized / grown from empty | 22.4 B / 25.3 B | 15.8 B / 19.0 B |
 //! | 100 M, pre-sized / grown from empty | 22.3 B / 23.5 B | 15.7 B / 17.7 B |
-//! | insert, pre-sized, 10 M / 100 M | 6.6 / 3.8 M/s | 5.7 / 2.6 M/s |
-//! | get hit / miss, pre-sized, 10 M | 5.7 / 5.8 M/s | 5.1 / 5.7 M/s |
-//! | get hit / miss, pre-sized, 100 M | 3.2 / 2.7 M/s | 4.7 / 5.2 M/s |
+//! | insert, pre-sized, 10 M / 100 M | 6.6 / 4.5 M/s | 5.8 / 5.5 M/s |
+//! | get hit / miss, pre-sized, 10 M | 5.6 / 5.9 M/s | 5.5 / 5.6 M/s |
+//! | get hit / miss, pre-sized, 100 M | 3.6 / 3.6 M/s | 4.9 / 5.1 M/s |
+//! | rebuild of 100 M records (`l2-rebuild`) | 5.9-7.9 s | 6.4-7.9 s |
 //! | records lost to a collision, 1 / 10 / 100 M | 0 | 4 / 177 / 18,340 |
 //!
-//! (One run each, back to back, at load 25-31 of mostly I/O wait; a
-//! repeat at 10 M gave 4.0 against 4.1 M inserts/s and 3.6 / 3.8 against
-//! 3.4 / 3.4 M gets/s: the pairs, not the absolute rates, compare.) The
-//! rebuild of 100 M records inserts in sorted runs and stays under 10 s
-//! (docs/benchmarks.md, "rebuild at start").
+//! (Under another engineer's fio load of 25-31 the pairs compared alike
+//! for bytes and lookups; rates there are noise.)
 //!
 //! Concurrency. The key space is split by the top bits of `key_hash` into a
 //! power-of-two number of shards, each a `Mutex` around its own table, padded
