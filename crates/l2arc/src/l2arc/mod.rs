@@ -15,13 +15,15 @@
 //! when a lookup meets them and by a sweep every sixteenth of a lap, so the
 //! write path never has to find them.
 //!
-//! Why 20 bytes of DRAM a record. The index keeps only what finds and
-//! validates a record: a 64-bit hash of its identity (dataset, object,
-//! record, object generation), the packed location word, and a CRC-32C of
-//! the stored bytes seeded with that hash. A read recomputes the CRC with the
-//! hash the reader asked for, so one check catches corruption, a misdirected
-//! or overwritten block, and a record that belongs to someone else. Everything
-//! else (sizes, compression framing, the log) lives on the device.
+//! Why 16 bytes of DRAM a record. The index keeps only what finds and
+//! validates a record: the packed location word, a CRC-32C of the stored
+//! bytes seeded with the 64-bit hash of its identity (dataset, object,
+//! record, object generation), and a fingerprint of that hash (15-byte
+//! slots, `index`). A read recomputes the CRC with the hash the reader
+//! asked for, so one check catches corruption, a misdirected or overwritten
+//! block, and a record that belongs to someone else (one whose hash shares
+//! the fingerprint included). Everything else (sizes, compression framing,
+//! the log) lives on the device.
 //!
 //! Why it never returns bad data. Every failure on the L2ARC side — an I/O
 //! error, a checksum mismatch, a failed decompression, a device that is
