@@ -249,20 +249,39 @@ struct Fio {
     distribution: String,
 }
 
+/// fio's nbd engine reading the export at `uri` at random, 4 KiB a read,
+/// over its first `size_bytes`, `queue_depth` in flight, for `secs` (the
+/// job every NBD scenario measures with).
+pub(crate) fn nbd_randread(
+    name: &'static str,
+    uri: &str,
+    (size_bytes, queue_depth): (u64, usize),
+    secs: f64,
+    seed: u64,
+) -> FioJob {
+    FioJob::new(
+        name,
+        "nbd",
+        FioTarget::NbdUri(uri.to_string()),
+        "randread",
+        BLOCK_BYTES,
+        secs.ceil().max(1.0) as u64,
+    )
+    .size_bytes(size_bytes)
+    .iodepth(queue_depth)
+    .seed(seed)
+}
+
 impl Fio {
     fn job(&self, uri: &str, seed: u64) -> FioJob {
-        FioJob::new(
+        nbd_randread(
             "nbd",
-            "nbd",
-            FioTarget::NbdUri(uri.to_string()),
-            "randread",
-            BLOCK_BYTES,
-            self.secs.ceil().max(1.0) as u64,
+            uri,
+            (self.size_bytes, self.queue_depth),
+            self.secs,
+            seed,
         )
-        .size_bytes(self.size_bytes)
-        .iodepth(self.queue_depth)
         .random_distribution(&self.distribution)
-        .seed(seed)
     }
 
     fn run(&self, dir: &Path, uri: &str, seed: u64) -> Result<Phase> {

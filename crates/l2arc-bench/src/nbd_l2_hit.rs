@@ -26,14 +26,12 @@ use std::process::Command;
 use anyhow::{Result, bail};
 
 use super::BenchArgs;
-use super::fio::{FioJob, FioTarget};
 use super::l2_hit::median;
 use super::nbd::{
-    ServerProcess, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
+    ServerProcess, nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
 };
 use super::nbd_reread::{ctl_stats, get};
 
-const BLOCK_BYTES: u64 = 4 << 10;
 const QUEUE_DEPTH: usize = 32;
 /// Seconds per measurement at most (`--seconds` caps it lower).
 const PHASE_SECS_MAX: f64 = 8.0;
@@ -238,17 +236,13 @@ impl Place {
     /// fio's nbd engine, random reads at queue depth 32 over the image's
     /// size, and the server's CPU time per request over the run.
     fn measure(&self, server: &ServerProcess, uri: &str, seed: u64) -> Result<Measured> {
-        let job = FioJob::new(
+        let job = nbd_randread(
             "nbd-l2-hit",
-            "nbd",
-            FioTarget::NbdUri(uri.to_string()),
-            "randread",
-            BLOCK_BYTES,
-            self.secs.ceil().max(1.0) as u64,
-        )
-        .size_bytes(self.image_bytes)
-        .iodepth(QUEUE_DEPTH)
-        .seed(seed);
+            uri,
+            (self.image_bytes, QUEUE_DEPTH),
+            self.secs,
+            seed,
+        );
         let cpu_before = server.cpu_secs()?;
         let read = job.run(Some(&self.dir))?;
         let cpu_secs = server.cpu_secs()? - cpu_before;

@@ -16,17 +16,14 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use super::BenchArgs;
-use super::fio::{FioJob, FioTarget};
-use super::nbd::{require_tools, scenario_image, shell_words, spawn, wait_for_socket};
+use l2arc::primary::emulated_hdd::HddConfig;
 
-const BLOCK_BYTES: u64 = 4 << 10;
+use super::BenchArgs;
+use super::nbd::{
+    nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
+};
+
 const QUEUE_DEPTH: usize = 32;
-const SPINDLES: u32 = 4;
-const SEEK_MS_MIN: f64 = 4.0;
-const SEEK_MS_MAX: f64 = 12.0;
-/// The emulation's transfer rate (`EmulatedHdd`'s default).
-const TRANSFER_MIB_PER_SEC: f64 = 150.0;
 const RECORDSIZE_BYTES: u64 = 128 << 10;
 const ARC_MAX_BYTES: u64 = 128 << 20;
 
@@ -42,6 +39,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         "nbd-warmup.img",
         RECORDSIZE_BYTES,
     )?;
+    // The emulation's own defaults: what the one-pass time is computed for.
+    let hdd = HddConfig::default();
     let cache = image.with_file_name("nbd-warmup-cache.img");
     let _ = std::fs::remove_file(&cache);
     let secs = args.measure_secs.unwrap_or(120.0).max(10.0);
@@ -55,30 +54,26 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         .arg(format!("--recordsize={RECORDSIZE_BYTES}"))
         .arg(format!("--cache={}", cache.display()))
         .arg(format!("--cache-size={}", image_bytes * 2))
-        .arg(format!("--emulate-hdd-spindles={SPINDLES}"))
-        .arg(format!("--emulate-hdd-seek-ms-min={SEEK_MS_MIN}"))
-        .arg(format!("--emulate-hdd-seek-ms-max={SEEK_MS_MAX}"));
+        .arg(format!("--emulate-hdd-spindles={}", hdd.spindles))
+        .arg(format!("--emulate-hdd-seek-ms-min={}", hdd.seek_ms_min))
+        .arg(format!("--emulate-hdd-seek-ms-max={}", hdd.seek_ms_max));
     let command = shell_words(&cmd);
     let mut server = spawn(cmd)?;
     wait_for_socket(&mut server, &socket)?;
     let load_before = crate::load_average();
-    let read = FioJob::new(
+    let read = nbd_randread(
         "nbd-warmup",
-        "nbd",
-        FioTarget::NbdUri(format!("nbd+unix:///?socket={}", socket.display())),
-        "randread",
-        BLOCK_BYTES,
-        secs.ceil() as u64,
+        &format!("nbd+unix:///?socket={}", socket.display()),
+        (image_bytes, QUEUE_DEPTH),
+        secs,
+        args.seed,
     )
-    .size_bytes(image_bytes)
-    .iodepth(QUEUE_DEPTH)
-    .seed(args.seed)
     .iops_log()
     .run(Some(tmp.path()))?;
     let stopped = server.stop();
     let _ = std::fs::remove_file(&cache);
     print_report(
-        image_bytes,
+        (image_bytes, &hdd),
         secs,
         &command,
         &load_before,
@@ -93,7 +88,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
 /// The curve, the warm rate, the seconds to 90% of it and the one-pass
 /// time.
 fn print_report(
-    image_bytes: u64,
+    (image_bytes, hdd): (u64, &HddConfig),
     secs: f64,
     command: &str,
     load_before: &str,
@@ -108,12 +103,15 @@ fn print_report(
     let (warm_iops, first_warm) = super::warmup::warm_level(iops_per_second);
     let secs_to_90pct = first_warm.map(|i| i as f64 + 1.0);
     let records = image_bytes / RECORDSIZE_BYTES;
-    let service_ms = (SEEK_MS_MIN + SEEK_MS_MAX) / 2.0
-        + RECORDSIZE_BYTES as f64 / (TRANSFER_MIB_PER_SEC * (1 << 20) as f64) * 1000.0;
-    let one_pass_secs = records as f64 * service_ms / 1000.0 / f64::from(SPINDLES);
+    let one_pass_secs =
+        records as f64 * hdd.mean_service_ms(RECORDSIZE_BYTES) / 1000.0 / hdd.spindles as f64;
     println!(
-        "NBD warm-up: random 4 KiB reads, fio nbd engine, queue depth {QUEUE_DEPTH}, {} MiB image on an emulated {SPINDLES}-spindle HDD ({SEEK_MS_MIN}-{SEEK_MS_MAX} ms, {TRANSFER_MIB_PER_SEC} MiB/s), {secs:.0} s from an empty cache; load before {load_before}, after {}",
+        "NBD warm-up: random 4 KiB reads, fio nbd engine, queue depth {QUEUE_DEPTH}, {} MiB image on an emulated {}-spindle HDD ({}-{} ms, {} MiB/s), {secs:.0} s from an empty cache; load before {load_before}, after {}",
         image_bytes >> 20,
+        hdd.spindles,
+        hdd.seek_ms_min,
+        hdd.seek_ms_max,
+        hdd.transfer_mib_per_sec,
         crate::load_average()
     );
     println!("ours: {command}");

@@ -5,8 +5,11 @@
 //! as QEMU or fio keeps many requests in flight on one connection (queue
 //! depth 32 is common) and expects them served in parallel, in any order.
 //! So each connection gets one reader thread, which only decodes requests
-//! (`protocol.rs`) and queues them, and a small pool of worker threads,
-//! which call the cache and write each reply whole under the connection's
+//! (`protocol.rs`) and queues them, and a pool of worker threads (8 at
+//! first, growing while all are busy: a read that misses holds its worker
+//! while primary storage answers, so the pool is how many such reads a
+//! client keeps on the disks at once), which call the cache and write each
+//! reply whole under the connection's
 //! writer mutex (replies of different requests never interleave on the
 //! wire, and the client matches them by cookie). Every connection shares
 //! the one `Cache` and the one object handle, so a record one client warmed

@@ -225,6 +225,23 @@ impl Client {
         )
     }
 
+    /// One reply to a read, in any order: checks it succeeded with the
+    /// bytes of `image` at what `requested(cookie)` says the read asked
+    /// for (offset, length); returns the cookie.
+    fn check_read_reply(&mut self, image: &[u8], requested: impl FnOnce(u64) -> (u64, u32)) -> u64 {
+        let (cookie, error) = self.reply();
+        assert_eq!(error, 0, "cookie {cookie}");
+        let (offset, len) = requested(cookie);
+        let mut data = vec![0u8; len as usize];
+        self.s.read_exact(&mut data).unwrap();
+        assert_eq!(
+            data,
+            image[offset as usize..][..len as usize],
+            "{offset}+{len}"
+        );
+        cookie
+    }
+
     fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
         self.send(NBD_CMD_READ, 0, 7, offset, len, &[]);
         let (cookie, error) = self.reply();
@@ -721,16 +738,9 @@ fn pipelined_reads_of_cached_data_go_through_the_read_queue() {
             expected.insert(cookie, (offset, len));
         }
         for _ in 0..48 {
-            let (cookie, error) = c.reply();
-            assert_eq!(error, 0, "cookie {cookie}");
-            let (offset, len) = expected.remove(&cookie).expect("one reply per request");
-            let mut data = vec![0u8; len as usize];
-            c.s.read_exact(&mut data).unwrap();
-            assert_eq!(
-                data,
-                image[offset as usize..][..len as usize],
-                "{offset}+{len}"
-            );
+            c.check_read_reply(&image, |cookie| {
+                expected.remove(&cookie).expect("one reply per request")
+            });
         }
         let after = srv.server.stats();
         let (queued, passed_on) = (
@@ -805,16 +815,7 @@ fn reads_passed_on_to_busy_workers_never_wait_on_the_read_queue() {
         }
     });
     for _ in 0..requests.len() {
-        let (cookie, error) = c.reply();
-        assert_eq!(error, 0, "cookie {cookie}");
-        let (offset, len) = requests[cookie as usize];
-        let mut data = vec![0u8; len as usize];
-        c.s.read_exact(&mut data).unwrap();
-        assert_eq!(
-            data,
-            bytes[offset as usize..][..len as usize],
-            "{offset}+{len}"
-        );
+        c.check_read_reply(&bytes, |cookie| requests[cookie as usize]);
     }
     writer.join().unwrap();
     let stats = srv.server.stats();
@@ -884,11 +885,7 @@ fn workers_grow_while_all_are_busy_up_to_the_bound() {
             c.send(NBD_CMD_READ, 0, cookie, cookie << 16, 4096, &[]);
         }
         for _ in 0..32 {
-            let (cookie, error) = c.reply();
-            assert_eq!(error, 0, "cookie {cookie}");
-            let mut data = vec![0u8; 4096];
-            c.s.read_exact(&mut data).unwrap();
-            assert_eq!(data, bytes[(cookie << 16) as usize..][..4096]);
+            c.check_read_reply(&bytes, |cookie| (cookie << 16, 4096));
         }
         let started = srv.server.stats().workers_started - 8;
         if workers_max == 32 {

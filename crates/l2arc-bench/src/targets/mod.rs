@@ -238,9 +238,7 @@ impl Bench {
 
     /// The emulation's mean service time of a read of `bytes`, in ms.
     pub(crate) fn hdd_service_ms(&self, bytes: u64) -> f64 {
-        let c = &self.hdd;
-        (c.seek_ms_min + c.seek_ms_max) / 2.0
-            + bytes as f64 / (c.transfer_mib_per_sec * (1 << 20) as f64) * 1000.0
+        self.hdd.mean_service_ms(bytes)
     }
 
     /// Generates (or reuses) the mixed-size dataset in `--data` or a

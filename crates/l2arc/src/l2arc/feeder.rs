@@ -240,11 +240,8 @@ impl Cache {
         self.feed_to(None)
     }
 
-    /// One pass of `device`'s feeder: a batch for it alone.
-    fn feed_device(&self, device: &CacheDevice) -> FeedOutcome {
-        self.feed_to(Some(device))
-    }
-
+    /// One feed: a batch for `device` alone (its own feeder's), or for
+    /// the rotor's next device.
     fn feed_to(&self, device: Option<&CacheDevice>) -> FeedOutcome {
         let Some(l2) = self.l2.get() else {
             return FeedOutcome::default();
@@ -456,7 +453,7 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
             l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         let config = l2.config().clone();
-        let outcome = cache.feed_device(&device);
+        let outcome = cache.feed_to(Some(&device));
         drop(device);
         drop(cache);
         pause = if outcome.full && config.l2arc_feed_again {

@@ -90,6 +90,13 @@ impl Default for HddConfig {
 }
 
 impl HddConfig {
+    /// Mean service time of one read of `bytes` on one spindle, in ms: mean
+    /// positioning plus transfer (what benchmarks call one pass's cost).
+    pub fn mean_service_ms(&self, bytes: u64) -> f64 {
+        (self.seek_ms_min + self.seek_ms_max) / 2.0
+            + bytes as f64 / (self.transfer_mib_per_sec * (1 << 20) as f64) * 1000.0
+    }
+
     /// Checks that the numbers describe a disk (positive, min <= max).
     pub fn validate(&self) -> io::Result<()> {
         let bad = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
