@@ -605,15 +605,20 @@ impl WarmL2<'_> {
         })
     }
 
-    /// Random reads of whole records from `queue_threads()` threads, each
-    /// with a read queue (the engine's many-in-flight API, flash read
-    /// through io_uring), `depth` in flight in all; latency is from submit
-    /// to completion. The queues fill for a quarter of the phase (at most a
-    /// quarter second) before anything is counted.
+    /// Random reads of whole records from one thread with a read queue
+    /// (the engine's many-in-flight API, flash read through io_uring) of
+    /// `depth`, as fio's one thread with an io_uring of that depth; latency
+    /// is from submit to completion. The queue fills for a quarter of the
+    /// phase (at most a quarter second) before anything is counted.
+    ///
+    /// One thread, not one per core: measured side by side (2026-11-24),
+    /// two threads of 16 each reached 0.85-0.91x of fio at 4 KiB where one
+    /// of 32 reached 0.98-1.18x; the second thread's finishing work (a CRC,
+    /// an ARC insert) competes with the device's completions for the cores
+    /// and the ARC's locks, and gains nothing the first lacks.
     fn measure_queue(&self, depth: usize, seed: u64) -> Result<Ours> {
-        let threads = queue_threads().min(depth);
         let phase = self
-            .phase("queue", threads, seed)
+            .phase("queue", 1, seed)
             .warmup(Duration::from_secs_f64(self.secs.min(1.0) / 4.0));
         let mut watch = StatsAtStart {
             cache: self.cache,
@@ -622,10 +627,7 @@ impl WarmL2<'_> {
         let result = runner::run(
             &phase,
             &mut watch,
-            |worker| {
-                let thread_depth = depth / threads + usize::from(worker.thread < depth % threads);
-                QueueReader::new(self.cache, thread_depth)
-            },
+            |_| QueueReader::new(self.cache, depth),
             |queue, worker| queue.step(self, worker),
         )?;
         let before = watch.before.context("the measured phase never started")?;
@@ -740,15 +742,6 @@ fn warm_hit_ratios(before: &l2arc::CacheStats, after: &l2arc::CacheStats) -> Res
         );
     }
     Ok((ratio(arc_hits, arc_lookups), l2_hit_ratio))
-}
-
-/// Threads that share the read-queue measurement's depth: one per core (at
-/// most 4), each with its own queue, so that the cache's own work per read
-/// (checksum, ARC insert) has the cores fio's one thread leaves idle.
-fn queue_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 4)
 }
 
 /// Takes the cache's statistics when the measured part of a phase begins.
@@ -928,9 +921,8 @@ fn print_rows(rows: &[Row]) {
 fn print_notes(r: &Report) {
     println!(
         "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
-         against fio psync; against fio io_uring it is {} thread(s) with read queues, {QUEUE_DEPTH} in flight in all \
-         (Cache::read_queue, flash read through io_uring);",
-        queue_threads()
+         against fio psync; against fio io_uring it is one thread with a read queue of depth {QUEUE_DEPTH} \
+         (Cache::read_queue, flash read through io_uring);"
     );
     println!(
         "ARC and L2 are the hit ratios of our measured phases (L2: hits over the ARC's misses);"

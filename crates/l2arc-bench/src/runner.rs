@@ -269,10 +269,9 @@ impl Shared {
     }
 }
 
-/// One thread of a phase: its index and random stream, and where it records
-/// what its operations did.
+/// One thread of a phase: its random stream, and where it records what its
+/// operations did.
 pub(crate) struct Worker<'a> {
-    pub thread: usize,
     pub rng: Rng,
     op_index: u64,
     shared: &'a Shared,
@@ -381,7 +380,6 @@ fn work<S>(
     op: &impl Fn(&mut S, &mut Worker) -> Result<()>,
 ) -> Result<WorkerTotals> {
     let mut worker = Worker {
-        thread,
         rng: Rng::new(phase.seed ^ l2arc::hash::mix64(thread as u64 + 1)),
         op_index: 0,
         shared,

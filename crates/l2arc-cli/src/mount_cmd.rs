@@ -50,8 +50,9 @@ pub(crate) struct MountArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub store_whole_records: bool,
     /// Threads serving FUSE requests: also how many reads that miss may
-    /// wait on primary storage at once (16 keep 4 disks busy under 32
-    /// random readers; 4 left them a third idle).
+    /// wait on primary storage at once, and how many the kernel is asked
+    /// to send at once (32 keep 4 disks busy under 32 random readers; 16
+    /// left them a tenth idle, 4 a third).
     #[arg(long, default_value_t = l2arc_fuse::MountOptions::default().threads)]
     pub threads: usize,
     /// Most nodes (files and directories) the kernel may hold; a lookup

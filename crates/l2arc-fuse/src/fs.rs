@@ -345,6 +345,8 @@ pub struct CachedFs {
     store_budget: Arc<StoreBudget>,
     relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
+    /// The kernel's `max_background` asked for at init: set by `mount`.
+    pub(crate) max_background: u16,
     /// The source directory's path now, to name open files in analytics.
     source_root: std::path::PathBuf,
     /// Bytes of listings held by open directories (`max_dir_listing_bytes`).
@@ -517,6 +519,7 @@ impl CachedFs {
             }),
             relief,
             notifier,
+            max_background: crate::MAX_BACKGROUND_MIN,
             source_root,
             dir_listing_bytes: Arc::new(AtomicUsize::new(0)),
             options,
@@ -1102,6 +1105,8 @@ impl Filesystem for CachedFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        // Refused: the kernel keeps its own.
+        let _ = config.set_max_background(self.max_background);
         Ok(())
     }
 

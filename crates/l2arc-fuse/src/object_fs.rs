@@ -161,6 +161,8 @@ pub struct ObjectFs {
     invalidate: SyncSender<u64>,
     relief: SyncSender<ReliefJob>,
     pub(crate) notifier: NotifierSlot,
+    /// The kernel's `max_background` asked for at init: set by `mount_objects`.
+    pub(crate) max_background: u16,
     mounted_at: SystemTime,
 }
 
@@ -336,6 +338,7 @@ impl ObjectFs {
             invalidate,
             relief,
             notifier,
+            max_background: crate::MAX_BACKGROUND_MIN,
             mounted_at: SystemTime::now(),
         })
     }
@@ -654,6 +657,8 @@ impl Filesystem for ObjectFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        // Refused: the kernel keeps its own.
+        let _ = config.set_max_background(self.max_background);
         Ok(())
     }
 

@@ -419,3 +419,112 @@ fn stores_never_outlive_a_write_or_truncate_through_the_mount() {
         drop(reader);
     }
 }
+
+/// A mount of one file of `bytes` over an emulated array of 64 disks that
+/// take 200 ms a read, served by `threads` threads, with our read-ahead and
+/// record stores off: every read that misses waits on the disks.
+fn mount_over_slow_disks(
+    bytes: &[u8],
+    threads: usize,
+) -> (
+    tempfile::TempDir,
+    PathBuf,
+    Arc<l2arc::primary::emulated_hdd::EmulatedHdd>,
+    l2arc_fuse::MountGuard,
+) {
+    use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(src.join("f"), bytes).unwrap();
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes: 64 << 20,
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    let primary = Arc::new(DirPrimary::new(&src).unwrap());
+    let hdd = Arc::new(
+        EmulatedHdd::new(
+            Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>,
+            HddConfig {
+                spindles: 64,
+                seek_ms_min: 200.0,
+                seek_ms_max: 200.0,
+                stripe_bytes: 64 << 10,
+                ..HddConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let dataset = cache
+        .add_dataset(
+            "t",
+            Arc::clone(&hdd) as Arc<dyn l2arc::primary::Primary>,
+            DatasetConfig::default(),
+        )
+        .unwrap();
+    let options = FsOptions {
+        readahead_max_records: 0,
+        store_whole_records: false,
+        ..FsOptions::default()
+    };
+    let fs = CachedFs::new(cache, dataset, primary, options).unwrap();
+    let mount_options = MountOptions {
+        threads,
+        ..MountOptions::default()
+    };
+    let guard = l2arc_fuse::MountGuard::mount(fs, &mnt, &mount_options).unwrap();
+    (dir, mnt, hdd, guard)
+}
+
+/// Readers whose reads all wait on primary storage (200 ms a read, 64
+/// spindles), through the kernel's read-ahead (background reads) and
+/// without it (`POSIX_FADV_RANDOM`, as fio's random readers): a read that
+/// misses holds a session thread while the disks answer, and the kernel
+/// sends at most `max_background` background reads at once, which the
+/// mount sets to its thread count. So 32 readers of 32 records have all
+/// their reads on the disks at once with 32 threads, and never more than
+/// the threads with 8.
+#[test]
+fn reads_waiting_on_primary_storage_overlap_up_to_the_mounts_threads() {
+    const READERS: usize = 32;
+    const RECORD: usize = 128 << 10;
+    for (threads, read_ahead) in [(32usize, true), (32, false), (8, true)] {
+        let bytes = pattern(READERS * RECORD, 9);
+        let (_dir, mnt, hdd, guard) = mount_over_slow_disks(&bytes, threads);
+        let start = std::sync::Barrier::new(READERS);
+        std::thread::scope(|s| {
+            for reader in 0..READERS {
+                let (mnt, bytes, start) = (&mnt, &bytes, &start);
+                s.spawn(move || {
+                    use std::os::unix::fs::FileExt;
+                    let f = if read_ahead {
+                        std::fs::File::open(mnt.join("f")).unwrap()
+                    } else {
+                        open_random(&mnt.join("f"))
+                    };
+                    let offset = reader * RECORD + 4096;
+                    let mut buf = vec![0u8; 4096];
+                    start.wait();
+                    f.read_exact_at(&mut buf, offset as u64).unwrap();
+                    assert!(buf == bytes[offset..offset + 4096], "reader {reader}");
+                });
+            }
+        });
+        drop(guard);
+        let in_flight_max = hdd.stats().in_flight_max;
+        eprintln!("{threads} threads, read-ahead {read_ahead}: {in_flight_max} reads at once");
+        if threads == READERS {
+            assert!(
+                in_flight_max >= 24,
+                "{threads} threads, read-ahead {read_ahead}: only {in_flight_max} of {READERS} reads on the disks at once"
+            );
+        } else {
+            assert!(
+                in_flight_max <= threads as u64,
+                "{in_flight_max} reads on {threads} threads"
+            );
+        }
+    }
+}

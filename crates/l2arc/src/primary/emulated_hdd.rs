@@ -142,6 +142,9 @@ pub struct HddStats {
     pub bytes_written: u64,
     /// Wall time spindles spent serving requests, summed over spindles.
     pub busy_ns: u64,
+    /// Most requests at the array at once, queued or served: how much of
+    /// its parallelism the caller could use.
+    pub in_flight_max: u64,
 }
 
 /// Any primary, slowed down to the speed of an array of hard disks.
@@ -177,6 +180,8 @@ impl EmulatedHdd {
                 bytes_read: AtomicU64::new(0),
                 bytes_written: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
+                in_flight: AtomicU64::new(0),
+                in_flight_max: AtomicU64::new(0),
                 overshoot_ns: AtomicU64::new(INITIAL_OVERSHOOT_NS),
             }),
         })
@@ -196,6 +201,7 @@ impl EmulatedHdd {
             bytes_read: a.bytes_read.load(Ordering::Relaxed),
             bytes_written: a.bytes_written.load(Ordering::Relaxed),
             busy_ns: a.busy_ns.load(Ordering::Relaxed),
+            in_flight_max: a.in_flight_max.load(Ordering::Relaxed),
         }
     }
 }
@@ -272,6 +278,15 @@ impl Drop for PassTurn<'_> {
     }
 }
 
+/// Counts a request out of the array when dropped (also on a panic).
+struct LeaveArray<'a>(&'a AtomicU64);
+
+impl Drop for LeaveArray<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Array {
     config: HddConfig,
     spindles: Box<[(Mutex<Spindle>, Condvar)]>,
@@ -280,6 +295,8 @@ struct Array {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     busy_ns: AtomicU64,
+    in_flight: AtomicU64,
+    in_flight_max: AtomicU64,
     /// Moving average of how late `thread::sleep` wakes up.
     overshoot_ns: AtomicU64,
 }
@@ -299,6 +316,9 @@ impl Array {
         op: impl FnOnce() -> (io::Result<T>, usize),
     ) -> (io::Result<T>, usize) {
         let (lock, turn) = &self.spindles[self.spindle_of(id, offset)];
+        let in_flight = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.in_flight_max.fetch_max(in_flight, Ordering::Relaxed);
+        let _leave = LeaveArray(&self.in_flight);
         let relock =
             || -> MutexGuard<'_, Spindle> { lock.lock().unwrap_or_else(|p| p.into_inner()) };
         // Take a ticket and wait for it to be served: FIFO, like a disk queue.
@@ -496,9 +516,14 @@ mod tests {
     fn spindles_serve_in_parallel() {
         let per_thread = 50;
         // One spindle, one thread: the baseline rate.
-        let (_tmp, _hdd, obj) = setup(one_spindle(2.0, 4.0));
+        let (_tmp, one, obj) = setup(one_spindle(2.0, 4.0));
         let one_ms = mean_read_ms(obj.as_ref(), 4 * per_thread, 3);
         let one_rate = 1.0 / one_ms;
+        assert_eq!(
+            one.stats().in_flight_max,
+            1,
+            "one thread, one request at a time"
+        );
 
         // Four spindles, four threads, each thread on its own spindle.
         let config = HddConfig {
@@ -536,6 +561,8 @@ mod tests {
         assert!(speedup > 2.5, "speedup {speedup}");
         assert!(speedup < 4.5, "speedup {speedup}");
         assert_eq!(hdd.stats().reads, 4 * per_thread as u64);
+        let in_flight_max = hdd.stats().in_flight_max;
+        assert!((2..=4).contains(&in_flight_max), "{in_flight_max} at once");
     }
 
     #[test]
