@@ -152,6 +152,8 @@ fn fill(l2: &L2Arc, record_bytes: u64, records: u64) -> Result<(u64, u64, f64)> 
                 key_hash: key(record_bytes, next + i as u64),
                 data,
                 compression: Compression::Off,
+                sector_table_min_bytes: l2arc::internals::format::SECTOR_TABLE_RECORD_BYTES_MIN
+                    as u32,
             })
             .collect();
         let (_, written) = l2.write_batch(&batch).context("writing the warm device")?;

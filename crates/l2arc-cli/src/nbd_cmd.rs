@@ -69,11 +69,19 @@ fn is_block_device(path: &std::path::Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
+/// serve-nbd's `sector_table_min` unless set: records of 128 KiB and up.
+const NBD_SECTOR_TABLE_MIN_BYTES: u32 = 128 << 10;
+
 pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     l2arc_nbd::pool::map_large_buffers_alone();
     // Objects: 1 MiB records (one GET a MiB), as for an s3:// mount.
     let s3 = crate::s3_opts::is_s3(&args.image);
     let mut resolved = args.cache.resolve(if s3 { 1 << 20 } else { 64 << 10 })?;
+    if !resolved.sector_table_min_set {
+        // A volume is read in small pieces at random: a 4 KiB read of a
+        // 128 KiB record that only flash holds reads 8 KiB, not 128.
+        resolved.dataset_config.sector_table_min_bytes = NBD_SECTOR_TABLE_MIN_BYTES;
+    }
     if s3 && !resolved.l2arc_noprefetch_set {
         // A read-ahead record of an object cost a GET: worth keeping on
         // flash (OpenZFS's default of leaving prefetches out assumes a disk).

@@ -53,6 +53,12 @@ pub struct CacheOptions {
     /// How records are stored on cache devices: lz4 (default), zstd or off.
     #[arg(long, value_parser = parse_compression)]
     pub compression: Option<Compression>,
+    /// Records at least this long, stored uncompressed on a cache device,
+    /// get a table of 4 KiB checksums there (one block more), so that a
+    /// small read of one only flash holds reads its piece, not the whole
+    /// record (default 128K for serve-nbd, 256K for mount; at least 64K).
+    #[arg(long, value_parser = parse_size)]
+    pub sector_table_min: Option<u64>,
     /// L2ARC cache device (file or block device); repeatable.
     #[arg(long)]
     pub cache: Vec<PathBuf>,
@@ -107,6 +113,7 @@ struct FileOptions {
     primarycache: Option<String>,
     secondarycache: Option<String>,
     compression: Option<String>,
+    sector_table_min: Option<SizeValue>,
     control: Option<PathBuf>,
     http: Option<std::net::SocketAddr>,
     history: Option<PathBuf>,
@@ -184,6 +191,8 @@ pub struct ResolvedOptions {
     pub emulate_hdd: Option<HddConfig>,
     /// `l2arc_noprefetch` was set (flag or file), not left at its default.
     pub l2arc_noprefetch_set: bool,
+    /// `sector_table_min` was set (flag or file), not left at its default.
+    pub sector_table_min_set: bool,
 }
 
 impl CacheOptions {
@@ -240,6 +249,8 @@ impl CacheOptions {
             history: self.history.clone().or(file.history.clone()),
             emulate_hdd: self.resolve_emulated_hdd(&file)?,
             l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
+            sector_table_min_set: self.sector_table_min.is_some()
+                || file.sector_table_min.is_some(),
         })
     }
 
@@ -319,12 +330,23 @@ impl CacheOptions {
             }
             (None, None) => Compression::Lz4,
         };
-        Ok(DatasetConfig {
+        let defaults = DatasetConfig::default();
+        let sector_table_min = size_of(
+            self.sector_table_min,
+            "sector_table_min",
+            &file.sector_table_min,
+        )?
+        .map_or(Ok(defaults.sector_table_min_bytes), u32::try_from)
+        .map_err(|_| anyhow::anyhow!("sector_table_min: too large"))?;
+        let config = DatasetConfig {
             recordsize_bytes: l2arc::validate_recordsize(recordsize)?,
             primarycache: mode(self.primarycache, "primarycache", &file.primarycache)?,
             secondarycache: mode(self.secondarycache, "secondarycache", &file.secondarycache)?,
             compression,
-        })
+            sector_table_min_bytes: sector_table_min,
+        };
+        config.validate()?;
+        Ok(config)
     }
 
     /// The emulated HDD array, if asked for (spindles > 0).
@@ -491,6 +513,17 @@ mod tests {
         assert_eq!(r.dataset_config.secondarycache, CacheMode::None);
         assert!(!r.cache_config.l2arc.l2arc_noprefetch);
         assert_eq!(r.cache_devices, vec![PathBuf::from("/tmp/x")]);
+        assert!(!r.sector_table_min_set);
+        assert_eq!(r.dataset_config.sector_table_min_bytes, 256 << 10);
+        let r = resolve_file("sector_table_min = \"128K\"\n", CacheOptions::default()).unwrap();
+        assert!(r.sector_table_min_set);
+        assert_eq!(r.dataset_config.sector_table_min_bytes, 128 << 10);
+        let flag = CacheOptions {
+            sector_table_min: Some(1 << 20),
+            ..Default::default()
+        };
+        let r = resolve_file("sector_table_min = \"128K\"\n", flag).unwrap();
+        assert_eq!(r.dataset_config.sector_table_min_bytes, 1 << 20);
     }
 
     #[test]
@@ -504,6 +537,12 @@ mod tests {
         assert!(format!("{size:#}").contains("arc_max"), "{size:#}");
         let rs = resolve_file("recordsize = 3000\n", CacheOptions::default()).unwrap_err();
         assert!(format!("{rs:#}").contains("recordsize"), "{rs:#}");
+        let table =
+            resolve_file("sector_table_min = \"16K\"\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{table:#}").contains("sector_table_min"),
+            "{table:#}"
+        );
         let mode = resolve_file("primarycache = \"some\"\n", CacheOptions::default()).unwrap_err();
         assert!(format!("{mode:#}").contains("primarycache"), "{mode:#}");
         let missing = CacheOptions {

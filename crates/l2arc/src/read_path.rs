@@ -78,7 +78,9 @@ use crate::arc::policy::{AccessKind, DramPolicy};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
 use crate::l2arc::device::{DeviceIo, FileDevice};
-use crate::l2arc::format::{Compression, SECTOR_TABLE_RECORD_BYTES_MIN};
+use crate::l2arc::format::{
+    Compression, SECTOR_TABLE_RECORD_BYTES_FLOOR, SECTOR_TABLE_RECORD_BYTES_MIN,
+};
 use crate::l2arc::ring::IoEngine;
 use crate::l2arc::{DeviceOpen, L2Arc, L2ArcConfig};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
@@ -111,6 +113,9 @@ pub enum ConfigError {
     #[error("l2arc_ioengine=io_uring: {0}")]
     /// An `l2arc_ioengine` the kernel refuses.
     IoEngine(String),
+    #[error("sector_table_min {0} bytes is too small: it must be at least 64K (65536 bytes)")]
+    /// A sector table threshold under `SECTOR_TABLE_RECORD_BYTES_FLOOR`.
+    SectorTableMin(u32),
 }
 
 /// ZFS's `primarycache` / `secondarycache` property values.
@@ -134,6 +139,14 @@ pub struct DatasetConfig {
     pub secondarycache: CacheMode,
     /// How records are stored on the L2ARC (`compression=lz4|zstd|off`).
     pub compression: Compression,
+    /// Records stored plain on flash and at least this long carry a sector
+    /// table (a checksum per 4 KiB block, in one more block), so that a
+    /// read of a small piece of one that only flash holds reads that piece,
+    /// not the whole record: 1/32 of the flash bandwidth for a 4 KiB read
+    /// of a 128 KiB record. The table costs a block per record on flash:
+    /// 3.1% at 128 KiB, 1.6% at 256 KiB (the default). At least
+    /// `SECTOR_TABLE_RECORD_BYTES_FLOOR` (64 KiB).
+    pub sector_table_min_bytes: u32,
 }
 
 impl Default for DatasetConfig {
@@ -143,14 +156,19 @@ impl Default for DatasetConfig {
             primarycache: CacheMode::All,
             secondarycache: CacheMode::All,
             compression: Compression::Lz4,
+            sector_table_min_bytes: SECTOR_TABLE_RECORD_BYTES_MIN as u32,
         }
     }
 }
 
 impl DatasetConfig {
-    /// Checks the recordsize.
+    /// Checks the recordsize and the sector table threshold.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        validate_recordsize(u64::from(self.recordsize_bytes)).map(|_| ())
+        validate_recordsize(u64::from(self.recordsize_bytes))?;
+        if (self.sector_table_min_bytes as usize) < SECTOR_TABLE_RECORD_BYTES_FLOOR {
+            return Err(ConfigError::SectorTableMin(self.sector_table_min_bytes));
+        }
+        Ok(())
     }
 }
 
@@ -406,6 +424,21 @@ impl ReadView {
 /// record. Below the kernel's 128 KiB FUSE reads, so a sequential reader
 /// (whose read-ahead fetches whole records) does not also read pieces.
 const SECTOR_READ_FRACTION: usize = 16;
+
+/// Whether a demand read of bytes `piece` of one record of `handle`'s
+/// dataset may be tried as a sector read: its records large enough to
+/// carry sector tables, the piece small, and not at the record's start. A
+/// reader that starts a record is taken to read on through it (a
+/// sequential reader of small pieces), so it gets the whole record into
+/// the ARC, and the rest of its pieces are hits; a random reader starts a
+/// record once in `recordsize / len` reads.
+fn sector_read_fits(handle: &ObjectHandle, piece: &Range<usize>) -> bool {
+    let config = &handle.dataset.config;
+    let recordsize = config.recordsize_bytes as usize;
+    recordsize >= config.sector_table_min_bytes as usize
+        && piece.start > 0
+        && piece.len() * SECTOR_READ_FRACTION <= recordsize
+}
 
 /// `wanted` of a whole record, cut at its end, and whether it is short.
 fn piece_of(
@@ -922,9 +955,9 @@ impl Cache {
     /// buffer, the range of it that holds them, and whether the record is
     /// short (the object's last).
     ///
-    /// A small demand read (at most 1/`SECTOR_READ_FRACTION` of a record)
-    /// of a record the ARC neither holds nor is filling is first tried as
-    /// a sector read from the L2ARC (`L2Arc::read_sectors`): the 4 KiB
+    /// A small demand read (at most 1/`SECTOR_READ_FRACTION` of a record,
+    /// not at its start: `sector_read_fits`) of a record the ARC neither
+    /// holds nor is filling is first tried as a sector read from the L2ARC (`L2Arc::read_sectors`): the 4 KiB
     /// blocks under it and the record's sector table, not the whole
     /// record, and no ARC fill. Reading a 1 MiB record from flash to serve
     /// 4 KiB is 256 times the I/O, and filling the ARC with it evicts a
@@ -938,10 +971,7 @@ impl Cache {
         wanted: Range<usize>,
     ) -> io::Result<(Arc<Record>, Range<usize>, bool)> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
-        if kind == AccessKind::Demand
-            && recordsize >= SECTOR_TABLE_RECORD_BYTES_MIN
-            && wanted.len() * SECTOR_READ_FRACTION <= recordsize
-        {
+        if kind == AccessKind::Demand && sector_read_fits(handle, &wanted) {
             let token = handle.token();
             let key = handle.record_key(index);
             match self.arc.lookup_resident(key, token, kind) {
@@ -1116,6 +1146,32 @@ impl Cache {
                     .l2_source(handle, index, token)
                     .is_some_and(|(l2, key_hash)| l2.contains(key_hash))
         })
+    }
+
+    /// Whether a read of `len` bytes at `offset` is one that
+    /// [`Cache::read`] would serve with a sector read (`get_piece`): small,
+    /// within one record that the ARC neither holds nor is filling, and
+    /// that flash holds with a sector table. No statistics.
+    pub(crate) fn sector_read_serves(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+    ) -> bool {
+        let recordsize = u64::from(handle.recordsize_bytes());
+        let end = offset.saturating_add(len as u64).min(handle.size_bytes());
+        if offset >= end || offset / recordsize != (end - 1) / recordsize {
+            return false;
+        }
+        let (index, token) = (offset / recordsize, handle.token());
+        let from = (offset - index * recordsize) as usize;
+        if !sector_read_fits(handle, &(from..from + (end - offset) as usize)) {
+            return false;
+        }
+        !self.arc.holds(handle.record_key(index), token)
+            && self
+                .l2_source(handle, index, token)
+                .is_some_and(|(l2, key_hash)| l2.holds_sectored(key_hash))
     }
 
     /// The L2ARC and the record's key there, if the record may be on flash.

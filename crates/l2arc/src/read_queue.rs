@@ -187,12 +187,16 @@ impl<'c> ReadQueue<'c> {
     }
 
     /// As [`Self::submit`], for a caller that has another way to serve
-    /// reads that need primary storage (threads of its own): `Ok(false)`,
+    /// reads (threads of its own, each with [`Cache::read`]): `Ok(false)`,
     /// and nothing taken, when a record under the range is neither in the
     /// ARC (resident or being filled) nor on flash, so that the thread
-    /// owning the queue does not wait on primary storage. A record that
-    /// leaves both between this check and its lookup is still read, from
-    /// primary storage in this thread: correct, only slower.
+    /// owning the queue does not wait on primary storage; and when the
+    /// read is a small piece of a record that only flash holds, with a
+    /// sector table, which `Cache::read` reads alone where the queue would
+    /// read the whole record (a 4 KiB read of a 128 KiB record: 1/32 of the
+    /// flash bandwidth). A record that leaves both between this check and
+    /// its lookup is still read, from primary storage in this thread:
+    /// correct, only slower.
     pub fn submit_if_cached(
         &mut self,
         handle: &ObjectHandle,
@@ -200,7 +204,9 @@ impl<'c> ReadQueue<'c> {
         len: usize,
         tag: u64,
     ) -> io::Result<bool> {
-        if !self.cache.holds_range(handle, offset, len) {
+        if !self.cache.holds_range(handle, offset, len)
+            || self.cache.sector_read_serves(handle, offset, len)
+        {
             return Ok(false);
         }
         self.submit(handle, offset, len, tag).map(|()| true)

@@ -558,6 +558,8 @@ mod crash_points {
                     key_hash: *k,
                     data: d,
                     compression: Compression::Off,
+                    sector_table_min_bytes: l2arc::internals::format::SECTOR_TABLE_RECORD_BYTES_MIN
+                        as u32,
                 })
                 .collect();
             let (_, written) = l2.write_batch(&records).unwrap();

@@ -33,6 +33,7 @@ fn write(l2: &L2Arc, key_hash: u64, data: &[u8]) {
         key_hash,
         data,
         compression: Compression::Off,
+        sector_table_min_bytes: l2arc::internals::format::SECTOR_TABLE_RECORD_BYTES_MIN as u32,
     };
     let (_, written) = l2.write_batch(&[record]).unwrap();
     assert_eq!(written, 1);

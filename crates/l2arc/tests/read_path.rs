@@ -59,6 +59,7 @@ fn dataset(
                 primarycache: mode,
                 secondarycache: CacheMode::All,
                 compression: l2arc::Compression::Off,
+                ..DatasetConfig::default()
             },
         )
         .expect("valid dataset config")

@@ -301,6 +301,7 @@ fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
                 primarycache: CacheMode::All,
                 secondarycache: CacheMode::All,
                 compression: l2arc::Compression::Off,
+                ..DatasetConfig::default()
             },
         )
         .unwrap();

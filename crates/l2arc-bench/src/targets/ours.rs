@@ -94,6 +94,7 @@ impl L2arcTarget {
                 } else {
                     Compression::Off
                 },
+                ..DatasetConfig::default()
             },
         )?;
         // A cache size of 0 is the ARC alone (the `no_l2arc` setting).

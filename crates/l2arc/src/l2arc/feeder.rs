@@ -161,6 +161,7 @@ struct Selected {
     key: RecordKey,
     data: SelectedBytes,
     compression: Compression,
+    sector_table_min_bytes: u32,
 }
 
 enum SelectedBytes {
@@ -280,6 +281,7 @@ impl Cache {
                 key_hash: s.key_hash,
                 data: s.data.as_slice(),
                 compression: s.compression,
+                sector_table_min_bytes: s.sector_table_min_bytes,
             })
             .collect();
         let keys: Vec<RecordKey> = selected.iter().map(|s| s.key).collect();
@@ -334,6 +336,7 @@ impl Cache {
                 key: q.key,
                 data: SelectedBytes::Evicted(q.record),
                 compression: dataset.props.compression(),
+                sector_table_min_bytes: dataset.config.sector_table_min_bytes,
             });
         }
         if batch_bytes >= budget_bytes {
@@ -375,6 +378,7 @@ impl Cache {
                 key,
                 data: SelectedBytes::Copied(record.data.to_vec()),
                 compression: dataset.props.compression(),
+                sector_table_min_bytes: dataset.config.sector_table_min_bytes,
             });
             if batch_bytes >= budget_bytes {
                 break;

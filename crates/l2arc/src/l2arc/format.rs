@@ -1033,8 +1033,15 @@ pub fn record_checksum(key_hash: u64, stored: &[u8]) -> u32 {
 
 /// Plain records at least this long are written with a sector table, so
 /// that a small read can take 4 KiB pieces of them from flash instead of
-/// the whole record. The table costs a block: under 1.6% from here up.
+/// the whole record, unless the dataset says otherwise
+/// (`DatasetConfig::sector_table_min_bytes`). The table costs a block:
+/// under 1.6% from here up.
 pub const SECTOR_TABLE_RECORD_BYTES_MIN: usize = 256 * 1024;
+
+/// The smallest records a dataset may ask sector tables for: a table block
+/// costs 1/16 of a 64 KiB record, and a small read is one of at most 1/16
+/// of its record.
+pub const SECTOR_TABLE_RECORD_BYTES_FLOOR: usize = 64 * 1024;
 
 /// The checksum of payload block `index` of a record in its sector table:
 /// `crc32c(key_hash as 8 LE bytes ++ index as 4 LE bytes ++ the 4096

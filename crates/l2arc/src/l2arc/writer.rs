@@ -58,6 +58,10 @@ pub struct FeedRecord<'a> {
     pub data: &'a [u8],
     /// How to store it.
     pub compression: Compression,
+    /// Stored plain and at least this long, it is written with a sector
+    /// table (`format::SECTOR_TABLE_RECORD_BYTES_MIN` unless its dataset
+    /// asks otherwise).
+    pub sector_table_min_bytes: u32,
 }
 
 impl L2Arc {
@@ -464,7 +468,7 @@ fn lay_out<'a>(records: &[FeedRecord<'a>], max_blocks: u32) -> Vec<Payload<'a>> 
             (std::borrow::Cow::Borrowed(record.data), Compression::Off)
         };
         let sectored = compression == Compression::Off
-            && stored.len() >= format::SECTOR_TABLE_RECORD_BYTES_MIN;
+            && stored.len() >= record.sector_table_min_bytes as usize;
         let payload = Payload {
             key_hash: record.key_hash,
             stored,
