@@ -1718,39 +1718,6 @@ mod tests {
         index.assert_consistent();
     }
 
-    /// Bulk insert rate as a rebuild drives it (runs of 2 Mi entries,
-    /// sorted, 2 threads) into an index pre-sized for them. Run by hand:
-    /// `L2INDEX_BULK_ENTRIES=30000000 cargo test --release ... bulk_insert_rate -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "a measurement, several seconds"]
-    fn bulk_insert_rate() {
-        let entries: u64 = std::env::var("L2INDEX_BULK_ENTRIES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(30_000_000);
-        const RUN: u64 = 1 << 21;
-        let index = L2Index::new(64, entries as usize);
-        let (mut sorted, mut counts) = (Vec::new(), Vec::new());
-        let (mut sort_seconds, mut insert_seconds) = (0.0, 0.0);
-        let mut first = 1;
-        while first <= entries {
-            let last = (first + RUN - 1).min(entries);
-            let run: Vec<IndexEntry> = (first..=last).map(|n| entry(key(n), n)).collect();
-            let start = Instant::now();
-            index.sort_run(&run, &mut sorted, &mut counts);
-            sort_seconds += start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            index.insert_sorted_if_absent(&mut sorted, 2);
-            insert_seconds += start.elapsed().as_secs_f64();
-            first = last + 1;
-        }
-        println!(
-            "bulk {entries}: sort {sort_seconds:.2} s, insert {insert_seconds:.2} s ({:.2} M/s), {:.1} B/entry",
-            entries as f64 / insert_seconds / 1e6,
-            index.memory_bytes() as f64 / entries as f64
-        );
-    }
-
     #[test]
     fn order_key_is_shard_then_home_order() {
         for shards in [1usize, 2, 64, SHARDS_MAX] {
