@@ -647,7 +647,8 @@ impl Shard {
             // one further from home. At 0.96 load a run to shift averages
             // twice what it did at 0.90, and moving it slot by slot cost a
             // rebuild of 100 M entries ~20% of its insert rate (measured
-            // with `bulk_insert_rate`, noisy); the memmove won it back.
+            // by a bulk-insert run, noisy: docs/benchmarks.md); the
+            // memmove won it back.
             self.slots.copy_within(index..end, index + 1);
             for slot in &mut self.slots[index + 1..=end] {
                 slot[0] += 1;
