@@ -447,13 +447,7 @@ fn mount_over_slow_disks(
     let hdd = Arc::new(
         EmulatedHdd::new(
             Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>,
-            HddConfig {
-                spindles: 64,
-                seek_ms_min: 200.0,
-                seek_ms_max: 200.0,
-                stripe_bytes: 64 << 10,
-                ..HddConfig::default()
-            },
+            HddConfig::constant(64, 200.0),
         )
         .unwrap(),
     );

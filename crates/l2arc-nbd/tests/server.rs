@@ -856,13 +856,7 @@ fn workers_grow_while_all_are_busy_up_to_the_bound() {
         std::fs::write(&image, &bytes).unwrap();
         let slow = EmulatedHdd::new(
             Arc::new(ImagePrimary::open(&image, false).unwrap()),
-            HddConfig {
-                spindles: 64,
-                seek_ms_min: 200.0,
-                seek_ms_max: 200.0,
-                stripe_bytes: 64 << 10,
-                ..HddConfig::default()
-            },
+            HddConfig::constant(64, 200.0),
         )
         .unwrap();
         let (cache, handle) = primary_cache(Arc::new(slow), false, (8 << 20, 4), None);

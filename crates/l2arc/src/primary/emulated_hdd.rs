@@ -90,6 +90,19 @@ impl Default for HddConfig {
 }
 
 impl HddConfig {
+    /// An array of `spindles` disks whose every read positions in exactly
+    /// `seek_ms`, striped in 64 KiB: reads that overlap, and how many at
+    /// once, show plainly (tests of concurrency).
+    pub fn constant(spindles: usize, seek_ms: f64) -> Self {
+        Self {
+            spindles,
+            seek_ms_min: seek_ms,
+            seek_ms_max: seek_ms,
+            stripe_bytes: 64 << 10,
+            ..Self::default()
+        }
+    }
+
     /// Mean service time of one read of `bytes` on one spindle, in ms: mean
     /// positioning plus transfer (what benchmarks call one pass's cost).
     pub fn mean_service_ms(&self, bytes: u64) -> f64 {
