@@ -957,9 +957,9 @@ impl Cache {
     ///
     /// A small demand read (at most 1/`SECTOR_READ_FRACTION` of a record,
     /// not at its start: `sector_read_fits`) of a record the ARC neither
-    /// holds nor is filling is first tried as a sector read from the L2ARC (`L2Arc::read_sectors`): the 4 KiB
-    /// blocks under it and the record's sector table, not the whole
-    /// record, and no ARC fill. Reading a 1 MiB record from flash to serve
+    /// holds nor is filling is first tried as a sector read from the L2ARC
+    /// (`L2Arc::read_sectors`): the 4 KiB blocks under it and the record's
+    /// sector table, not the whole record, and no ARC fill. Reading a 1 MiB record from flash to serve
     /// 4 KiB is 256 times the I/O, and filling the ARC with it evicts a
     /// megabyte of DRAM for every random read that misses it. A record
     /// read this way is still counted as an ARC miss and an L2ARC hit.
