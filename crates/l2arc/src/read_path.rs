@@ -1127,10 +1127,15 @@ impl Cache {
             .l2_hit_done(timer, dataset, handle.state.id, bytes);
     }
 
-    /// Whether every record under a range is in the ARC (resident or being
-    /// filled) or on flash: a read of it needs nothing from primary storage,
-    /// unless a record leaves both before it is read. No statistics.
-    pub(crate) fn holds_range(&self, handle: &ObjectHandle, offset: u64, len: usize) -> bool {
+    /// Whether a read queue should take a read of `len` bytes at `offset`:
+    /// every record under it is in the ARC (resident or being filled) or on
+    /// flash, so it needs nothing from primary storage (unless a record
+    /// leaves both before it is read), and it is not a small piece of a
+    /// record that only flash holds with a sector table, which
+    /// [`Cache::read`] reads alone (`get_piece`) where a queue reads the
+    /// whole record. One ARC and at most one index lookup a record; no
+    /// statistics.
+    pub(crate) fn queue_takes(&self, handle: &ObjectHandle, offset: u64, len: usize) -> bool {
         if !handle.caches_in_arc() {
             return false;
         }
@@ -1140,38 +1145,26 @@ impl Cache {
         }
         let recordsize = u64::from(handle.recordsize_bytes());
         let token = handle.token();
-        (offset / recordsize..=(end - 1) / recordsize).all(|index| {
-            self.arc.holds(handle.record_key(index), token)
-                || self
-                    .l2_source(handle, index, token)
-                    .is_some_and(|(l2, key_hash)| l2.contains(key_hash))
+        let records = offset / recordsize..=(end - 1) / recordsize;
+        // The piece of the record when the read is within one.
+        let piece = (records.start() == records.end()).then(|| {
+            let start = records.start() * recordsize;
+            (offset - start) as usize..(end - start) as usize
+        });
+        records.clone().all(|index| {
+            if self.arc.holds(handle.record_key(index), token) {
+                return true;
+            }
+            let Some((l2, key_hash)) = self.l2_source(handle, index, token) else {
+                return false;
+            };
+            match l2.sector_table_of(key_hash) {
+                None => false,
+                Some(sectored) => {
+                    !(sectored && piece.as_ref().is_some_and(|p| sector_read_fits(handle, p)))
+                }
+            }
         })
-    }
-
-    /// Whether a read of `len` bytes at `offset` is one that
-    /// [`Cache::read`] would serve with a sector read (`get_piece`): small,
-    /// within one record that the ARC neither holds nor is filling, and
-    /// that flash holds with a sector table. No statistics.
-    pub(crate) fn sector_read_serves(
-        &self,
-        handle: &ObjectHandle,
-        offset: u64,
-        len: usize,
-    ) -> bool {
-        let recordsize = u64::from(handle.recordsize_bytes());
-        let end = offset.saturating_add(len as u64).min(handle.size_bytes());
-        if offset >= end || offset / recordsize != (end - 1) / recordsize {
-            return false;
-        }
-        let (index, token) = (offset / recordsize, handle.token());
-        let from = (offset - index * recordsize) as usize;
-        if !sector_read_fits(handle, &(from..from + (end - offset) as usize)) {
-            return false;
-        }
-        !self.arc.holds(handle.record_key(index), token)
-            && self
-                .l2_source(handle, index, token)
-                .is_some_and(|(l2, key_hash)| l2.holds_sectored(key_hash))
     }
 
     /// The L2ARC and the record's key there, if the record may be on flash.

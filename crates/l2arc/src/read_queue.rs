@@ -204,9 +204,7 @@ impl<'c> ReadQueue<'c> {
         len: usize,
         tag: u64,
     ) -> io::Result<bool> {
-        if !self.cache.holds_range(handle, offset, len)
-            || self.cache.sector_read_serves(handle, offset, len)
-        {
+        if !self.cache.queue_takes(handle, offset, len) {
             return Ok(false);
         }
         self.submit(handle, offset, len, tag).map(|()| true)

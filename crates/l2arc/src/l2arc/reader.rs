@@ -68,12 +68,13 @@ impl L2Arc {
         self.index.get(key_hash).is_some()
     }
 
-    /// Whether the L2ARC holds a record with a sector table (so that a
-    /// small piece of it can be read alone: `read_sectors`).
-    pub(crate) fn holds_sectored(&self, key_hash: u64) -> bool {
+    /// Whether the L2ARC holds a record (`None`: not), and if so whether
+    /// with a sector table (a small piece of it can be read alone:
+    /// `read_sectors`).
+    pub(crate) fn sector_table_of(&self, key_hash: u64) -> Option<bool> {
         self.index
             .get(key_hash)
-            .is_some_and(|entry| Location(entry.location).sectored())
+            .map(|entry| Location(entry.location).sectored())
     }
 
     /// Forgets a record (its data changed): the next read of it is a miss.
