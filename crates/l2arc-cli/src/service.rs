@@ -89,6 +89,9 @@ pub struct CacheOptions {
     /// `l2arc_ioengine`: how pipelined reads read cache devices: auto (io_uring where the kernel allows, else psync), io_uring, psync.
     #[arg(long, value_parser = parse_ioengine)]
     pub l2arc_ioengine: Option<l2arc::IoEngine>,
+    /// `l2arc_read_poll_us`: longest a lone blocking flash read polls for its completion before it sleeps (default 100; 0 = never poll).
+    #[arg(long)]
+    pub l2arc_read_poll_us: Option<u64>,
     /// `l2arc_writeback_max`: most bytes of evicted records held for the feeder (DRAM beyond arc_max; default 32MiB, 0 = off).
     #[arg(long, value_parser = parse_size)]
     pub l2arc_writeback_max: Option<u64>,
@@ -128,11 +131,15 @@ struct FileOptions {
     l2arc_rebuild_enabled: Option<bool>,
     l2arc_dwpd: Option<f64>,
     l2arc_ioengine: Option<String>,
+    l2arc_read_poll_us: Option<u64>,
     l2arc_writeback_max: Option<SizeValue>,
     emulate_hdd_spindles: Option<usize>,
     emulate_hdd_seek_ms_min: Option<f64>,
     emulate_hdd_seek_ms_max: Option<f64>,
 }
+
+/// Longest poll a blocking flash read may be given (`l2arc_read_poll_us`).
+const L2ARC_READ_POLL_US_MAX: u64 = 10_000;
 
 fn parse_ioengine(s: &str) -> Result<l2arc::IoEngine, String> {
     s.parse()
@@ -293,6 +300,15 @@ impl CacheOptions {
                 l2.l2arc_ioengine = parse_ioengine(s).map_err(|e| anyhow::anyhow!("{e}"))?;
             }
             (None, None) => {}
+        }
+        if let Some(v) = self.l2arc_read_poll_us.or(file.l2arc_read_poll_us) {
+            if v > L2ARC_READ_POLL_US_MAX {
+                bail!(
+                    "l2arc_read_poll_us must be at most {L2ARC_READ_POLL_US_MAX} (a spin of 10 ms \
+                     is a stalled device, not a fast read), not {v}"
+                );
+            }
+            l2.l2arc_read_poll_us = v;
         }
         if let Some(v) = size_of(
             self.l2arc_writeback_max,
@@ -524,6 +540,15 @@ mod tests {
         };
         let r = resolve_file("sector_table_min = \"128K\"\n", flag).unwrap();
         assert_eq!(r.dataset_config.sector_table_min_bytes, 1 << 20);
+        assert_eq!(r.cache_config.l2arc.l2arc_read_poll_us, 100);
+        let r = resolve_file("l2arc_read_poll_us = 0\n", CacheOptions::default()).unwrap();
+        assert_eq!(r.cache_config.l2arc.l2arc_read_poll_us, 0);
+        let flag = CacheOptions {
+            l2arc_read_poll_us: Some(40),
+            ..Default::default()
+        };
+        let r = resolve_file("l2arc_read_poll_us = 0\n", flag).unwrap();
+        assert_eq!(r.cache_config.l2arc.l2arc_read_poll_us, 40);
     }
 
     #[test]
@@ -542,6 +567,12 @@ mod tests {
         assert!(
             format!("{table:#}").contains("sector_table_min"),
             "{table:#}"
+        );
+        let poll =
+            resolve_file("l2arc_read_poll_us = 50000\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{poll:#}").contains("l2arc_read_poll_us must be at most 10000"),
+            "{poll:#}"
         );
         let mode = resolve_file("primarycache = \"some\"\n", CacheOptions::default()).unwrap_err();
         assert!(format!("{mode:#}").contains("primarycache"), "{mode:#}");

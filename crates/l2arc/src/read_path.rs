@@ -646,10 +646,12 @@ impl Cache {
         let l2 = self.l2.get_or_init(|| {
             let expected_records =
                 (self.config.arc_max_bytes / u64::from(RECORDSIZE_MIN_BYTES)) as usize;
-            Arc::new(L2Arc::new(
-                self.config.l2arc.clone(),
-                expected_records.min(1 << 20),
-            ))
+            let mut config = self.config.l2arc.clone();
+            if self.ioengine() != IoEngine::IoUring {
+                // Polling is through io_uring too: psync means no ring.
+                config.l2arc_read_poll_us = 0;
+            }
+            Arc::new(L2Arc::new(config, expected_records.min(1 << 20)))
         });
         self.arc
             .set_eviction_sink(Box::new(crate::l2arc::writeback::CacheEvictionSink(

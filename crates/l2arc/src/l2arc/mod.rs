@@ -47,6 +47,7 @@ pub(crate) mod feeder;
 pub mod format;
 pub mod index;
 mod lifecycle;
+pub(crate) mod poll;
 pub(crate) mod reader;
 mod rebuild;
 pub(crate) mod ring;
@@ -109,6 +110,9 @@ pub struct L2ArcConfig {
     pub force_init_foreign: bool,
     /// How read queues read cache devices: io_uring, psync, or auto.
     pub l2arc_ioengine: IoEngine,
+    /// Longest a blocking flash read polls for its completion before it
+    /// sleeps, when a core is spare for it (`poll`); 0: never poll.
+    pub l2arc_read_poll_us: u64,
     /// Most bytes of evicted records held for the feeder (`writeback`):
     /// DRAM beyond `arc_max`; 0 turns the write-back off.
     pub l2arc_writeback_max_bytes: u64,
@@ -128,6 +132,7 @@ impl Default for L2ArcConfig {
             l2arc_dwpd: 0.0,
             force_init_foreign: false,
             l2arc_ioengine: IoEngine::Auto,
+            l2arc_read_poll_us: 100,
             l2arc_writeback_max_bytes: 2 * BATCH_BYTES_MAX,
         }
     }
@@ -142,6 +147,10 @@ pub struct L2Arc {
     rotor: AtomicU64,
     misses: AtomicU64,
     hits: AtomicU64,
+    /// Blocking flash reads that polled for their completion, and those of
+    /// them whose poll ran out (`poll`).
+    reads_polled: AtomicU64,
+    reads_poll_slept: AtomicU64,
     /// Feeds started early by eviction pressure (`feeder::FeedWake`).
     feed_wakeups: AtomicU64,
     /// Endurance budget: bytes the feeder may still write (refilled with time).
@@ -178,6 +187,8 @@ impl L2Arc {
             rotor: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            reads_polled: AtomicU64::new(0),
+            reads_poll_slept: AtomicU64::new(0),
             feed_wakeups: AtomicU64::new(0),
             budget_bytes: Mutex::new((0.0, std::time::Instant::now())),
             stopping: AtomicBool::new(false),

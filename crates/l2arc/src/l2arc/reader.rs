@@ -7,6 +7,7 @@
 //! is a miss: the caller reads primary storage instead.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::cache_device::*;
 use super::format::{self, BLOCK_BYTES, Compression, Location};
@@ -104,11 +105,33 @@ impl L2Arc {
         }
     }
 
-    /// Reads a record from flash. `None` is a miss; every failure is a
-    /// miss too (counted), so callers fall back to primary storage.
+    /// Reads a record from flash, blocking. `None` is a miss; every failure
+    /// is a miss too (counted), so callers fall back to primary storage.
+    /// Polls for the completion when a core is spare (`poll`).
     pub fn read(&self, key_hash: u64, lsize_max: u32) -> Option<AlignedBuf> {
         let mut pending = self.begin_read(key_hash, lsize_max)?;
-        let result = pending.read_psync();
+        let blocking = poll::BlockingRead::start();
+        let poll_us = self.config.l2arc_read_poll_us;
+        let polled = match pending.device_io().ring_fd() {
+            Some(fd) if poll_us > 0 && blocking.may_poll() => {
+                let offset = pending.offset_bytes();
+                let buf: *mut [u8] = pending.buf_mut();
+                // SAFETY: `buf` points into `pending`'s own heap buffer,
+                // which nothing else touches during the read; the device it
+                // pins stays open until `finish_read`.
+                let buf = unsafe { &mut *buf };
+                poll::read(fd, offset, buf, Duration::from_micros(poll_us)).map(|(result, how)| {
+                    self.reads_polled.fetch_add(1, Ordering::Relaxed);
+                    if how == poll::Polled::Slept {
+                        self.reads_poll_slept.fetch_add(1, Ordering::Relaxed);
+                    }
+                    pending.device_io().finish_ring_read(offset, buf, result)
+                })
+            }
+            _ => None,
+        };
+        let result = polled.unwrap_or_else(|| pending.read_psync());
+        drop(blocking);
         self.finish_read(pending, result)
     }
 

@@ -120,6 +120,11 @@ impl L2Arc {
         let mut kstats = vec![
             ("l2_hits", self.hits.load(Ordering::Relaxed)),
             ("l2_misses", self.misses.load(Ordering::Relaxed)),
+            ("l2_read_polled", self.reads_polled.load(Ordering::Relaxed)),
+            (
+                "l2_read_poll_slept",
+                self.reads_poll_slept.load(Ordering::Relaxed),
+            ),
             ("l2_hdr_size", self.index.memory_bytes() as u64),
             ("l2_devices", devices.len() as u64),
             ("l2_feed_wakeups", self.feed_wakeups.load(Ordering::Relaxed)),
