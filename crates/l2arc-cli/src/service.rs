@@ -41,6 +41,12 @@ pub struct CacheOptions {
     /// ARC shards (locks); default 4 per core.
     #[arg(long)]
     pub arc_shards: Option<usize>,
+    /// `zfs_prefetch_disable`: no read-ahead of sequential readers (default false).
+    #[arg(long)]
+    pub zfs_prefetch_disable: Option<bool>,
+    /// `zfetch_max_distance`: most bytes one read-ahead reads beyond the record asked for (default 8MiB; also at most 1/32 of arc_max).
+    #[arg(long, value_parser = parse_size)]
+    pub zfetch_max_distance: Option<u64>,
     /// `recordsize`: cache granularity, a power of two from 4K to 1M (default 128K for mount, 64K for serve-nbd).
     #[arg(long, value_parser = parse_size)]
     pub recordsize: Option<u64>,
@@ -112,6 +118,8 @@ pub struct CacheOptions {
 struct FileOptions {
     arc_max: Option<SizeValue>,
     arc_shards: Option<usize>,
+    zfs_prefetch_disable: Option<bool>,
+    zfetch_max_distance: Option<SizeValue>,
     recordsize: Option<SizeValue>,
     primarycache: Option<String>,
     secondarycache: Option<String>,
@@ -237,6 +245,16 @@ impl CacheOptions {
         }
         if let Some(v) = self.arc_shards.or(file.arc_shards) {
             cache_config.arc_shards = v;
+        }
+        if let Some(v) = self.zfs_prefetch_disable.or(file.zfs_prefetch_disable) {
+            cache_config.zfs_prefetch_disable = v;
+        }
+        if let Some(v) = size_of(
+            self.zfetch_max_distance,
+            "zfetch_max_distance",
+            &file.zfetch_max_distance,
+        )? {
+            cache_config.zfetch_max_distance_bytes = v;
         }
         self.resolve_l2arc(&file, &mut cache_config.l2arc)?;
         let dataset_config = self.resolve_dataset(&file, default_recordsize_bytes)?;
@@ -549,6 +567,15 @@ mod tests {
         };
         let r = resolve_file("l2arc_read_poll_us = 0\n", flag).unwrap();
         assert_eq!(r.cache_config.l2arc.l2arc_read_poll_us, 40);
+        assert!(!r.cache_config.zfs_prefetch_disable);
+        assert_eq!(r.cache_config.zfetch_max_distance_bytes, 8 << 20);
+        let r = resolve_file(
+            "zfs_prefetch_disable = true\nzfetch_max_distance = \"1MiB\"\n",
+            CacheOptions::default(),
+        )
+        .unwrap();
+        assert!(r.cache_config.zfs_prefetch_disable);
+        assert_eq!(r.cache_config.zfetch_max_distance_bytes, 1 << 20);
     }
 
     #[test]

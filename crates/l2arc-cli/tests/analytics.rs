@@ -49,6 +49,8 @@ impl Served {
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()))
             .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
+            // The tests count a primary read (a miss) per record read.
+            .args(["--zfs-prefetch-disable", "true"])
             .arg("--control")
             .arg(&control)
             .arg("--cache")

@@ -458,6 +458,9 @@ fn s3_nbd_export_of_an_image_object_reads_like_the_object() {
             "serve-nbd",
             &format!("s3://{BUCKET}/images/disk.img"),
             "--read-only",
+            // One GET per record, counted below: no read-ahead spans.
+            "--zfs-prefetch-disable",
+            "true",
             "--listen",
             &listen,
         ],

@@ -39,6 +39,7 @@ pub mod latency;
 mod prefetch;
 pub mod primary;
 mod properties;
+mod read_ahead;
 mod read_path;
 mod read_queue;
 mod stats;

@@ -194,6 +194,12 @@ pub struct CacheConfig {
     pub dram_policy: DramPolicy,
     /// L2ARC tunables, used once a cache device is added.
     pub l2arc: L2ArcConfig,
+    /// `zfs_prefetch_disable`: no read-ahead of sequential streams
+    /// (`read_ahead`).
+    pub zfs_prefetch_disable: bool,
+    /// `zfetch_max_distance`: most bytes one read-ahead reads beyond the
+    /// record asked for.
+    pub zfetch_max_distance_bytes: u64,
 }
 
 impl Default for CacheConfig {
@@ -204,6 +210,8 @@ impl Default for CacheConfig {
             arc_shards: (cores * 4).clamp(1, 1024),
             dram_policy: DramPolicy::Arc,
             l2arc: L2ArcConfig::default(),
+            zfs_prefetch_disable: false,
+            zfetch_max_distance_bytes: 8 << 20,
         }
     }
 }
@@ -1027,8 +1035,10 @@ impl Cache {
                 }
                 Lookup::Claimed(claim) => {
                     let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-                    let result = self.fill_record(handle, index, token);
-                    self.publish_fill(claim, result, token, fill_sequence)
+                    match self.read_l2(handle, index, token) {
+                        Some(data) => self.publish_fill(claim, Ok(data), token, fill_sequence),
+                        None => self.fill_from_primary(handle, index, token, kind, claim),
+                    }
                 }
             };
             match result {
@@ -1444,6 +1454,8 @@ impl Cache {
             primary_read_bytes: c.primary_read_bytes.get(),
             primary_errors: c.primary_errors.get(),
             primary_stale: c.primary_stale.get(),
+            zfetch_hits: c.zfetch_hits.get(),
+            zfetch_io_issued: c.zfetch_io_issued.get(),
             l2: self.l2.get().map(|l2| l2.stats()),
         }
     }

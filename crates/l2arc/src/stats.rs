@@ -27,6 +27,8 @@ pub(crate) struct ReadPathCounters {
     pub(crate) primary_read_bytes: Counter,
     pub(crate) primary_errors: Counter,
     pub(crate) primary_stale: Counter,
+    pub(crate) zfetch_hits: Counter,
+    pub(crate) zfetch_io_issued: Counter,
 }
 
 /// A snapshot of every statistic, under ZFS's names where one exists.
@@ -55,6 +57,11 @@ pub struct CacheStats {
     /// Primary reads refused because the object changed under them
     /// (a conditional GET answered 412): each was re-stated and read again.
     pub primary_stale: u64,
+    /// Demand misses found to continue a sequential stream, each starting
+    /// a read-ahead (`read_ahead`; zfetchstats' `hits`).
+    pub zfetch_hits: u64,
+    /// Records read ahead by them (zfetchstats' `io_issued`).
+    pub zfetch_io_issued: u64,
     /// The L2ARC's statistics, when cache devices were added.
     pub l2: Option<crate::l2arc::L2Stats>,
 }
@@ -73,6 +80,8 @@ impl CacheStats {
             ("primary_read_bytes", self.primary_read_bytes),
             ("primary_errors", self.primary_errors),
             ("primary_stale", self.primary_stale),
+            ("zfetch_hits", self.zfetch_hits),
+            ("zfetch_io_issued", self.zfetch_io_issued),
             ("l2_ioengine_uring", u64::from(self.ioengine_uring)),
         ]);
         if let Some(l2) = &self.l2 {

@@ -46,11 +46,14 @@ fn primary(endpoint: &str, ttl_ms: u64) -> Arc<ObjectStorePrimary> {
     Arc::new(p)
 }
 
+/// No read-ahead: these tests count GETs record by record and say which
+/// records were fetched when.
 fn cache_over(primary: Arc<dyn Primary>) -> (Arc<Cache>, DatasetId) {
     let cache = Cache::new(CacheConfig {
         arc_max_bytes: 4 << 20,
         arc_shards: 2,
         l2arc: quiet_l2(),
+        zfs_prefetch_disable: true,
         ..CacheConfig::default()
     })
     .unwrap();

@@ -35,10 +35,13 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// No read-ahead: these tests count primary reads record by record
+/// (read-ahead has its own, `read_ahead.rs`).
 fn cache(arc_max_bytes: u64, arc_shards: usize) -> Arc<Cache> {
     Cache::new(CacheConfig {
         arc_max_bytes,
         arc_shards,
+        zfs_prefetch_disable: true,
         ..CacheConfig::default()
     })
     .expect("valid cache config")

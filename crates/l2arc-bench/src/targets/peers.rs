@@ -486,12 +486,23 @@ mod tests {
             assert_eq!(target.name(), kind.name());
             read_all(&*target);
             let first = target.counters();
-            assert_eq!(
-                first.misses,
-                u64::from(FILES) * RECORDS,
-                "{}: one disk read per record",
-                kind.name()
-            );
+            if kind == TargetKind::Foyer {
+                assert_eq!(
+                    first.misses,
+                    u64::from(FILES) * RECORDS,
+                    "foyer: one disk read per record"
+                );
+            } else {
+                // Read-ahead reads the records after a sequential reader's
+                // in the same disk read.
+                assert!(
+                    first.misses > 0 && first.misses < u64::from(FILES) * RECORDS,
+                    "{}: {} disk reads for {} records",
+                    kind.name(),
+                    first.misses,
+                    u64::from(FILES) * RECORDS
+                );
+            }
             read_all(&*target);
             let second = target.counters().since(&first);
             assert_eq!(second.misses, 0, "{}", kind.name());

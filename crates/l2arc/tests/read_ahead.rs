@@ -1,0 +1,132 @@
+//! Read-ahead of sequential streams (`zfs_prefetch_disable`,
+//! `zfetch_max_distance`): a reader going through an object record by
+//! record gets the records ahead of it in one primary read with its own,
+//! a random reader does not, and what is read ahead is never stale.
+
+mod l2arc_util;
+
+use std::sync::Arc;
+
+use l2arc::internals::format::Compression;
+use l2arc::primary::dir::DirPrimary;
+use l2arc::{Cache, CacheConfig, DatasetConfig, DatasetId};
+use l2arc_util::{Rng, World, content};
+
+const RS: usize = 64 << 10;
+
+fn cache_over(world: &World, arc_max_bytes: u64, prefetch: bool) -> (Arc<Cache>, DatasetId) {
+    let cache = Cache::new(CacheConfig {
+        arc_max_bytes,
+        arc_shards: 2,
+        zfs_prefetch_disable: !prefetch,
+        ..CacheConfig::default()
+    })
+    .unwrap();
+    let ds = cache
+        .add_dataset(
+            "data",
+            Arc::new(DirPrimary::new(&world.src).unwrap()),
+            DatasetConfig {
+                recordsize_bytes: RS as u32,
+                compression: Compression::Off,
+                ..DatasetConfig::default()
+            },
+        )
+        .unwrap();
+    (cache, ds)
+}
+
+fn read_record(cache: &Cache, f: &l2arc::ObjectHandle, data: &[u8], index: usize) {
+    let mut buf = vec![0u8; RS];
+    let n = cache.read(f, (index * RS) as u64, &mut buf).unwrap();
+    let expected = &data[index * RS..data.len().min((index + 1) * RS)];
+    assert_eq!(n, expected.len(), "record {index}");
+    assert!(buf[..n] == *expected, "record {index}: wrong bytes");
+}
+
+/// 128 records read in order with a 64 MiB ARC (read-ahead of at most
+/// 2 MiB, 32 records): the distance grows with the stream (2, 5, 11, 23,
+/// then 32 records), so the file takes 9 primary reads instead of 128;
+/// every record read ahead is then a demand hit.
+#[test]
+fn a_sequential_reader_gets_the_records_ahead_in_one_read() {
+    let mut world = World::new();
+    let data = world.add_file("f", 128 * RS, 5);
+    for prefetch in [true, false] {
+        let (cache, ds) = cache_over(&world, 64 << 20, prefetch);
+        let f = cache.open(ds, "f", false).unwrap();
+        for index in 0..128 {
+            read_record(&cache, &f, &data, index);
+        }
+        let stats = cache.stats();
+        let demand_hits = stats.arc.kstats();
+        let demand_hits = demand_hits
+            .iter()
+            .find(|(n, _)| *n == "demand_data_hits")
+            .unwrap()
+            .1;
+        if prefetch {
+            assert_eq!(stats.primary_reads, 9, "{stats:?}");
+            assert_eq!(stats.zfetch_hits, 7, "{stats:?}");
+            assert_eq!(stats.zfetch_io_issued, 128 - 9, "{stats:?}");
+            assert_eq!(demand_hits, 128 - 9, "every record read ahead was used");
+        } else {
+            assert_eq!(stats.primary_reads, 128);
+            assert_eq!((stats.zfetch_hits, stats.zfetch_io_issued), (0, 0));
+            assert_eq!(demand_hits, 0);
+        }
+    }
+    world.assert_primary_intact();
+}
+
+/// Random reads of whole records over a file eight times the ARC: the two
+/// records before a missed one are rarely both in DRAM, so read-ahead
+/// starts for few of them.
+#[test]
+fn random_readers_seldom_read_ahead() {
+    let mut world = World::new();
+    let records = 1024;
+    let data = world.add_file("f", records * RS, 9);
+    let (cache, ds) = cache_over(&world, 8 << 20, true);
+    let f = cache.open(ds, "f", false).unwrap();
+    let mut rng = Rng(0xfeed);
+    let reads = 2000;
+    for _ in 0..reads {
+        read_record(&cache, &f, &data, rng.below(records as u64) as usize);
+    }
+    let stats = cache.stats();
+    assert!(
+        stats.zfetch_hits * 20 <= reads,
+        "read-ahead started for {} of {reads} random reads",
+        stats.zfetch_hits
+    );
+    assert!(stats.primary_reads > reads / 2, "{stats:?}");
+}
+
+/// Records read ahead are cached like any other: a write through the
+/// cache to one of them drops it, and the next read returns the new bytes.
+#[test]
+fn records_read_ahead_are_never_served_stale() {
+    let mut world = World::new();
+    let mut data = world.add_file("f", 32 * RS, 11);
+    let (cache, ds) = cache_over(&world, 64 << 20, true);
+    let f = cache.open(ds, "f", true).unwrap();
+    for index in 0..3 {
+        read_record(&cache, &f, &data, index);
+    }
+    // Record 2 read 3 and 4 ahead with it.
+    let before = cache.stats();
+    assert_eq!(before.zfetch_io_issued, 2, "{before:?}");
+    let new_bytes = content(RS / 2, 99);
+    let at = 4 * RS + RS / 4;
+    cache.write(&f, at as u64, &new_bytes).unwrap();
+    data[at..at + new_bytes.len()].copy_from_slice(&new_bytes);
+    for index in 3..8 {
+        read_record(&cache, &f, &data, index);
+    }
+    let on_disk = std::fs::read(world.src.join("f")).unwrap();
+    assert!(on_disk == data, "the write reached primary storage");
+    let after = cache.stats();
+    // Record 3 was a hit, 4 was read again (dropped by the write).
+    assert!(after.primary_reads > before.primary_reads);
+}
