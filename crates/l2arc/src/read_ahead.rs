@@ -9,8 +9,8 @@
 //! prefetcher does it under the ARC, and so does this.
 //!
 //! The rule. A demand read of record `i` that misses the ARC and the L2ARC
-//! looks back: if the `k` records right before `i` are all in the ARC or
-//! being read (`k` at least `STREAM_RECORDS_MIN`), the reader is taken to be
+//! looks back: if the `k` records right before `i` are all in the ARC (`k`
+//! at least `STREAM_RECORDS_MIN`), the reader is taken to be
 //! sequential, `k` records long so far, and the next `k` records (at most
 //! `zfetch_max_distance`, and 1/32 of `arc_max`) are claimed as read-ahead and read from primary
 //! storage in the same read as `i` (those on flash come from flash). The
@@ -18,6 +18,10 @@
 //! whose stream ends soon after it began wastes little. A random reader
 //! almost never finds two records before its own in DRAM; if it does, it
 //! reads a few records more. No per-object state: the ARC is the history.
+//! Records still being read do not count: readers of neighbouring records
+//! at the same moment (32 threads each reading its own record) are not a
+//! stream, and claiming each other's records would queue on one reader
+//! what many disks would serve at once.
 //!
 //! The reader that started the read-ahead waits for the whole span (its
 //! own record is published first; readers of the others wait on their
@@ -78,7 +82,7 @@ impl Cache {
     }
 
     /// Claims the records to read ahead of a demand miss on `index`: none
-    /// unless the records right before it are in the ARC (or being read),
+    /// unless the records right before it are in the ARC,
     /// then as many after it as there are such records before it, up to
     /// `zfetch_max_distance`, stopping at the first one already in the ARC
     /// or being read, and at the end of the object.
@@ -97,9 +101,9 @@ impl Cache {
         if self.config.zfs_prefetch_disable || distance_records == 0 || index < STREAM_RECORDS_MIN {
             return Vec::new();
         }
-        let held = |i: u64| self.arc.holds(handle.record_key(i), token);
+        let resident = |i: u64| self.arc.resident(handle.record_key(i), token);
         let mut behind = 0;
-        while behind < distance_records && behind < index && held(index - 1 - behind) {
+        while behind < distance_records && behind < index && resident(index - 1 - behind) {
             behind += 1;
         }
         if behind < STREAM_RECORDS_MIN {
@@ -107,6 +111,7 @@ impl Cache {
         }
         let last_record = handle.size_bytes().saturating_sub(1) / recordsize;
         let mut claims = Vec::with_capacity(behind as usize);
+        let held = |i: u64| self.arc.holds(handle.record_key(i), token);
         for ahead in index + 1..=(index + behind).min(last_record) {
             if held(ahead) {
                 break;

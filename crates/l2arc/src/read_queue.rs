@@ -534,16 +534,7 @@ impl<'c> ReadQueue<'c> {
             mut pending,
         } = op;
         let len = pending.buf_mut().len();
-        let io_result = if result < 0 {
-            Err(io::Error::from_raw_os_error(-result))
-        } else if result as usize != len {
-            Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("short cache device read: {result} of {len} bytes"),
-            ))
-        } else {
-            Ok(())
-        };
+        let io_result = crate::l2arc::ring::read_outcome(result, len);
         let offset = pending.offset_bytes();
         let io_result = {
             // Split borrow: the device (behind an Arc) and the buffer.

@@ -451,6 +451,15 @@ impl LiveArc {
         Some(record)
     }
 
+    /// Whether a record is resident under `token` (not merely being
+    /// filled): no statistics, no change to the policy's lists.
+    pub fn resident(&self, key: RecordKey, token: u64) -> bool {
+        self.shard(&key)
+            .policy
+            .peek(&key)
+            .is_some_and(|r| r.generation_token == token)
+    }
+
     /// Whether a record is resident under `token` or being filled: no
     /// statistics, no change to the policy's lists.
     pub fn holds(&self, key: RecordKey, token: u64) -> bool {

@@ -163,17 +163,7 @@ fn read_on(
         .next()
         .expect("a completion after the wait for one")
         .result();
-    let result = if result < 0 {
-        Err(io::Error::from_raw_os_error(-result))
-    } else if result as usize != len {
-        Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("short cache device read: {result} of {len} bytes"),
-        ))
-    } else {
-        Ok(())
-    };
-    Some((result, polled))
+    Some((super::ring::read_outcome(result, len), polled))
 }
 
 /// Watches `ring`'s completion queue for up to `poll_max`: whether a

@@ -77,6 +77,22 @@ impl std::str::FromStr for IoEngine {
     }
 }
 
+/// What an io_uring read of `len` bytes returned (`result`: the bytes
+/// read, or a negative errno) as a read's outcome: a short read is an
+/// error (a cache device read never ends early; past its end it is gone).
+pub(crate) fn read_outcome(result: i32, len: usize) -> io::Result<()> {
+    if result < 0 {
+        Err(io::Error::from_raw_os_error(-result))
+    } else if result as usize != len {
+        Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("short cache device read: {result} of {len} bytes"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// One thread's io_uring for reads.
 pub(crate) struct ReadRing {
     ring: IoUring,
