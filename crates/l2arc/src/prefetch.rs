@@ -147,9 +147,7 @@ impl ClaimedSpan {
             .into_iter()
             .map(|(index, claim)| (index, claim.attach(&cache.arc)))
             .collect();
-        cache
-            .fill_claims(&self.handle, self.token, Vec::new(), claims, pace)
-            .0
+        cache.fill_claims(&self.handle, self.token, Vec::new(), claims, pace)
     }
 }
 
@@ -159,8 +157,7 @@ impl Cache {
     /// together with what follows them), then `claims`, each from the
     /// L2ARC if it holds it, the rest from primary storage, one read per
     /// run of consecutive records. Returns the first error of a primary
-    /// read (its records are failed), and the first record of `run` as
-    /// published, if `run` had one and it was filled.
+    /// read (its records are failed).
     pub(crate) fn fill_claims<'a>(
         &'a self,
         handle: &ObjectHandle,
@@ -168,31 +165,22 @@ impl Cache {
         mut run: Vec<(u64, FillClaim<'a>)>,
         claims: Vec<(u64, FillClaim<'a>)>,
         pace: &dyn Fn(u64) -> bool,
-    ) -> (io::Result<()>, Option<Arc<crate::arc::live::Record>>) {
+    ) -> io::Result<()> {
         let mut result = Ok(());
-        // The first flush reads `run` as given (it is cut only after it).
-        let mut first: Option<Option<Arc<crate::arc::live::Record>>> = None;
-        let mut flush = |run: &mut Vec<(u64, FillClaim<'a>)>, result: &mut io::Result<()>| {
-            let (read, record) = self.read_run(handle, run, token, pace);
-            first.get_or_insert(record);
-            *result = std::mem::replace(result, Ok(())).and(read);
-        };
-        let wants_first = !run.is_empty();
         for (index, claim) in claims {
             let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
             if !consecutive {
-                flush(&mut run, &mut result);
+                result = result.and(self.read_run(handle, &mut run, token, pace));
             }
             let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
             if let Some(data) = self.read_l2(handle, index, token) {
                 let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
-                flush(&mut run, &mut result);
+                result = result.and(self.read_run(handle, &mut run, token, pace));
             } else {
                 run.push((index, claim));
             }
         }
-        flush(&mut run, &mut result);
-        (result, first.flatten().filter(|_| wants_first))
+        result.and(self.read_run(handle, &mut run, token, pace))
     }
 }
 
@@ -208,17 +196,16 @@ impl Drop for ClaimedSpan {
 impl Cache {
     /// Reads a run of claimed consecutive records from primary storage in
     /// one read, publishing each record as soon as its bytes are in (and
-    /// the error to those never completed); empties `run`. Returns the
-    /// run's first record as published, if it was.
+    /// the error to those never completed); empties `run`.
     fn read_run(
         &self,
         handle: &ObjectHandle,
         run: &mut Vec<(u64, FillClaim<'_>)>,
         token: u64,
         pace: &dyn Fn(u64) -> bool,
-    ) -> (io::Result<()>, Option<Arc<crate::arc::live::Record>>) {
+    ) -> io::Result<()> {
         let Some(&(first, _)) = run.first() else {
-            return (Ok(()), None);
+            return Ok(());
         };
         let recordsize = handle.recordsize_bytes() as usize;
         let records = run.len();
@@ -230,13 +217,8 @@ impl Cache {
         let mut current: Option<(FillClaim<'_>, AlignedBuf, usize)> = None;
         let mut next_index = first;
         let mut stopped = false;
-        let first_record = std::cell::RefCell::new(None);
         let publish = |claim, data| {
-            let record = self.publish_fill(claim, Ok(data), token, fill_sequence);
-            let mut first_record = first_record.borrow_mut();
-            if first_record.is_none() {
-                *first_record = Some(record.ok());
-            }
+            let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
         };
         let result =
             self.read_primary_stream(handle, first, records, token, &mut |mut piece: &[u8]| {
@@ -288,6 +270,6 @@ impl Cache {
                 }
             }
         }
-        (result.map(|_| ()), first_record.into_inner().flatten())
+        result.map(|_| ())
     }
 }

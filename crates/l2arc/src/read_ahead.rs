@@ -70,14 +70,17 @@ impl Cache {
         }
         self.counters.zfetch_hits.add(1);
         self.counters.zfetch_io_issued.add(ahead.len() as u64);
-        let (result, record) =
-            self.fill_claims(handle, token, vec![(index, claim)], ahead, &|_| true);
-        match (record, result) {
-            (Some(record), _) => Ok(record),
-            (None, Err(e)) => Err(e),
-            (None, Ok(())) => Err(io::Error::other(format!(
-                "record {index} was read ahead of and not published"
-            ))),
+        // The claim's own fill carries its record (or error) out of the span.
+        let fill = claim.fill();
+        let span = self.fill_claims(handle, token, vec![(index, claim)], ahead, &|_| true);
+        match fill.try_result() {
+            Some(Ok(record)) => Ok(record),
+            Some(Err(e)) => Err(e.into()),
+            None => Err(span.err().unwrap_or_else(|| {
+                io::Error::other(format!(
+                    "record {index} was read ahead of and not published"
+                ))
+            })),
         }
     }
 

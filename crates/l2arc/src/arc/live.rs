@@ -166,6 +166,12 @@ impl FillClaim<'_> {
         self.key
     }
 
+    /// The fill this claim completes: its result, once published, is the
+    /// record (or error) every waiter gets.
+    pub(crate) fn fill(&self) -> Arc<Fill> {
+        Arc::clone(&self.fill)
+    }
+
     /// Publishes the fill's result: inserts a good record in the ARC (unless
     /// an invalidation doomed it) and wakes every waiter.
     pub fn complete(mut self, result: io::Result<Arc<Record>>) {

@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use io_uring::{IoUring, opcode, types};
+use super::ring::{ReadRing, read_outcome};
 
 /// Blocking flash reads in flight in this process (polled or not).
 static BLOCKING_READS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -50,7 +50,7 @@ enum ThreadRing {
     /// The kernel refused a ring to this thread: it reads with `pread`.
     Refused,
     /// Boxed: most threads never poll, and keep only the tag.
-    Ready(Box<IoUring>),
+    Ready(Box<ReadRing>),
 }
 
 /// Cores beyond the one every thread of the process could be on: how many
@@ -113,7 +113,7 @@ pub(crate) fn read(
     RING.with(|slot| {
         let mut slot = slot.borrow_mut();
         if matches!(*slot, ThreadRing::NotMade) {
-            *slot = match IoUring::new(2) {
+            *slot = match ReadRing::new_polled(2) {
                 Ok(ring) => ThreadRing::Ready(Box::new(ring)),
                 Err(_) => ThreadRing::Refused,
             };
@@ -132,66 +132,49 @@ pub(crate) fn read(
 }
 
 fn read_on(
-    ring: &mut IoUring,
+    ring: &mut ReadRing,
     fd: RawFd,
     offset: u64,
     buf: &mut [u8],
     poll_max: Duration,
 ) -> Option<(io::Result<()>, Polled)> {
-    debug_assert!(ring.completion().is_empty(), "one read at a time");
+    debug_assert_eq!(ring.in_flight(), 0, "one read at a time");
     let len = buf.len();
-    let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len as u32)
-        .offset(offset)
-        .build();
     // SAFETY: `buf` outlives the read: this function returns only after the
     // completion is reaped (or the process aborts, below).
-    if unsafe { ring.submission().push(&entry) }.is_err() || enter(ring, 0).is_err() {
+    let pushed = unsafe { ring.push_read(fd, offset, buf.as_mut_ptr(), len as u32, 0) };
+    if pushed.is_err() || ring.submit_and_wait(0).is_err() {
         return None;
     }
     let mut polled = Polled::Completed;
     if !until_ready(ring, poll_max) {
         polled = Polled::Slept;
-        if let Err(e) = enter(ring, 1) {
+        if let Err(e) = ring.submit_and_wait(1) {
             // The kernel may still write into `buf`, which the caller will
             // free: no way on is safe.
             eprintln!("l2arc: waiting on an io_uring read failed ({e}); aborting");
             std::process::abort();
         }
     }
-    let result = ring
-        .completion()
-        .next()
-        .expect("a completion after the wait for one")
-        .result();
-    Some((super::ring::read_outcome(result, len), polled))
+    let mut result = None;
+    ring.reap(1, |_, r| result = Some(r));
+    let result = result.expect("a completion after the wait for one");
+    Some((read_outcome(result, len), polled))
 }
 
 /// Watches `ring`'s completion queue for up to `poll_max`: whether a
-/// completion is there. The ring must post completions without being
-/// entered (no deferred task work).
-fn until_ready(ring: &mut IoUring, poll_max: Duration) -> bool {
+/// completion is there.
+fn until_ready(ring: &mut ReadRing, poll_max: Duration) -> bool {
     let started = Instant::now();
     loop {
         for _ in 0..SPINS_PER_CLOCK_CHECK {
-            if !ring.completion().is_empty() {
+            if ring.completion_ready() {
                 return true;
             }
             std::hint::spin_loop();
         }
         if started.elapsed() >= poll_max {
-            return !ring.completion().is_empty();
-        }
-    }
-}
-
-/// Sends what is queued and waits for `want` completions, through signals.
-fn enter(ring: &mut IoUring, want: usize) -> io::Result<()> {
-    loop {
-        match ring.submit_and_wait(want) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
-            Err(e) => return Err(e),
+            return ring.completion_ready();
         }
     }
 }

@@ -125,6 +125,23 @@ impl ReadRing {
         })
     }
 
+    /// A ring whose completions the kernel posts while its thread is in
+    /// user space (no deferred task work), for a reader that watches the
+    /// completion queue instead of waiting in the kernel (`poll`).
+    pub(crate) fn new_polled(entries: u32) -> io::Result<Self> {
+        let entries = entries.clamp(1, 4096).next_power_of_two();
+        Ok(Self {
+            ring: IoUring::new(entries)?,
+            in_flight: 0,
+            entries: entries as usize,
+        })
+    }
+
+    /// Whether a completion waits to be reaped (no system call).
+    pub(crate) fn completion_ready(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight
     }
