@@ -56,14 +56,16 @@
 //!   epoch moved anyway is followed at once by an invalidation of its
 //!   range.
 //!
-//! One exception, in `getattr`: when the size changed, the kernel's own
-//! check drops what the new size makes stale when it applies our answer,
-//! and an invalidation sent before the answer would make the kernel throw
-//! the answer away (it bumps the inode's attribute version, so the reply in
-//! flight counts as outdated) and go on reading with the old size: a file
-//! truncated behind the mount then read as zeros up to the old end of its
-//! last record. So a size change is answered first and invalidated right
-//! after, without waiting.
+//! One exception, in `getattr`: when the size changed, we send no
+//! invalidation at all. The kernel applies the answer with a check of its
+//! own that truncates and drops the inode's pages whenever the size it
+//! holds differs from ours. An invalidation, sent before the answer or
+//! after it, bumps the inode's attribute version; if the kernel has not
+//! applied the answer by then (its requester applies it after waking, while
+//! we go on), it throws the answer away as outdated and reads on with the
+//! old size. A file truncated behind the mount then read past its new end,
+//! and the two short reads that followed raced each other's size updates:
+//! the reader saw 300,001 bytes as 393,216, zeros after the end.
 //!
 //! Open files and directory listings live in one table bounded by
 //! `FsOptions`; past the bound an open fails with EMFILE.
@@ -582,32 +584,25 @@ impl CachedFs {
         }
     }
 
-    /// `notice_change` for `getattr`: a change of size is invalidated after
-    /// the answer (see the module comment), the caller's duty when this
-    /// returns `Some(ino)`; any other change before it, as usual.
-    fn notice_change_for_getattr(
-        &self,
-        inode: &Inode,
-        st: &libc::stat,
-        open: Option<&OpenFile>,
-    ) -> Option<u64> {
+    /// `notice_change` for `getattr`: a change of size is left to the
+    /// kernel's own check when it applies the answer (see the module
+    /// comment); any other change is invalidated before the answer.
+    fn notice_change_for_getattr(&self, inode: &Inode, st: &libc::stat, open: Option<&OpenFile>) {
         let old_size = inode
             .page_generation
             .lock()
             .expect("poisoned")
             .map(|g| g.size_bytes);
         if !self.notice_change_before_reply(inode, st, open) {
-            return None;
+            return;
         }
-        let size_changed = old_size.is_some_and(|size| size != st.st_size as u64);
-        if size_changed {
-            // The invalidation comes after the answer: a store in flight
-            // must land before it (it could stretch the size back).
+        if old_size.is_some_and(|size| size != st.st_size as u64) {
+            // No invalidation, but a store in flight (of the old content,
+            // possibly past the new end) must land before the answer.
             self.fence_stores(inode);
-            return Some(inode.id);
+            return;
         }
         self.invalidate_kernel(inode.id);
-        None
     }
 
     /// Records a regular file's new generation and revalidates the cache's
@@ -639,13 +634,6 @@ impl CachedFs {
         // that follows (queued behind any store in flight) is the barrier.
         inode.store_epoch.fetch_add(1, Ordering::SeqCst);
         true
-    }
-
-    /// Asks the kernel to drop its pages and attributes of `ino`, without
-    /// waiting (after a reply; see `notice_change_for_getattr`).
-    fn invalidate_kernel_later(&self, ino: u64) {
-        let (done, _wait) = sync_channel(1);
-        let _ = self.invalidate.try_send(KernelJob::Invalidate(ino, done));
     }
 
     /// Tells the kernel to drop its pages and attributes of `ino`, waiting
@@ -1133,16 +1121,11 @@ impl Filesystem for CachedFs {
                 let _ = self.cache.revalidate(&file.handle);
                 *file.last_revalidate.lock().expect("poisoned") = Instant::now();
             }
-            let later = self.notice_change_for_getattr(&inode, &st, file.as_deref());
-            Ok((to_attr(inode.id, &st), later))
+            self.notice_change_for_getattr(&inode, &st, file.as_deref());
+            Ok(to_attr(inode.id, &st))
         });
         match result {
-            Ok((attr, later)) => {
-                reply.attr(&self.ttl(), &attr);
-                if let Some(ino) = later {
-                    self.invalidate_kernel_later(ino);
-                }
-            }
+            Ok(attr) => reply.attr(&self.ttl(), &attr),
             Err(e) => reply.error(e),
         }
     }

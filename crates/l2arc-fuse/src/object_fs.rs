@@ -18,8 +18,9 @@
 //! getattr (the attribute timeout is the metadata TTL, and with
 //! FUSE_AUTO_INVAL_DATA the kernel asks at least once a TTL while a file is
 //! read), and when a read finds that the object's generation moved under
-//! an open file. As in the pass-through mount, the invalidation is sent
-//! after the reply, on a thread of its own, never waited for.
+//! an open file. The invalidation is sent after the reply, on a thread of
+//! its own, never waited for; a getattr that finds a new size sends none,
+//! as in the pass-through mount (fs.rs says why).
 //!
 //! Writes: the mount is read-only (the "ro" mount option, and EROFS from
 //! every call that would change something).
@@ -506,6 +507,12 @@ impl ObjectFs {
         self.handles.file(fh.0)
     }
 
+    /// The version the kernel's pages of `ino` reflect, if known.
+    fn page_version(&self, ino: u64) -> Option<(u64, u64)> {
+        let nodes = self.nodes.lock().expect("node table poisoned");
+        nodes.map.get(&ino).and_then(|node| node.page_version)
+    }
+
     /// Notes the version the kernel's pages of `ino` now reflect; true if
     /// it is the one they reflected before (the pages may stay).
     fn note_page_version(&self, ino: u64, version: (u64, u64)) -> bool {
@@ -704,10 +711,14 @@ impl Filesystem for ObjectFs {
             l2arc::primary::Generation::version_hash_of(&meta.etag, &meta.version_id),
             meta.size_bytes,
         );
+        let before = self.page_version(ino.0);
         let changed = !self.note_page_version(ino.0, version);
         reply.attr(&self.ttl(), &self.file_attr(ino.0, &meta));
-        if changed {
-            // After the answer (fs.rs explains why never before it).
+        let size_changed = before.is_some_and(|(_, size_bytes)| size_bytes != meta.size_bytes);
+        if changed && !size_changed {
+            // After the answer (fs.rs explains why never before it). A new
+            // size is the kernel's own check to act on: an invalidation
+            // racing the answer would make it read on with the old size.
             self.invalidate_kernel_later(ino.0);
         }
     }
