@@ -314,6 +314,36 @@ fn check_blocks(got: &[u8], old: &[u8], new: &[u8], what: &str) -> (usize, usize
     (olds, news)
 }
 
+/// Replaces `obj` (now `current`, held open as `file`) by a shorter
+/// version: the open file reads exactly it, never the old length (the
+/// kernel must take the new size from getattr).
+fn open_file_sees_a_shorter_version(server: &S3Server, file: &std::fs::File, current: &[u8]) {
+    let shorter = versioned(current.len() / 2 + 12_345, 4);
+    server.put(BUCKET, "obj", &shorter);
+    let deadline = Instant::now() + Duration::from_secs_f64(3.0 * TTL_SECS + 2.0);
+    loop {
+        std::thread::sleep(Duration::from_secs_f64(TTL_SECS + 0.2));
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut &*file, &mut got).unwrap();
+        std::io::Seek::rewind(&mut &*file).unwrap();
+        if got.len() == shorter.len() {
+            assert!(
+                got == shorter,
+                "open file: old bytes in the shorter version"
+            );
+            return;
+        }
+        // Until the kernel asks again it may read the old version whole,
+        // never anything else.
+        assert!(
+            got == current,
+            "open file: {} bytes, neither version",
+            got.len()
+        );
+        assert!(Instant::now() < deadline, "open file kept the old version");
+    }
+}
+
 #[test]
 fn s3_two_mounts_serve_only_new_bytes_after_an_overwrite() {
     let (server, dir) = setup();
@@ -362,31 +392,7 @@ fn s3_two_mounts_serve_only_new_bytes_after_an_overwrite() {
         std::thread::sleep(Duration::from_millis(200));
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut got, 0).unwrap();
     }
-    // Replaced by a shorter version: the open file reads exactly it, never
-    // the old length (the kernel must take the new size from getattr).
-    let shorter = versioned(len / 2 + 12_345, 4);
-    server.put(BUCKET, "obj", &shorter);
-    let deadline = Instant::now() + Duration::from_secs_f64(3.0 * TTL_SECS + 2.0);
-    loop {
-        std::thread::sleep(Duration::from_secs_f64(TTL_SECS + 0.2));
-        let mut got = Vec::new();
-        std::io::Read::read_to_end(&mut &file, &mut got).unwrap();
-        std::io::Seek::rewind(&mut &file).unwrap();
-        if got.len() == shorter.len() {
-            check_blocks(&got, &newer[..shorter.len()], &shorter, "shorter");
-            assert!(
-                got == shorter,
-                "open file: old bytes in the shorter version"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "open file still reads {} bytes of {}",
-            got.len(),
-            shorter.len()
-        );
-    }
+    open_file_sees_a_shorter_version(&server, &file, &newer);
     drop(file);
     // A deleted object disappears after the TTL.
     server.delete(BUCKET, "obj");
