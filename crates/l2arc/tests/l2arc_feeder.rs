@@ -447,3 +447,136 @@ fn feeds_at_once_never_write_a_record_twice() {
         shutdown(cache);
     }
 }
+
+/// A device whose writes can be slowed, hung or failed, added to `cache`.
+fn add_faulty(
+    cache: &std::sync::Arc<l2arc::Cache>,
+    path: &std::path::Path,
+) -> (u8, std::sync::Arc<l2arc::internals::Faults>) {
+    let faulty = l2arc::internals::FaultyDevice::new(Box::new(
+        l2arc::FileDevice::open(path, Some(DEVICE_BYTES)).unwrap(),
+    ));
+    let faults = std::sync::Arc::clone(&faulty.faults);
+    let (slot, _) = add_device(cache, Box::new(faulty)).unwrap();
+    (slot, faults)
+}
+
+/// Reads `data` through `f` until `done(stats)` holds (at most 20 s),
+/// checking on every pass that at most one batch of `slot` is being
+/// written at a time (sent, neither indexed nor failed).
+fn read_until(
+    cache: &l2arc::Cache,
+    f: &l2arc::ObjectHandle,
+    data: &[u8],
+    slot: u8,
+    what: &str,
+    done: impl Fn(&l2arc::L2Stats) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        check_all(cache, f, data, what);
+        let stats = l2(cache);
+        let unfinished = dev_stat(&stats, slot, "l2_writes_sent")
+            - dev_stat(&stats, slot, "l2_feeds")
+            - dev_stat(&stats, slot, "l2_writes_error");
+        assert!(
+            unfinished <= 1,
+            "{what}: {unfinished} batches in flight: {stats:?}"
+        );
+        if done(&stats) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {stats:?}");
+    }
+}
+
+/// The log chain of the device at `path` (its cache shut down) names at
+/// least `feeds` batches and reaches back to the first: no link broken.
+fn assert_chain_whole(path: &std::path::Path, feeds: u64) {
+    let chain = log_chain(path);
+    assert!(
+        chain.len() as u64 >= feeds,
+        "the log chain names {} of {feeds} batches",
+        chain.len()
+    );
+    assert!(
+        chain.last().unwrap().header.prev.is_none(),
+        "chain cut short"
+    );
+}
+
+/// While a slow device writes one batch, its feeder prepares the next:
+/// most batches of a busy feeder are prepared behind another
+/// (`l2_writes_pipelined`), yet never two are written at once, every
+/// record reads back right, and the log chain on the device is whole.
+#[test]
+fn the_next_batch_is_prepared_while_one_is_written() {
+    use std::sync::atomic::Ordering;
+    let mut world = World::new();
+    let data = world.add_file("f", 8 << 20, 41);
+    let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
+    let path = world.device_path("slow.dev");
+    let (slot, faults) = add_faulty(&cache, &path);
+    faults.write_delay_us.store(20_000, Ordering::SeqCst);
+    let f = cache.open(ds, "f", false).unwrap();
+    read_until(&cache, &f, &data, slot, "slow device", |stats| {
+        dev_stat(stats, slot, "l2_feeds") >= 8 && stats.get("l2_hits") > 0
+    });
+    let stats = l2(&cache);
+    let (feeds, pipelined) = (
+        dev_stat(&stats, slot, "l2_feeds"),
+        dev_stat(&stats, slot, "l2_writes_pipelined"),
+    );
+    assert!(pipelined * 2 >= feeds, "{pipelined} of {feeds}: {stats:?}");
+    check_all(&cache, &f, &data, "from flash");
+    drop(f);
+    shutdown(cache);
+    assert_chain_whole(&path, feeds);
+}
+
+/// Batches whose writes fail while the next is prepared behind them: the
+/// batches behind (whose log blocks name the failed ones) are dropped, the
+/// writer's chain goes back to before each failure, later batches chain
+/// from there, and a reopen rebuilds from a whole chain, with the right
+/// bytes.
+#[test]
+fn writes_failing_in_flight_leave_the_log_chain_whole() {
+    use std::sync::atomic::Ordering;
+    let mut world = World::new();
+    let data = world.add_file("f", 8 << 20, 42);
+    let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
+    let path = world.device_path("failing.dev");
+    let (slot, faults) = add_faulty(&cache, &path);
+    faults.write_delay_us.store(20_000, Ordering::SeqCst);
+    let f = cache.open(ds, "f", false).unwrap();
+    read_until(&cache, &f, &data, slot, "slow device", |stats| {
+        dev_stat(stats, slot, "l2_writes_pipelined") >= 2
+    });
+    faults.fail_writes.store(true, Ordering::SeqCst);
+    read_until(&cache, &f, &data, slot, "failing", |stats| {
+        dev_stat(stats, slot, "l2_writes_error") >= 1
+    });
+    faults.fail_writes.store(false, Ordering::SeqCst);
+    let after_error = dev_stat(&l2(&cache), slot, "l2_feeds");
+    read_until(&cache, &f, &data, slot, "after the failure", |stats| {
+        dev_stat(stats, slot, "l2_feeds") >= after_error + 4
+    });
+    drop(f);
+    let stats = l2(&cache);
+    assert_eq!(dev_state(&stats, slot), "online", "{stats:?}");
+    let feeds = stats.get("l2_feeds");
+    shutdown(cache);
+    assert_chain_whole(&path, feeds);
+
+    let (cache, ds) = new_cache(&world.src, Compression::Off, quiet_l2());
+    add_path(&cache, &path, None).unwrap();
+    wait_rebuild(&cache);
+    let stats = l2(&cache);
+    assert!(stats.get("l2_rebuild_bufs") > 0, "{stats:?}");
+    assert_eq!(stats.get("l2_rebuild_cksum_lb_errors"), 0, "{stats:?}");
+    let f = cache.open(ds, "f", false).unwrap();
+    check_all(&cache, &f, &data, "after the reopen");
+    assert!(l2(&cache).get("l2_hits") > 0);
+    drop(f);
+    shutdown(cache);
+}

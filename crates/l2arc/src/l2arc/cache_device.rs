@@ -35,6 +35,8 @@ pub(crate) struct DeviceCounters {
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub writes_sent: AtomicU64,
+    /// Batches prepared while the batch before was being written.
+    pub writes_pipelined: AtomicU64,
     pub writes_error: AtomicU64,
     pub feeds: AtomicU64,
     pub cksum_bad: AtomicU64,
@@ -70,10 +72,13 @@ pub(super) struct WriterState {
     pub(super) older_logs: [Option<LogPointer>; LOG_READ_AHEAD_POINTERS],
     /// Lap fraction (in sixteenths) at which the index was last swept.
     pub(super) swept_at: u64,
-    /// The batch being laid out, kept from one batch to the next: a fresh
-    /// 16 MiB buffer per batch cost the feeder more in page faults and
-    /// zeroing than the device write itself. Empty until the first batch.
-    pub(super) batch: AlignedBuf,
+    /// A batch buffer kept from one batch to the next: a fresh 16 MiB
+    /// buffer per batch cost the feeder more in page faults and zeroing
+    /// than the device write itself. A batch takes it while it is prepared
+    /// and written and gives it back when finished; a second batch
+    /// prepared meanwhile makes a second buffer, kept in turn (so at most
+    /// two per device exist). None until the first batch.
+    pub(super) spare_batch: Option<AlignedBuf>,
 }
 
 pub(crate) struct CacheDevice {
@@ -88,6 +93,9 @@ pub(crate) struct CacheDevice {
     pub(super) writer: Mutex<WriterState>,
     pub(super) state: AtomicU8,
     pub(super) inflight_reads: AtomicU64,
+    /// Batches handed to a feeder's writer thread and not yet written
+    /// (`feeder::BatchWriter`); removal waits for them.
+    pub(super) commits_in_flight: AtomicU64,
     pub(super) consecutive_errors: AtomicU32,
     pub(super) counters: DeviceCounters,
 }
@@ -125,10 +133,11 @@ impl CacheDevice {
                 older_logs: [None; LOG_READ_AHEAD_POINTERS],
                 swept_at: 0,
                 header: header.clone(),
-                batch: AlignedBuf::zeroed(0),
+                spare_batch: None,
             }),
             state: AtomicU8::new(STATE_REBUILDING),
             inflight_reads: AtomicU64::new(0),
+            commits_in_flight: AtomicU64::new(0),
             consecutive_errors: AtomicU32::new(0),
             counters,
             io,

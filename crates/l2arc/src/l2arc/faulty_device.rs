@@ -25,10 +25,13 @@ pub struct Faults {
     /// Reads failed on purpose so far.
     pub reads_failed: AtomicU64,
     /// Writes hang until this is switched off (a device that stopped
-    /// answering), then go on.
+    /// answering), then go on, or fail if a write fault was switched on
+    /// meanwhile.
     pub stall_writes: AtomicBool,
     /// Writes that have hung on `stall_writes` so far.
     pub writes_stalled: AtomicU64,
+    /// Every write takes at least this long (a slow device), microseconds.
+    pub write_delay_us: AtomicU64,
 }
 
 /// A device wrapper for tests: real I/O until a fault is switched on.
@@ -104,10 +107,17 @@ impl DeviceIo for FaultyDevice {
         if f.fail_writes.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
+        let delay_us = f.write_delay_us.load(Ordering::Relaxed);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+        }
         if f.stall_writes.load(Ordering::SeqCst) {
             f.writes_stalled.fetch_add(1, Ordering::SeqCst);
             while f.stall_writes.load(Ordering::SeqCst) {
                 std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            if f.fail_writes.load(Ordering::SeqCst) || f.vanished.load(Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
             }
         }
         self.inner.write_at(offset, buf)

@@ -30,18 +30,33 @@
 //! given up, so no two write it. The scan reaches `l2arc_headroom` batches
 //! deep, so a second feeder finds the next batch behind the first's claims.
 //!
+//! Writes overlap the next batch. A device's feeder hands each batch to a
+//! writer thread of its own (`BatchWriter`) and selects and encodes the
+//! next while it is written; it then waits for the write, indexes that
+//! batch and hands over the next. Done one after the other, encoding and
+//! writing added up: with a reader on both cores, 4-5 ms and 9-14 ms for
+//! 8 MiB, and a page-cache-fast reader evicted faster than that. One batch
+//! is in flight at a time, so headers reach the device in order and a
+//! header never names a log block that is not durable. If a write fails,
+//! the batch prepared behind it (whose log block names the failed one) is
+//! dropped and the writer's chain goes back to before the failure. The
+//! last batch of a burst is written and indexed before the feeder sleeps.
+//!
 //! Races with writes. The selected records are copied and released before
 //! the slow device write (a record a feed holds cannot be evicted). A write
 //! through the cache may make a copied record stale while the batch is in
 //! flight; [`StaleWriteGate`] leaves such records out of the index, deciding
 //! under the lock that writes hold while they drop their records.
 
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use super::cache_device::CacheDevice;
 use super::format::Compression;
+use super::writer::{PreparedBatch, commit_batch};
 use super::{FeedRecord, L2Arc, WriteGate};
 use crate::arc::live::RecordKey;
 use crate::arc::policy::ListId;
@@ -233,27 +248,253 @@ impl WriteGate for StaleWriteGate<'_> {
     }
 }
 
+/// What one feed chose: the records, their claims, and what the
+/// stale-write gate needs once they are on the device.
+struct FeedSelection<'a> {
+    claims: FeedClaims<'a>,
+    selected: Vec<Selected>,
+    keys: Vec<RecordKey>,
+    /// Per record: the invalidation sequence its bytes are known good at.
+    since: Vec<u64>,
+    batch_bytes: u64,
+}
+
+impl FeedSelection<'_> {
+    fn batch(&self) -> Vec<FeedRecord<'_>> {
+        self.selected
+            .iter()
+            .map(|s| FeedRecord {
+                key_hash: s.key_hash,
+                data: s.data.as_slice(),
+                compression: s.compression,
+                sector_table_min_bytes: s.sector_table_min_bytes,
+            })
+            .collect()
+    }
+
+    /// After `records` (a prefix) went into a batch: the rest go back to
+    /// the write-back queue; the bytes are let go (the batch has its
+    /// copy). True if some were left out.
+    fn settle(&mut self, records: usize) -> bool {
+        assert!(records <= self.selected.len());
+        let left_out = records < self.selected.len();
+        let selected = std::mem::take(&mut self.selected);
+        if left_out {
+            requeue_left_out(self.claims.l2, selected, records, &mut self.claims);
+        }
+        left_out
+    }
+}
+
+/// A device feeder's writer thread: writes the batches its feeder
+/// prepared, one at a time and in order, while the feeder selects and
+/// encodes the next. Encoding (copies, compression, checksums) and the
+/// device write then overlap instead of adding up: on this machine under
+/// a reader's load a feed of 8 MiB spent 4-5 ms encoding and 9-14 ms
+/// writing. At most one batch is in flight: the next is written only once
+/// the one before is durable and its header written.
+pub(crate) struct BatchWriter {
+    jobs: SyncSender<(Arc<CacheDevice>, PreparedBatch)>,
+    done: Receiver<(io::Result<()>, PreparedBatch)>,
+}
+
+impl BatchWriter {
+    fn spawn(slot: u8) -> io::Result<Self> {
+        let (jobs, job_rx) = sync_channel::<(Arc<CacheDevice>, PreparedBatch)>(1);
+        let (done_tx, done) = sync_channel(1);
+        std::thread::Builder::new()
+            .name(format!("l2arc-write-{slot}"))
+            .spawn(move || {
+                for (device, prepared) in job_rx {
+                    let result = commit_batch(&device, &prepared);
+                    device.commits_in_flight.fetch_sub(1, Ordering::SeqCst);
+                    if done_tx.send((result, prepared)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Self { jobs, done })
+    }
+}
+
+/// The batch a device feeder's [`BatchWriter`] is writing, with what its
+/// indexing needs.
+pub(crate) struct InFlight<'a> {
+    claims: FeedClaims<'a>,
+    keys: Vec<RecordKey>,
+    since: Vec<u64>,
+}
+
 impl Cache {
     /// One pass of the L2ARC feeder: copy eligible records from the cold
     /// ends of the ARC (MFU first, then MRU) to the next cache device of
-    /// the rotor. (Each device's own feeder thread feeds it alone.)
+    /// the rotor, written and indexed before it returns. (Each device's
+    /// own feeder thread feeds it alone, its writes overlapped.)
     pub fn feed_l2arc(&self) -> FeedOutcome {
-        self.feed_to(None)
-    }
-
-    /// One feed: a batch for `device` alone (its own feeder's), or for
-    /// the rotor's next device.
-    fn feed_to(&self, device: Option<&CacheDevice>) -> FeedOutcome {
         let Some(l2) = self.l2.get() else {
             return FeedOutcome::default();
         };
-        let budget_bytes = match device {
-            Some(device) => l2.feed_budget_bytes_for(device),
-            None => l2.feed_budget_bytes(),
-        };
+        let budget_bytes = l2.feed_budget_bytes();
         if budget_bytes == 0 {
             return FeedOutcome::default();
         }
+        let mut selection = self.select_feed(l2, budget_bytes);
+        let batch = selection.batch();
+        let mut gate = StaleWriteGate {
+            cache: self,
+            keys: &selection.keys,
+            since: &selection.since,
+        };
+        let Ok((bytes, records)) = l2.write_batch_gated(&batch, &mut gate) else {
+            return FeedOutcome::default();
+        };
+        drop(batch);
+        let left_out = selection.settle(records);
+        FeedOutcome {
+            records,
+            bytes,
+            full: left_out || selection.batch_bytes >= budget_bytes,
+        }
+    }
+
+    /// One feed of a device feeder: selects and prepares the next batch
+    /// for `device` while the one before is being written (`in_flight`),
+    /// then waits for that one, indexes it, and hands this one to
+    /// `writer`. The caller finishes the last one in flight
+    /// (`finish_in_flight`) before it sleeps or lets go of the cache.
+    fn feed_pipelined<'a>(
+        &'a self,
+        device: &Arc<CacheDevice>,
+        writer: &BatchWriter,
+        in_flight: &mut Option<InFlight<'a>>,
+    ) -> FeedOutcome {
+        let Some(l2) = self.l2.get() else {
+            return FeedOutcome::default();
+        };
+        let budget_bytes = l2.feed_budget_bytes_for(device);
+        let (_, hand) = device.position();
+        if budget_bytes == 0 || hand.saturating_add(device.batch_blocks_max) > device.end_block {
+            // A wrap writes the header before the batch: never while one
+            // is in flight whose header must come first.
+            self.finish_in_flight(device, writer, in_flight);
+            if budget_bytes == 0 {
+                return FeedOutcome::default();
+            }
+        }
+        let mut selection = self.select_feed(l2, budget_bytes);
+        let batch = selection.batch();
+        let prepared = if batch.is_empty() {
+            Ok(None)
+        } else {
+            l2.prepare_batch(device, &batch)
+        };
+        drop(batch);
+        let prepared = match prepared {
+            Ok(Some(prepared)) => prepared,
+            Ok(None) => {
+                self.finish_in_flight(device, writer, in_flight);
+                return FeedOutcome::default();
+            }
+            Err(_) => {
+                l2.note_write_error(device);
+                self.finish_in_flight(device, writer, in_flight);
+                return FeedOutcome::default();
+            }
+        };
+        let (records, bytes) = (prepared.records(), prepared.bytes());
+        let left_out = selection.settle(records);
+        if in_flight.is_some() {
+            device
+                .counters
+                .writes_pipelined
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if !self.finish_in_flight(device, writer, in_flight) {
+            // This batch's log block names the failed one's: dropped, as
+            // the writer's chain went back to before that one.
+            return FeedOutcome::default();
+        }
+        device.commits_in_flight.fetch_add(1, Ordering::SeqCst);
+        if device.is_removed() {
+            device.commits_in_flight.fetch_sub(1, Ordering::SeqCst);
+            return FeedOutcome::default();
+        }
+        writer
+            .jobs
+            .send((Arc::clone(device), prepared))
+            .expect("the batch writer thread ended");
+        *in_flight = Some(InFlight {
+            claims: selection.claims,
+            keys: selection.keys,
+            since: selection.since,
+        });
+        FeedOutcome {
+            records,
+            bytes,
+            full: left_out || selection.batch_bytes >= budget_bytes,
+        }
+    }
+
+    /// Waits for the batch in flight, if any, and indexes what of it the
+    /// stale-write gate admits; false if its write failed.
+    fn finish_in_flight(
+        &self,
+        device: &CacheDevice,
+        writer: &BatchWriter,
+        in_flight: &mut Option<InFlight<'_>>,
+    ) -> bool {
+        let Some(InFlight {
+            claims,
+            keys,
+            since,
+        }) = in_flight.take()
+        else {
+            return true;
+        };
+        let (result, prepared) = writer.done.recv().expect("the batch writer thread ended");
+        let l2 = claims.l2;
+        let mut gate = StaleWriteGate {
+            cache: self,
+            keys: &keys,
+            since: &since,
+        };
+        let finished = l2.finish_batch(device, prepared, result, &mut gate);
+        drop(claims);
+        finished.is_ok()
+    }
+
+    /// One feed of `device`, written and indexed before it returns (a
+    /// device feeder without a writer thread).
+    fn feed_to(&self, device: &CacheDevice) -> FeedOutcome {
+        let Some(l2) = self.l2.get() else {
+            return FeedOutcome::default();
+        };
+        let budget_bytes = l2.feed_budget_bytes_for(device);
+        if budget_bytes == 0 {
+            return FeedOutcome::default();
+        }
+        let mut selection = self.select_feed(l2, budget_bytes);
+        let batch = selection.batch();
+        let mut gate = StaleWriteGate {
+            cache: self,
+            keys: &selection.keys,
+            since: &selection.since,
+        };
+        let Ok((bytes, records)) = l2.write_batch_gated_to(device, &batch, &mut gate) else {
+            return FeedOutcome::default();
+        };
+        drop(batch);
+        let left_out = selection.settle(records);
+        FeedOutcome {
+            records,
+            bytes,
+            full: left_out || selection.batch_bytes >= budget_bytes,
+        }
+    }
+
+    /// Selects a feed's records (`select_for_feed`) with what the
+    /// stale-write gate will need.
+    fn select_feed<'a>(&self, l2: &'a L2Arc, budget_bytes: u64) -> FeedSelection<'a> {
         let start_sequence = self
             .invalidations
             .lock()
@@ -264,49 +505,24 @@ impl Cache {
             key_hashes: Vec::new(),
         };
         let selected = self.select_for_feed(budget_bytes, &mut claims);
-        let since: Vec<u64> = selected
+        let since = selected
             .iter()
             .map(|s| match &s.data {
                 SelectedBytes::Copied(_) => start_sequence,
                 SelectedBytes::Evicted(record) => record.fill_sequence,
             })
             .collect();
-        let batch_bytes: u64 = selected
+        let batch_bytes = selected
             .iter()
             .map(|s| s.data.as_slice().len() as u64)
             .sum();
-        let batch: Vec<FeedRecord<'_>> = selected
-            .iter()
-            .map(|s| FeedRecord {
-                key_hash: s.key_hash,
-                data: s.data.as_slice(),
-                compression: s.compression,
-                sector_table_min_bytes: s.sector_table_min_bytes,
-            })
-            .collect();
-        let keys: Vec<RecordKey> = selected.iter().map(|s| s.key).collect();
-        let mut gate = StaleWriteGate {
-            cache: self,
-            keys: &keys,
-            since: &since,
-        };
-        let written = match device {
-            Some(device) => l2.write_batch_gated_to(device, &batch, &mut gate),
-            None => l2.write_batch_gated(&batch, &mut gate),
-        };
-        let Ok((bytes, records)) = written else {
-            return FeedOutcome::default();
-        };
-        assert!(records <= batch.len());
-        let left_out = records < batch.len();
-        drop(batch);
-        if left_out {
-            requeue_left_out(l2, selected, records, &mut claims);
-        }
-        FeedOutcome {
-            records,
-            bytes,
-            full: left_out || batch_bytes >= budget_bytes,
+        let keys = selected.iter().map(|s| s.key).collect();
+        FeedSelection {
+            claims,
+            selected,
+            keys,
+            since,
+            batch_bytes,
         }
     }
 
@@ -437,6 +653,11 @@ pub(crate) fn spawn_device_feeder(
 }
 
 fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheDevice>) {
+    let Some(slot) = device.upgrade().map(|d| d.slot) else {
+        return;
+    };
+    // Without a thread of its own the feeder writes its batches itself.
+    let writer = BatchWriter::spawn(slot).ok();
     let mut pause = Duration::from_millis(10);
     let mut seen = 0u64;
     loop {
@@ -457,7 +678,10 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
             l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         let config = l2.config().clone();
-        let outcome = cache.feed_to(Some(&device));
+        let outcome = match &writer {
+            Some(writer) => feed_while_full(&cache, &device, writer, config.l2arc_feed_again),
+            None => cache.feed_to(&device),
+        };
         drop(device);
         drop(cache);
         pause = if outcome.full && config.l2arc_feed_again {
@@ -468,4 +692,28 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
             Duration::from_secs_f64(config.l2arc_feed_secs.clamp(0.001, 3600.0))
         };
     }
+}
+
+/// Feeds `device` again at once while each feed fills its batch (turbo
+/// feed), each batch written while the next is prepared; returns with the
+/// last one written and indexed, and the last feed's outcome.
+fn feed_while_full(
+    cache: &Cache,
+    device: &Arc<CacheDevice>,
+    writer: &BatchWriter,
+    feed_again: bool,
+) -> FeedOutcome {
+    let mut in_flight = None;
+    let mut outcome = FeedOutcome::default();
+    loop {
+        let feed = cache.feed_pipelined(device, writer, &mut in_flight);
+        outcome.records += feed.records;
+        outcome.bytes += feed.bytes;
+        outcome.full = feed.full;
+        if !(feed.full && feed_again) || device.is_removed() || feed.records == 0 {
+            break;
+        }
+    }
+    cache.finish_in_flight(device, writer, &mut in_flight);
+    outcome
 }

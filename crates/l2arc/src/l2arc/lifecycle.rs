@@ -184,7 +184,9 @@ impl L2Arc {
             )
         })?;
         device.state.store(STATE_REMOVED, Ordering::SeqCst);
-        while device.inflight_reads.load(Ordering::SeqCst) != 0 {
+        while device.inflight_reads.load(Ordering::SeqCst) != 0
+            || device.commits_in_flight.load(Ordering::SeqCst) != 0
+        {
             std::thread::sleep(Duration::from_micros(100));
         }
         // The feeder may be mid-batch on it: wait for the writer to let go.

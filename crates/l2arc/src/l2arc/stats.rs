@@ -66,6 +66,7 @@ pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
         ("l2_read_bytes", get(&c.read_bytes)),
         ("l2_write_bytes", get(&c.write_bytes)),
         ("l2_writes_sent", get(&c.writes_sent)),
+        ("l2_writes_pipelined", get(&c.writes_pipelined)),
         ("l2_writes_error", get(&c.writes_error)),
         ("l2_evict_reading", get(&c.evict_reading)),
         ("l2_cksum_bad", get(&c.cksum_bad)),

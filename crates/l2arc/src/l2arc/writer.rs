@@ -10,6 +10,13 @@
 //! [`WriteGate`] that the caller uses to leave out records made stale while
 //! the batch was in flight.
 //!
+//! The steps come in three parts so that the feeder can encode one batch
+//! while the one before is written: `prepare_batch` (lay out, encode,
+//! advance the hand and the log chain, under the writer mutex),
+//! `commit_batch` (the durable write and the header, no lock), and
+//! `finish_batch` (index, count, sweep; or, on a failed write, put the
+//! chain back to before the batch).
+//!
 //! The endurance budget (`l2arc_dwpd`) is a token bucket refilled with time
 //! and holding at most one batch of credit.
 
@@ -18,7 +25,7 @@ use std::sync::atomic::Ordering;
 
 use super::cache_device::*;
 use super::format::{
-    self, BLOCK_BYTES, Compression, Location, LogBlockHeader, LogEntry, LogPointer,
+    self, BLOCK_BYTES, Compression, DeviceHeader, Location, LogBlockHeader, LogEntry, LogPointer,
 };
 use super::index::IndexEntry;
 use super::*;
@@ -182,37 +189,47 @@ impl L2Arc {
         if records.is_empty() {
             return Ok((0, 0));
         }
-        let result = self.write_batch_to(device, records, gate);
-        match &result {
-            Ok((bytes, _)) => {
-                device.note_success();
-                self.spend_budget(*bytes);
-            }
-            Err(_) => {
-                device.counters.writes_error.fetch_add(1, Ordering::Relaxed);
-                if device.note_error() {
-                    self.forget_device(device);
-                }
-            }
-        }
-        result
+        self.write_batch_to(device, records, gate)
     }
 
     /// Writes one batch to `device` (see the module comment for the order
-    /// of the steps and why).
+    /// of the steps and why): prepared, committed and finished in turn.
     pub(super) fn write_batch_to(
         &self,
         device: &CacheDevice,
         records: &[FeedRecord<'_>],
         gate: &mut dyn WriteGate,
     ) -> io::Result<(u64, usize)> {
+        let prepared = match self.prepare_batch(device, records) {
+            Ok(Some(prepared)) => prepared,
+            Ok(None) => return Ok((0, 0)),
+            Err(e) => {
+                self.note_write_error(device);
+                return Err(e);
+            }
+        };
+        let result = commit_batch(device, &prepared);
+        self.finish_batch(device, prepared, result, gate)
+    }
+
+    /// Lays out and encodes the largest prefix of `records` that fits a
+    /// batch of `device`, into a buffer of its own, and advances the
+    /// writer past it: the hand (published), the log chain and the header
+    /// to write once the batch is durable. Nothing is written to the
+    /// device unless the hand wraps (the wrap is published first). `None`
+    /// when the device is offline or nothing fits.
+    pub(crate) fn prepare_batch(
+        &self,
+        device: &CacheDevice,
+        records: &[FeedRecord<'_>],
+    ) -> io::Result<Option<PreparedBatch>> {
         let mut writer = device.writer.lock().expect("writer poisoned");
         if !device.is_online() {
-            return Ok((0, 0));
+            return Ok(None);
         }
         let payloads = lay_out(records, device.batch_blocks_max);
         if payloads.is_empty() {
-            return Ok((0, 0));
+            return Ok(None);
         }
         let data_blocks: u32 = payloads.iter().map(Payload::asize_blocks).sum();
         let log_bytes = format::log_block_size_bytes(payloads.len());
@@ -229,46 +246,100 @@ impl L2Arc {
             total_blocks,
         };
         let state = &mut *writer;
+        let mut buffer = state
+            .spare_batch
+            .take()
+            .unwrap_or_else(|| AlignedBuf::zeroed(0));
         let encoded = encode_batch(
             device,
             (&state.header, state.log_sequence, state.older_logs),
-            &mut state.batch,
+            &mut buffer,
             &payloads,
             position,
         );
-        verify_batch(device, &state.batch, &encoded, hand);
-
-        let c = &device.counters;
-        c.writes_sent.fetch_add(1, Ordering::Relaxed);
-        // Durable before the header that points at its log block is
-        // written: a header never names a log block that a crash can lose.
-        device
-            .io
-            .write_at_durable(u64::from(hand) * BLOCK_BYTES, &state.batch)?;
-        let mut header = writer.header.clone();
+        verify_batch(device, &buffer, &encoded, hand);
+        let before = (state.header.clone(), state.log_sequence, state.older_logs);
+        let mut header = state.header.clone();
         header.sequence += 1;
         header.hand_block = hand + total_blocks;
         header.lap = lap;
         header.newest_log = Some(encoded.log_pointer);
-        device.write_header(&header)?;
-        header.newest_log = writer.header.newest_log;
-        writer.header = header;
-        writer.push_log(encoded.log_pointer);
-
-        self.index_batch(device, &encoded.entries, gate);
+        let mut kept = header.clone();
+        kept.newest_log = state.header.newest_log;
+        state.header = kept;
+        state.push_log(encoded.log_pointer);
+        let mut compressed_bytes = (0u64, 0u64);
         for (entry, payload) in encoded.entries.iter().zip(&payloads) {
             if payload.compression != Compression::Off {
-                c.compressed_lsize_written
-                    .fetch_add(payload.logical_bytes as u64, Ordering::Relaxed);
-                c.compressed_asize_written.fetch_add(
-                    u64::from(entry.location.asize_blocks()) * BLOCK_BYTES,
-                    Ordering::Relaxed,
-                );
+                compressed_bytes.0 += payload.logical_bytes as u64;
+                compressed_bytes.1 += u64::from(entry.location.asize_blocks()) * BLOCK_BYTES;
             }
         }
+        Ok(Some(PreparedBatch {
+            buffer,
+            position,
+            header,
+            entries: encoded.entries,
+            compressed_bytes,
+            log_sequence: state.log_sequence,
+            before,
+        }))
+    }
+
+    /// After [`commit_batch`]: on success indexes the batch's records that
+    /// `gate` admits (unless the device left meanwhile), counts it and
+    /// sweeps when the hand has gone far enough; on failure puts the
+    /// writer's log chain back to what it was before the batch, so that no
+    /// header ever names its log block. Either way the buffer goes back to
+    /// the writer. Counts the device's errors, faulting it past the limit.
+    pub(crate) fn finish_batch(
+        &self,
+        device: &CacheDevice,
+        prepared: PreparedBatch,
+        result: io::Result<()>,
+        gate: &mut dyn WriteGate,
+    ) -> io::Result<(u64, usize)> {
+        let PreparedBatch {
+            buffer,
+            position,
+            header: _,
+            entries,
+            compressed_bytes,
+            log_sequence,
+            before,
+        } = prepared;
+        let mut writer = device.writer.lock().expect("writer poisoned");
+        if writer.spare_batch.is_none() {
+            writer.spare_batch = Some(buffer);
+        }
+        if let Err(e) = result {
+            // Batches prepared after this one chain to its log block: they
+            // are dropped by their feeder, and the chain resumes here.
+            assert!(writer.log_sequence >= log_sequence);
+            (writer.header, writer.log_sequence, writer.older_logs) = before;
+            drop(writer);
+            self.note_write_error(device);
+            return Err(e);
+        }
+        if device.is_removed() {
+            return Ok((0, 0));
+        }
+        self.index_batch(device, &entries, gate);
+        let c = &device.counters;
+        c.compressed_lsize_written
+            .fetch_add(compressed_bytes.0, Ordering::Relaxed);
+        c.compressed_asize_written
+            .fetch_add(compressed_bytes.1, Ordering::Relaxed);
+        let BatchPosition {
+            lap,
+            hand,
+            total_blocks,
+        } = position;
         let bytes = u64::from(total_blocks) * BLOCK_BYTES;
         c.write_bytes.fetch_add(bytes, Ordering::Relaxed);
         c.feeds.fetch_add(1, Ordering::Relaxed);
+        device.note_success();
+        self.spend_budget(bytes);
 
         // Every sixteenth of a lap, drop the entries the hand swept over.
         let progress = u64::from(lap) * u64::from(SWEEPS_PER_LAP)
@@ -279,7 +350,15 @@ impl L2Arc {
             drop(writer);
             self.sweep(device);
         }
-        Ok((bytes, payloads.len()))
+        Ok((bytes, entries.len()))
+    }
+
+    /// Counts a failed write to `device`, faulting it past the limit.
+    pub(crate) fn note_write_error(&self, device: &CacheDevice) {
+        device.counters.writes_error.fetch_add(1, Ordering::Relaxed);
+        if device.note_error() {
+            self.forget_device(device);
+        }
     }
 
     /// Indexes the records of a batch on `device` that `gate` admits.
@@ -574,6 +653,55 @@ struct BatchPosition {
     lap: u32,
     hand: u32,
     total_blocks: u32,
+}
+
+/// A batch encoded into a buffer of its own, the writer already past it,
+/// waiting for its device write ([`commit_batch`]) and then its indexing
+/// ([`L2Arc::finish_batch`]). The feeder prepares the next batch while
+/// this one is written (`feeder`).
+pub(crate) struct PreparedBatch {
+    buffer: AlignedBuf,
+    position: BatchPosition,
+    /// The device header naming this batch's log block, written once the
+    /// batch is durable.
+    header: DeviceHeader,
+    entries: Vec<LogEntry>,
+    /// Logical and allocated bytes of the records stored compressed.
+    compressed_bytes: (u64, u64),
+    /// This batch's log sequence.
+    log_sequence: u64,
+    /// The writer's header, log sequence and older logs before this batch.
+    before: (
+        DeviceHeader,
+        u64,
+        [Option<LogPointer>; format::LOG_READ_AHEAD_POINTERS],
+    ),
+}
+
+impl PreparedBatch {
+    /// Records in the batch.
+    pub(crate) fn records(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes of device the batch takes.
+    pub(crate) fn bytes(&self) -> u64 {
+        u64::from(self.position.total_blocks) * BLOCK_BYTES
+    }
+}
+
+/// Writes a prepared batch and makes it durable, then the header that
+/// names its log block: a header never names a log block that a crash can
+/// lose. Takes no lock: the writer's state was settled by
+/// [`L2Arc::prepare_batch`], and batches of one device are committed in
+/// the order they were prepared, one at a time.
+pub(crate) fn commit_batch(device: &CacheDevice, prepared: &PreparedBatch) -> io::Result<()> {
+    device.counters.writes_sent.fetch_add(1, Ordering::Relaxed);
+    device.io.write_at_durable(
+        u64::from(prepared.position.hand) * BLOCK_BYTES,
+        &prepared.buffer,
+    )?;
+    device.write_header(&prepared.header)
 }
 
 /// A batch laid out in the writer's buffer: records, then the log block.
