@@ -248,6 +248,14 @@ impl L2Arc {
         self.index.fingerprint_bits()
     }
 
+    /// Records some feed has chosen and not yet indexed or given up (a
+    /// feed in progress, its batch maybe being written): 0 once the
+    /// feeders are idle.
+    #[cfg(feature = "internals")]
+    pub fn records_being_fed(&self) -> usize {
+        self.feeding.lock().expect("feed claims poisoned").len()
+    }
+
     /// Stops background work (rebuild threads check this).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
