@@ -586,3 +586,45 @@ fn writes_failing_in_flight_leave_the_log_chain_whole() {
     drop(f);
     shutdown(cache);
 }
+
+/// A feed from another thread (`Cache::feed_l2arc`) waits while a device's
+/// feeder has a batch in flight: its batch would chain to that one, and
+/// written and named by a header first, a crash would leave a chain broken
+/// one block back (seen once in `kill9_while_feeding_with_wrap`). Never
+/// two batches of the device are in flight, and the chain stays whole.
+#[test]
+fn other_feeds_wait_for_a_device_feeders_batches() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut world = World::new();
+    let data = world.add_file("f", 8 << 20, 43);
+    let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
+    let path = world.device_path("shared.dev");
+    let (slot, faults) = add_faulty(&cache, &path);
+    faults.write_delay_us.store(20_000, Ordering::SeqCst);
+    let f = cache.open(ds, "f", false).unwrap();
+    /// Stops the other feeder however the reader ends (a failed check
+    /// must not leave the scope waiting for it).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                cache.feed_l2arc();
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        read_until(&cache, &f, &data, slot, "two feeders", |stats| {
+            dev_stat(stats, slot, "l2_feeds") >= 6 && stats.get("l2_hits") > 0
+        });
+    });
+    check_all(&cache, &f, &data, "from flash");
+    drop(f);
+    let feeds = l2(&cache).get("l2_feeds");
+    shutdown(cache);
+    assert_chain_whole(&path, feeds);
+}

@@ -91,6 +91,14 @@ pub(crate) struct CacheDevice {
     /// `lap << 32 | hand_block`, published before each batch is written.
     pub(super) position: AtomicU64,
     pub(super) writer: Mutex<WriterState>,
+    /// Held by whoever has a batch of this device prepared and not yet
+    /// finished: a device feeder for its whole burst, any other feed for
+    /// its one batch. Batches are then written in the order they were
+    /// prepared, each after the one its log block names; without it a
+    /// feed from another thread wrote its batch and header while the
+    /// feeder's batch before it was still being written, and a crash then
+    /// left a header whose chain broke one block back.
+    pub(super) commit_order: Mutex<()>,
     pub(super) state: AtomicU8,
     pub(super) inflight_reads: AtomicU64,
     /// Batches handed to a feeder's writer thread and not yet written
@@ -135,6 +143,7 @@ impl CacheDevice {
                 header: header.clone(),
                 spare_batch: None,
             }),
+            commit_order: Mutex::new(()),
             state: AtomicU8::new(STATE_REBUILDING),
             inflight_reads: AtomicU64::new(0),
             commits_in_flight: AtomicU64::new(0),

@@ -331,10 +331,19 @@ impl Cache {
     /// the rotor, written and indexed before it returns. (Each device's
     /// own feeder thread feeds it alone, its writes overlapped.)
     pub fn feed_l2arc(&self) -> FeedOutcome {
+        self.feed_now(None)
+    }
+
+    /// One feed, written and indexed before it returns: to `device`
+    /// (a device feeder without a writer thread), or to the rotor's next.
+    fn feed_now(&self, device: Option<&CacheDevice>) -> FeedOutcome {
         let Some(l2) = self.l2.get() else {
             return FeedOutcome::default();
         };
-        let budget_bytes = l2.feed_budget_bytes();
+        let budget_bytes = match device {
+            Some(device) => l2.feed_budget_bytes_for(device),
+            None => l2.feed_budget_bytes(),
+        };
         if budget_bytes == 0 {
             return FeedOutcome::default();
         }
@@ -345,7 +354,11 @@ impl Cache {
             keys: &selection.keys,
             since: &selection.since,
         };
-        let Ok((bytes, records)) = l2.write_batch_gated(&batch, &mut gate) else {
+        let written = match device {
+            Some(device) => l2.write_batch_gated_to(device, &batch, &mut gate),
+            None => l2.write_batch_gated(&batch, &mut gate),
+        };
+        let Ok((bytes, records)) = written else {
             return FeedOutcome::default();
         };
         drop(batch);
@@ -461,35 +474,6 @@ impl Cache {
         let finished = l2.finish_batch(device, prepared, result, &mut gate);
         drop(claims);
         finished.is_ok()
-    }
-
-    /// One feed of `device`, written and indexed before it returns (a
-    /// device feeder without a writer thread).
-    fn feed_to(&self, device: &CacheDevice) -> FeedOutcome {
-        let Some(l2) = self.l2.get() else {
-            return FeedOutcome::default();
-        };
-        let budget_bytes = l2.feed_budget_bytes_for(device);
-        if budget_bytes == 0 {
-            return FeedOutcome::default();
-        }
-        let mut selection = self.select_feed(l2, budget_bytes);
-        let batch = selection.batch();
-        let mut gate = StaleWriteGate {
-            cache: self,
-            keys: &selection.keys,
-            since: &selection.since,
-        };
-        let Ok((bytes, records)) = l2.write_batch_gated_to(device, &batch, &mut gate) else {
-            return FeedOutcome::default();
-        };
-        drop(batch);
-        let left_out = selection.settle(records);
-        FeedOutcome {
-            records,
-            bytes,
-            full: left_out || selection.batch_bytes >= budget_bytes,
-        }
     }
 
     /// Selects a feed's records (`select_for_feed`) with what the
@@ -680,7 +664,7 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
         let config = l2.config().clone();
         let outcome = match &writer {
             Some(writer) => feed_while_full(&cache, &device, writer, config.l2arc_feed_again),
-            None => cache.feed_to(&device),
+            None => cache.feed_now(Some(&device)),
         };
         drop(device);
         drop(cache);
@@ -703,6 +687,8 @@ fn feed_while_full(
     writer: &BatchWriter,
     feed_again: bool,
 ) -> FeedOutcome {
+    // Other feeds of this device wait for the burst: its batches chain.
+    let _order = device.commit_order.lock().expect("commit order poisoned");
     let mut in_flight = None;
     let mut outcome = FeedOutcome::default();
     loop {

@@ -200,6 +200,7 @@ impl L2Arc {
         records: &[FeedRecord<'_>],
         gate: &mut dyn WriteGate,
     ) -> io::Result<(u64, usize)> {
+        let _order = device.commit_order.lock().expect("commit order poisoned");
         let prepared = match self.prepare_batch(device, records) {
             Ok(Some(prepared)) => prepared,
             Ok(None) => return Ok((0, 0)),
@@ -217,7 +218,8 @@ impl L2Arc {
     /// writer past it: the hand (published), the log chain and the header
     /// to write once the batch is durable. Nothing is written to the
     /// device unless the hand wraps (the wrap is published first). `None`
-    /// when the device is offline or nothing fits.
+    /// when the device is offline or nothing fits. The caller holds the
+    /// device's `commit_order` until the batch is finished.
     pub(crate) fn prepare_batch(
         &self,
         device: &CacheDevice,
@@ -442,6 +444,7 @@ impl L2Arc {
         }
         let turn = self.rotor.fetch_add(1, Ordering::Relaxed) as usize % online.len();
         let device = &online[turn];
+        let _order = device.commit_order.lock().expect("commit order poisoned");
         let mut writer = device.writer.lock().expect("writer poisoned");
         let (asizes, blocks_total) = lay_out_plain(records, device.batch_blocks_max);
         if asizes.is_empty() {
@@ -693,8 +696,9 @@ impl PreparedBatch {
 /// Writes a prepared batch and makes it durable, then the header that
 /// names its log block: a header never names a log block that a crash can
 /// lose. Takes no lock: the writer's state was settled by
-/// [`L2Arc::prepare_batch`], and batches of one device are committed in
-/// the order they were prepared, one at a time.
+/// [`L2Arc::prepare_batch`], and the caller holds the device's
+/// `commit_order` from prepare to finish, so batches of one device are
+/// committed in the order they were prepared, one at a time.
 pub(crate) fn commit_batch(device: &CacheDevice, prepared: &PreparedBatch) -> io::Result<()> {
     device.counters.writes_sent.fetch_add(1, Ordering::Relaxed);
     device.io.write_at_durable(
