@@ -507,22 +507,13 @@ impl ObjectFs {
         self.handles.file(fh.0)
     }
 
-    /// The version the kernel's pages of `ino` reflect, if known.
-    fn page_version(&self, ino: u64) -> Option<(u64, u64)> {
-        let nodes = self.nodes.lock().expect("node table poisoned");
-        nodes.map.get(&ino).and_then(|node| node.page_version)
-    }
-
-    /// Notes the version the kernel's pages of `ino` now reflect; true if
-    /// it is the one they reflected before (the pages may stay).
-    fn note_page_version(&self, ino: u64, version: (u64, u64)) -> bool {
+    /// Notes the version the kernel's pages of `ino` now reflect and
+    /// returns the one they reflected before (None if unknown): the pages
+    /// may stay where the two are the same.
+    fn note_page_version(&self, ino: u64, version: (u64, u64)) -> Option<(u64, u64)> {
         let mut nodes = self.nodes.lock().expect("node table poisoned");
-        let Some(node) = nodes.map.get_mut(&ino) else {
-            return false;
-        };
-        let same = node.page_version == Some(version);
-        node.page_version = Some(version);
-        same
+        let node = nodes.map.get_mut(&ino)?;
+        node.page_version.replace(version)
     }
 
     fn invalidate_kernel_later(&self, ino: u64) {
@@ -547,7 +538,7 @@ impl ObjectFs {
             l2arc::primary::Generation::version_hash_of(&meta.etag, &meta.version_id),
             meta.size_bytes,
         );
-        let keep = self.note_page_version(ino.0, version);
+        let keep = self.note_page_version(ino.0, version) == Some(version);
         let recordsize = u64::from(handle.recordsize_bytes());
         let window_records = self.readahead_window_records(recordsize);
         let file = Arc::new(OpenObject {
@@ -711,8 +702,8 @@ impl Filesystem for ObjectFs {
             l2arc::primary::Generation::version_hash_of(&meta.etag, &meta.version_id),
             meta.size_bytes,
         );
-        let before = self.page_version(ino.0);
-        let changed = !self.note_page_version(ino.0, version);
+        let before = self.note_page_version(ino.0, version);
+        let changed = before != Some(version);
         reply.attr(&self.ttl(), &self.file_attr(ino.0, &meta));
         let size_changed = before.is_some_and(|(_, size_bytes)| size_bytes != meta.size_bytes);
         if changed && !size_changed {

@@ -259,6 +259,9 @@ fn write_back_cache(
         arc_max_bytes,
         arc_shards: 2,
         l2arc: write_back_only(32 << 20),
+        // The tests count hits per record read: a read-ahead would take
+        // records off flash before their demand read.
+        zfs_prefetch_disable: true,
         ..l2arc::CacheConfig::default()
     })
     .unwrap();
@@ -382,11 +385,7 @@ fn a_hung_device_holds_back_no_other_devices_feeds() {
     let mut world = World::new();
     let data = world.add_file("f", 8 << 20, 21);
     let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
-    let faulty = l2arc::internals::FaultyDevice::new(Box::new(
-        l2arc::FileDevice::open(world.device_path("hung.dev"), Some(DEVICE_BYTES)).unwrap(),
-    ));
-    let faults = std::sync::Arc::clone(&faulty.faults);
-    let (hung, _) = add_device(&cache, Box::new(faulty)).unwrap();
+    let (hung, faults) = add_faulty(&cache, &world.device_path("hung.dev"));
     let (other, _) = add_path(&cache, &world.device_path("other.dev"), Some(DEVICE_BYTES)).unwrap();
     faults.stall_writes.store(true, Ordering::SeqCst);
     let f = cache.open(ds, "f", false).unwrap();
@@ -509,18 +508,54 @@ fn assert_chain_whole(path: &std::path::Path, feeds: u64) {
     );
 }
 
+/// An 8 MiB file, a cache with a short feeder timer, and one device whose
+/// writes take 20 ms each (and can be hung or failed).
+struct SlowDevice {
+    world: World,
+    data: Vec<u8>,
+    cache: std::sync::Arc<l2arc::Cache>,
+    ds: l2arc::DatasetId,
+    path: std::path::PathBuf,
+    slot: u8,
+    faults: std::sync::Arc<l2arc::internals::Faults>,
+}
+
+impl SlowDevice {
+    fn new(seed: u64) -> Self {
+        let mut world = World::new();
+        let data = world.add_file("f", 8 << 20, seed);
+        let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
+        let path = world.device_path("slow.dev");
+        let (slot, faults) = add_faulty(&cache, &path);
+        faults
+            .write_delay_us
+            .store(20_000, std::sync::atomic::Ordering::SeqCst);
+        Self {
+            world,
+            data,
+            cache,
+            ds,
+            path,
+            slot,
+            faults,
+        }
+    }
+}
+
 /// While a slow device writes one batch, its feeder prepares the next
 /// (`l2_writes_pipelined`), yet never are two written at once, every
 /// record reads back right, and the log chain on the device is whole.
 #[test]
 fn the_next_batch_is_prepared_while_one_is_written() {
-    use std::sync::atomic::Ordering;
-    let mut world = World::new();
-    let data = world.add_file("f", 8 << 20, 41);
-    let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
-    let path = world.device_path("slow.dev");
-    let (slot, faults) = add_faulty(&cache, &path);
-    faults.write_delay_us.store(20_000, Ordering::SeqCst);
+    let SlowDevice {
+        world: _world,
+        data,
+        cache,
+        ds,
+        path,
+        slot,
+        faults: _,
+    } = SlowDevice::new(41);
     let f = cache.open(ds, "f", false).unwrap();
     read_until(&cache, &f, &data, slot, "slow device", |stats| {
         dev_stat(stats, slot, "l2_feeds") >= 8 && stats.get("l2_hits") > 0
@@ -548,12 +583,15 @@ fn the_next_batch_is_prepared_while_one_is_written() {
 #[test]
 fn writes_failing_in_flight_leave_the_log_chain_whole() {
     use std::sync::atomic::Ordering;
-    let mut world = World::new();
-    let data = world.add_file("f", 8 << 20, 42);
-    let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
-    let path = world.device_path("failing.dev");
-    let (slot, faults) = add_faulty(&cache, &path);
-    faults.write_delay_us.store(20_000, Ordering::SeqCst);
+    let SlowDevice {
+        world,
+        data,
+        cache,
+        ds,
+        path,
+        slot,
+        faults,
+    } = SlowDevice::new(42);
     let f = cache.open(ds, "f", false).unwrap();
     read_until(&cache, &f, &data, slot, "slow device", |stats| {
         dev_stat(stats, slot, "l2_writes_pipelined") >= 2
@@ -595,12 +633,15 @@ fn writes_failing_in_flight_leave_the_log_chain_whole() {
 #[test]
 fn other_feeds_wait_for_a_device_feeders_batches() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let mut world = World::new();
-    let data = world.add_file("f", 8 << 20, 43);
-    let (cache, ds) = new_cache(&world.src, Compression::Off, feeding_l2());
-    let path = world.device_path("shared.dev");
-    let (slot, faults) = add_faulty(&cache, &path);
-    faults.write_delay_us.store(20_000, Ordering::SeqCst);
+    let SlowDevice {
+        world: _world,
+        data,
+        cache,
+        ds,
+        path,
+        slot,
+        faults: _,
+    } = SlowDevice::new(43);
     let f = cache.open(ds, "f", false).unwrap();
     /// Stops the other feeder however the reader ends (a failed check
     /// must not leave the scope waiting for it).

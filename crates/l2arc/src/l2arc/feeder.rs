@@ -272,6 +272,15 @@ impl FeedSelection<'_> {
             .collect()
     }
 
+    /// The gate that indexes what of the batch no write made stale.
+    fn gate<'g>(&'g self, cache: &'g Cache) -> StaleWriteGate<'g> {
+        StaleWriteGate {
+            cache,
+            keys: &self.keys,
+            since: &self.since,
+        }
+    }
+
     /// After `records` (a prefix) went into a batch: the rest go back to
     /// the write-back queue; the bytes are let go (the batch has its
     /// copy). True if some were left out.
@@ -317,14 +326,6 @@ impl BatchWriter {
     }
 }
 
-/// The batch a device feeder's [`BatchWriter`] is writing, with what its
-/// indexing needs.
-pub(crate) struct InFlight<'a> {
-    claims: FeedClaims<'a>,
-    keys: Vec<RecordKey>,
-    since: Vec<u64>,
-}
-
 impl Cache {
     /// One pass of the L2ARC feeder: copy eligible records from the cold
     /// ends of the ARC (MFU first, then MRU) to the next cache device of
@@ -349,11 +350,7 @@ impl Cache {
         }
         let mut selection = self.select_feed(l2, budget_bytes);
         let batch = selection.batch();
-        let mut gate = StaleWriteGate {
-            cache: self,
-            keys: &selection.keys,
-            since: &selection.since,
-        };
+        let mut gate = selection.gate(self);
         let written = match device {
             Some(device) => l2.write_batch_gated_to(device, &batch, &mut gate),
             None => l2.write_batch_gated(&batch, &mut gate),
@@ -379,7 +376,7 @@ impl Cache {
         &'a self,
         device: &Arc<CacheDevice>,
         writer: &BatchWriter,
-        in_flight: &mut Option<InFlight<'a>>,
+        in_flight: &mut Option<FeedSelection<'a>>,
     ) -> FeedOutcome {
         let Some(l2) = self.l2.get() else {
             return FeedOutcome::default();
@@ -436,44 +433,31 @@ impl Cache {
             .jobs
             .send((Arc::clone(device), prepared))
             .expect("the batch writer thread ended");
-        *in_flight = Some(InFlight {
-            claims: selection.claims,
-            keys: selection.keys,
-            since: selection.since,
-        });
+        let full = left_out || selection.batch_bytes >= budget_bytes;
+        *in_flight = Some(selection);
         FeedOutcome {
             records,
             bytes,
-            full: left_out || selection.batch_bytes >= budget_bytes,
+            full,
         }
     }
 
     /// Waits for the batch in flight, if any, and indexes what of it the
-    /// stale-write gate admits; false if its write failed.
+    /// stale-write gate admits (its records' claims held until then);
+    /// false if its write failed.
     fn finish_in_flight(
         &self,
         device: &CacheDevice,
         writer: &BatchWriter,
-        in_flight: &mut Option<InFlight<'_>>,
+        in_flight: &mut Option<FeedSelection<'_>>,
     ) -> bool {
-        let Some(InFlight {
-            claims,
-            keys,
-            since,
-        }) = in_flight.take()
-        else {
+        let Some(selection) = in_flight.take() else {
             return true;
         };
         let (result, prepared) = writer.done.recv().expect("the batch writer thread ended");
-        let l2 = claims.l2;
-        let mut gate = StaleWriteGate {
-            cache: self,
-            keys: &keys,
-            since: &since,
-        };
-        let finished = l2.finish_batch(device, prepared, result, &mut gate);
-        drop(claims);
-        finished.is_ok()
+        let l2 = selection.claims.l2;
+        l2.finish_batch(device, prepared, result, &mut selection.gate(self))
+            .is_ok()
     }
 
     /// Selects a feed's records (`select_for_feed`) with what the

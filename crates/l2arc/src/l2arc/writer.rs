@@ -261,15 +261,11 @@ impl L2Arc {
         );
         verify_batch(device, &buffer, &encoded, hand);
         let before = (state.header.clone(), state.log_sequence, state.older_logs);
-        let mut header = state.header.clone();
-        header.sequence += 1;
-        header.hand_block = hand + total_blocks;
-        header.lap = lap;
-        header.newest_log = Some(encoded.log_pointer);
-        let mut kept = header.clone();
-        kept.newest_log = state.header.newest_log;
-        state.header = kept;
+        state.header.sequence += 1;
+        state.header.hand_block = hand + total_blocks;
+        state.header.lap = lap;
         state.push_log(encoded.log_pointer);
+        let header = state.header.clone();
         let mut compressed_bytes = (0u64, 0u64);
         for (entry, payload) in encoded.entries.iter().zip(&payloads) {
             if payload.compression != Compression::Off {
