@@ -13,6 +13,7 @@
 //! the next pass. The goal (issue 11): at least 90% of the ARC's misses of
 //! the second pass are L2ARC hits.
 
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -25,8 +26,12 @@ use super::nbd::{
 };
 
 const PASSES: usize = 4;
+/// The device write measured: writes of a feed batch's size (the most a
+/// 512 MiB cache file's batch holds), this many bytes in all.
+const DEVICE_WRITE_BYTES: usize = 8 << 20;
+const DEVICE_WRITE_TOTAL_BYTES: u64 = 256 << 20;
 /// The counters printed per pass (deltas, but `l2_size` as it stands).
-const COUNTERS: [&str; 10] = [
+const COUNTERS: [&str; 11] = [
     "misses",
     "prefetch_data_misses",
     "l2_hits",
@@ -37,6 +42,7 @@ const COUNTERS: [&str; 10] = [
     "evict_l2_cached",
     "evict_l2_ineligible",
     "demand_iohit_predictive_prefetch",
+    "l2_write_bytes",
 ];
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
@@ -67,6 +73,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut server = spawn(cmd)?;
     wait_for_socket(&mut server, &socket)?;
     let uri = format!("nbd+unix:///?socket={}", socket.display());
+    let device_bytes_per_sec = device_write_rate(tmp.path())?;
     let load_before = crate::load_average();
     let mut before = ctl_stats(&control)?;
     let mut rows = Vec::new();
@@ -87,8 +94,46 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         before = after;
     }
     drop(server.stop());
-    print_report(image_bytes, &command, &load_before, &rows);
+    print_report(
+        (image_bytes, device_bytes_per_sec),
+        &command,
+        &load_before,
+        &rows,
+    );
     Ok(())
+}
+
+/// Bytes a second the cache file's disk takes in durable writes of a feed
+/// batch's size, as the feeder writes them (O_DIRECT, O_DSYNC), into a
+/// scratch file in `dir` removed afterwards.
+fn device_write_rate(dir: &Path) -> Result<f64> {
+    let path = dir.join("device-write-rate.img");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(&path)
+        .with_context(|| format!("create {} (O_DIRECT)", path.display()))?;
+    let mut buf = vec![0x5au8; DEVICE_WRITE_BYTES + 4096];
+    let at = buf.as_ptr().align_offset(4096);
+    let batch = &mut buf[at..at + DEVICE_WRITE_BYTES];
+    // Once over the file first, so the measured writes allocate nothing.
+    let mut offset = 0u64;
+    while offset < DEVICE_WRITE_TOTAL_BYTES {
+        file.write_all_at(batch, offset)?;
+        offset += DEVICE_WRITE_BYTES as u64;
+    }
+    let started = Instant::now();
+    offset = 0;
+    while offset < DEVICE_WRITE_TOTAL_BYTES {
+        file.write_all_at(batch, offset)?;
+        offset += DEVICE_WRITE_BYTES as u64;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    drop(file);
+    std::fs::remove_file(&path)?;
+    Ok(DEVICE_WRITE_TOTAL_BYTES as f64 / secs)
 }
 
 /// The image (reused from `--data` when it has the right size), read once
@@ -103,7 +148,12 @@ fn prepare_image(args: &BenchArgs, tmp: &Path) -> Result<(std::path::PathBuf, u6
 /// One row per pass: its number, seconds, the `COUNTERS` deltas, `l2_size`.
 type PassRow = (usize, f64, [u64; COUNTERS.len()], u64);
 
-fn print_report(image_bytes: u64, command: &str, load_before: &str, rows: &[PassRow]) {
+fn print_report(
+    (image_bytes, device_bytes_per_sec): (u64, f64),
+    command: &str,
+    load_before: &str,
+    rows: &[PassRow],
+) {
     let (arc_max_bytes, cache_bytes) = (image_bytes / 8, image_bytes * 2);
     println!(
         "NBD re-read: a {} MiB image (page cache) read whole {PASSES} times with nbdcopy; arc_max {} MiB, cache file {} MiB; load before {load_before}, after {}",
@@ -114,7 +164,12 @@ fn print_report(image_bytes: u64, command: &str, load_before: &str, rows: &[Pass
     );
     println!("server: {command}");
     println!(
-        "pass   secs  ARC misses (read-ahead)  L2 hits of them  l2_size MiB  feeds  eligible MiB  queued MiB  skip MiB  cached MiB  ineligible MiB  demand iohits on read-ahead"
+        "cache device: {:.0} MiB/s of durable {} MiB writes (measured before pass 1)",
+        device_bytes_per_sec / MIB,
+        DEVICE_WRITE_BYTES >> 20
+    );
+    println!(
+        "pass   secs  ARC misses (read-ahead)  L2 hits of them  l2_size MiB  feeds  eligible MiB  queued MiB  skip MiB  cached MiB  ineligible MiB  demand iohits on read-ahead  written MiB/s  kept of eligible  kept of what the device could take"
     );
     for &(pass, secs, d, l2_size) in rows {
         let [
@@ -128,23 +183,38 @@ fn print_report(image_bytes: u64, command: &str, load_before: &str, rows: &[Pass
             cached,
             ineligible,
             iohit,
+            written,
         ] = d;
+        // The device could have taken at most its rate for the pass's time.
+        let takeable = (eligible as f64).min(device_bytes_per_sec * secs);
+        let share = |of: f64| {
+            if of > 0.0 {
+                format!("{:.1}%", 100.0 * queued as f64 / of)
+            } else {
+                "-".to_string()
+            }
+        };
         let ratio = if misses == 0 {
             0.0
         } else {
             100.0 * l2_hits as f64 / misses as f64
         };
         println!(
-            "{pass:>4} {secs:>6.2} {misses:>12} ({prefetch_misses:>7}) {ratio:>15.1}% {:>12} {feeds:>6} {:>13} {:>11} {:>9} {:>11} {:>15} {iohit:>28}",
+            "{pass:>4} {secs:>6.2} {misses:>12} ({prefetch_misses:>7}) {ratio:>15.1}% {:>12} {feeds:>6} {:>13} {:>11} {:>9} {:>11} {:>15} {iohit:>28} {:>14.0} {:>17} {:>35}",
             l2_size >> 20,
             eligible >> 20,
             queued >> 20,
             skip >> 20,
             cached >> 20,
             ineligible >> 20,
+            written as f64 / MIB / secs,
+            share(eligible as f64),
+            share(takeable),
         );
     }
 }
+
+const MIB: f64 = (1 << 20) as f64;
 
 /// `l2arc ctl --socket CONTROL stats`: `name value` lines.
 pub(crate) fn ctl_stats(control: &Path) -> Result<Vec<(String, u64)>> {
