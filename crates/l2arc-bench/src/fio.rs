@@ -45,6 +45,7 @@ pub(crate) struct FioJob {
     threads: bool,
     seed: Option<u64>,
     iops_log: bool,
+    verify: bool,
 }
 
 /// The read side of one fio job (or of a group, with several jobs).
@@ -90,6 +91,7 @@ impl FioJob {
             threads: false,
             seed: None,
             iops_log: false,
+            verify: false,
         }
     }
 
@@ -153,6 +155,14 @@ impl FioJob {
         self
     }
 
+    /// `--verify=crc32c --verify_only=1`: every block read is checked
+    /// against the CRC-32C fio wrote into its header (the target must have
+    /// been written by [`write_verifiable`] with the same block size).
+    pub(crate) fn verify_crc32c(mut self) -> Self {
+        self.verify = true;
+        self
+    }
+
     /// Also log IOPS per second (`FioRead::iops_per_second`).
     pub(crate) fn iops_log(mut self) -> Self {
         self.iops_log = true;
@@ -161,9 +171,14 @@ impl FioJob {
 
     /// `--numjobs=N x` or `ENGINE iodepth N`: the job as a table names it.
     pub(crate) fn describe(&self) -> String {
-        match self.numjobs {
+        let job = match self.numjobs {
             Some(jobs) if jobs > 1 => format!("{} x{jobs} jobs", self.ioengine),
             _ => format!("{} iodepth {}", self.ioengine, self.iodepth.unwrap_or(1)),
+        };
+        if self.verify {
+            format!("{job} +crc32c")
+        } else {
+            job
         }
     }
 
@@ -232,6 +247,8 @@ impl FioJob {
                 value("random_distribution", self.random_distribution.clone()),
                 flag(self.threads, "--thread"),
                 flag(self.numjobs.is_some(), "--group_reporting"),
+                flag(self.verify, "--verify=crc32c"),
+                flag(self.verify, "--verify_only=1"),
             ]
             .into_iter()
             .flatten(),
@@ -346,6 +363,34 @@ fn iops_per_second(prefix: &Path) -> Result<Vec<f64>> {
 }
 
 /// `fio --version`, or an error that says how to install fio.
+/// Writes `size_bytes` of `path` with fio in blocks of `block_bytes`, each
+/// carrying fio's verify header (a CRC-32C of the block), for a later
+/// [`FioJob::verify_crc32c`] read of the same block size.
+pub(crate) fn write_verifiable(path: &Path, size_bytes: u64, block_bytes: u64) -> Result<()> {
+    let out = Command::new("fio")
+        .arg("--name=verifiable")
+        .arg(format!("--filename={}", path.display()))
+        .args([
+            "--rw=write",
+            "--ioengine=io_uring",
+            "--iodepth=32",
+            "--direct=1",
+        ])
+        .arg(format!("--bs={block_bytes}"))
+        .arg(format!("--size={size_bytes}"))
+        .args(["--verify=crc32c", "--do_verify=0", "--output-format=json"])
+        .output()
+        .context("cannot run fio: install it (scripts/setup.sh does)")?;
+    if !out.status.success() {
+        bail!(
+            "fio writing {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn version() -> Result<String> {
     match Command::new("fio").arg("--version").output() {
         Ok(out) if out.status.success() => {

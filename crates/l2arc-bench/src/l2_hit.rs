@@ -350,11 +350,17 @@ fn measure_record_size(
         record_bytes,
         secs: place.secs,
     };
-    let jobs = fio_jobs(place, record_bytes, written);
+    let verifiable = place
+        .dir
+        .join(format!("l2hit-verifiable-{}k.img", record_bytes >> 10));
+    super::fio::write_verifiable(&verifiable, written, record_bytes)?;
+    let jobs = fio_jobs(place, record_bytes, written, &verifiable);
     // rounds[round][job]
     let rounds = (0..args.rounds)
         .map(|round| warm.round(&jobs, round, args.seed))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>>>();
+    let _ = std::fs::remove_file(&verifiable);
+    let rounds = rounds?;
     let rows = jobs
         .iter()
         .enumerate()
@@ -429,7 +435,17 @@ fn open_cache(
 
 /// The three fio jobs, each with its queue depth: psync with one job,
 /// psync with 32, io_uring at iodepth 32; over the region the fill wrote.
-fn fio_jobs(place: &Place, record_bytes: u64, written: u64) -> [(usize, FioJob); 3] {
+/// The fio jobs of a record size, one per row: QD1 psync, QD32 psync,
+/// QD32 io_uring on the cache file, and QD32 io_uring checking a CRC-32C
+/// of every block it reads from `verifiable` (a file of the same size fio
+/// wrote with its verify headers): a reader that, as the cache does,
+/// trusts no byte it has not checked.
+fn fio_jobs(
+    place: &Place,
+    record_bytes: u64,
+    written: u64,
+    verifiable: &Path,
+) -> [(usize, FioJob); 4] {
     let fio = |engine: &'static str, iodepth: usize, jobs: usize| {
         FioJob::new(
             "l2hit",
@@ -447,10 +463,24 @@ fn fio_jobs(place: &Place, record_bytes: u64, written: u64) -> [(usize, FioJob);
         .numjobs(jobs)
         .threads()
     };
+    let checking = FioJob::new(
+        "l2hit-verify",
+        "io_uring",
+        FioTarget::Files(vec![verifiable.to_path_buf()]),
+        "randread",
+        record_bytes,
+        place.secs.ceil().max(1.0) as u64,
+    )
+    .readonly()
+    .direct(true)
+    .size_bytes(written)
+    .iodepth(QUEUE_DEPTH)
+    .verify_crc32c();
     [
         (1, fio("psync", 1, 1)),
         (QUEUE_DEPTH, fio("psync", 1, QUEUE_DEPTH)),
         (QUEUE_DEPTH, fio("io_uring", QUEUE_DEPTH, 1)),
+        (QUEUE_DEPTH, checking),
     ]
 }
 
@@ -486,7 +516,17 @@ impl WarmL2<'_> {
         let mut trios: Vec<Trio> = Vec::new();
         for (i, (qd, job)) in jobs.iter().enumerate() {
             let qd = *qd;
-            let trio = if i == 2 {
+            let trio = if i == 3 {
+                // The same read queue phase against fio checking what it
+                // reads: ours as measured beside the plain io_uring.
+                let queue = trios.last().context("the read-queue trio")?;
+                let (ours, pread) = (queue.ours.clone(), queue.pread.clone());
+                Trio {
+                    ours,
+                    pread,
+                    fio: fio(job)?,
+                }
+            } else if i == 2 {
                 // One thread with a read queue against fio's one thread
                 // with an io_uring; the bare preads as in the row above.
                 let pread = trios.last().context("the QD32 psync trio")?.pread.clone();
@@ -875,7 +915,7 @@ fn print_setup(r: &Report) {
 
 fn print_rows(rows: &[Row]) {
     println!(
-        "{:>6} {:>3} {:>9} {:>7} {:>7} {:>5} {:>6}  {:>9} {:>7}  {:<18} {:>9} {:>7} {:>7}  {:>8} {:>9}  {:>10}",
+        "{:>6} {:>3} {:>9} {:>7} {:>7} {:>5} {:>6}  {:>9} {:>7}  {:<26} {:>9} {:>7} {:>7}  {:>8} {:>9}  {:>10}",
         "record",
         "QD",
         "ours IOPS",
@@ -896,7 +936,7 @@ fn print_rows(rows: &[Row]) {
     for row in rows {
         let (o, p, f) = (&row.ours, &row.pread, &row.fio);
         println!(
-            "{:>4} K {:>3} {:>9.0} {:>7.1} {:>7.1} {:>4.1}% {:>5.1}%  {:>9.0} {:>7.1}  {:<18} {:>9.0} {:>7.1} {:>7.1}  {:>7.1}% {:>9}  {:>9.1}%",
+            "{:>4} K {:>3} {:>9.0} {:>7.1} {:>7.1} {:>4.1}% {:>5.1}%  {:>9.0} {:>7.1}  {:<26} {:>9.0} {:>7.1} {:>7.1}  {:>7.1}% {:>9}  {:>9.1}%",
             row.record_bytes >> 10,
             row.queue_depth,
             o.side.iops,
@@ -928,7 +968,11 @@ fn print_notes(r: &Report) {
         "ARC and L2 are the hit ratios of our measured phases (L2: hits over the ARC's misses);"
     );
     println!(
-        "pread is bare O_DIRECT preads of the same blocks from the same threads and harness, without the cache"
+        "pread is bare O_DIRECT preads of the same blocks from the same threads and harness, without the cache;"
+    );
+    println!(
+        "+crc32c: fio reads a file of the same size it wrote with verify headers and checks a CRC-32C of every block \
+         (--verify=crc32c --verify_only=1), as the cache checks every record it reads from flash; ours is the read-queue phase above it"
     );
     for row in r
         .rows
