@@ -378,7 +378,8 @@ pub(crate) fn write_verifiable(path: &Path, size_bytes: u64, block_bytes: u64) -
         ])
         .arg(format!("--bs={block_bytes}"))
         .arg(format!("--size={size_bytes}"))
-        .args(["--verify=crc32c", "--do_verify=0", "--output-format=json"])
+        .args(["--verify=crc32c", "--do_verify=0", "--verify_state_save=0"])
+        .arg("--output-format=json")
         .output()
         .context("cannot run fio: install it (scripts/setup.sh does)")?;
     if !out.status.success() {
