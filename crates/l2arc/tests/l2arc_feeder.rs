@@ -298,8 +298,13 @@ fn records_the_arc_turns_away_still_reach_flash() {
                 .unwrap()
         })
         .collect();
+    let mut turned_away = Vec::new();
     for i in 16..32 {
+        let refusals = cache.stats().arc.insert_no_room;
         check_record(&cache, &f, &data, i, "read past a pinned ARC");
+        if cache.stats().arc.insert_no_room > refusals {
+            turned_away.push(i);
+        }
     }
     let refused = cache.stats().arc.insert_no_room;
     // How many depends on how the 32 keys fall on the two shards; about
@@ -316,14 +321,21 @@ fn records_the_arc_turns_away_still_reach_flash() {
     );
     assert_eq!(stats.get("evict_l2_skip"), 0, "{stats:?}");
     drop(held);
-    let before = l2(&cache).get("l2_hits");
+    // Each turned-away record then comes from flash. (The admitted ones
+    // are in the ARC, or were evicted by this very pass and are still
+    // queued.)
+    let mut not_from_flash = Vec::new();
     for i in 16..32 {
+        let l2_hits = l2(&cache).get("l2_hits");
         check_record(&cache, &f, &data, i, "again, from flash");
+        if turned_away.contains(&i) && l2(&cache).get("l2_hits") == l2_hits {
+            not_from_flash.push(i);
+        }
     }
-    let hits = l2(&cache).get("l2_hits") - before;
     assert!(
-        hits >= refused,
-        "{hits} L2 hits for {refused} turned-away records"
+        not_from_flash.is_empty(),
+        "turned-away records {not_from_flash:?} (of {turned_away:?}) not read from flash: {:?}",
+        l2(&cache)
     );
     drop(f);
     shutdown(cache);
@@ -353,13 +365,19 @@ fn evicted_records_a_full_batch_leaves_out_are_queued_again() {
     assert_eq!(stats.get("evict_l2_skip"), 0, "{stats:?}");
     // The ARC holds the last four; each of the first sixteen was evicted
     // and queued, and comes back from flash.
-    let before = stats.get("l2_hits");
+    let mut missed = Vec::new();
     for i in 0..16 {
+        let l2_hits = l2(&cache).get("l2_hits");
         let n = cache.read(&f, (i * RECORD) as u64, &mut buf).unwrap();
         assert!(buf[..n] == data[i * RECORD..(i + 1) * RECORD]);
+        if l2(&cache).get("l2_hits") == l2_hits {
+            missed.push(i);
+        }
     }
-    let hits = l2(&cache).get("l2_hits") - before;
-    assert_eq!(hits, 16, "evicted records left out of a batch were lost");
+    assert!(
+        missed.is_empty(),
+        "evicted records left out of a batch were lost: {missed:?}; before the re-read {stats:?}"
+    );
     drop(f);
     shutdown(cache);
 }
@@ -596,11 +614,14 @@ fn writes_failing_in_flight_leave_the_log_chain_whole() {
     read_until(&cache, &f, &data, slot, "slow device", |stats| {
         dev_stat(stats, slot, "l2_writes_pipelined") >= 2
     });
-    faults.fail_writes.store(true, Ordering::SeqCst);
+    // A set number of failures, fewer than fault the device: a switch
+    // flipped back by the reader, slowed by a loaded machine, let enough
+    // through to fault it (the CI saw 10).
+    faults.fail_next_writes.store(3, Ordering::SeqCst);
     read_until(&cache, &f, &data, slot, "failing", |stats| {
         dev_stat(stats, slot, "l2_writes_error") >= 1
+            && faults.fail_next_writes.load(Ordering::SeqCst) == 0
     });
-    faults.fail_writes.store(false, Ordering::SeqCst);
     let after_error = dev_stat(&l2(&cache), slot, "l2_feeds");
     read_until(&cache, &f, &data, slot, "after the failure", |stats| {
         dev_stat(stats, slot, "l2_feeds") >= after_error + 4

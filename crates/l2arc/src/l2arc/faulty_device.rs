@@ -18,6 +18,9 @@ pub struct Faults {
     pub fail_reads: AtomicBool,
     /// Every write fails with EIO.
     pub fail_writes: AtomicBool,
+    /// The next this many writes fail with EIO (a fault of a set length,
+    /// whatever the caller is doing meanwhile).
+    pub fail_next_writes: AtomicU64,
     /// Reads succeed but one byte of the returned data is flipped.
     pub corrupt_reads: AtomicBool,
     /// The device is gone: every operation fails with ENXIO.
@@ -104,7 +107,11 @@ impl DeviceIo for FaultyDevice {
         if f.vanished.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc::ENXIO));
         }
-        if f.fail_writes.load(Ordering::Relaxed) {
+        let counted_failure = f
+            .fail_next_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if counted_failure || f.fail_writes.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let delay_us = f.write_delay_us.load(Ordering::Relaxed);
@@ -162,5 +169,10 @@ mod tests {
         dev.faults.corrupt_reads.store(false, Ordering::Relaxed);
         dev.read_at(0, back.as_mut_slice()).unwrap();
         assert_eq!(&back[..], &block[..]);
+        dev.faults.fail_next_writes.store(2, Ordering::Relaxed);
+        assert!(dev.write_at(0, &block).is_err());
+        assert!(dev.write_at(0, &block).is_err());
+        dev.write_at(0, &block).unwrap();
+        assert_eq!(dev.faults.fail_next_writes.load(Ordering::Relaxed), 0);
     }
 }

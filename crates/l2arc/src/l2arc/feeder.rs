@@ -506,6 +506,7 @@ impl Cache {
         let mut selected = Vec::new();
         let mut batch_bytes = 0u64;
         let mut queued = Vec::new();
+        let in_transit = l2.begin_transit();
         l2.writeback.take(budget_bytes, &mut queued);
         for q in queued {
             if !claims.claim(q.key_hash) {
@@ -523,6 +524,7 @@ impl Cache {
                 sector_table_min_bytes: dataset.config.sector_table_min_bytes,
             });
         }
+        drop(in_transit);
         if batch_bytes >= budget_bytes {
             return selected;
         }
@@ -584,6 +586,7 @@ fn requeue_left_out(
     claims: &mut FeedClaims<'_>,
 ) {
     let left_out = &selected[records..];
+    let _in_transit = l2.begin_transit();
     claims.release(left_out.iter().map(|s| s.key_hash));
     let requeue: Vec<super::writeback::Queued> = selected
         .into_iter()

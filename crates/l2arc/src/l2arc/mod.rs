@@ -164,6 +164,20 @@ pub struct L2Arc {
     /// Key hashes of the records a feed has chosen and not yet indexed:
     /// each device has its own feeder, and two must not write one record.
     feeding: Mutex<std::collections::HashSet<u64, crate::hash::FastBuildHasher>>,
+    /// Feeds moving records between the write-back queue and `feeding`
+    /// (taken off the queue, not yet claimed; or released, not yet put
+    /// back): with the claims, what `records_being_fed` counts, so that it
+    /// and the queue's size are never both 0 while a record is in hand.
+    records_in_transit: std::sync::atomic::AtomicUsize,
+}
+
+/// See [`L2Arc::begin_transit`].
+pub(crate) struct InTransit<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InTransit<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Seed for random guids: time, pid and an address, mixed.
@@ -200,6 +214,7 @@ impl L2Arc {
             evict_counters: writeback::EvictCounters::default(),
             sector_tables: sector_tables::SectorTables::new(),
             feeding: Mutex::new(std::collections::HashSet::default()),
+            records_in_transit: std::sync::atomic::AtomicUsize::new(0),
             config,
         }
     }
@@ -249,11 +264,22 @@ impl L2Arc {
     }
 
     /// Records some feed has chosen and not yet indexed or given up (a
-    /// feed in progress, its batch maybe being written): 0 once the
-    /// feeders are idle.
+    /// feed in progress, its batch maybe being written), plus feeds that
+    /// hold records off the write-back queue and unclaimed for a moment:
+    /// 0 once the feeders are idle, and never 0 while the queue is empty
+    /// because a feed has its last records in hand.
     #[cfg(feature = "internals")]
     pub fn records_being_fed(&self) -> usize {
-        self.feeding.lock().expect("feed claims poisoned").len()
+        // In this order: a record claimed as the transit ends is seen.
+        let in_transit = self.records_in_transit.load(Ordering::SeqCst);
+        in_transit + self.feeding.lock().expect("feed claims poisoned").len()
+    }
+
+    /// Marks records in a feed's hands outside both the write-back queue
+    /// and the claims, until the guard is dropped.
+    pub(crate) fn begin_transit(&self) -> InTransit<'_> {
+        self.records_in_transit.fetch_add(1, Ordering::SeqCst);
+        InTransit(&self.records_in_transit)
     }
 
     /// Stops background work (rebuild threads check this).
