@@ -577,7 +577,7 @@ fn the_next_batch_is_prepared_while_one_is_written() {
         ds,
         path,
         slot,
-        faults: _,
+        ..
     } = SlowDevice::new(41);
     let f = cache.open(ds, "f", false).unwrap();
     read_until(&cache, &f, &data, slot, "slow device", |stats| {
@@ -666,7 +666,7 @@ fn other_feeds_wait_for_a_device_feeders_batches() {
         ds,
         path,
         slot,
-        faults: _,
+        ..
     } = SlowDevice::new(43);
     let f = cache.open(ds, "f", false).unwrap();
     /// Stops the other feeder however the reader ends (a failed check
