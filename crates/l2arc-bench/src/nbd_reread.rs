@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use l2arc::internals::AlignedBuf;
 
 use super::BenchArgs;
 use super::nbd::{
@@ -115,21 +116,23 @@ fn device_write_rate(dir: &Path) -> Result<f64> {
         .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
         .open(&path)
         .with_context(|| format!("create {} (O_DIRECT)", path.display()))?;
-    let mut buf = vec![0x5au8; DEVICE_WRITE_BYTES + 4096];
-    let at = buf.as_ptr().align_offset(4096);
-    let batch = &mut buf[at..at + DEVICE_WRITE_BYTES];
-    // Twice over the file, the second pass timed: the first allocates
-    // its blocks, so that the measured writes allocate nothing.
-    let mut started = Instant::now();
-    for _ in 0..2 {
-        started = Instant::now();
+    let mut batch = AlignedBuf::zeroed(DEVICE_WRITE_BYTES);
+    batch.as_mut_slice().fill(0x5a);
+    let write_pass = || -> std::io::Result<()> {
         for offset in (0..DEVICE_WRITE_TOTAL_BYTES).step_by(DEVICE_WRITE_BYTES) {
-            file.write_all_at(batch, offset)?;
+            file.write_all_at(&batch, offset)?;
         }
-    }
-    let secs = started.elapsed().as_secs_f64();
+        Ok(())
+    };
+    // The first pass allocates the file's blocks, so that the timed second
+    // one allocates nothing.
+    let timed = write_pass().and_then(|()| {
+        let started = Instant::now();
+        write_pass().map(|()| started.elapsed().as_secs_f64())
+    });
     drop(file);
     std::fs::remove_file(&path)?;
+    let secs = timed.with_context(|| format!("write {}", path.display()))?;
     Ok(DEVICE_WRITE_TOTAL_BYTES as f64 / secs)
 }
 

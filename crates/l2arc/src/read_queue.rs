@@ -57,8 +57,9 @@ pub(crate) const QUEUE_DEPTH_MAX: usize = 4096;
 /// wakes to 15 completions and finishes them all leaves the device 15
 /// reads short for ~45 µs. Two per reap gets the first replacement out
 /// after ~6 µs, at one system call per two reads. Measured side by side
-/// (`l2-hit`, 8 KiB QD32, quiet machine): 2 per reap 0.95x of fio
-/// io_uring, 1 per reap 0.94x, 4 per reap 0.85x, all 32 0.60x.
+/// (`l2-hit`, 8 KiB QD32, quiet machine, medians of paired single rounds):
+/// 2 per reap 0.95x of fio io_uring, 1 per reap 0.94x, 4 per reap 0.85x,
+/// all 32 0.60x.
 const FINISH_PER_REAP_MAX: usize = 2;
 
 /// A finished read: the caller's tag and the bytes (shared record buffers,
