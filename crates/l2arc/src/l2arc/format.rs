@@ -556,7 +556,22 @@ impl LogPointer {
 /// The CRC-32C of a log block's whole content: the value a [`LogPointer`]
 /// to it carries. Check it against the pointer after reading the block.
 pub fn log_block_content_crc(buf: &[u8]) -> u32 {
-    crc32c::crc32c(buf)
+    crc32c_bulk_append(0, buf)
+}
+
+/// The CRC-32C of `data` continued from `crc`, as `crc32c::crc32c_append`
+/// computes it, for the bulk of what is checked: record payloads, sector
+/// blocks, log blocks. `crc-fast` folds the data with carry-less multiplies
+/// (AVX-512 where the CPU has it) where the `crc32c` crate runs the CRC
+/// instruction: measured here, 8 KiB in cache in 66 ns against 329 ns, and,
+/// in the read queue, on bytes the device has just written, ~1300 CPU
+/// cycles against ~1930. Same polynomial, same values (a test checks them
+/// against each other); small header fields keep the `crc32c` crate.
+fn crc32c_bulk_append(crc: u32, data: &[u8]) -> u32 {
+    let mut digest =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    digest.update(data);
+    digest.finalize() as u32
 }
 
 // ---------------------------------------------------------------------------
@@ -853,7 +868,7 @@ pub fn encode_log_block(header: &LogBlockHeader, entries: &[LogEntry], out: &mut
     // One pass over the body serves both CRCs: the self CRC (field as 0) and
     // the content CRC (field as written).
     let head_crc = crc32c::crc32c(&out[..CRC_FIELD]);
-    let body_crc = crc32c::crc32c(&out[LOG_BLOCK_HEADER_BYTES..]);
+    let body_crc = crc32c_bulk_append(0, &out[LOG_BLOCK_HEADER_BYTES..]);
     let body_len = out.len() - LOG_BLOCK_HEADER_BYTES;
     let self_crc =
         crc32c::crc32c_combine(crc32c::crc32c_append(head_crc, &[0; 4]), body_crc, body_len);
@@ -962,7 +977,7 @@ fn check_log_block_size(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<
 /// The block's own CRC, computed with its CRC field as zeros.
 fn check_log_block_crc(b: &[u8; LOG_BLOCK_HEADER_BYTES], buf: &[u8]) -> Result<(), FormatError> {
     let stored = rd_u32(b, CRC_FIELD);
-    let computed = crc32c::crc32c_append(
+    let computed = crc32c_bulk_append(
         crc32c::crc32c_append(crc32c::crc32c(&b[..CRC_FIELD]), &[0; 4]),
         &buf[LOG_BLOCK_HEADER_BYTES..],
     );
@@ -1025,7 +1040,7 @@ fn decode_log_entries(
 /// `stored` is the payload exactly as stored (`Location::stored_bytes` long,
 /// without the padding).
 pub fn record_checksum(key_hash: u64, stored: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&key_hash.to_le_bytes()), stored)
+    crc32c_bulk_append(crc32c::crc32c(&key_hash.to_le_bytes()), stored)
 }
 
 // ---------------------------------------------------------------------------
@@ -1054,7 +1069,7 @@ pub fn sector_checksum(key_hash: u64, index: u32, block: &[u8]) -> u32 {
         crc32c::crc32c(&key_hash.to_le_bytes()),
         &index.to_le_bytes(),
     );
-    crc32c::crc32c_append(seed, block)
+    crc32c_bulk_append(seed, block)
 }
 
 /// Fills `table` (one 4 KiB block) with the [`sector_checksum`] of every
@@ -2329,6 +2344,49 @@ mod tests {
             // Small records are not probed: a 16 KiB text record compresses.
             assert!(compress(&text[..16 * 1024], c, &mut out), "{c}");
         }
+    }
+
+    #[test]
+    fn bulk_crc_matches_the_crc32c_crate() {
+        // Lengths around the folding widths and the small-input paths, at
+        // every alignment of a 64-byte line, from several starting CRCs.
+        let mut rng = Rng(7);
+        let data: Vec<u8> = (0..(128 << 10) + 200).map(|_| rng.next() as u8).collect();
+        let lengths = [
+            0,
+            1,
+            7,
+            8,
+            15,
+            16,
+            31,
+            63,
+            64,
+            127,
+            128,
+            255,
+            256,
+            511,
+            1023,
+            4095,
+            4096,
+            8192,
+            12_289,
+            128 << 10,
+        ];
+        for seed in [0, 1, 0xdead_beef, u32::MAX] {
+            for &len in &lengths {
+                for start in [0, 1, 3, 8, 33, 63] {
+                    let slice = &data[start..start + len];
+                    assert_eq!(
+                        crc32c_bulk_append(seed, slice),
+                        crc32c::crc32c_append(seed, slice),
+                        "seed {seed:#x} length {len} at {start}"
+                    );
+                }
+            }
+        }
+        assert_eq!(log_block_content_crc(b"123456789"), 0xe306_9283);
     }
 
     #[test]

@@ -574,7 +574,7 @@ impl L2Arc {
                 c.rebuild_io_errors.fetch_add(1, Ordering::Relaxed);
                 break;
             };
-            if crc32c::crc32c(&buf) != p.crc {
+            if format::log_block_content_crc(&buf) != p.crc {
                 c.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
                 break;
             }
