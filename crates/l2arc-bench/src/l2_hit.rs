@@ -34,6 +34,11 @@
 //!
 //! fio reads exactly the region the records were written to (the cache file
 //! is sparse beyond it, and a hole reads as zeros without touching the disk).
+//! With `--queue-only`, a round is the read-queue phase and fio io_uring
+//! alone, so that many pairs of the shape that matters most on flash run
+//! back to back with nothing between them (21 rounds take ~2.5 minutes per
+//! record size): the tool for judging a change to the read queue.
+//!
 //! Each of our reads checks the first and last word of the record against
 //! the generator (the fill pass checked every byte, and every L2ARC read is
 //! checked by its CRC); the ARC and L2ARC hit ratios of each measured phase
@@ -86,7 +91,8 @@ struct Ours {
 #[derive(Clone, Debug)]
 struct Trio {
     ours: Ours,
-    pread: Side,
+    /// None with `--queue-only` (no bare preads are measured).
+    pread: Option<Side>,
     fio: Side,
 }
 
@@ -96,8 +102,9 @@ struct Row {
     queue_depth: usize,
     ours: Ours,
     /// Bare O_DIRECT preads of the same blocks from our own threads and
-    /// harness: the device as our code sees it, without the cache.
-    pread: Side,
+    /// harness: the device as our code sees it, without the cache (None
+    /// with `--queue-only`).
+    pread: Option<Side>,
     fio_job: String,
     fio: Side,
     /// Our IOPS over fio's: the median of the rounds' ratios, and their range.
@@ -106,7 +113,9 @@ struct Row {
     ratio_max: f64,
     /// Our IOPS over the bare preads' (median of the rounds): what the
     /// cache's own work costs.
-    ours_over_pread: f64,
+    ours_over_pread: Option<f64>,
+    /// Each round's ours/fio, in the order measured.
+    round_ratios: Vec<f64>,
     rounds: usize,
 }
 
@@ -121,8 +130,10 @@ struct Report {
     fio_version: String,
     records_written: Vec<(u64, u64)>,
     rows: Vec<Row>,
-    /// Per record size: fio io_uring at iodepth 32 over fio psync with 32 jobs.
+    /// Per record size: fio io_uring at iodepth 32 over fio psync with 32
+    /// jobs (empty with `--queue-only`).
     io_uring_over_psync: Vec<(u64, f64)>,
+    queue_only: bool,
 }
 
 #[derive(Serialize)]
@@ -199,7 +210,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         let measured = measure_record_size(args, &place, record_bytes)?;
         rows.extend(measured.rows);
         records_written.push((record_bytes, measured.records));
-        io_uring_over_psync.push((record_bytes, measured.io_uring_over_psync));
+        if let Some(ratio) = measured.io_uring_over_psync {
+            io_uring_over_psync.push((record_bytes, ratio));
+        }
     }
     if place.owned_cache_file {
         let _ = std::fs::remove_file(&place.cache_path);
@@ -215,6 +228,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         records_written,
         rows,
         io_uring_over_psync,
+        queue_only: args.queue_only,
     };
     super::emit(args.json, &report, print_report)
 }
@@ -313,7 +327,7 @@ fn dataset_spec(args: &BenchArgs) -> Result<DatasetSpec> {
 struct RecordSizeResult {
     rows: Vec<Row>,
     records: u64,
-    io_uring_over_psync: f64,
+    io_uring_over_psync: Option<f64>,
 }
 
 /// One record size: a fresh cache filled until its L2ARC holds every
@@ -350,11 +364,14 @@ fn measure_record_size(
         record_bytes,
         secs: place.secs,
     };
+    let queue_only = args.queue_only;
     let verifiable = place
         .dir
         .join(format!("l2hit-verifiable-{}k.img", record_bytes >> 10));
-    super::fio::write_verifiable(&verifiable, written, record_bytes)?;
-    let jobs = fio_jobs(place, record_bytes, written, &verifiable);
+    if !queue_only {
+        super::fio::write_verifiable(&verifiable, written, record_bytes)?;
+    }
+    let jobs = fio_jobs(place, record_bytes, written, &verifiable, queue_only);
     // rounds[round][job]
     let rounds = (0..args.rounds)
         .map(|round| warm.round(&jobs, round, args.seed))
@@ -364,19 +381,25 @@ fn measure_record_size(
     let rows = jobs
         .iter()
         .enumerate()
-        .map(|(i, (qd, job))| {
+        .map(|(i, (shape, job))| {
             let trios: Vec<&Trio> = rounds.iter().map(|r| &r[i]).collect();
-            summarise(record_bytes, *qd, job.describe(), &trios)
+            summarise(record_bytes, shape.queue_depth(), job.describe(), &trios)
         })
         .collect();
-    let uring_over_psync: Vec<f64> = rounds
-        .iter()
-        .map(|r| r[2].fio.iops / r[1].fio.iops)
-        .collect();
+    let column = |wanted: Shape| jobs.iter().position(|(shape, _)| *shape == wanted);
+    let io_uring_over_psync = match (column(Shape::Queue32), column(Shape::Blocking32)) {
+        (Some(uring), Some(psync)) => Some(median(
+            &rounds
+                .iter()
+                .map(|r| r[uring].fio.iops / r[psync].fio.iops)
+                .collect::<Vec<_>>(),
+        )),
+        _ => None,
+    };
     Ok(RecordSizeResult {
         rows,
         records,
-        io_uring_over_psync: median(&uring_over_psync),
+        io_uring_over_psync,
     })
 }
 
@@ -433,19 +456,44 @@ fn open_cache(
     Ok((cache, handles))
 }
 
-/// The three fio jobs, each with its queue depth: psync with one job,
-/// psync with 32, io_uring at iodepth 32; over the region the fill wrote.
+/// What one row of the report measures: ours in one shape, against the
+/// fio job of the same shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// One thread of blocking reads, against fio psync with one job.
+    Blocking1,
+    /// 32 threads of blocking reads, against fio psync with 32 jobs.
+    Blocking32,
+    /// One thread with a read queue of depth 32, against fio's one thread
+    /// with an io_uring of depth 32.
+    Queue32,
+    /// The same read-queue phase, against fio io_uring at depth 32 checking
+    /// a CRC-32C of every block it reads.
+    Queue32Checked,
+}
+
+impl Shape {
+    fn queue_depth(self) -> usize {
+        match self {
+            Shape::Blocking1 => 1,
+            Shape::Blocking32 | Shape::Queue32 | Shape::Queue32Checked => QUEUE_DEPTH,
+        }
+    }
+}
+
 /// The fio jobs of a record size, one per row: QD1 psync, QD32 psync,
 /// QD32 io_uring on the cache file, and QD32 io_uring checking a CRC-32C
 /// of every block it reads from `verifiable` (a file of the same size fio
 /// wrote with its verify headers): a reader that, as the cache does,
-/// trusts no byte it has not checked.
+/// trusts no byte it has not checked. With `queue_only`, the QD32
+/// io_uring row alone.
 fn fio_jobs(
     place: &Place,
     record_bytes: u64,
     written: u64,
     verifiable: &Path,
-) -> [(usize, FioJob); 4] {
+    queue_only: bool,
+) -> Vec<(Shape, FioJob)> {
     let fio = |engine: &'static str, iodepth: usize, jobs: usize| {
         FioJob::new(
             "l2hit",
@@ -463,6 +511,10 @@ fn fio_jobs(
         .numjobs(jobs)
         .threads()
     };
+    let uring = (Shape::Queue32, fio("io_uring", QUEUE_DEPTH, 1));
+    if queue_only {
+        return vec![uring];
+    }
     let checking = FioJob::new(
         "l2hit-verify",
         "io_uring",
@@ -476,11 +528,11 @@ fn fio_jobs(
     .size_bytes(written)
     .iodepth(QUEUE_DEPTH)
     .verify_crc32c();
-    [
-        (1, fio("psync", 1, 1)),
-        (QUEUE_DEPTH, fio("psync", 1, QUEUE_DEPTH)),
-        (QUEUE_DEPTH, fio("io_uring", QUEUE_DEPTH, 1)),
-        (QUEUE_DEPTH, checking),
+    vec![
+        (Shape::Blocking1, fio("psync", 1, 1)),
+        (Shape::Blocking32, fio("psync", 1, QUEUE_DEPTH)),
+        uring,
+        (Shape::Queue32Checked, checking),
     ]
 }
 
@@ -501,9 +553,10 @@ struct WarmL2<'a> {
 impl WarmL2<'_> {
     /// One round: each fio job paired with ours and the bare preads at its
     /// queue depth, the order within a pair reversed every other round.
-    /// Ours and the bare preads at QD32 are measured once a round and
-    /// paired with both fio jobs at QD32.
-    fn round(&self, jobs: &[(usize, FioJob)], round: usize, seed: u64) -> Result<Vec<Trio>> {
+    /// The bare preads at QD32 are measured once a round (beside the
+    /// blocking readers) and the read-queue phase once (beside plain fio
+    /// io_uring), each paired with every fio job of its shape.
+    fn round(&self, jobs: &[(Shape, FioJob)], round: usize, seed: u64) -> Result<Vec<Trio>> {
         let reverse = round % 2 == 1;
         // A fresh random sequence for every phase (as fio's randrepeat=0),
         // so that no phase replays records another read.
@@ -514,42 +567,52 @@ impl WarmL2<'_> {
         };
         let fio = |job: &FioJob| job.run(None).map(Side::from);
         let mut trios: Vec<Trio> = Vec::new();
-        for (i, (qd, job)) in jobs.iter().enumerate() {
-            let qd = *qd;
-            let trio = if i == 3 {
-                // The same read queue phase against fio checking what it
-                // reads: ours as measured beside the plain io_uring.
-                let queue = trios.last().context("the read-queue trio")?;
-                let (ours, pread) = (queue.ours.clone(), queue.pread.clone());
-                Trio {
-                    ours,
-                    pread,
+        let mut pread_qd32: Option<Side> = None;
+        let mut queue_phase: Option<Ours> = None;
+        for (shape, job) in jobs {
+            let qd = shape.queue_depth();
+            let trio = match shape {
+                Shape::Queue32Checked => Trio {
+                    ours: queue_phase
+                        .clone()
+                        .context("the read-queue phase comes first")?,
+                    pread: pread_qd32.clone(),
                     fio: fio(job)?,
+                },
+                Shape::Queue32 => {
+                    let queue = || self.measure_queue(qd, seed_for(qd, 1 << 41));
+                    let (ours, fio) = if reverse {
+                        let fio = fio(job)?;
+                        (queue()?, fio)
+                    } else {
+                        (queue()?, fio(job)?)
+                    };
+                    queue_phase = Some(ours.clone());
+                    Trio {
+                        ours,
+                        pread: pread_qd32.clone(),
+                        fio,
+                    }
                 }
-            } else if i == 2 {
-                // One thread with a read queue against fio's one thread
-                // with an io_uring; the bare preads as in the row above.
-                let pread = trios.last().context("the QD32 psync trio")?.pread.clone();
-                let queue = || self.measure_queue(qd, seed_for(qd, 1 << 41));
-                let (ours, fio) = if reverse {
-                    let fio = fio(job)?;
-                    (queue()?, fio)
-                } else {
-                    (queue()?, fio(job)?)
-                };
-                Trio { ours, pread, fio }
-            } else if reverse {
-                let fio = fio(job)?;
-                let pread = self.measure_pread(qd, seed_for(qd, 1 << 40))?;
-                let ours = self.measure(qd, seed_for(qd, 0))?;
-                Trio { ours, pread, fio }
-            } else {
-                let ours = self.measure(qd, seed_for(qd, 0))?;
-                let pread = self.measure_pread(qd, seed_for(qd, 1 << 40))?;
-                Trio {
-                    ours,
-                    pread,
-                    fio: fio(job)?,
+                Shape::Blocking1 | Shape::Blocking32 => {
+                    let pread = || self.measure_pread(qd, seed_for(qd, 1 << 40));
+                    let ours = || self.measure(qd, seed_for(qd, 0));
+                    let (ours, pread, fio) = if reverse {
+                        let fio = fio(job)?;
+                        let pread = pread()?;
+                        (ours()?, pread, fio)
+                    } else {
+                        let ours = ours()?;
+                        (ours, pread()?, fio(job)?)
+                    };
+                    if qd == QUEUE_DEPTH {
+                        pread_qd32 = Some(pread.clone());
+                    }
+                    Trio {
+                        ours,
+                        pread: Some(pread),
+                        fio,
+                    }
                 }
             };
             trios.push(trio);
@@ -712,13 +775,20 @@ fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&T
             l2_hit_ratio: med(&|t| t.ours.l2_hit_ratio),
             primary_reads: trios.iter().map(|t| t.ours.primary_reads).sum(),
         },
-        pread: side(&|t| &t.pread),
+        pread: trios
+            .iter()
+            .all(|t| t.pread.is_some())
+            .then(|| side(&|t| t.pread.as_ref().expect("checked"))),
         fio_job,
         fio: side(&|t| &t.fio),
         ratio: median(&ratios),
         ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
         ratio_max: ratios.iter().copied().fold(0.0, f64::max),
-        ours_over_pread: med(&|t| t.ours.side.iops / t.pread.iops),
+        ours_over_pread: trios
+            .iter()
+            .all(|t| t.pread.is_some())
+            .then(|| med(&|t| t.ours.side.iops / t.pread.as_ref().expect("checked").iops)),
+        round_ratios: ratios.clone(),
         rounds: trios.len(),
     }
 }
@@ -892,6 +962,9 @@ fn print_report(r: &Report) {
     print_rows(&r.rows);
     println!();
     print_notes(r);
+    if r.rounds > 1 {
+        print_round_ratios(&r.rows);
+    }
 }
 
 fn print_setup(r: &Report) {
@@ -934,9 +1007,16 @@ fn print_rows(rows: &[Row]) {
         "ours/pread"
     );
     for row in rows {
-        let (o, p, f) = (&row.ours, &row.pread, &row.fio);
+        let (o, f) = (&row.ours, &row.fio);
+        let (pread_iops, pread_p50) = row.pread.as_ref().map_or_else(
+            || ("-".to_string(), "-".to_string()),
+            |p| (format!("{:.0}", p.iops), format!("{:.1}", p.latency_us_p50)),
+        );
+        let ours_over_pread = row
+            .ours_over_pread
+            .map_or_else(|| "-".to_string(), |r| format!("{:.1}%", 100.0 * r));
         println!(
-            "{:>4} K {:>3} {:>9.0} {:>7.1} {:>7.1} {:>4.1}% {:>5.1}%  {:>9.0} {:>7.1}  {:<26} {:>9.0} {:>7.1} {:>7.1}  {:>7.1}% {:>9}  {:>9.1}%",
+            "{:>4} K {:>3} {:>9.0} {:>7.1} {:>7.1} {:>4.1}% {:>5.1}%  {:>9} {:>7}  {:<26} {:>9.0} {:>7.1} {:>7.1}  {:>7.1}% {:>9}  {:>10}",
             row.record_bytes >> 10,
             row.queue_depth,
             o.side.iops,
@@ -944,36 +1024,63 @@ fn print_rows(rows: &[Row]) {
             o.side.latency_us_p99,
             100.0 * o.arc_hit_ratio,
             100.0 * o.l2_hit_ratio,
-            p.iops,
-            p.latency_us_p50,
+            pread_iops,
+            pread_p50,
             row.fio_job,
             f.iops,
             f.latency_us_p50,
             f.latency_us_p99,
             100.0 * row.ratio,
             format!("{:.0}-{:.0}%", 100.0 * row.ratio_min, 100.0 * row.ratio_max),
-            100.0 * row.ours_over_pread
+            ours_over_pread
+        );
+    }
+}
+
+/// Each round's ours/fio of the read-queue rows, in the order measured:
+/// the spread the median was taken over.
+fn print_round_ratios(rows: &[Row]) {
+    for row in rows
+        .iter()
+        .filter(|row| row.ours.side.cpu_us_per_read > 0.0)
+    {
+        let ratios: Vec<String> = row.round_ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "ours/fio per round, {} KiB QD{} ({}): {}",
+            row.record_bytes >> 10,
+            row.queue_depth,
+            row.fio_job,
+            ratios.join(" ")
         );
     }
 }
 
 /// What the columns mean, CPU per read, and whether io_uring pays here.
 fn print_notes(r: &Report) {
-    println!(
-        "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
-         against fio psync; against fio io_uring it is one thread with a read queue of depth {QUEUE_DEPTH} \
-         (Cache::read_queue, flash read through io_uring);"
-    );
+    if r.queue_only {
+        println!(
+            "--queue-only: ours is one thread with a read queue of depth {QUEUE_DEPTH} (Cache::read_queue, flash read \
+             through io_uring) against fio io_uring at iodepth {QUEUE_DEPTH}, nothing else measured between the pairs;"
+        );
+    } else {
+        println!(
+            "ours at QD{QUEUE_DEPTH} is {QUEUE_DEPTH} reader threads, each one synchronous read at a time (Cache::read), \
+             against fio psync; against fio io_uring it is one thread with a read queue of depth {QUEUE_DEPTH} \
+             (Cache::read_queue, flash read through io_uring);"
+        );
+    }
     println!(
         "ARC and L2 are the hit ratios of our measured phases (L2: hits over the ARC's misses);"
     );
-    println!(
-        "pread is bare O_DIRECT preads of the same blocks from the same threads and harness, without the cache;"
-    );
-    println!(
-        "+crc32c: fio reads a file of the same size it wrote with verify headers and checks a CRC-32C of every block \
-         (--verify=crc32c --verify_only=1), as the cache checks every record it reads from flash; ours is the read-queue phase above it"
-    );
+    if !r.queue_only {
+        println!(
+            "pread is bare O_DIRECT preads of the same blocks from the same threads and harness, without the cache;"
+        );
+        println!(
+            "+crc32c: fio reads a file of the same size it wrote with verify headers and checks a CRC-32C of every block \
+             (--verify=crc32c --verify_only=1), as the cache checks every record it reads from flash; ours is the read-queue phase above it"
+        );
+    }
     for row in r
         .rows
         .iter()

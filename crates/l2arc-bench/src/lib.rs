@@ -164,6 +164,9 @@ pub struct BenchArgs {
     /// Rounds of paired measurements (ours, then fio, alternating which goes first) in --scenario l2-hit; the medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// --scenario l2-hit: measure only the read queue against fio io_uring at QD32 (no blocking readers, bare preads or checking fio), so that many rounds of that one pair run back to back.
+    #[arg(long)]
+    pub queue_only: bool,
     /// Dataset content: random (incompressible) or mixed (about 2:1 with LZ4: text lines and random bytes).
     #[arg(long, value_enum, default_value = "random", default_value_ifs = SEED_CONTENT)]
     pub content: dataset::Content,
@@ -325,6 +328,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.files == 0 {
         bail!("--files must be at least 1");
+    }
+    if args.queue_only && args.scenario != Scenario::L2Hit {
+        bail!("--queue-only belongs to --scenario l2-hit");
     }
     if args.read_size == 0 || args.read_size > 16 << 20 {
         bail!("--read-size must be from 1 byte to 16 MiB");

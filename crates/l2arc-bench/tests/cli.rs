@@ -22,6 +22,7 @@ fn bench_rejects_bad_settings() {
             "/nonexistent/l2arc/data",
         ),
         (vec!["--hot-read-fraction", "1.5"], "--hot-read-fraction"),
+        (vec!["--queue-only"], "--queue-only"),
         (vec!["--arc-max", "100"], "arc_max"),
         (
             vec![
@@ -186,4 +187,69 @@ fn bench_l2_rebuild_restores_every_record() {
         .map(|r| r["record_bytes"].as_u64().unwrap())
         .collect();
     assert_eq!(sizes, [4096, 4096, 8192, 8192]);
+}
+
+#[test]
+fn bench_l2_hit_queue_only_pairs_the_read_queue_with_fio() {
+    // On the disk: the scenario refuses a cache file on tmpfs.
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = bench(&[
+        "--scenario",
+        "l2-hit",
+        "--queue-only",
+        "--rounds",
+        "3",
+        "--seconds",
+        "0.5",
+        "--cache-size",
+        "64MiB",
+        "--data",
+        data.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["queue_only"], true);
+    assert_eq!(report["rounds"], 3);
+    // Nothing but the read queue against fio io_uring was measured.
+    assert_eq!(report["io_uring_over_psync"].as_array().unwrap().len(), 0);
+    let rows = report["rows"].as_array().unwrap();
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["record_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4096, 8192]);
+    for row in rows {
+        assert_eq!(row["queue_depth"], 32, "{row}");
+        assert!(
+            row["fio_job"].as_str().unwrap().contains("io_uring"),
+            "{row}"
+        );
+        assert!(
+            row["pread"].is_null() && row["ours_over_pread"].is_null(),
+            "{row}"
+        );
+        let ours = &row["ours"];
+        assert!(ours["l2_hit_ratio"].as_f64().unwrap() >= 0.95, "{row}");
+        assert!(ours["iops"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(ours["cpu_us_per_read"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["fio"]["iops"].as_f64().unwrap() > 0.0, "{row}");
+        let ratios: Vec<f64> = row["round_ratios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(ratios.len(), 3, "{row}");
+        assert!(ratios.iter().all(|r| *r > 0.0), "{row}");
+        let ratio = row["ratio"].as_f64().unwrap();
+        assert!(
+            ratios.contains(&ratio),
+            "the median of three is one of them: {row}"
+        );
+    }
 }
