@@ -2349,7 +2349,7 @@ mod tests {
     #[test]
     fn bulk_crc_matches_the_crc32c_crate() {
         // Lengths around the folding widths and the small-input paths, at
-        // every alignment of a 64-byte line, from several starting CRCs.
+        // several offsets within a 64-byte line, from several starting CRCs.
         let mut rng = Rng(7);
         let data: Vec<u8> = (0..(128 << 10) + 200).map(|_| rng.next() as u8).collect();
         let lengths = [
