@@ -11,6 +11,17 @@ fn bench(args: &[&str]) -> Output {
         .expect("run the l2arc-bench binary")
 }
 
+/// Runs a scenario that must succeed and returns its JSON report.
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = bench(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
 #[test]
 fn bench_rejects_bad_settings() {
     for (args, needle) in [
@@ -44,7 +55,7 @@ fn bench_rejects_bad_settings() {
 #[test]
 fn bench_demo_runs_and_checks_every_byte() {
     let data = tempfile::tempdir().unwrap();
-    let out = bench(&[
+    let report = bench_json(&[
         "--data",
         data.path().to_str().unwrap(),
         "--seconds",
@@ -63,12 +74,6 @@ fn bench_demo_runs_and_checks_every_byte() {
         "2",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let phases = report["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 2);
     assert_eq!(phases[0]["setting"], "no_cache");
@@ -100,13 +105,7 @@ fn bench_demo_runs_and_checks_every_byte() {
 
 #[test]
 fn bench_arc_hit_reports_both_sides() {
-    let out = bench(&["--scenario", "arc-hit", "--seconds", "0.3", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = bench_json(&["--scenario", "arc-hit", "--seconds", "0.3", "--json"]);
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 4);
     for row in rows {
@@ -130,13 +129,7 @@ fn bench_arc_hit_reports_both_sides() {
 
 #[test]
 fn bench_l2_index_fits_the_dram_budget() {
-    let out = bench(&["--scenario", "l2-index", "--records", "1M", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = bench_json(&["--scenario", "l2-index", "--records", "1M", "--json"]);
     assert_eq!(report["openzfs_l2only_header_bytes"], 96.0);
     let rows = report["rows"].as_array().unwrap();
     let builds: Vec<&str> = rows.iter().map(|r| r["build"].as_str().unwrap()).collect();
@@ -161,13 +154,7 @@ fn bench_l2_index_fits_the_dram_budget() {
 
 #[test]
 fn bench_l2_rebuild_restores_every_record() {
-    let out = bench(&["--scenario", "l2-rebuild", "--records", "20k", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = bench_json(&["--scenario", "l2-rebuild", "--records", "20k", "--json"]);
     let rows = report["rows"].as_array().unwrap();
     // 4 KiB and 8 KiB records, each into a pre-sized and a growing index.
     assert_eq!(rows.len(), 4);
@@ -193,7 +180,7 @@ fn bench_l2_rebuild_restores_every_record() {
 fn bench_l2_hit_queue_only_pairs_the_read_queue_with_fio() {
     // On the disk: the scenario refuses a cache file on tmpfs.
     let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let out = bench(&[
+    let report = bench_json(&[
         "--scenario",
         "l2-hit",
         "--queue-only",
@@ -207,12 +194,6 @@ fn bench_l2_hit_queue_only_pairs_the_read_queue_with_fio() {
         data.path().to_str().unwrap(),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["queue_only"], true);
     assert_eq!(report["rounds"], 3);
     // Nothing but the read queue against fio io_uring was measured.
