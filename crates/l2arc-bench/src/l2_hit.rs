@@ -605,7 +605,7 @@ impl WarmL2<'_> {
                         let ours = ours()?;
                         (ours, pread()?, fio(job)?)
                     };
-                    if qd == QUEUE_DEPTH {
+                    if *shape == Shape::Blocking32 {
                         pread_qd32 = Some(pread.clone());
                     }
                     Trio {
@@ -755,40 +755,41 @@ pub(crate) fn median(values: &[f64]) -> f64 {
 /// disturbed by whatever else the machine was doing).
 fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&Trio]) -> Row {
     let med = |f: &dyn Fn(&Trio) -> f64| median(&trios.iter().map(|t| f(t)).collect::<Vec<_>>());
-    let side = |f: &dyn Fn(&Trio) -> &Side| Side {
-        iops: med(&|t| f(t).iops),
-        mib_per_sec: med(&|t| f(t).mib_per_sec),
-        latency_us_p50: med(&|t| f(t).latency_us_p50),
-        latency_us_p99: med(&|t| f(t).latency_us_p99),
-        cpu_us_per_read: med(&|t| f(t).cpu_us_per_read),
+    let side = |sides: &[&Side]| {
+        let med = |f: fn(&Side) -> f64| median(&sides.iter().map(|s| f(s)).collect::<Vec<_>>());
+        Side {
+            iops: med(|s| s.iops),
+            mib_per_sec: med(|s| s.mib_per_sec),
+            latency_us_p50: med(|s| s.latency_us_p50),
+            latency_us_p99: med(|s| s.latency_us_p99),
+            cpu_us_per_read: med(|s| s.cpu_us_per_read),
+        }
     };
-    let ratios: Vec<f64> = trios
-        .iter()
-        .map(|t| t.ours.side.iops / t.fio.iops)
-        .collect();
+    let ours: Vec<&Side> = trios.iter().map(|t| &t.ours.side).collect();
+    let fio: Vec<&Side> = trios.iter().map(|t| &t.fio).collect();
+    // Every round's bare preads, or none (`--queue-only`).
+    let preads: Option<Vec<&Side>> = trios.iter().map(|t| t.pread.as_ref()).collect();
+    let over = |a: &[&Side], b: &[&Side]| -> Vec<f64> {
+        a.iter().zip(b).map(|(a, b)| a.iops / b.iops).collect()
+    };
+    let ratios = over(&ours, &fio);
     Row {
         record_bytes,
         queue_depth,
         ours: Ours {
-            side: side(&|t| &t.ours.side),
+            side: side(&ours),
             arc_hit_ratio: med(&|t| t.ours.arc_hit_ratio),
             l2_hit_ratio: med(&|t| t.ours.l2_hit_ratio),
             primary_reads: trios.iter().map(|t| t.ours.primary_reads).sum(),
         },
-        pread: trios
-            .iter()
-            .all(|t| t.pread.is_some())
-            .then(|| side(&|t| t.pread.as_ref().expect("checked"))),
+        pread: preads.as_deref().map(side),
         fio_job,
-        fio: side(&|t| &t.fio),
+        fio: side(&fio),
         ratio: median(&ratios),
         ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
         ratio_max: ratios.iter().copied().fold(0.0, f64::max),
-        ours_over_pread: trios
-            .iter()
-            .all(|t| t.pread.is_some())
-            .then(|| med(&|t| t.ours.side.iops / t.pread.as_ref().expect("checked").iops)),
-        round_ratios: ratios.clone(),
+        ours_over_pread: preads.map(|p| median(&over(&ours, &p))),
+        round_ratios: ratios,
         rounds: trios.len(),
     }
 }
