@@ -116,7 +116,19 @@ struct Row {
     ours_over_pread: Option<f64>,
     /// Each round's ours/fio, in the order measured.
     round_ratios: Vec<f64>,
+    /// Each round's figures behind its ratio, in the order measured.
+    round_figures: Vec<RoundFigures>,
     rounds: usize,
+}
+
+/// One round's IOPS and CPU per read of both sides: whether a low ratio
+/// came with a slow device (fio's IOPS down too) or with our CPU per read.
+#[derive(Clone, Debug, Serialize)]
+struct RoundFigures {
+    ours_iops: f64,
+    fio_iops: f64,
+    ours_cpu_us_per_read: f64,
+    fio_cpu_us_per_read: f64,
 }
 
 #[derive(Serialize)]
@@ -790,6 +802,15 @@ fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&T
         ratio_max: ratios.iter().copied().fold(0.0, f64::max),
         ours_over_pread: preads.map(|p| median(&over(&ours, &p))),
         round_ratios: ratios,
+        round_figures: trios
+            .iter()
+            .map(|t| RoundFigures {
+                ours_iops: t.ours.side.iops,
+                fio_iops: t.fio.iops,
+                ours_cpu_us_per_read: t.ours.side.cpu_us_per_read,
+                fio_cpu_us_per_read: t.fio.cpu_us_per_read,
+            })
+            .collect(),
         rounds: trios.len(),
     }
 }
@@ -1039,21 +1060,82 @@ fn print_rows(rows: &[Row]) {
 }
 
 /// Each round's ours/fio of the read-queue rows, in the order measured:
-/// the spread the median was taken over.
+/// the spread the median was taken over; with each round's fio IOPS and
+/// both sides' CPU per read, and the ratio split by the device's speed in
+/// the round (fio at or above its median IOPS, or below): on a shared
+/// machine the device's speed moves from round to round, and a low ratio
+/// that comes only with a slow device is the machine, not the code.
 fn print_round_ratios(rows: &[Row]) {
     for row in rows
         .iter()
         .filter(|row| row.ours.side.cpu_us_per_read > 0.0)
     {
-        let ratios: Vec<String> = row.round_ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let line = |what: &str, values: Vec<String>| {
+            println!(
+                "{what} per round, {} KiB QD{} ({}): {}",
+                row.record_bytes >> 10,
+                row.queue_depth,
+                row.fio_job,
+                values.join(" ")
+            );
+        };
+        let figures = &row.round_figures;
+        line(
+            "ours/fio",
+            row.round_ratios.iter().map(|r| format!("{r:.2}")).collect(),
+        );
+        line(
+            "fio k IOPS",
+            figures
+                .iter()
+                .map(|f| format!("{:.0}", f.fio_iops / 1e3))
+                .collect(),
+        );
+        line(
+            "CPU us per read ours/fio",
+            figures
+                .iter()
+                .map(|f| format!("{:.1}/{:.1}", f.ours_cpu_us_per_read, f.fio_cpu_us_per_read))
+                .collect(),
+        );
+        let (fio_median, fast, slow) = ratios_by_device_speed(figures, &row.round_ratios);
+        let split = |half: RatioOverRounds| match half {
+            Some((ratio, rounds)) => format!("{ratio:.2} ({rounds} rounds)"),
+            None => "- (no rounds)".to_string(),
+        };
         println!(
-            "ours/fio per round, {} KiB QD{} ({}): {}",
+            "ours/fio by device speed, {} KiB QD{}: fio at or above its median {:.0}k IOPS {}, below it {}",
             row.record_bytes >> 10,
             row.queue_depth,
-            row.fio_job,
-            ratios.join(" ")
+            fio_median / 1e3,
+            split(fast),
+            split(slow)
         );
     }
+}
+
+/// A median ours/fio and the count of rounds it is taken over (None: no
+/// such round).
+type RatioOverRounds = Option<(f64, usize)>;
+
+/// fio's median IOPS over the rounds, and the median ours/fio (with the
+/// count of rounds) of the rounds where fio was at or above it, and of
+/// those where it was below (None: no such round).
+fn ratios_by_device_speed(
+    figures: &[RoundFigures],
+    ratios: &[f64],
+) -> (f64, RatioOverRounds, RatioOverRounds) {
+    assert_eq!(figures.len(), ratios.len(), "one ratio per round");
+    let fio_median = median(&figures.iter().map(|f| f.fio_iops).collect::<Vec<_>>());
+    let (fast, slow): (Vec<(&RoundFigures, f64)>, Vec<_>) = figures
+        .iter()
+        .zip(ratios.iter().copied())
+        .partition(|(f, _)| f.fio_iops >= fio_median);
+    let summary = |rounds: Vec<(&RoundFigures, f64)>| {
+        let ratios: Vec<f64> = rounds.into_iter().map(|(_, r)| r).collect();
+        (!ratios.is_empty()).then(|| (median(&ratios), ratios.len()))
+    };
+    (fio_median, summary(fast), summary(slow))
 }
 
 /// What the columns mean, CPU per read, and whether io_uring pays here.
@@ -1106,5 +1188,46 @@ fn print_notes(r: &Report) {
                 ": within 10%, io_uring would not pay on this device"
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(fio_iops: f64, ratio: f64) -> RoundFigures {
+        RoundFigures {
+            ours_iops: fio_iops * ratio,
+            fio_iops,
+            ours_cpu_us_per_read: 4.0,
+            fio_cpu_us_per_read: 2.5,
+        }
+    }
+
+    #[test]
+    fn ratios_split_at_the_median_device_speed() {
+        let rounds = [
+            (100e3, 0.97),
+            (80e3, 0.80),
+            (105e3, 0.99),
+            (85e3, 0.84),
+            (95e3, 0.93),
+        ];
+        let figures: Vec<RoundFigures> = rounds.iter().map(|&(f, r)| round(f, r)).collect();
+        let ratios: Vec<f64> = rounds.iter().map(|&(_, r)| r).collect();
+        let (fio_median, fast, slow) = ratios_by_device_speed(&figures, &ratios);
+        assert_eq!(fio_median, 95e3);
+        // At or above 95k: 0.97, 0.99, 0.93; below: 0.80, 0.84.
+        assert_eq!(fast, Some((0.97, 3)));
+        let (slow_ratio, slow_rounds) = slow.unwrap();
+        assert!((slow_ratio - 0.82).abs() < 1e-9 && slow_rounds == 2);
+    }
+
+    #[test]
+    fn one_round_is_all_fast() {
+        let (fio_median, fast, slow) = ratios_by_device_speed(&[round(90e3, 0.9)], &[0.9]);
+        assert_eq!(fio_median, 90e3);
+        assert_eq!(fast, Some((0.9, 1)));
+        assert_eq!(slow, None);
     }
 }

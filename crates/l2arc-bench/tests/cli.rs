@@ -227,6 +227,18 @@ fn bench_l2_hit_queue_only_pairs_the_read_queue_with_fio() {
             .collect();
         assert_eq!(ratios.len(), 3, "{row}");
         assert!(ratios.iter().all(|r| *r > 0.0), "{row}");
+        // Each round's figures are the ones its ratio was taken from.
+        let figures = row["round_figures"].as_array().unwrap();
+        assert_eq!(figures.len(), 3, "{row}");
+        for (figure, ratio) in figures.iter().zip(&ratios) {
+            let get = |name: &str| figure[name].as_f64().unwrap();
+            assert!(
+                (get("ours_iops") / get("fio_iops") - ratio).abs() < 1e-9,
+                "{row}"
+            );
+            assert!(get("ours_cpu_us_per_read") > 0.0, "{row}");
+            assert!(get("fio_cpu_us_per_read") > 0.0, "{row}");
+        }
         let ratio = row["ratio"].as_f64().unwrap();
         assert!(
             ratios.contains(&ratio),

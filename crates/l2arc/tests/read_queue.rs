@@ -330,3 +330,74 @@ fn reads_of_cached_records_only_are_taken_when_asked() {
     drop(f);
     shutdown(cache);
 }
+
+/// A record read from flash through a queue is published to the ARC by
+/// the time the queue has handed it over: with the queue still alive and
+/// idle, readers on another thread get every record from the ARC, without
+/// waiting on the queue. The same record asked for three times in one
+/// queue is read from flash once (the later requests wait on the queue's
+/// own claim, which it completes).
+#[test]
+fn flash_hits_reach_the_arc_and_an_idle_queue_holds_no_claims() {
+    let mut world = World::new();
+    // 64 records through a 16-record ARC: the first eight end on flash only.
+    let data = world.add_file("f", 4 << 20, 31);
+    let (cache, ds) = new_cache(&world.src, Compression::Off, config(IoEngine::IoUring));
+    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    fill(&cache, &f, &data);
+    let mut reads: Vec<(u64, usize)> = Vec::new();
+    for i in 0..8 {
+        let copies = if i < 4 { 3 } else { 1 };
+        reads.extend(std::iter::repeat_n(((i * RS) as u64, RS), copies));
+    }
+    let before = cache.stats();
+    let mut queue = cache.read_queue(32).unwrap();
+    for (tag, &(offset, len)) in reads.iter().enumerate() {
+        queue.submit(&f, offset, len, tag as u64).unwrap();
+    }
+    let mut done = Vec::new();
+    queue.wait(reads.len(), &mut done).unwrap();
+    assert_eq!(done.len(), reads.len());
+    for completion in done {
+        let (offset, len) = reads[completion.tag as usize];
+        let view = completion.result.unwrap();
+        let mut bytes = vec![0u8; view.len()];
+        view.copy_to(&mut bytes);
+        assert_eq!(bytes.as_slice(), expected(&data, offset, len), "{offset}");
+    }
+    let after = cache.stats();
+    let flash_reads =
+        after.l2.as_ref().unwrap().get("l2_hits") - before.l2.as_ref().unwrap().get("l2_hits");
+    assert_eq!(flash_reads, 8, "each record is read from flash once");
+    // The queue is alive and idle; readers elsewhere must not wait on it.
+    let (sent, received) = std::sync::mpsc::channel();
+    let reader = {
+        let (cache, f, data) = (Arc::clone(&cache), f.clone(), data.clone());
+        std::thread::spawn(move || {
+            for i in 0..8 {
+                let mut buf = vec![0u8; RS];
+                let n = cache.read(&f, (i * RS) as u64, &mut buf).unwrap();
+                assert_eq!(&buf[..n], expected(&data, (i * RS) as u64, RS));
+            }
+            sent.send(()).unwrap();
+        })
+    };
+    received
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("a blocking reader waited on the idle queue's claims");
+    reader.join().unwrap();
+    let later = cache.stats();
+    assert_eq!(
+        later.arc.hits - after.arc.hits,
+        8,
+        "all eight were in the ARC"
+    );
+    assert_eq!(
+        later.l2.as_ref().unwrap().get("l2_hits"),
+        after.l2.as_ref().unwrap().get("l2_hits")
+    );
+    drop(queue);
+    drop(f);
+    shutdown(cache);
+}
