@@ -52,6 +52,22 @@ fn read_all(
     out.into_iter().map(Option::unwrap).collect()
 }
 
+/// A cache reading flash through io_uring, with one device, and the file
+/// "f" of `len` bytes (content `seed`) open: the world (kept for its
+/// directories), the cache, the handle and the file's bytes.
+fn cache_with_file(
+    len: usize,
+    seed: u64,
+    compression: Compression,
+) -> (World, Arc<Cache>, ObjectHandle, Vec<u8>) {
+    let mut world = World::new();
+    let data = world.add_file("f", len, seed);
+    let (cache, ds) = new_cache(&world.src, compression, config(IoEngine::IoUring));
+    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
+    let f = cache.open(ds, "f", false).unwrap();
+    (world, cache, f, data)
+}
+
 fn expected(data: &[u8], offset: u64, len: usize) -> &[u8] {
     let start = (offset as usize).min(data.len());
     &data[start..(start + len).min(data.len())]
@@ -180,11 +196,7 @@ fn flash_failures_under_a_queue_fall_back_to_primary() {
 /// flight across queues), nobody deadlocks, every byte is right.
 #[test]
 fn queues_on_two_threads_share_fills_and_never_deadlock() {
-    let mut world = World::new();
-    let data = world.add_file("f", 4 << 20, 5);
-    let (cache, ds) = new_cache(&world.src, Compression::Lz4, config(IoEngine::IoUring));
-    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
-    let f = cache.open(ds, "f", false).unwrap();
+    let (_world, cache, f, data) = cache_with_file(4 << 20, 5, Compression::Lz4);
     let n = records(&data);
     for round in 0..3 {
         let before = cache.stats().primary_reads;
@@ -226,11 +238,7 @@ fn queues_on_two_threads_share_fills_and_never_deadlock() {
 /// buffers); bad depths are refused.
 #[test]
 fn a_full_queue_refuses_and_a_dropped_queue_waits_for_its_reads() {
-    let mut world = World::new();
-    let data = world.add_file("f", 2 << 20, 9);
-    let (cache, ds) = new_cache(&world.src, Compression::Off, config(IoEngine::IoUring));
-    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
-    let f = cache.open(ds, "f", false).unwrap();
+    let (_world, cache, f, data) = cache_with_file(2 << 20, 9, Compression::Off);
     fill(&cache, &f, &data);
     assert!(cache.read_queue(0).is_err());
     assert!(cache.read_queue(1 << 20).is_err());
@@ -275,13 +283,8 @@ fn the_io_engine_is_resolved_at_start() {
 /// and hands back what is.
 #[test]
 fn reads_of_cached_records_only_are_taken_when_asked() {
-    let mut world = World::new();
     let len = 2 * (1 << 20) + 4_321;
-    let data = world.add_file("f", len, 3);
-    let device = world.device_path("cache.dev");
-    let (cache, ds) = new_cache(&world.src, Compression::Off, config(IoEngine::IoUring));
-    add_path(&cache, &device, Some(DEVICE_BYTES)).unwrap();
-    let f = cache.open(ds, "f", false).unwrap();
+    let (_world, cache, f, data) = cache_with_file(len, 3, Compression::Off);
     let mut queue = cache.read_queue(8).unwrap();
     let mut done: Vec<ReadCompletion> = Vec::new();
     // Cold: refused, and nothing changed.
@@ -339,12 +342,8 @@ fn reads_of_cached_records_only_are_taken_when_asked() {
 /// own claim, which it completes).
 #[test]
 fn flash_hits_reach_the_arc_and_an_idle_queue_holds_no_claims() {
-    let mut world = World::new();
     // 64 records through a 16-record ARC: the first eight end on flash only.
-    let data = world.add_file("f", 4 << 20, 31);
-    let (cache, ds) = new_cache(&world.src, Compression::Off, config(IoEngine::IoUring));
-    add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
-    let f = cache.open(ds, "f", false).unwrap();
+    let (_world, cache, f, data) = cache_with_file(4 << 20, 31, Compression::Off);
     fill(&cache, &f, &data);
     let mut reads: Vec<(u64, usize)> = Vec::new();
     for i in 0..8 {
