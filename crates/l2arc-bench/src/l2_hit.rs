@@ -114,9 +114,8 @@ struct Row {
     /// Our IOPS over the bare preads' (median of the rounds): what the
     /// cache's own work costs.
     ours_over_pread: Option<f64>,
-    /// Each round's ours/fio, in the order measured.
-    round_ratios: Vec<f64>,
-    /// Each round's figures behind its ratio, in the order measured.
+    /// Each round's figures, in the order measured (its ratio is
+    /// [`RoundFigures::ratio`]).
     round_figures: Vec<RoundFigures>,
     rounds: usize,
 }
@@ -129,6 +128,13 @@ struct RoundFigures {
     fio_iops: f64,
     ours_cpu_us_per_read: f64,
     fio_cpu_us_per_read: f64,
+}
+
+impl RoundFigures {
+    /// The round's ours/fio.
+    fn ratio(&self) -> f64 {
+        self.ours_iops / self.fio_iops
+    }
 }
 
 #[derive(Serialize)]
@@ -801,7 +807,6 @@ fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&T
         ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
         ratio_max: ratios.iter().copied().fold(0.0, f64::max),
         ours_over_pread: preads.map(|p| median(&over(&ours, &p))),
-        round_ratios: ratios,
         round_figures: trios
             .iter()
             .map(|t| RoundFigures {
@@ -1082,7 +1087,10 @@ fn print_round_ratios(rows: &[Row]) {
         let figures = &row.round_figures;
         line(
             "ours/fio",
-            row.round_ratios.iter().map(|r| format!("{r:.2}")).collect(),
+            figures
+                .iter()
+                .map(|f| format!("{:.2}", f.ratio()))
+                .collect(),
         );
         line(
             "fio k IOPS",
@@ -1098,7 +1106,7 @@ fn print_round_ratios(rows: &[Row]) {
                 .map(|f| format!("{:.1}/{:.1}", f.ours_cpu_us_per_read, f.fio_cpu_us_per_read))
                 .collect(),
         );
-        let (fio_median, fast, slow) = ratios_by_device_speed(figures, &row.round_ratios);
+        let (fio_median, fast, slow) = ratios_by_device_speed(figures);
         let split = |half: RatioOverRounds| match half {
             Some((ratio, rounds)) => format!("{ratio:.2} ({rounds} rounds)"),
             None => "- (no rounds)".to_string(),
@@ -1121,18 +1129,12 @@ type RatioOverRounds = Option<(f64, usize)>;
 /// fio's median IOPS over the rounds, and the median ours/fio (with the
 /// count of rounds) of the rounds where fio was at or above it, and of
 /// those where it was below (None: no such round).
-fn ratios_by_device_speed(
-    figures: &[RoundFigures],
-    ratios: &[f64],
-) -> (f64, RatioOverRounds, RatioOverRounds) {
-    assert_eq!(figures.len(), ratios.len(), "one ratio per round");
+fn ratios_by_device_speed(figures: &[RoundFigures]) -> (f64, RatioOverRounds, RatioOverRounds) {
     let fio_median = median(&figures.iter().map(|f| f.fio_iops).collect::<Vec<_>>());
-    let (fast, slow): (Vec<(&RoundFigures, f64)>, Vec<_>) = figures
-        .iter()
-        .zip(ratios.iter().copied())
-        .partition(|(f, _)| f.fio_iops >= fio_median);
-    let summary = |rounds: Vec<(&RoundFigures, f64)>| {
-        let ratios: Vec<f64> = rounds.into_iter().map(|(_, r)| r).collect();
+    let (fast, slow): (Vec<&RoundFigures>, Vec<_>) =
+        figures.iter().partition(|f| f.fio_iops >= fio_median);
+    let summary = |rounds: Vec<&RoundFigures>| {
+        let ratios: Vec<f64> = rounds.iter().map(|f| f.ratio()).collect();
         (!ratios.is_empty()).then(|| (median(&ratios), ratios.len()))
     };
     (fio_median, summary(fast), summary(slow))
@@ -1214,20 +1216,21 @@ mod tests {
             (95e3, 0.93),
         ];
         let figures: Vec<RoundFigures> = rounds.iter().map(|&(f, r)| round(f, r)).collect();
-        let ratios: Vec<f64> = rounds.iter().map(|&(_, r)| r).collect();
-        let (fio_median, fast, slow) = ratios_by_device_speed(&figures, &ratios);
+        let (fio_median, fast, slow) = ratios_by_device_speed(&figures);
         assert_eq!(fio_median, 95e3);
         // At or above 95k: 0.97, 0.99, 0.93; below: 0.80, 0.84.
-        assert_eq!(fast, Some((0.97, 3)));
+        let (fast_ratio, fast_rounds) = fast.unwrap();
+        assert!((fast_ratio - 0.97).abs() < 1e-9 && fast_rounds == 3);
         let (slow_ratio, slow_rounds) = slow.unwrap();
         assert!((slow_ratio - 0.82).abs() < 1e-9 && slow_rounds == 2);
     }
 
     #[test]
     fn one_round_is_all_fast() {
-        let (fio_median, fast, slow) = ratios_by_device_speed(&[round(90e3, 0.9)], &[0.9]);
+        let (fio_median, fast, slow) = ratios_by_device_speed(&[round(90e3, 0.9)]);
         assert_eq!(fio_median, 90e3);
-        assert_eq!(fast, Some((0.9, 1)));
+        let (fast_ratio, fast_rounds) = fast.unwrap();
+        assert!((fast_ratio - 0.9).abs() < 1e-9 && fast_rounds == 1);
         assert_eq!(slow, None);
     }
 }
