@@ -196,6 +196,50 @@ impl BufferPool {
         })
     }
 
+    /// As [`Self::charge`], but never waits: `None` when the account or the
+    /// pool has no room now (or large charges wait that go first). For a
+    /// thread that must not sleep while it holds work only it can finish
+    /// (an NBD reader with reads in flight): it finishes that first and then
+    /// waits with `charge`.
+    pub fn try_charge(
+        self: &Arc<Self>,
+        account: &Arc<Account>,
+        bytes: u64,
+        account_max_bytes: u64,
+    ) -> Option<Charge> {
+        assert!(bytes <= self.largest_charge_bytes());
+        let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
+        if account.closed.load(Ordering::SeqCst) || (*held > 0 && *held + bytes > account_max_bytes)
+        {
+            return None;
+        }
+        {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let large = bytes > self.small_charge_max_bytes();
+            let limit_bytes = if large {
+                self.largest_charge_bytes()
+            } else {
+                self.max_bytes
+            };
+            let others_first = large && state.waiting.iter().any(|&(b, _)| b <= bytes);
+            if others_first || state.used_bytes + bytes > limit_bytes {
+                return None;
+            }
+            state.used_bytes += bytes;
+            self.high_water_bytes
+                .fetch_max(state.used_bytes, Ordering::Relaxed);
+        }
+        *held += bytes;
+        account.held_bytes.store(*held, Ordering::Relaxed);
+        drop(held);
+        Some(Charge {
+            pool: Arc::clone(self),
+            account: Arc::clone(account),
+            account_bytes: bytes,
+            pool_bytes: bytes,
+        })
+    }
+
     /// Waits for room in the shared pool and takes `bytes` of it. Waiting
     /// here does not count as holding: a connection is a reclaim victim only
     /// for what it already holds. False if the account closed meanwhile.
@@ -340,6 +384,16 @@ impl Account {
         let allowed_ms = stall_ms
             + self.receiving_bytes.load(Ordering::Relaxed) * 1000 / PAYLOAD_RATE_MIN_BYTES_PER_SEC;
         since(&self.receiving_last_ms) >= stall_ms || now.saturating_sub(started) >= allowed_ms
+    }
+
+    /// How long the reply piece being written has waited for the client to
+    /// take it, in ms (0: no write under way). A piece is at most 1 MiB,
+    /// which a client that reads at all takes in well under a second.
+    pub fn reply_stuck_ms(&self, pool: &BufferPool) -> u64 {
+        match self.writing_since_ms.load(Ordering::Relaxed) {
+            0 => 0,
+            at => (pool.now_ms() + 1).saturating_sub(at),
+        }
     }
 
     /// A reply write to the client begins (`true`) or ends (`false`).

@@ -188,6 +188,9 @@ pub enum ProtocolError {
     #[error("NBD_OPT_EXPORT_NAME asked for an unknown export")]
     /// `NBD_OPT_EXPORT_NAME` for an export that does not exist.
     UnknownExport,
+    #[error("the server turned the client away (NBD_OPT_EXPORT_NAME has no error reply)")]
+    /// `NBD_OPT_EXPORT_NAME` to a handshake that refuses every session.
+    Refused,
     #[error("request magic {0:#010x} is not NBD_REQUEST_MAGIC")]
     /// A request without the request magic.
     BadRequestMagic(u32),
@@ -265,6 +268,8 @@ pub struct Handshake {
     no_zeroes: bool,
     fixed_newstyle: bool,
     options_seen: u32,
+    /// Set for a client the server turns away: why, sent with every error.
+    refusal: Option<Vec<u8>>,
 }
 
 impl Handshake {
@@ -283,7 +288,19 @@ impl Handshake {
             no_zeroes: false,
             fixed_newstyle: false,
             options_seen: 0,
+            refusal: None,
         }
+    }
+
+    /// A handshake that turns the client away: every option that can take
+    /// an error reply gets `NBD_REP_ERR_POLICY` with `reason` (clients such
+    /// as nbdinfo print it), `NBD_OPT_ABORT` is acknowledged, and
+    /// `NBD_OPT_EXPORT_NAME`, which has no error reply, ends the session.
+    pub fn refusing(export: ExportInfo, reason: &str) -> Self {
+        let mut hs = Self::new(export);
+        let text = &reason.as_bytes()[..reason.len().min(NAME_MAX_BYTES)];
+        hs.refusal = Some(text.to_vec());
+        hs
     }
 
     /// The server's greeting: `NBDMAGIC`, `IHAVEOPT`, handshake flags.
@@ -439,6 +456,19 @@ impl Handshake {
         data: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<HandshakeStatus, ProtocolError> {
+        if let Some(reason) = &self.refusal {
+            return match option {
+                NBD_OPT_ABORT => {
+                    option_reply(out, option, NBD_REP_ACK, &[]);
+                    Ok(HandshakeStatus::Aborted)
+                }
+                NBD_OPT_EXPORT_NAME => Err(ProtocolError::Refused),
+                _ => {
+                    option_reply(out, option, NBD_REP_ERR_POLICY, reason);
+                    Ok(HandshakeStatus::Negotiating)
+                }
+            };
+        }
         match option {
             NBD_OPT_EXPORT_NAME => {
                 if data != self.export.name.as_bytes() {

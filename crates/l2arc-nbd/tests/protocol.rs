@@ -442,3 +442,39 @@ fn replies_and_errnos() {
         NBD_EPERM
     );
 }
+
+/// A refusing handshake never enters transmission: options that can take
+/// an error reply get NBD_REP_ERR_POLICY with the reason, ABORT is
+/// acknowledged, and EXPORT_NAME (no error reply exists) ends the session.
+#[test]
+fn a_refusing_handshake_says_why_and_never_transmits() {
+    let reason = "server busy: all 2 connections are in use";
+    let mut hs = Handshake::refusing(export(""), reason);
+    let mut input = FLAGS.to_vec();
+    input.extend(option(NBD_OPT_LIST, &[]));
+    input.extend(option(NBD_OPT_INFO, &info_data("", &[])));
+    input.extend(option(NBD_OPT_GO, &info_data("", &[])));
+    input.extend(option(NBD_OPT_ABORT, &[]));
+    let (r, out) = run(&mut hs, &input);
+    assert_eq!(r.unwrap().1, HandshakeStatus::Aborted);
+    let rs = replies(&out);
+    let errors: Vec<_> = rs
+        .iter()
+        .take(3)
+        .map(|(o, t, d)| (*o, *t, d.clone()))
+        .collect();
+    for (opt, (got_opt, ty, data)) in [NBD_OPT_LIST, NBD_OPT_INFO, NBD_OPT_GO]
+        .into_iter()
+        .zip(errors)
+    {
+        assert_eq!((got_opt, ty), (opt, NBD_REP_ERR_POLICY));
+        assert_eq!(data, reason.as_bytes());
+    }
+    assert_eq!(rs[3], (NBD_OPT_ABORT, NBD_REP_ACK, Vec::new()));
+    let mut hs = Handshake::refusing(export(""), reason);
+    let mut input = FLAGS.to_vec();
+    input.extend(option(NBD_OPT_EXPORT_NAME, b""));
+    let (r, out) = run(&mut hs, &input);
+    assert_eq!(r.unwrap_err(), ProtocolError::Refused);
+    assert!(out.is_empty(), "no export data for a refused client");
+}

@@ -450,12 +450,43 @@ impl<'c> ReadQueue<'c> {
         self.wait_until(min, out, Some(timeout))
     }
 
+    /// As [`Self::wait`], but also returns, with `true`, as soon as `fd`
+    /// has input (or hung up, or failed) while this queue's reads are in
+    /// flight: for a thread that serves a socket and keeps reads in flight
+    /// (an NBD connection), so that it sleeps in one place until either
+    /// needs it, and costs nothing while neither does. The reads queued
+    /// since the last wait are sent to the device before it returns. With
+    /// nothing of its own in flight it does not watch `fd` (the caller then
+    /// reads the socket itself); a wait on a record someone else is filling
+    /// does not watch it either. One `fd` per queue.
+    pub fn wait_or_readable(
+        &mut self,
+        min: usize,
+        out: &mut Vec<ReadCompletion>,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        self.wait_watching(min, out, None, Some(fd.as_raw_fd()))
+    }
+
     fn wait_until(
         &mut self,
         min: usize,
         out: &mut Vec<ReadCompletion>,
         timeout: Option<std::time::Duration>,
     ) -> io::Result<()> {
+        self.wait_watching(min, out, timeout, None).map(|_| ())
+    }
+
+    /// The one wait loop: until `min` completions (fewer if fewer are
+    /// pending), `timeout`, or input on `watch`; true for the last.
+    fn wait_watching(
+        &mut self,
+        min: usize,
+        out: &mut Vec<ReadCompletion>,
+        timeout: Option<std::time::Duration>,
+        watch: Option<std::os::fd::RawFd>,
+    ) -> io::Result<bool> {
         let want = min.min(self.outstanding);
         let mut timed_out = false;
         let mut given = 0;
@@ -465,11 +496,22 @@ impl<'c> ReadQueue<'c> {
                 given += 1;
                 self.outstanding -= 1;
             }
-            if given >= want || timed_out {
-                return Ok(());
+            let readable = watch.is_some() && self.ring.as_mut().is_some_and(|r| r.take_readable());
+            if given >= want || timed_out || readable {
+                if watch.is_some()
+                    && let Some(ring) = self.ring.as_mut()
+                {
+                    // The caller is about to write replies and read its
+                    // socket: the device gets the reads queued meanwhile.
+                    ring.submit_queued()?;
+                }
+                return Ok(readable);
             }
             let ring_busy = self.ring.as_ref().is_some_and(|r| r.in_flight() > 0);
             if ring_busy {
+                if let (Some(fd), Some(ring)) = (watch, self.ring.as_mut()) {
+                    ring.arm_poll(fd)?;
+                }
                 match timeout {
                     Some(timeout) => timed_out = !self.reap_within(timeout)?,
                     None => self.reap(1)?,
@@ -482,7 +524,7 @@ impl<'c> ReadQueue<'c> {
                 // Every unfinished request has a read in the ring or a
                 // parked record; with neither, all are done.
                 assert_eq!(self.outstanding, 0, "a request is stranded");
-                return Ok(());
+                return Ok(false);
             }
             self.poll_parked()?;
         }

@@ -400,3 +400,63 @@ fn flash_hits_reach_the_arc_and_an_idle_queue_holds_no_claims() {
     drop(f);
     shutdown(cache);
 }
+
+/// A queue that watches a socket sleeps until its flash reads complete or
+/// the socket has input, whichever is first, and says which: the reads in
+/// flight all come back, input is seen while reads are in flight (also
+/// input that was there before the wait), and with nothing in flight the
+/// wait returns at once without watching.
+#[test]
+fn a_wait_watching_a_socket_wakes_for_reads_and_for_input() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+    // 64 records through a 16-record ARC: the first eight end on flash only.
+    let (_world, cache, f, data) = cache_with_file(4 << 20, 37, Compression::Off);
+    fill(&cache, &f, &data);
+    let (mut client, server) = UnixStream::pair().unwrap();
+    let mut queue = cache.read_queue(16).unwrap();
+    let mut done = Vec::new();
+    assert!(
+        !queue
+            .wait_or_readable(1, &mut done, server.as_fd())
+            .unwrap(),
+        "nothing in flight: no watch"
+    );
+    // Flash reads in flight, no input: the reads come back, no input seen.
+    for i in 0..4u64 {
+        queue.submit(&f, i * RS as u64, RS, i).unwrap();
+    }
+    while done.len() < 4 {
+        let readable = queue
+            .wait_or_readable(1, &mut done, server.as_fd())
+            .unwrap();
+        assert!(!readable, "no input was sent");
+    }
+    for completion in done.drain(..) {
+        let view = completion.result.unwrap();
+        let mut bytes = vec![0u8; view.len()];
+        view.copy_to(&mut bytes);
+        let offset = completion.tag * RS as u64;
+        assert_eq!(bytes.as_slice(), expected(&data, offset, RS));
+    }
+    // Input before the wait, reads in flight: the input is seen.
+    client.write_all(b"x").unwrap();
+    for i in 4..8u64 {
+        queue.submit(&f, i * RS as u64, RS, i).unwrap();
+    }
+    let mut seen = false;
+    while queue.pending() > 0 {
+        seen |= queue
+            .wait_or_readable(1, &mut done, server.as_fd())
+            .unwrap();
+    }
+    assert!(seen, "input present during the wait was reported");
+    assert_eq!(done.len(), 4);
+    let mut byte = [0u8; 1];
+    (&server).read_exact(&mut byte).unwrap();
+    assert_eq!(&byte, b"x");
+    drop(queue);
+    drop(f);
+    shutdown(cache);
+}

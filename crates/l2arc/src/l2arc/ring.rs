@@ -16,12 +16,23 @@
 //! its table until the completion is reaped and drains the ring before it is
 //! dropped.
 //!
+//! A ring may also watch one descriptor for input (`arm_poll`): a thread
+//! that serves a socket and keeps reads in flight (an NBD connection) then
+//! sleeps in one place until either a read completes or the client sends
+//! more, instead of waking on a timer to look at the socket. The poll is
+//! not a read: it holds no buffer and does not count in `in_flight`, and
+//! closing the ring cancels it.
+//!
 //! Where io_uring is unavailable (an old kernel, a seccomp profile that
 //! refuses it, `l2arc_ioengine=psync`), reads stay positioned reads
 //! (`psync`); [`IoEngine::resolve`] decides once, at start, and says why.
 
 use std::io;
 use std::os::fd::RawFd;
+
+/// The `user_data` of the poll on a watched descriptor (reads use table
+/// indexes, far below it).
+const POLL_USER_DATA: u64 = u64::MAX;
 use std::time::Duration;
 
 use io_uring::{IoUring, opcode, types};
@@ -100,6 +111,10 @@ pub(crate) struct ReadRing {
     in_flight: usize,
     /// Most reads in flight at once (the ring's size).
     entries: usize,
+    /// The descriptor whose poll is in the ring and has not completed.
+    poll_armed: Option<RawFd>,
+    /// The armed poll completed since `take_readable` last looked.
+    readable: bool,
 }
 
 impl ReadRing {
@@ -122,6 +137,8 @@ impl ReadRing {
             ring,
             in_flight: 0,
             entries: entries as usize,
+            poll_armed: None,
+            readable: false,
         })
     }
 
@@ -134,6 +151,8 @@ impl ReadRing {
             ring: IoUring::new(entries)?,
             in_flight: 0,
             entries: entries as usize,
+            poll_armed: None,
+            readable: false,
         })
     }
 
@@ -183,10 +202,52 @@ impl ReadRing {
         Ok(())
     }
 
+    /// Watches `fd` for input (or hang-up, or an error): the next wait
+    /// returns when it has some, and [`Self::take_readable`] says so. Does
+    /// nothing if a poll of `fd` is already armed. One descriptor at a time.
+    pub(crate) fn arm_poll(&mut self, fd: RawFd) -> io::Result<()> {
+        match self.poll_armed {
+            Some(armed) if armed == fd => return Ok(()),
+            Some(armed) => panic!("a ring watches one descriptor: {armed} is armed, not {fd}"),
+            None => {}
+        }
+        let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(POLL_USER_DATA);
+        // SAFETY: a poll holds no buffer; the kernel takes its own
+        // reference to the file, so the descriptor may even close first.
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            self.submit_and_wait(0)?;
+            // SAFETY: as above.
+            unsafe { self.ring.submission().push(&entry) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+        self.poll_armed = Some(fd);
+        Ok(())
+    }
+
+    /// Whether the armed poll completed since the last call (and forgets it).
+    pub(crate) fn take_readable(&mut self) -> bool {
+        std::mem::take(&mut self.readable)
+    }
+
+    /// Completions a wait may count on: reads in flight and an armed poll.
+    fn completions_due(&self) -> usize {
+        self.in_flight + usize::from(self.poll_armed.is_some())
+    }
+
+    /// Sends queued entries without waiting, if any are queued.
+    pub(crate) fn submit_queued(&mut self) -> io::Result<()> {
+        if self.ring.submission().is_empty() {
+            return Ok(());
+        }
+        self.submit_and_wait(0)
+    }
+
     /// Sends queued reads and waits up to `timeout` for one completion:
     /// whether one is ready.
     pub(crate) fn submit_and_wait_timeout(&mut self, timeout: Duration) -> io::Result<bool> {
-        if self.in_flight == 0 {
+        if self.completions_due() == 0 {
             return Ok(false);
         }
         let timespec = types::Timespec::from(timeout);
@@ -210,9 +271,9 @@ impl ReadRing {
     }
 
     /// Sends queued reads and waits until at least `want` completions are
-    /// ready (0: just send).
+    /// ready (0: just send); an armed poll's completion counts.
     pub(crate) fn submit_and_wait(&mut self, want: usize) -> io::Result<()> {
-        let want = want.min(self.in_flight);
+        let want = want.min(self.completions_due());
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => return Ok(()),
@@ -227,13 +288,31 @@ impl ReadRing {
     }
 
     /// Hands at most `max` completed reads to `done(user_data, result)`:
-    /// the bytes read, or a negative errno. The rest stay in the ring.
+    /// the bytes read, or a negative errno. The rest stay in the ring. An
+    /// armed poll's completion is taken too (not counted in `max`), and
+    /// noted for [`Self::take_readable`].
     pub(crate) fn reap(&mut self, max: usize, mut done: impl FnMut(u64, i32)) {
         let mut reaped = 0;
-        for entry in self.ring.completion().take(max) {
+        let mut completion = self.ring.completion();
+        while reaped < max {
+            let Some(entry) = completion.next() else {
+                break;
+            };
+            if entry.user_data() == POLL_USER_DATA {
+                // Ready, hung up, or failed: any of them is for the owner
+                // to find out by reading the descriptor.
+                assert!(
+                    self.poll_armed.is_some(),
+                    "a poll completion with none armed"
+                );
+                self.poll_armed = None;
+                self.readable = true;
+                continue;
+            }
             reaped += 1;
             done(entry.user_data(), entry.result());
         }
+        drop(completion);
         assert!(reaped <= self.in_flight, "more completions than reads");
         self.in_flight -= reaped;
     }
@@ -286,6 +365,32 @@ mod tests {
             let block = i * 5 % 64;
             assert_eq!(&buf[..], &data[block * 4096..(block + 1) * 4096]);
         }
+    }
+
+    #[test]
+    fn a_watched_socket_wakes_the_wait_and_counts_as_no_read() {
+        use std::io::Write;
+        let (mut peer, watched) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut ring = ReadRing::new(4).unwrap();
+        ring.arm_poll(watched.as_raw_fd()).unwrap();
+        ring.arm_poll(watched.as_raw_fd()).unwrap(); // armed once
+        assert_eq!(ring.in_flight(), 0);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            peer.write_all(b"x").unwrap();
+            peer
+        });
+        ring.submit_and_wait(1).unwrap();
+        ring.reap(usize::MAX, |_, _| panic!("no read was in flight"));
+        assert!(ring.take_readable());
+        assert!(!ring.take_readable(), "taken once");
+        assert_eq!(ring.in_flight(), 0);
+        // Re-armed on a socket with input, it completes at once.
+        ring.arm_poll(watched.as_raw_fd()).unwrap();
+        ring.submit_and_wait(1).unwrap();
+        ring.reap(usize::MAX, |_, _| panic!("no read was in flight"));
+        assert!(ring.take_readable());
+        drop(writer.join().unwrap());
     }
 
     #[test]

@@ -1,0 +1,779 @@
+//! The NBD server: listener, connection table, and the threads of each
+//! connection.
+//!
+//! Threads. The engine is synchronous: a read that misses blocks its
+//! thread on primary storage (milliseconds on a disk). A client such as
+//! QEMU or fio keeps many requests in flight on one connection (queue depth
+//! 32 is common) and expects them served in parallel, in any order. So each
+//! connection has one reader thread (`connection.rs`), which decodes
+//! requests, serves reads of cached data itself through its read queue
+//! (`cached_reads.rs`: ARC hits at once, flash reads in flight together on
+//! one io_uring that also watches the socket), and hands what may block to
+//! a pool of workers (`workers.rs`). Replies go out whole under the
+//! connection's writer mutex (`reply.rs`); the client matches them by
+//! cookie. Every connection shares the one `Cache` and the one object
+//! handle, so a record one client warmed is a hit for all (and
+//! `NBD_FLAG_CAN_MULTI_CONN` is honest: a write, trim or flush on one
+//! connection is visible to reads on every other, because all of them go
+//! through the same write-through cache).
+//!
+//! What a connection costs. Asleep, nothing: its reader blocks on the
+//! socket (or, with reads in flight, in its ring), its workers on their
+//! queue. Busy, one wake-up per event. No thread polls on a timer: with
+//! 128 connections a design that did spent 80% of the CPU in the kernel.
+//!
+//! Bounds. A hostile or broken client must not take the server down,
+//! stall the other clients, or make the server allocate without limit:
+//! - connections: at most `max_connections` at once; a newcomer who finds
+//!   the table full takes the slot of a client that is not using its own
+//!   (still negotiating, not reading its replies, or idle: `table.rs`), and
+//!   only when none is found is it turned away, with an NBD error that says
+//!   why (`NBD_REP_ERR_POLICY`) and a line in the log. A client quiet for
+//!   `idle_timeout` with nothing in flight is disconnected, and one that
+//!   does not read its replies for that long loses its connection (the
+//!   reply write times out);
+//! - the handshake has a deadline (`handshake_timeout`) and the protocol
+//!   module bounds option sizes and counts;
+//! - every write payload and read reply buffer is charged, before it is
+//!   allocated, to one pool of `buffer_max_bytes` shared by all
+//!   connections (`pool.rs`), and per connection to `max_in_flight_bytes`,
+//!   with at most `max_in_flight_requests` queued requests for its workers
+//!   and `read_queue_depth` in its read queue; past that the reader stops
+//!   reading the socket (TCP flow control pushes back on that client). A
+//!   connection whose client keeps its pool memory from coming back (a
+//!   reply unread or a payload not sent for `stall_timeout`) is
+//!   disconnected when another waits for memory;
+//! - requests longer than `max_payload_bytes` (the advertised maximum) are
+//!   served by splitting, as the reference nbd-server serves them: a read
+//!   streams its reply in pieces of `SPLIT_CHUNK_BYTES` (at most the
+//!   maximum payload; an error after the reply header went out ends the
+//!   connection, as the protocol requires), a write is taken and written
+//!   in pieces; either holds one piece of the pool at a time;
+//! - ranges are checked against the export size before the cache sees
+//!   them (EINVAL for reads, ENOSPC for writes): nothing outside the image
+//!   is ever read or written.
+//!
+//! A framing error (bad request magic) disconnects that client only; a
+//! stop (SIGTERM in the CLI) shuts every socket down, lets the workers
+//! finish the requests they hold, and joins every thread.
+
+mod cached_reads;
+mod connection;
+mod reply;
+mod table;
+mod workers;
+
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use l2arc::{Cache, ObjectHandle};
+
+use crate::pool::{BufferPool, Charge};
+use crate::protocol::{
+    self, Command, ExportInfo, Handshake, HandshakeStatus, PAYLOAD_MAX_BYTES_DEFAULT, Request,
+    SIMPLE_REPLY_BYTES,
+};
+pub use connection::WORKERS_INITIAL;
+use table::{Slot, Table, Unused};
+
+/// Deepest read queue of one connection.
+pub const READ_QUEUE_DEPTH_MAX: usize = 1024;
+/// Bytes read from a socket at a time.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Piece size of a request over `max_payload_bytes`, served by splitting.
+pub const SPLIT_CHUNK_BYTES: u32 = 4 << 20;
+/// Default of `ServerConfig::buffer_max_bytes`.
+pub const BUFFER_MAX_BYTES_DEFAULT: u64 = 256 << 20;
+/// Memory a connection's read queue holds: the freed record buffers a
+/// thread keeps for reuse (the engine's 512 KiB at most), its ring and
+/// tables.
+const READ_QUEUE_BYTES: u64 = (512 + 128) << 10;
+/// Default of `ServerConfig::workers_per_connection`: enough primary reads
+/// in flight from one connection at queue depth 32 that a disk array is
+/// kept busy (with 8, the seed workload's 4 emulated spindles ran at 84%
+/// of their rate; with 32, at 97%).
+pub const WORKERS_DEFAULT: usize = 32;
+/// Workers whose touched stacks the fixed 1 MiB of a connection covers
+/// (with its reader); each one more is budgeted `WORKER_GROWN_BYTES`.
+const WORKERS_IN_BASE: usize = 8;
+/// Touched stack of a worker past `WORKERS_IN_BASE` (measured: 8–12 KiB
+/// each from smaps with 32 busy workers; budgeted at 16).
+const WORKER_GROWN_BYTES: u64 = 16 << 10;
+/// Memory a connection holds outside the buffer pool, for the RSS budget
+/// (docs/nbd.md), with up to `workers_max` workers: its socket read
+/// buffer, the handshake buffer, the touched stack pages of its reader and
+/// first workers (measured: 64 connections idle after the handshake add
+/// under 1.3 MiB each) and of the workers it grows, and its read queue.
+pub const fn connection_fixed_bytes(workers_max: usize) -> u64 {
+    let grown = workers_max.saturating_sub(WORKERS_IN_BASE) as u64;
+    (READ_CHUNK_BYTES + connection::HANDSHAKE_BUF_BYTES) as u64
+        + (1 << 20)
+        + grown * WORKER_GROWN_BYTES
+        + READ_QUEUE_BYTES
+}
+/// [`connection_fixed_bytes`] at the default number of workers.
+pub const CONNECTION_FIXED_BYTES: u64 = connection_fixed_bytes(WORKERS_DEFAULT);
+/// How often the accept loop looks at the stop flag.
+const ACCEPT_POLL_MS: i32 = 100;
+/// Most clients being turned away at once (each gets a short handshake
+/// that says why); past that, a refused client is closed without a word.
+const REFUSALS_MAX: usize = 8;
+/// How long a refused client's handshake may take.
+const REFUSAL_DEADLINE: Duration = Duration::from_secs(1);
+/// Least time between two log lines about refused clients.
+const REFUSAL_LOG_INTERVAL_MS: u64 = 1000;
+
+/// Where to listen: `unix:PATH` or `HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A unix socket path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(SocketAddr),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path (unix:/run/l2arc.sock)".into());
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        use std::net::ToSocketAddrs;
+        let addr = s
+            .to_socket_addrs()
+            .map_err(|e| format!("`{s}` is not unix:PATH or HOST:PORT: {e}"))?
+            .next()
+            .ok_or_else(|| format!("`{s}` resolves to no address"))?;
+        Ok(ListenAddr::Tcp(addr))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// A bound listening socket.
+pub enum Listener {
+    /// A unix socket and the path it removes when dropped.
+    Unix(UnixListener, PathBuf),
+    /// A TCP socket.
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Binds `addr`. A Unix socket path that exists is replaced only if it
+    /// is a socket nobody listens on (left behind by a crash).
+    pub fn bind(addr: &ListenAddr) -> io::Result<Self> {
+        match addr {
+            ListenAddr::Unix(path) => {
+                if let Ok(meta) = std::fs::symlink_metadata(path)
+                    && meta.file_type().is_socket()
+                    && UnixStream::connect(path).is_err()
+                {
+                    std::fs::remove_file(path)?;
+                }
+                Ok(Listener::Unix(UnixListener::bind(path)?, path.clone()))
+            }
+            ListenAddr::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a)?)),
+        }
+    }
+
+    /// The address actually bound (a TCP port 0 becomes the real port).
+    pub fn local_addr(&self) -> io::Result<ListenAddr> {
+        match self {
+            Listener::Unix(_, p) => Ok(ListenAddr::Unix(p.clone())),
+            Listener::Tcp(l) => Ok(ListenAddr::Tcp(l.local_addr()?)),
+        }
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Listener::Unix(l, _) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    fn accept(&self) -> io::Result<Conn> {
+        match self {
+            Listener::Unix(l, _) => Ok(Conn::Unix(l.accept()?.0)),
+            Listener::Tcp(l) => {
+                let s = l.accept()?.0;
+                s.set_nodelay(true)?;
+                Ok(Conn::Tcp(s))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// One client socket.
+enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn try_clone(&self) -> io::Result<Conn> {
+        Ok(match self {
+            Conn::Unix(s) => Conn::Unix(s.try_clone()?),
+            Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Conn::Unix(s) => s.shutdown(Shutdown::Both),
+            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
+    fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Conn::Unix(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+            Conn::Tcp(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Reads what the socket has now, without waiting (`WouldBlock` if
+    /// nothing), whatever its timeouts.
+    fn recv_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = self.as_fd().as_raw_fd();
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes; `fd` is
+        // this socket's, open while `self` is.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+impl AsFd for Conn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Conn::Unix(s) => s.as_fd(),
+            Conn::Tcp(s) => s.as_fd(),
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read(buf),
+            Conn::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+/// Server settings; every bound has a default.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The one export's name ("" is the default export).
+    pub export_name: String,
+    /// Refuse writes, trims and zeroing (EPERM); advertise NBD_FLAG_READ_ONLY.
+    pub read_only: bool,
+    /// Most connections at once (`--max-connections`).
+    pub max_connections: usize,
+    /// Most threads serving one connection's requests: it starts with
+    /// [`WORKERS_INITIAL`] and starts another whenever all are busy.
+    pub workers_per_connection: usize,
+    /// Reads of one connection kept in flight by its read-queue thread
+    /// (0: every request goes to the workers). Used only where the cache
+    /// reads flash through io_uring.
+    pub read_queue_depth: usize,
+    /// Most requests of one connection in flight.
+    pub max_in_flight_requests: usize,
+    /// Most bytes of one connection's requests in flight.
+    pub max_in_flight_bytes: u64,
+    /// Longest read or write request.
+    pub max_payload_bytes: u32,
+    /// The whole handshake must finish within this.
+    pub handshake_timeout: Duration,
+    /// After the handshake: a client with nothing in flight that sends
+    /// nothing for this long is disconnected, and a reply the client does
+    /// not read for this long ends the connection.
+    pub idle_timeout: Duration,
+    /// One pool for the write payloads and read replies of every
+    /// connection: at most this many bytes at once.
+    pub buffer_max_bytes: u64,
+    /// A connection holding pool memory whose client leaves a reply unread
+    /// or sends no payload byte for this long (or a payload slower than
+    /// `pool::PAYLOAD_RATE_MIN_BYTES_PER_SEC`) is disconnected when
+    /// another connection waits for pool memory.
+    pub stall_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            export_name: String::new(),
+            read_only: false,
+            max_connections: 64,
+            workers_per_connection: WORKERS_DEFAULT,
+            read_queue_depth: 64,
+            max_in_flight_requests: 64,
+            max_in_flight_bytes: 64 << 20,
+            max_payload_bytes: PAYLOAD_MAX_BYTES_DEFAULT,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            buffer_max_bytes: BUFFER_MAX_BYTES_DEFAULT,
+            stall_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> io::Result<()> {
+        let bad = |what: &str| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                what.to_string(),
+            ))
+        };
+        if self.export_name.len() > protocol::NAME_MAX_BYTES {
+            return bad("export name is longer than 4096 bytes");
+        }
+        if self.max_connections == 0 || self.workers_per_connection == 0 {
+            return bad("max_connections and workers_per_connection must be at least 1");
+        }
+        if self.max_in_flight_requests == 0 {
+            return bad("max_in_flight_requests must be at least 1");
+        }
+        if self.read_queue_depth > READ_QUEUE_DEPTH_MAX {
+            return bad(&format!(
+                "read_queue_depth must be at most {READ_QUEUE_DEPTH_MAX}"
+            ));
+        }
+        if self.max_payload_bytes < 4096
+            || self.max_in_flight_bytes < u64::from(self.max_payload_bytes)
+        {
+            return bad("max_payload_bytes must be 4096 to max_in_flight_bytes");
+        }
+        let largest_charge_bytes = u64::from(self.max_payload_bytes) + SIMPLE_REPLY_BYTES as u64;
+        let pool_bytes = BufferPool::new(self.buffer_max_bytes).largest_charge_bytes();
+        if pool_bytes < largest_charge_bytes {
+            return bad(&format!(
+                "the buffer pool ({} bytes) must hold one largest request ({largest_charge_bytes} bytes) in seven eighths of it",
+                self.buffer_max_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of what the server did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections that finished the handshake.
+    pub connections_accepted: u64,
+    /// Connections turned away (table full).
+    pub connections_refused: u64,
+    /// Idle connections closed to make room for a new client.
+    pub connections_evicted: u64,
+    /// Connections still negotiating closed to make room for a new client.
+    pub connections_bumped_negotiating: u64,
+    /// Connections whose client left a reply unread, closed to make room
+    /// for a new client.
+    pub connections_bumped_reply_unread: u64,
+    /// Connections closed after `idle_timeout` of silence.
+    pub connections_idle_closed: u64,
+    /// Connections closed because they held buffer memory without progress
+    /// while another connection waited for it.
+    pub connections_reclaimed: u64,
+    /// Bytes of the buffer pool in use now.
+    pub buffer_used_bytes: u64,
+    /// Most bytes of the buffer pool in use at once.
+    pub buffer_high_water_bytes: u64,
+    /// Requests over the advertised maximum payload, served by splitting.
+    pub requests_split: u64,
+    /// Sessions ended by broken framing.
+    pub protocol_errors: u64,
+    /// Requests served.
+    pub requests: u64,
+    /// Requests answered with an error.
+    pub request_errors: u64,
+    /// Reads served by a connection's read-queue thread (data in the ARC
+    /// or on flash).
+    pub reads_queued: u64,
+    /// Reads the read-queue thread handed to the workers (they needed
+    /// primary storage).
+    pub reads_passed_on: u64,
+    /// Worker threads started, over all connections: 8 per connection at
+    /// first, and one more whenever all of a connection's are busy.
+    pub workers_started: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections_accepted: AtomicU64,
+    connections_refused: AtomicU64,
+    connections_evicted: AtomicU64,
+    connections_bumped_negotiating: AtomicU64,
+    connections_bumped_reply_unread: AtomicU64,
+    connections_idle_closed: AtomicU64,
+    connections_reclaimed: AtomicU64,
+    requests_split: AtomicU64,
+    protocol_errors: AtomicU64,
+    requests: AtomicU64,
+    request_errors: AtomicU64,
+    reads_queued: AtomicU64,
+    reads_passed_on: AtomicU64,
+    workers_started: AtomicU64,
+}
+
+struct Shared {
+    cache: Arc<Cache>,
+    handle: ObjectHandle,
+    config: ServerConfig,
+    export: ExportInfo,
+    stop: Arc<AtomicBool>,
+    /// Every open client: its socket (to shut it down on stop or to bump
+    /// it) and how busy it is.
+    table: Table,
+    /// The clock `Slot::last_active_ms` counts from.
+    started: std::time::Instant,
+    /// Clients being turned away now (at most `REFUSALS_MAX`).
+    refusing: AtomicUsize,
+    /// Refused clients not yet logged, and when the last line went out
+    /// (ms since `started`).
+    refusals_unlogged: Mutex<(u64, u64)>,
+    counters: Counters,
+    /// Every connection's request and reply buffers.
+    pool: Arc<BufferPool>,
+}
+
+/// An NBD server exporting one object of the cache.
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// A server for `handle` (opened writable unless `config.read_only`).
+    /// The export's size is the object's size now.
+    pub fn new(cache: Arc<Cache>, handle: ObjectHandle, config: ServerConfig) -> io::Result<Self> {
+        config.validate()?;
+        let size_bytes = handle.size_bytes();
+        let export = ExportInfo {
+            name: config.export_name.clone(),
+            description: "l2arc".to_string(),
+            size_bytes,
+            transmission_flags: ExportInfo::flags_for(config.read_only),
+            block_size_min_bytes: 1,
+            block_size_preferred_bytes: 4096,
+            block_size_max_bytes: config.max_payload_bytes,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                cache,
+                handle,
+                export,
+                stop: Arc::new(AtomicBool::new(false)),
+                table: Table::default(),
+                started: std::time::Instant::now(),
+                refusing: AtomicUsize::new(0),
+                refusals_unlogged: Mutex::new((0, 0)),
+                counters: Counters::default(),
+                pool: Arc::new(BufferPool::new(config.buffer_max_bytes)),
+                config,
+            }),
+        })
+    }
+
+    /// Set to true to stop [`Self::serve`] (signal handlers may set it).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.shared.stop)
+    }
+
+    /// Size of the export.
+    pub fn export_size_bytes(&self) -> u64 {
+        self.shared.export.size_bytes
+    }
+
+    /// What the server did so far.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.shared.counters;
+        ServerStats {
+            connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
+            connections_refused: c.connections_refused.load(Ordering::Relaxed),
+            connections_evicted: c.connections_evicted.load(Ordering::Relaxed),
+            connections_bumped_negotiating: c
+                .connections_bumped_negotiating
+                .load(Ordering::Relaxed),
+            connections_bumped_reply_unread: c
+                .connections_bumped_reply_unread
+                .load(Ordering::Relaxed),
+            connections_idle_closed: c.connections_idle_closed.load(Ordering::Relaxed),
+            connections_reclaimed: c.connections_reclaimed.load(Ordering::Relaxed),
+            buffer_used_bytes: self.shared.pool.used_bytes(),
+            buffer_high_water_bytes: self.shared.pool.high_water_bytes(),
+            requests_split: c.requests_split.load(Ordering::Relaxed),
+            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            request_errors: c.request_errors.load(Ordering::Relaxed),
+            reads_queued: c.reads_queued.load(Ordering::Relaxed),
+            reads_passed_on: c.reads_passed_on.load(Ordering::Relaxed),
+            workers_started: c.workers_started.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Accepts clients until the stop flag is set, then disconnects them
+    /// all, waits for their threads, and flushes the image.
+    pub fn serve(&self, listener: Listener) -> io::Result<()> {
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_id = 0u64;
+        let result = loop {
+            if self.shared.stop.load(Ordering::SeqCst) {
+                break Ok(());
+            }
+            threads.retain(|t| !t.is_finished());
+            self.shared.pool.trim_if_due();
+            let conn = match accept_within_poll(&listener) {
+                Ok(Some(conn)) => conn,
+                Ok(None) => continue,
+                Err(e) => break Err(e),
+            };
+            if let Some(thread) = self.admit(conn, next_id) {
+                threads.push(thread);
+            }
+            next_id += 1;
+        };
+        drop(listener);
+        self.shared.table.shut_all_down();
+        for t in threads {
+            let _ = t.join();
+        }
+        if !self.shared.config.read_only {
+            self.shared.cache.sync(&self.shared.handle)?;
+        }
+        result
+    }
+
+    /// Gives a new client a slot (bumping an unused one if the table is
+    /// full) and a thread; `None` if it was turned away.
+    fn admit(&self, conn: Conn, id: u64) -> Option<JoinHandle<()>> {
+        let shared = &self.shared;
+        let now_ms = shared.now_ms();
+        if shared.table.active() >= shared.config.max_connections {
+            match shared.table.bump_unused(now_ms, &shared.pool) {
+                Some(unused) => {
+                    let counter = match unused {
+                        Unused::Negotiating => &shared.counters.connections_bumped_negotiating,
+                        Unused::ReplyUnread => &shared.counters.connections_bumped_reply_unread,
+                        Unused::Idle => &shared.counters.connections_evicted,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    shared.turn_away(conn);
+                    return None;
+                }
+            }
+        }
+        let clone = conn.try_clone().ok()?;
+        let slot = Arc::new(Slot::new(clone, now_ms));
+        shared.table.insert(id, Arc::clone(&slot));
+        shared
+            .counters
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
+        let for_thread = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .spawn(move || {
+                connection::connection(&for_thread, conn, &slot);
+                for_thread.table.remove(id);
+            });
+        match spawned {
+            Ok(t) => Some(t),
+            Err(_) => {
+                shared.table.shut_down(id);
+                shared.table.remove(id);
+                None
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Turns a client away because every slot is used: it gets a short
+    /// handshake whose every option is answered `NBD_REP_ERR_POLICY` with
+    /// the reason (nbdinfo and qemu print it), in a thread of its own, at
+    /// most `REFUSALS_MAX` at once (past that it is closed without a
+    /// word), and the refusal is logged (at most a line a second).
+    fn turn_away(self: &Arc<Self>, conn: Conn) {
+        self.counters
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+        let max = self.config.max_connections;
+        let reason = format!(
+            "l2arc: server busy: all {max} connections are in use (none idle, negotiating or \
+             leaving replies unread); try again later, or raise --max-connections"
+        );
+        self.log_refusal(&reason);
+        if self.refusing.fetch_add(1, Ordering::SeqCst) >= REFUSALS_MAX {
+            self.refusing.fetch_sub(1, Ordering::SeqCst);
+            conn.shutdown();
+            return;
+        }
+        let shared = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("nbd-refuse".to_string())
+            .spawn(move || {
+                let mut conn = conn;
+                let _ = refuse(&mut conn, shared.export.clone(), &reason);
+                conn.shutdown();
+                shared.refusing.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            self.refusing.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Logs a refusal, folding those of the last `REFUSAL_LOG_INTERVAL_MS`
+    /// into one line.
+    fn log_refusal(&self, reason: &str) {
+        let now_ms = self.now_ms();
+        let mut unlogged = self
+            .refusals_unlogged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (count, last_ms) = &mut *unlogged;
+        *count += 1;
+        if *last_ms != 0 && now_ms.saturating_sub(*last_ms) < REFUSAL_LOG_INTERVAL_MS {
+            return;
+        }
+        log::warn!("turned {count} client(s) away since the last report: {reason}");
+        *count = 0;
+        *last_ms = now_ms.max(1);
+    }
+}
+
+/// The handshake of a client turned away (see `Shared::turn_away`).
+fn refuse(conn: &mut Conn, export: ExportInfo, reason: &str) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + REFUSAL_DEADLINE;
+    conn.set_timeouts(Some(REFUSAL_DEADLINE))?;
+    let mut hs = Handshake::refusing(export, reason);
+    io::Write::write_all(conn, &hs.greeting())?;
+    let mut buf = [0u8; 4096];
+    let mut out = Vec::new();
+    while std::time::Instant::now() < deadline {
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < n {
+            let pushed = hs.push(&buf[at..n], &mut out);
+            io::Write::write_all(conn, &out)?;
+            out.clear();
+            let (used, status) =
+                pushed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            at += used;
+            if status != HandshakeStatus::Negotiating {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits up to one poll interval for a client; `None` when none came or
+/// the error is one to retry (an interrupted call, a client that left, or
+/// no descriptor left: connections closing will free some).
+fn accept_within_poll(listener: &Listener) -> io::Result<Option<Conn>> {
+    let mut pfd = libc::pollfd {
+        fd: listener.raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
+    if ready < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    if ready == 0 {
+        return Ok(None);
+    }
+    match listener.accept() {
+        Ok(c) => Ok(Some(c)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted
+                    | io::ErrorKind::WouldBlock
+                    | io::ErrorKind::ConnectionAborted
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+            std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+struct Job {
+    request: Request,
+    command: Command,
+    payload: Vec<u8>,
+    /// The buffer memory this request holds; given back when the job is
+    /// dropped (its reply sent, or the connection gone).
+    _charge: Charge,
+}
+
+/// The largest read served from one buffer: the advertised maximum
+/// payload; longer reads go out in pieces of [`split_piece_bytes`].
+fn read_piece_bytes(config: &ServerConfig) -> u32 {
+    config.max_payload_bytes
+}
+
+/// The piece size of a request served by splitting: `SPLIT_CHUNK_BYTES`,
+/// never more than the advertised maximum payload.
+fn split_piece_bytes(config: &ServerConfig) -> u32 {
+    SPLIT_CHUNK_BYTES.min(config.max_payload_bytes)
+}
