@@ -7,5 +7,6 @@
 pub mod control;
 mod history;
 pub mod http;
+pub mod log_sink;
 pub mod metrics;
 pub mod service;

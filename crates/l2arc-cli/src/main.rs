@@ -70,6 +70,7 @@ fn run_bench(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    l2arc_cli::log_sink::install();
     let result = match cli.command {
         Command::Trace(args) => trace_cmd::run(args),
         Command::Bench { args } => run_bench(&args),

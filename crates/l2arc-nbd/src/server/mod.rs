@@ -561,6 +561,7 @@ impl Server {
             }
             threads.retain(|t| !t.is_finished());
             self.shared.pool.trim_if_due();
+            self.shared.report_refusals();
             let conn = match accept_within_poll(&listener) {
                 Ok(Some(conn)) => conn,
                 Ok(None) => continue,
@@ -642,12 +643,16 @@ impl Shared {
         self.counters
             .connections_refused
             .fetch_add(1, Ordering::Relaxed);
-        let max = self.config.max_connections;
         let reason = format!(
-            "l2arc: server busy: all {max} connections are in use (none idle, negotiating or \
-             leaving replies unread); try again later, or raise --max-connections"
+            "l2arc: server busy: all {} connections are in use (none idle, negotiating or \
+             leaving replies unread); try again later, or raise --max-connections",
+            self.config.max_connections
         );
-        self.log_refusal(&reason);
+        self.refusals_unlogged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0 += 1;
+        self.report_refusals();
         if self.refusing.fetch_add(1, Ordering::SeqCst) >= REFUSALS_MAX {
             self.refusing.fetch_sub(1, Ordering::SeqCst);
             conn.shutdown();
@@ -667,20 +672,24 @@ impl Shared {
         }
     }
 
-    /// Logs a refusal, folding those of the last `REFUSAL_LOG_INTERVAL_MS`
-    /// into one line.
-    fn log_refusal(&self, reason: &str) {
+    /// Logs the clients turned away since the last report, at most once
+    /// per `REFUSAL_LOG_INTERVAL_MS` (at each refusal, and from the accept
+    /// loop so that the last ones of a burst are reported too).
+    fn report_refusals(&self) {
         let now_ms = self.now_ms();
         let mut unlogged = self
             .refusals_unlogged
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let (count, last_ms) = &mut *unlogged;
-        *count += 1;
-        if *last_ms != 0 && now_ms.saturating_sub(*last_ms) < REFUSAL_LOG_INTERVAL_MS {
+        if *count == 0 || (*last_ms != 0 && now_ms < *last_ms + REFUSAL_LOG_INTERVAL_MS) {
             return;
         }
-        log::warn!("turned {count} client(s) away since the last report: {reason}");
+        log::warn!(
+            "turned {count} client(s) away: all {} connections were in use (none idle, \
+             negotiating or leaving replies unread); raise --max-connections if they are real clients",
+            self.config.max_connections
+        );
         *count = 0;
         *last_ms = now_ms.max(1);
     }

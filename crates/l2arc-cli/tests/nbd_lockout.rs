@@ -1,0 +1,317 @@
+//! `l2arc serve-nbd` under clients that hold slots without using them: a
+//! good client (nbdinfo) must get in within 3 s while 64 hostile ones take
+//! every slot, and a client turned away is told why, in an NBD error reply
+//! and in the server's log.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use l2arc_nbd::protocol::{
+    IHAVEOPT, NBD_CMD_READ, NBD_OPT_GO, NBD_REP_ACK, OPTION_REPLY_MAGIC, REQUEST_BYTES, Request,
+};
+
+const IMAGE_BYTES: usize = 64 << 20;
+/// serve-nbd's default `--max-connections`.
+const SLOTS: usize = 64;
+/// How long a good client may take to get in.
+const GET_IN_WITHIN: Duration = Duration::from_secs(3);
+
+struct Served {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Served {
+    fn start(extra: &[&str]) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, vec![7u8; IMAGE_BYTES]).unwrap();
+        let socket = dir.path().join("nbd.sock");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
+            .arg("serve-nbd")
+            .arg(&image)
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .args(["--arc-max", "16MiB"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = l2arc_testkit::stderr_lines(&mut child);
+        let ready = std::iter::from_fn(|| stderr.recv_timeout(Duration::from_secs(20)).ok())
+            .find(|line| line.starts_with("l2arc: serving "))
+            .expect("serve-nbd printed no ready line within 20 s");
+        assert!(ready.ends_with(&socket.display().to_string()), "{ready}");
+        Served {
+            _dir: dir,
+            socket,
+            child,
+            stderr,
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.socket.display())
+    }
+
+    /// Runs nbdinfo until it answers, for at most `GET_IN_WITHIN`; how long
+    /// it took, or the last failure.
+    fn good_client_gets_in(&self) -> Result<Duration, String> {
+        let started = Instant::now();
+        loop {
+            let out = l2arc_testkit::tool("nbdinfo", "libnbd-bin")
+                .arg("--size")
+                .arg(self.uri())
+                .output()
+                .expect("nbdinfo runs");
+            let took = started.elapsed();
+            if out.status.success() {
+                let size = String::from_utf8_lossy(&out.stdout);
+                assert_eq!(size.trim(), IMAGE_BYTES.to_string());
+                return Ok(took);
+            }
+            if took >= GET_IN_WITHIN {
+                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Connects and takes the 18-byte greeting; says nothing more.
+fn take_greeting(socket: &Path) -> UnixStream {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
+    s
+}
+
+/// A client in transmission: fixed newstyle, NBD_OPT_GO of the default
+/// export, every option reply read up to the ACK.
+fn open_session(socket: &Path) -> UnixStream {
+    try_open_session(socket).unwrap()
+}
+
+/// As `open_session`; `Err` with the server's message if GO is refused,
+/// or the error if the connection is closed.
+fn try_open_session(socket: &Path) -> Result<UnixStream, String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).map_err(|e| e.to_string())?;
+    let mut go = 3u32.to_be_bytes().to_vec(); // fixed newstyle, no zeroes
+    go.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    go.extend_from_slice(&NBD_OPT_GO.to_be_bytes());
+    go.extend_from_slice(&6u32.to_be_bytes());
+    go.extend_from_slice(&[0u8; 6]); // empty name, no info requests
+    s.write_all(&go).map_err(|e| e.to_string())?;
+    loop {
+        let mut header = [0u8; 20];
+        s.read_exact(&mut header).map_err(|e| e.to_string())?;
+        assert_eq!(header[..8], OPTION_REPLY_MAGIC.to_be_bytes());
+        let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        s.read_exact(&mut data).map_err(|e| e.to_string())?;
+        if reply_type == NBD_REP_ACK {
+            return Ok(s);
+        }
+        if reply_type >= 1 << 31 {
+            return Err(String::from_utf8_lossy(&data).into_owned());
+        }
+    }
+}
+
+fn read_request(cookie: u64, offset_bytes: u64, length_bytes: u32) -> [u8; REQUEST_BYTES] {
+    Request {
+        flags: 0,
+        command: NBD_CMD_READ,
+        cookie,
+        offset_bytes,
+        length_bytes,
+    }
+    .encode()
+}
+
+/// 64 clients that take the greeting and never answer hold every slot:
+/// held for good, and renewed (each closed and opened again) every 9.5 s
+/// and every second. A good client gets in within 3 s each time.
+#[test]
+fn clients_that_never_answer_the_greeting_cannot_lock_others_out() {
+    let served = Served::start(&[]);
+    for renew_every in [
+        None,
+        Some(Duration::from_millis(9500)),
+        Some(Duration::from_secs(1)),
+    ] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let hostile: Vec<_> = (0..SLOTS)
+            .map(|i| {
+                let (socket, stop) = (served.socket.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let Some(period) = renew_every else {
+                        let held = take_greeting(&socket);
+                        while !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        return drop(held);
+                    };
+                    // Staggered, so that renewals are spread over the period.
+                    std::thread::sleep(period * i as u32 / SLOTS as u32);
+                    while !stop.load(Ordering::Relaxed) {
+                        let held = UnixStream::connect(&socket).unwrap();
+                        let until = Instant::now() + period;
+                        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        drop(held);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        for attempt in 0..5 {
+            let took = served.good_client_gets_in().unwrap_or_else(|e| {
+                panic!("renewing every {renew_every:?}, attempt {attempt}: locked out: {e}")
+            });
+            assert!(took < GET_IN_WITHIN, "{took:?}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in hostile {
+            t.join().unwrap();
+        }
+    }
+}
+
+/// On a Unix socket, 64 clients each ask for 1 MiB and never read the
+/// reply, so every slot has a request "in flight" for as long as the idle
+/// timeout. A connection whose reply has not moved for 2 s is not busy:
+/// eight good clients in a row each get in within 3 s.
+#[test]
+fn clients_that_leave_replies_unread_cannot_lock_others_out() {
+    let served = Served::start(&[]);
+    let mut hostile: Vec<UnixStream> = (0..SLOTS)
+        .map(|i| {
+            let mut s = open_session(&served.socket);
+            s.write_all(&read_request(i as u64, (i as u64) << 20, 1 << 20))
+                .unwrap();
+            s
+        })
+        .collect();
+    // Eight good clients in a row, each keeping its connection: each must
+    // take the slot of a hostile one.
+    let mut good = Vec::new();
+    for attempt in 0..8 {
+        let took = served
+            .good_client_gets_in()
+            .unwrap_or_else(|e| panic!("attempt {attempt}: locked out: {e}"));
+        assert!(took < GET_IN_WITHIN, "{took:?}");
+        let started = Instant::now();
+        let mut session = loop {
+            match try_open_session(&served.socket) {
+                Ok(s) => break s,
+                Err(e) if started.elapsed() >= GET_IN_WITHIN => {
+                    panic!("attempt {attempt}: a session was locked out: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        session.write_all(&read_request(1, 0, 4096)).unwrap();
+        let mut reply = [0u8; 16 + 4096];
+        session.read_exact(&mut reply).unwrap();
+        assert_eq!(reply[16..], [7u8; 4096]);
+        good.push(session);
+    }
+    // The hostile ones that lost their slots were told by a closed socket.
+    let mut closed = 0;
+    for s in &mut hostile {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut sink = vec![0u8; 2 << 20];
+        let mut total = 0;
+        loop {
+            match s.read(&mut sink) {
+                Ok(0) => {
+                    closed += 1;
+                    break;
+                }
+                Ok(n) => total += n,
+                Err(_) => break,
+            }
+        }
+        assert!(total <= (1 << 20) + 16, "one reply at most");
+    }
+    assert!(closed >= 8, "{closed} hostile clients lost their slots");
+}
+
+/// With every slot busy (two clients reading all the time), a third is
+/// turned away with the reason in an NBD error reply that nbdinfo prints,
+/// and serve-nbd logs the refusal.
+#[test]
+fn a_client_turned_away_is_told_why_and_the_refusal_is_logged() {
+    let served = Served::start(&["--max-connections", "2"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let mut s = open_session(&served.socket);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut reply = [0u8; 16 + 4096];
+                let mut cookie = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    cookie += 1;
+                    s.write_all(&read_request(cookie, 0, 4096)).unwrap();
+                    s.read_exact(&mut reply).unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    let nbdinfo = l2arc_testkit::tool("nbdinfo", "libnbd-bin")
+        .arg("--size")
+        .arg(served.uri())
+        .output()
+        .unwrap();
+    let qemu_img = l2arc_testkit::tool("qemu-img", "qemu-utils")
+        .arg("info")
+        .arg(served.uri())
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for t in busy {
+        t.join().unwrap();
+    }
+    assert!(!nbdinfo.status.success(), "the third client was let in");
+    assert!(!qemu_img.status.success(), "the fourth client was let in");
+    // qemu prints what the server said (libnbd only with LIBNBD_DEBUG=1).
+    let said = String::from_utf8_lossy(&qemu_img.stderr);
+    assert!(
+        said.contains("server reported: l2arc: server busy: all 2 connections are in use"),
+        "qemu-img said: {said}"
+    );
+    let logged = std::iter::from_fn(|| served.stderr.recv_timeout(Duration::from_secs(10)).ok())
+        .find(|line| line.contains("client(s) away"))
+        .expect("the refusal was logged");
+    assert!(
+        logged.starts_with("l2arc: warning: turned 1 client(s) away: all 2 connections")
+            && logged.contains("--max-connections"),
+        "{logged}"
+    );
+}
