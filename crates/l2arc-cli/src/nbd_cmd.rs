@@ -58,6 +58,17 @@ pub(crate) struct ServeNbdArgs {
     /// holds it while others wait; peak RSS formula in docs/nbd.md.
     #[arg(long, value_parser = crate::service::parse_size, default_value = "256MiB")]
     pub nbd_buffer_max: u64,
+    /// Seconds between checks of the image file for changes made behind
+    /// the export, besides inotify's events and every flush (0: only
+    /// those). A change drops every record cached of the image.
+    #[arg(long, default_value_t = 1.0)]
+    pub revalidate_secs: f64,
+    /// Export a block device that another process holds open for writing
+    /// (or that is mounted read-write, or has a driver stacked on it).
+    /// Writes made behind the export are not seen: the export may serve
+    /// bytes they replaced. Without it such a device is refused.
+    #[arg(long)]
+    pub shared_writer_unsafe: bool,
     #[command(flatten)]
     pub cache: CacheOptions,
     #[command(flatten)]
@@ -93,7 +104,26 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
         let uri = args.image.to_str().expect("is_s3 checked UTF-8");
         args.s3.connect(uri, true)? as Arc<dyn l2arc::primary::Primary>
     } else {
-        let image = ImagePrimary::open(&args.image, writable)?;
+        let block_device = is_block_device(&args.image);
+        if block_device && !args.shared_writer_unsafe {
+            refuse_shared_writers(&args.image)?;
+        }
+        let image = if block_device && !args.shared_writer_unsafe {
+            ImagePrimary::open_claimed(&args.image, writable).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    anyhow::anyhow!(
+                        "{} is in use by the system (mounted, or claimed by another program): \
+                         exporting it would serve bytes written behind the export; \
+                         --shared-writer-unsafe exports it anyway (docs/nbd.md)",
+                        args.image.display()
+                    )
+                } else {
+                    e.into()
+                }
+            })?
+        } else {
+            ImagePrimary::open(&args.image, writable)?
+        };
         resolved.wrap_primary(Arc::new(image))?
     };
     let cache = resolved.build_cache()?;
@@ -130,6 +160,23 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a block device that something else may write: nothing moves
+/// its generation, so those writes would never be seen (docs/nbd.md).
+fn refuse_shared_writers(device: &std::path::Path) -> Result<()> {
+    let writers = l2arc::primary::block_writers::other_writers(device)
+        .with_context(|| format!("check who else writes {}", device.display()))?;
+    if writers.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} may be written behind the export ({}): a block device shows no sign of such writes, \
+         so the export would serve the bytes they replaced; stop the other writer, or start with \
+         --shared-writer-unsafe if its writes never touch what is read here (docs/nbd.md)",
+        device.display(),
+        writers.join("; ")
+    );
+}
+
 /// Refuses what would be unsafe or out of bounds before anything starts.
 fn check_args(args: &ServeNbdArgs, s3: bool) -> Result<()> {
     if let ListenAddr::Tcp(addr) = &args.listen
@@ -145,6 +192,12 @@ fn check_args(args: &ServeNbdArgs, s3: bool) -> Result<()> {
         bail!(
             "--idle-timeout must be from 1 to 86400 seconds, not {}",
             args.idle_timeout
+        );
+    }
+    if !(args.revalidate_secs.is_finite() && (0.0..=86_400.0).contains(&args.revalidate_secs)) {
+        bail!(
+            "--revalidate-secs must be from 0 to 86400 seconds, not {}",
+            args.revalidate_secs
         );
     }
     if args.export_name.len() > l2arc_nbd::protocol::NAME_MAX_BYTES {
@@ -168,6 +221,9 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
         workers_per_connection: args.workers.clamp(1, 256),
         read_queue_depth: usize::from(args.read_queue_depth),
         buffer_max_bytes: args.nbd_buffer_max,
+        image_path: (!crate::s3_opts::is_s3(&args.image)).then(|| args.image.clone()),
+        revalidate_interval: (args.revalidate_secs > 0.0)
+            .then(|| std::time::Duration::from_secs_f64(args.revalidate_secs)),
         ..ServerConfig::default()
     }
 }
@@ -176,9 +232,12 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
 fn print_stopped(server: &Server, cache: &l2arc::Cache) {
     let s = server.stats();
     eprintln!(
-        "l2arc: stopped: {} connections ({} refused), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers; {} worker threads started), {} protocol errors, buffers: peak {} MiB, {} reclaimed",
+        "l2arc: stopped: {} connections ({} refused; {} idle, {} negotiating and {} leaving replies unread bumped), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers; {} worker threads started), {} protocol errors, buffers: peak {} MiB, {} reclaimed, {} image changes seen behind the export",
         s.connections_accepted,
         s.connections_refused,
+        s.connections_evicted,
+        s.connections_bumped_negotiating,
+        s.connections_bumped_reply_unread,
         s.requests,
         s.request_errors,
         s.requests_split,
@@ -187,7 +246,8 @@ fn print_stopped(server: &Server, cache: &l2arc::Cache) {
         s.workers_started,
         s.protocol_errors,
         s.buffer_high_water_bytes >> 20,
-        s.connections_reclaimed
+        s.connections_reclaimed,
+        s.image_changes
     );
     for (name, value) in cache.stats().kstats() {
         eprintln!("{name:<28} {value}");

@@ -9,5 +9,6 @@
 pub mod pool;
 pub mod protocol;
 pub mod server;
+mod watch;
 
 pub use server::{ListenAddr, Listener, Server, ServerConfig, ServerStats};

@@ -20,7 +20,10 @@
 //! touched, then adopt the object's new generation without changing its token:
 //! untouched records stay valid. (An outside change that lands between our
 //! write and our re-stat is taken for ours: a known, narrow window that every
-//! write-through cache over a shared file system shares.)
+//! write-through cache over a shared file system shares. `revalidate` keeps
+//! out of it: while a write of ours is in that window it leaves a moved
+//! generation to the write, so a watcher woken by our own writes never
+//! takes them for an outside change.)
 //!
 //! Reads past the end behave as `pread`: short at the end, empty beyond it.
 //!
@@ -239,6 +242,29 @@ struct ObjectState {
     size_bytes: AtomicU64,
     /// Last generation seen, and a count of explicit invalidations.
     generation: Mutex<GenerationState>,
+    /// Writes and hole punches through the cache between their change to
+    /// primary storage and their adoption of the new generation: while
+    /// any is, a generation that moved may be ours, and `revalidate` does
+    /// not take it for an outside change.
+    writes_in_flight: AtomicU64,
+}
+
+/// Counts a write through the cache in `ObjectState::writes_in_flight`
+/// for as long as it lives.
+struct WriteInFlight<'a>(&'a ObjectState);
+
+impl<'a> WriteInFlight<'a> {
+    fn new(state: &'a ObjectState) -> Self {
+        state.writes_in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(state)
+    }
+}
+
+impl Drop for WriteInFlight<'_> {
+    fn drop(&mut self) {
+        let before = self.0.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "a write left that never came in");
+    }
 }
 
 /// What `ObjectState::generation` guards.
@@ -813,6 +839,7 @@ impl Cache {
                 epoch,
                 of_token: info.generation,
             }),
+            writes_in_flight: AtomicU64::new(0),
         });
         objects.insert((dataset_id.0, info.id), Arc::clone(&state));
         state
@@ -825,10 +852,17 @@ impl Cache {
     }
 
     /// Re-reads the object's generation; if it changed behind the cache,
-    /// every record cached for it becomes a miss.
+    /// every record cached for it becomes a miss. While a write through the
+    /// cache is between primary storage and its own re-stat, a moved
+    /// generation may be that write's, so it is left for the write to
+    /// adopt (the window in the module comment, as wide as the writes): a
+    /// watcher that calls this on every change event never drops the whole
+    /// object for the cache's own writes.
     pub fn revalidate(&self, handle: &ObjectHandle) -> io::Result<ObjectInfo> {
         let info = handle.object.info()?;
-        self.adopt(handle, info, true);
+        if handle.state.writes_in_flight.load(Ordering::Acquire) == 0 {
+            self.adopt(handle, info, true);
+        }
         Ok(info)
     }
 
@@ -1332,6 +1366,7 @@ impl Cache {
         if data.is_empty() {
             return Ok(());
         }
+        let _in_flight = WriteInFlight::new(&handle.state);
         let old_size_bytes = handle.size_bytes();
         if let Err(e) = handle.object.write_at(offset, data) {
             // Part of it may have landed (ENOSPC, EIO, end of a device):
@@ -1359,6 +1394,7 @@ impl Cache {
                 format!("discard {offset}+{len} is beyond the largest offset"),
             ));
         }
+        let _in_flight = WriteInFlight::new(&handle.state);
         let old_size_bytes = handle.size_bytes();
         if let Err(e) = handle.object.punch_hole(offset, len) {
             if e.kind() != io::ErrorKind::Unsupported {

@@ -63,6 +63,8 @@ mod reply;
 mod table;
 mod workers;
 
+use crate::watch;
+
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -330,6 +332,13 @@ pub struct ServerConfig {
     /// One pool for the write payloads and read replies of every
     /// connection: at most this many bytes at once.
     pub buffer_max_bytes: u64,
+    /// The image's path: watched with inotify for writes behind the export
+    /// (`watch.rs`); `None` for an object with no file (an object store's).
+    pub image_path: Option<PathBuf>,
+    /// How often the image's generation is checked for changes that
+    /// inotify cannot see (and it is at every flush); `None`: only on
+    /// events and flushes.
+    pub revalidate_interval: Option<Duration>,
     /// A connection holding pool memory whose client leaves a reply unread
     /// or sends no payload byte for this long (or a payload slower than
     /// `pool::PAYLOAD_RATE_MIN_BYTES_PER_SEC`) is disconnected when
@@ -352,6 +361,8 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(600),
             buffer_max_bytes: BUFFER_MAX_BYTES_DEFAULT,
             stall_timeout: Duration::from_secs(5),
+            image_path: None,
+            revalidate_interval: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -420,6 +431,9 @@ pub struct ServerStats {
     pub buffer_high_water_bytes: u64,
     /// Requests over the advertised maximum payload, served by splitting.
     pub requests_split: u64,
+    /// Times the image was found changed behind the export (every record
+    /// cached of it dropped).
+    pub image_changes: u64,
     /// Sessions ended by broken framing.
     pub protocol_errors: u64,
     /// Requests served.
@@ -447,6 +461,7 @@ struct Counters {
     connections_idle_closed: AtomicU64,
     connections_reclaimed: AtomicU64,
     requests_split: AtomicU64,
+    image_changes: AtomicU64,
     protocol_errors: AtomicU64,
     requests: AtomicU64,
     request_errors: AtomicU64,
@@ -541,6 +556,7 @@ impl Server {
             buffer_used_bytes: self.shared.pool.used_bytes(),
             buffer_high_water_bytes: self.shared.pool.high_water_bytes(),
             requests_split: c.requests_split.load(Ordering::Relaxed),
+            image_changes: c.image_changes.load(Ordering::Relaxed),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
             request_errors: c.request_errors.load(Ordering::Relaxed),
@@ -555,6 +571,9 @@ impl Server {
     pub fn serve(&self, listener: Listener) -> io::Result<()> {
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
+        let config = &self.shared.config;
+        let mut watch =
+            watch::ImageWatch::new(config.image_path.as_deref(), config.revalidate_interval);
         let result = loop {
             if self.shared.stop.load(Ordering::SeqCst) {
                 break Ok(());
@@ -562,7 +581,11 @@ impl Server {
             threads.retain(|t| !t.is_finished());
             self.shared.pool.trim_if_due();
             self.shared.report_refusals();
-            let conn = match accept_within_poll(&listener) {
+            let (accepted, events_ready) = accept_within_poll(&listener, watch.fd());
+            if watch.due(events_ready) {
+                self.shared.check_image();
+            }
+            let conn = match accepted {
                 Ok(Some(conn)) => conn,
                 Ok(None) => continue,
                 Err(e) => break Err(e),
@@ -632,6 +655,23 @@ impl Server {
 impl Shared {
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// Re-reads the image's generation; if it changed behind the export,
+    /// every record cached of it is a miss from now on (`watch.rs`).
+    pub(super) fn check_image(&self) {
+        let before = self.handle.generation_token();
+        match self.cache.revalidate(&self.handle) {
+            Ok(_) if self.handle.generation_token() != before => {
+                self.counters.image_changes.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "the image changed behind the export (another process wrote it): \
+                     every record cached of it was dropped"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("cannot check the image for changes: {e}"),
+        }
     }
 
     /// Turns a client away because every slot is used: it gets a short
@@ -724,28 +764,45 @@ fn refuse(conn: &mut Conn, export: ExportInfo, reason: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits up to one poll interval for a client; `None` when none came or
-/// the error is one to retry (an interrupted call, a client that left, or
-/// no descriptor left: connections closing will free some).
-fn accept_within_poll(listener: &Listener) -> io::Result<Option<Conn>> {
-    let mut pfd = libc::pollfd {
-        fd: listener.raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
+/// Waits up to one poll interval for a client, and for events on `also`
+/// (whether there are some, second); `None` when no client came or the
+/// error is one to retry (an interrupted call, a client that left, or no
+/// descriptor left: connections closing will free some).
+fn accept_within_poll(
+    listener: &Listener,
+    also: Option<BorrowedFd<'_>>,
+) -> (io::Result<Option<Conn>>, bool) {
+    let mut pfds = [
+        libc::pollfd {
+            fd: listener.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: also.map_or(-1, |fd| fd.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds (a negative fd is ignored by poll).
+    let ready = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ACCEPT_POLL_MS) };
     if ready < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(None)
+            (Ok(None), false)
         } else {
-            Err(e)
+            (Err(e), false)
         };
     }
-    if ready == 0 {
-        return Ok(None);
+    let events_ready = pfds[1].revents != 0;
+    if pfds[0].revents == 0 {
+        return (Ok(None), events_ready);
     }
+    (accept_ready(listener), events_ready)
+}
+
+/// Accepts the client poll saw.
+fn accept_ready(listener: &Listener) -> io::Result<Option<Conn>> {
     match listener.accept() {
         Ok(c) => Ok(Some(c)),
         Err(e)

@@ -275,7 +275,13 @@ fn serve_update(
             debug_assert_eq!(payload.len() as u64, length_bytes);
             then_sync(cache.write(handle, offset_bytes, payload))
         }
-        Command::Flush => cache.sync(handle),
+        Command::Flush => {
+            let synced = cache.sync(handle);
+            // A client that flushes wants what is on the disk: look for
+            // changes made behind the export (`watch.rs`).
+            shared.check_image();
+            synced
+        }
         Command::Trim => match cache.discard(handle, offset_bytes, length_bytes) {
             // TRIM is advisory: an image that cannot punch holes ignores it.
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),

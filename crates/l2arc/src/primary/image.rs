@@ -67,10 +67,18 @@ pub struct ImagePrimary {
 impl ImagePrimary {
     /// Opens the image, with O_DIRECT if the file system supports it.
     pub fn open(path: impl AsRef<Path>, writable: bool) -> io::Result<Self> {
-        Self::open_with(path.as_ref(), writable, true)
+        Self::open_with(path.as_ref(), writable, true, false)
     }
 
-    fn open_with(path: &Path, writable: bool, try_direct: bool) -> io::Result<Self> {
+    /// As [`Self::open`], and a block device is claimed (`O_EXCL`): while
+    /// it is open nothing can mount it or claim it, and a device that is
+    /// mounted or claimed already is refused (`EBUSY`). A plain open for
+    /// writing by another process is not stopped (`block_writers.rs`).
+    pub fn open_claimed(path: impl AsRef<Path>, writable: bool) -> io::Result<Self> {
+        Self::open_with(path.as_ref(), writable, true, true)
+    }
+
+    fn open_with(path: &Path, writable: bool, try_direct: bool, claim: bool) -> io::Result<Self> {
         let ctx = |e: io::Error| io::Error::new(e.kind(), format!("image {}: {e}", path.display()));
         let meta = std::fs::metadata(path).map_err(ctx)?;
         let block_device = meta.file_type().is_block_device();
@@ -86,9 +94,12 @@ impl ImagePrimary {
         let open = |direct: bool| {
             let mut opts = OpenOptions::new();
             opts.read(true).write(writable);
-            if direct {
-                opts.custom_flags(libc::O_DIRECT);
-            }
+            let exclusive = if claim && block_device {
+                libc::O_EXCL
+            } else {
+                0
+            };
+            opts.custom_flags(exclusive | if direct { libc::O_DIRECT } else { 0 });
             opts.open(path)
         };
         let mut direct_file = None;
@@ -611,7 +622,7 @@ mod tests {
     fn image_buffered() {
         let tmp = tempfile::tempdir().unwrap();
         let (path, data) = make_image(tmp.path());
-        let img = ImagePrimary::open_with(&path, true, false).unwrap();
+        let img = ImagePrimary::open_with(&path, true, false, false).unwrap();
         assert!(!img.is_direct());
         exercise(&img, &path, data);
     }

@@ -22,6 +22,7 @@
 use std::io;
 use std::sync::Arc;
 
+pub mod block_writers;
 pub mod dir;
 pub mod emulated_hdd;
 pub mod image;
