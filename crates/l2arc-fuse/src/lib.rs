@@ -64,6 +64,7 @@ mod pace;
 mod readahead;
 mod relief;
 mod sys;
+mod watch;
 mod workers;
 
 pub use fs::{CachedFs, FsOptions};
