@@ -816,7 +816,7 @@ struct Mapping {
 
 impl Mapping {
     fn new(file: &std::fs::File, len: usize) -> Mapping {
-        assert!(len > 0 && len % 8 == 0);
+        assert!(len > 0 && len.is_multiple_of(8));
         // SAFETY: a fresh shared read-only mapping of an open file,
         // unmapped on drop.
         let ptr = unsafe {

@@ -433,6 +433,24 @@ fn check_open_inode(
     }
 }
 
+/// Starts the source watcher (`crate::watch`), whose checks run
+/// `check_open_inode`.
+fn start_watcher(
+    cache: &Arc<Cache>,
+    queue: &SyncSender<KernelJob>,
+    options: &FsOptions,
+) -> io::Result<Watcher> {
+    let cache = Arc::clone(cache);
+    let queue = queue.clone();
+    Watcher::start(
+        options.source_inotify,
+        options.source_poll_interval,
+        Box::new(move |inode, handle, check| {
+            check_open_inode(&cache, &queue, inode, handle, check)
+        }),
+    )
+}
+
 /// Stores `job`'s record into the kernel's pages unless a writer is open
 /// or its epoch moved; invalidates the range again if the epoch moved
 /// while it was being stored.
@@ -643,17 +661,7 @@ impl CachedFs {
                 }
             })?
         };
-        let watcher = {
-            let cache = Arc::clone(&cache);
-            let queue = invalidate.clone();
-            Watcher::start(
-                options.source_inotify,
-                options.source_poll_interval,
-                Box::new(move |inode, handle, check| {
-                    check_open_inode(&cache, &queue, inode, handle, check)
-                }),
-            )?
-        };
+        let watcher = start_watcher(&cache, &invalidate, &options)?;
         Ok(Self {
             cache,
             dataset,

@@ -539,7 +539,7 @@ struct Mapping {
 impl Mapping {
     fn new(file: &std::fs::File, len: usize) -> Mapping {
         use std::os::fd::AsRawFd;
-        assert!(len > 0 && len % 8 == 0);
+        assert!(len > 0 && len.is_multiple_of(8));
         // SAFETY: a fresh shared read-only mapping of an open file,
         // unmapped on drop.
         let ptr = unsafe {
@@ -653,7 +653,9 @@ fn writes_through_the_mount_keep_the_rest_of_the_file_cached() {
     }
     // The writer's close is checked by generation after it: let it run.
     std::thread::sleep(Duration::from_millis(300));
-    let misses = stat(&m.cache, "demand_data_misses");
+    let misses =
+        |cache: &Cache| stat(cache, "demand_data_misses") + stat(cache, "prefetch_data_misses");
+    let (missed, reads) = (misses(&m.cache), stat(&m.cache, "reads"));
     // O_DIRECT-free way around the kernel's pages: the daemon is asked for
     // what the kernel dropped; records 1.. must be hits.
     let f = open_random(&path);
@@ -663,8 +665,12 @@ fn writes_through_the_mount_keep_the_rest_of_the_file_cached() {
         assert!(buf == pattern(LEN, 3)[record * RECORD..][..RECORD]);
     }
     assert_eq!(
-        stat(&m.cache, "demand_data_misses"),
-        misses,
+        misses(&m.cache),
+        missed,
         "records the mount did not write were dropped"
+    );
+    assert!(
+        stat(&m.cache, "reads") > reads,
+        "served by the kernel's pages: the ARC was not asked"
     );
 }
