@@ -27,8 +27,17 @@
 //!
 //! The kernel's own check on attribute change compares only size and mtime;
 //! ctime is what catches a same-size rewrite whose mtime was set back
-//! (`cp -p`, rsync, tar). A change is therefore seen within one attribute
-//! timeout by a reader holding the file open, and at once by a new open.
+//! (`cp -p`, rsync, tar). A change is therefore seen at once by a new open.
+//! A file held open may get no request at all (a reader of a mapping sends
+//! none once its pages are in): the source watcher (`crate::watch`) checks
+//! open files itself, by inotify at once and by a periodic generation
+//! check, and drops the same things (`check_open_inode`).
+//!
+//! A new open of a name that the source replaced (`mv new f`) or removed
+//! reaches the old inode: the kernel caches names for the entry timeout,
+//! and an open does not look the name up again before. That inode then
+//! has no name left; the open is refused with ESTALE, on which the kernel
+//! walks the path again with every name revalidated (`StaleOpens`).
 //!
 //! The invalidation runs on a thread of its own and the request waits for
 //! it only a bounded time: the kernel may need one of our threads to
@@ -407,7 +416,8 @@ fn check_open_inode(
     }
     let check = watch::unless_own(inode, check);
     let Ok(st) = sys::stat_at(inode.fd(), c"") else {
-        return Checked::Unchanged; // gone with the mount's descriptor? never
+        // Only a dead network mount fails fstat of a held descriptor.
+        return Checked::Unchanged;
     };
     let now = l2arc::primary::Generation::of_stat(&st);
     {

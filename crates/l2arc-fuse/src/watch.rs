@@ -16,31 +16,34 @@
 //! Two ways to see a change, because neither sees all of them:
 //!
 //! - inotify, one watch per open inode (not per directory: only open files
-//!   hold pages a request may never revisit), is immediate and costs
-//!   nothing while the file is quiet. An IN_MODIFY or IN_CLOSE_WRITE event
-//!   drops everything whatever the generation says: a write that lands
-//!   within one timestamp tick of an earlier check leaves size, mtime and
-//!   ctime as that check saw them, and only the event tells. But inotify
-//!   sees only changes made through this machine's kernel: not those of
-//!   another NFS or SMB client, not writes through a shared mapping of
-//!   the source (until the writer closes the file), and none past the
-//!   watch limit or a queue overflow;
+//!   hold pages that no request may revisit, and a directory's watch would
+//!   wake us for every file in it), is immediate and costs nothing while
+//!   the file is quiet. An IN_MODIFY or IN_CLOSE_WRITE event drops
+//!   everything whatever the generation says: a write that lands within
+//!   one timestamp tick of an earlier check leaves size, mtime and ctime as
+//!   that check saw them, and only the event tells. But inotify sees only
+//!   changes made through this machine's kernel: not those of another NFS
+//!   or SMB client, not stores through a shared mapping in the source, and
+//!   none past the watch limit or after a queue overflow;
 //! - a periodic generation check (inode, size, mtime, ctime, by fstat of
 //!   the node's descriptor) of every open inode, `poll_interval` apart, a
 //!   bounded batch per tick, round robin. It sees what the file system
 //!   reports, within its own attribute caching (NFS: `actimeo`). A change
-//!   it sees is dropped again one interval later: a write still under way
-//!   when it was seen ends within the same timestamp tick, and no
-//!   generation would show the rest of it.
+//!   it is the first to see is dropped again one interval later: a write
+//!   still under way when it was seen may end within the same timestamp
+//!   tick, and no generation would show the rest of it.
 //!
 //! Our own changes. The events cannot tell a write through the mount from
-//! one made in the source, and treating ours as foreign would drop a
+//! one made in the source, and taking ours for foreign ones would drop a
 //! file's records on every write. So a file with a handle open for writing
-//! through the mount is not checked at all (a change behind it is seen as
-//! before, through the requests and the attribute timeout); when its last
-//! writer closes, it is checked once by generation; and events that come
-//! within `QUIET_AFTER_OWN_CHANGE` of a change made through the mount
-//! (truncate, chmod, the writer's close) are checked by generation only.
+//! through the mount is not checked at all (a change made behind it
+//! meanwhile is seen as before: by the requests, within the attribute
+//! timeout); when its last writer closes it is checked once by generation;
+//! and a content event read within `QUIET_AFTER_OWN_CHANGE_MS` of a change
+//! made through the mount (a write, a truncate, an attribute, the writer's
+//! close) is checked by generation only. A change our own write already
+//! brought the cache (`Cache::write` adopts the new generation) then
+//! drops only the kernel's pages, as a stat after such a write did before.
 //!
 //! Cost and bounds. A mount with no open file has no watch and its thread
 //! sleeps with no timeout: no CPU at all. Each open inode costs one entry
