@@ -1079,6 +1079,81 @@ fn a_no_op_chown_updates_ctime_as_on_the_source() {
     assert!(status.success(), "{log}");
 }
 
+/// Context switches of the mount's source watcher thread so far: each is
+/// a wake-up (found by its name in /proc/PID/task).
+fn watcher_wakeups(pid: u32) -> u64 {
+    let tasks = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&tasks).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        // Thread names are cut to 15 bytes.
+        if comm.trim_end() != "l2arc-fuse-watc" {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap();
+        return status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+            .sum();
+    }
+    panic!("no source watcher thread in {tasks}");
+}
+
+/// The mount process's CPU time so far (user + system), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis; utime, stime are 14, 15.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn the_source_watcher_sleeps_while_no_file_is_open() {
+    // An idle mount must cost nothing: with no file open the watcher has
+    // nothing to watch and no tick, so its thread never wakes. With one
+    // open it ticks (the periodic check); closed, it sleeps again.
+    const WINDOW: Duration = Duration::from_millis(1500);
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("f"), b"watched").unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    let pid = m.pid();
+    let (wakeups, cpu) = (watcher_wakeups(pid), cpu_ticks(pid));
+    std::thread::sleep(WINDOW);
+    let idle = watcher_wakeups(pid) - wakeups;
+    eprintln!(
+        "idle mount, {WINDOW:?}: {idle} watcher wake-ups, {} CPU ticks for the whole process",
+        cpu_ticks(pid) - cpu
+    );
+    assert_eq!(idle, 0, "the watcher woke with no file open");
+
+    // Ticks are 0.5 s apart: four or five in 2 s, two at the very least
+    // however late the thread is scheduled.
+    let held = std::fs::File::open(mnt.join("f")).unwrap();
+    let wakeups = watcher_wakeups(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let ticking = watcher_wakeups(pid) - wakeups;
+    eprintln!("one file open, 2 s: {ticking} watcher wake-ups");
+    assert!(
+        ticking >= 2,
+        "no periodic check with a file open: {ticking}"
+    );
+
+    drop(held);
+    // The close reaches the mount after close(2) returns, and a tick due
+    // then may still run once: let both pass.
+    std::thread::sleep(Duration::from_millis(700));
+    let wakeups = watcher_wakeups(pid);
+    std::thread::sleep(WINDOW);
+    assert_eq!(
+        watcher_wakeups(pid) - wakeups,
+        0,
+        "the watcher still wakes after the last file closed"
+    );
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
 /// Runs `f` in a child process as uid/gid 65534 (nobody) with umask 0;
 /// the child's exit code is `f`'s result (0 = ok).
 fn as_nobody(f: impl FnOnce() -> i32) -> i32 {
