@@ -986,40 +986,43 @@ fn an_open_file_sees_changes_in_the_source_before_the_attribute_timeout() {
 
 #[test]
 fn a_new_open_sees_a_name_replaced_in_the_source_at_once() {
-    // The kernel holds the name `f` (a long timeout: it would trust it for
-    // a minute). Each change below is followed at once by a fresh open of
-    // the name on the mount, which must find what the name holds now.
+    // The kernel holds the names `a`, `b` and `c` (a long timeout: it would
+    // trust them for a minute). Each is changed in the source and opened
+    // on the mount at once: the open must find what the name holds now.
     let (_dir, src, mnt) = tree();
-    let path = src.join("f");
-    std::fs::write(&path, pattern(1, 70_000)).unwrap();
+    for (name, seed) in [("a", 1), ("b", 2), ("c", 3)] {
+        std::fs::write(src.join(name), pattern(seed, 70_000)).unwrap();
+    }
     let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
-    assert!(std::fs::read(mnt.join("f")).unwrap() == pattern(1, 70_000));
+    for (name, seed) in [("a", 1), ("b", 2), ("c", 3)] {
+        assert!(std::fs::read(mnt.join(name)).unwrap() == pattern(seed, 70_000));
+    }
+    let held = std::fs::File::open(mnt.join("b")).unwrap();
+    let mut failed = Vec::new();
 
-    // mv f.new f
-    std::fs::write(src.join("f.new"), pattern(2, 70_000)).unwrap();
-    std::fs::rename(src.join("f.new"), &path).unwrap();
-    assert!(
-        std::fs::read(mnt.join("f")).unwrap() == pattern(2, 70_000),
-        "a new open after a rename-replace read the old file"
-    );
-
-    // rm f; recreate f, with a descriptor held on the old file meanwhile.
-    let held = std::fs::File::open(mnt.join("f")).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    std::fs::write(&path, pattern(3, 50_000)).unwrap();
-    assert!(
-        std::fs::read(mnt.join("f")).unwrap() == pattern(3, 50_000),
-        "a new open after delete-and-recreate read the old file"
-    );
+    // mv a.new a
+    std::fs::write(src.join("a.new"), pattern(4, 70_000)).unwrap();
+    std::fs::rename(src.join("a.new"), src.join("a")).unwrap();
+    if std::fs::read(mnt.join("a")).unwrap() != pattern(4, 70_000) {
+        failed.push("a new open after a rename-replace read the old file");
+    }
+    // rm b; a new b (the old one held open meanwhile).
+    std::fs::remove_file(src.join("b")).unwrap();
+    std::fs::write(src.join("b"), pattern(5, 50_000)).unwrap();
+    if std::fs::read(mnt.join("b")).unwrap() != pattern(5, 50_000) {
+        failed.push("a new open after delete-and-recreate read the old file");
+    }
+    // rm c for good.
+    std::fs::remove_file(src.join("c")).unwrap();
+    match std::fs::File::open(mnt.join("c")) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        _ => failed.push("a new open of a deleted name did not fail with ENOENT"),
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
     assert!(
         pread_all(&held, 1 << 20) == pattern(2, 70_000),
         "the held descriptor keeps the file it opened, as on the source"
     );
-
-    // rm f for good: a new open fails as on the source.
-    std::fs::remove_file(&path).unwrap();
-    let e = std::fs::File::open(mnt.join("f")).expect_err("opened a deleted name");
-    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
     drop(held);
     let (status, log) = m.stop();
     assert!(status.success(), "{log}");
