@@ -789,6 +789,374 @@ fn open_files_see_changes_behind_the_mount() {
     assert!(status.success(), "{log}");
 }
 
+/// How long the mount may take to notice a change made in the source, for
+/// a program that asks it nothing (the watcher's promise, docs/mount.md).
+const SOURCE_CHANGE_SEEN_WITHIN: Duration = Duration::from_secs(2);
+
+/// Calls `probe` until it holds or `limit` passes; how long it took.
+fn within(limit: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if probe() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A read-only shared mapping of a file, read with plain loads: a reader
+/// that makes no system call on the mount (a page fault is all it costs).
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: &std::fs::File, len: usize) -> Mapping {
+        assert!(len > 0 && len.is_multiple_of(8));
+        // SAFETY: a fresh shared read-only mapping of an open file,
+        // unmapped on drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            ptr,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        Mapping { ptr, len }
+    }
+
+    /// The mapping's bytes now, copied word by word with volatile loads:
+    /// the kernel may replace its pages under us at any time.
+    fn bytes(&self) -> Vec<u8> {
+        let words = self.ptr.cast::<u64>();
+        let mut out = Vec::with_capacity(self.len);
+        for i in 0..self.len / 8 {
+            // SAFETY: in bounds of a live, readable, page-aligned mapping.
+            let word = unsafe { std::ptr::read_volatile(words.add(i)) };
+            out.extend_from_slice(&word.to_ne_bytes());
+        }
+        out
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, of this length.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+#[test]
+fn an_mmap_reader_sees_changes_in_the_source_without_a_system_call() {
+    // A program that reads a file only through a shared mapping asks the
+    // mount nothing once its pages are in: no getattr, no read. The mount
+    // must drop those pages itself when the source changes. A long
+    // attribute timeout, so that no timeout can be what shows the change.
+    const LEN: usize = 1 << 20;
+    let (_dir, src, mnt) = tree();
+    let path = src.join("f");
+    std::fs::write(&path, pattern(1, LEN)).unwrap();
+    let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
+    let file = std::fs::File::open(mnt.join("f")).unwrap();
+    let map = Mapping::new(&file, LEN);
+    assert!(
+        map.bytes() == pattern(1, LEN),
+        "the mapping before any change"
+    );
+    let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mut took = Vec::new();
+    for round in 0..3u64 {
+        let before = std::fs::metadata(&path).unwrap();
+        match round {
+            0 => writer.write_all_at(&pattern(2, LEN), 0).unwrap(),
+            1 => {
+                // Same size, mtime set back (cp -p, rsync, tar).
+                writer.write_all_at(&pattern(3, LEN), 0).unwrap();
+                writer
+                    .set_times(
+                        std::fs::FileTimes::new()
+                            .set_accessed(before.accessed().unwrap())
+                            .set_modified(before.modified().unwrap()),
+                    )
+                    .unwrap();
+            }
+            _ => writer
+                .write_all_at(&pattern(4, 4096), (LEN / 2) as u64)
+                .unwrap(),
+        }
+        // The source's own bytes (read on the source, not the mount).
+        let want = std::fs::read(&path).unwrap();
+        // Polled with loads only: the test thread makes no system call on
+        // the mount from here until the bytes match.
+        let seen = within(SOURCE_CHANGE_SEEN_WITHIN, || map.bytes() == want);
+        let seen = seen.unwrap_or_else(|| {
+            let stale = map
+                .bytes()
+                .chunks(4096)
+                .zip(want.chunks(4096))
+                .filter(|(g, w)| g != w)
+                .count();
+            panic!(
+                "round {round}: the mapping still holds {stale} stale pages of {} after {SOURCE_CHANGE_SEEN_WITHIN:?}",
+                LEN / 4096
+            )
+        });
+        took.push(seen);
+    }
+    eprintln!("the mmap reader saw each change after {took:?}");
+    drop(map);
+    drop(file);
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn an_open_file_sees_changes_in_the_source_before_the_attribute_timeout() {
+    // A reader holds the file open and only reads it (no stat) while the
+    // source is appended to, truncated, rewritten and touched. With an
+    // attribute timeout of a minute, only the mount telling the kernel
+    // can make these reads see the change.
+    const LEN: usize = 300_000;
+    let (_dir, src, mnt) = tree();
+    let path = src.join("f");
+    std::fs::write(&path, pattern(1, LEN)).unwrap();
+    let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
+    let through = std::fs::File::open(mnt.join("f")).unwrap();
+    let direct = std::fs::File::open(&path).unwrap();
+    assert!(pread_all(&through, 4 * LEN) == pattern(1, LEN));
+    let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let see = |what: &str| {
+        let want = pread_all(&direct, 4 * LEN);
+        let took = within(SOURCE_CHANGE_SEEN_WITHIN, || {
+            pread_all(&through, 4 * LEN) == want
+        })
+        .unwrap_or_else(|| {
+            let got = pread_all(&through, 4 * LEN);
+            panic!(
+                "{what}: the open file reads {} bytes ({} wanted, {}) after {SOURCE_CHANGE_SEEN_WITHIN:?}",
+                got.len(),
+                want.len(),
+                if got.len() == want.len() { "stale bytes" } else { "stale size" }
+            )
+        });
+        eprintln!("{what}: seen after {took:?}");
+    };
+    writer
+        .write_all_at(&pattern(2, 100_000), LEN as u64)
+        .unwrap();
+    see("appended");
+    writer.set_len(200_001).unwrap();
+    see("truncated");
+    let before = std::fs::metadata(&path).unwrap();
+    writer.write_all_at(&pattern(3, 8192), 4096).unwrap();
+    writer
+        .set_times(std::fs::FileTimes::new().set_modified(before.modified().unwrap()))
+        .unwrap();
+    see("rewritten in place, mtime set back");
+    // Touched only: the same bytes, a new mtime, which fstat of the held
+    // descriptor must show.
+    writer
+        .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_500_000_000))
+        .unwrap();
+    let took = within(SOURCE_CHANGE_SEEN_WITHIN, || {
+        through.metadata().unwrap().mtime() == 1_500_000_000
+    });
+    assert!(
+        took.is_some(),
+        "touched: fstat on the mount still shows mtime {} after {SOURCE_CHANGE_SEEN_WITHIN:?}",
+        through.metadata().unwrap().mtime()
+    );
+    drop(through);
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn a_new_open_sees_a_name_replaced_in_the_source_at_once() {
+    // The kernel holds the names `a`, `b` and `c` (a long timeout: it would
+    // trust them for a minute). Each is changed in the source and opened
+    // on the mount at once: the open must find what the name holds now.
+    let (_dir, src, mnt) = tree();
+    for (name, seed) in [("a", 1), ("b", 2), ("c", 3)] {
+        std::fs::write(src.join(name), pattern(seed, 70_000)).unwrap();
+    }
+    let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
+    for (name, seed) in [("a", 1), ("b", 2), ("c", 3)] {
+        assert!(std::fs::read(mnt.join(name)).unwrap() == pattern(seed, 70_000));
+    }
+    let held = std::fs::File::open(mnt.join("b")).unwrap();
+    let mut failed = Vec::new();
+
+    // mv a.new a
+    std::fs::write(src.join("a.new"), pattern(4, 70_000)).unwrap();
+    std::fs::rename(src.join("a.new"), src.join("a")).unwrap();
+    if std::fs::read(mnt.join("a")).unwrap() != pattern(4, 70_000) {
+        failed.push("a new open after a rename-replace read the old file");
+    }
+    // rm b; a new b (the old one held open meanwhile).
+    std::fs::remove_file(src.join("b")).unwrap();
+    std::fs::write(src.join("b"), pattern(5, 50_000)).unwrap();
+    if std::fs::read(mnt.join("b")).unwrap() != pattern(5, 50_000) {
+        failed.push("a new open after delete-and-recreate read the old file");
+    }
+    // rm c for good.
+    std::fs::remove_file(src.join("c")).unwrap();
+    match std::fs::File::open(mnt.join("c")) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        _ => failed.push("a new open of a deleted name did not fail with ENOENT"),
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(
+        pread_all(&held, 1 << 20) == pattern(2, 70_000),
+        "the held descriptor keeps the file it opened, as on the source"
+    );
+    drop(held);
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// A file's ctime as (seconds, nanoseconds).
+fn ctime(path: &Path) -> (i64, i64) {
+    let meta = std::fs::metadata(path).unwrap();
+    (meta.ctime(), meta.ctime_nsec())
+}
+
+#[test]
+fn a_no_op_chown_updates_ctime_as_on_the_source() {
+    // chown(f, -1, -1) changes no owner, but the call itself is a change
+    // of the inode: ext4 moves its ctime. The mount must do what the
+    // source does. Between the calls the clock must move past the
+    // timestamp granularity (a jiffy, at most 10 ms): 50 ms.
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("a"), b"a").unwrap();
+    std::fs::write(src.join("b"), b"b").unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    let tick = || std::thread::sleep(Duration::from_millis(50));
+
+    let before = ctime(&src.join("a"));
+    tick();
+    std::os::unix::fs::chown(src.join("a"), None, None).unwrap();
+    let on_source = ctime(&src.join("a")) != before;
+
+    let before = ctime(&mnt.join("b"));
+    assert_eq!(before, ctime(&src.join("b")));
+    tick();
+    std::os::unix::fs::chown(mnt.join("b"), None, None).unwrap();
+    let through = ctime(&mnt.join("b"));
+    assert_eq!(
+        through != before,
+        on_source,
+        "chown(-1, -1) moved ctime on the source: {on_source}; through the mount: {}",
+        through != before
+    );
+    assert_eq!(
+        through,
+        ctime(&src.join("b")),
+        "the mount shows the source's ctime"
+    );
+    // The same through an open descriptor (fchown).
+    let f = std::fs::File::open(mnt.join("b")).unwrap();
+    tick();
+    std::os::unix::fs::fchown(&f, None, None).unwrap();
+    assert_eq!(
+        f.metadata().unwrap().ctime_nsec() != through.1
+            || f.metadata().unwrap().ctime() != through.0,
+        on_source,
+        "fchown(-1, -1) through the mount"
+    );
+    drop(f);
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
+/// Context switches of the mount's source watcher thread so far: each is
+/// a wake-up (found by its name in /proc/PID/task).
+fn watcher_wakeups(pid: u32) -> u64 {
+    let tasks = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&tasks).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        // Thread names are cut to 15 bytes.
+        if comm.trim_end() != "l2arc-fuse-watc" {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap();
+        return status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+            .sum();
+    }
+    panic!("no source watcher thread in {tasks}");
+}
+
+/// The mount process's CPU time so far (user + system), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis; utime, stime are 14, 15.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn the_source_watcher_sleeps_while_no_file_is_open() {
+    // An idle mount must cost nothing: with no file open the watcher has
+    // nothing to watch and no tick, so its thread never wakes. With one
+    // open it ticks (the periodic check); closed, it sleeps again.
+    const WINDOW: Duration = Duration::from_millis(1500);
+    let (_dir, src, mnt) = tree();
+    std::fs::write(src.join("f"), b"watched").unwrap();
+    let m = Mount::start(&src, &mnt, &[]);
+    let pid = m.pid();
+    let (wakeups, cpu) = (watcher_wakeups(pid), cpu_ticks(pid));
+    std::thread::sleep(WINDOW);
+    let idle = watcher_wakeups(pid) - wakeups;
+    eprintln!(
+        "idle mount, {WINDOW:?}: {idle} watcher wake-ups, {} CPU ticks for the whole process",
+        cpu_ticks(pid) - cpu
+    );
+    assert_eq!(idle, 0, "the watcher woke with no file open");
+
+    // Ticks are 0.5 s apart: four or five in 2 s, two at the very least
+    // however late the thread is scheduled.
+    let held = std::fs::File::open(mnt.join("f")).unwrap();
+    let wakeups = watcher_wakeups(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let ticking = watcher_wakeups(pid) - wakeups;
+    eprintln!("one file open, 2 s: {ticking} watcher wake-ups");
+    assert!(
+        ticking >= 2,
+        "no periodic check with a file open: {ticking}"
+    );
+
+    drop(held);
+    // The close reaches the mount after close(2) returns, and a tick due
+    // then may still run once: let both pass.
+    std::thread::sleep(Duration::from_millis(700));
+    let wakeups = watcher_wakeups(pid);
+    std::thread::sleep(WINDOW);
+    assert_eq!(
+        watcher_wakeups(pid) - wakeups,
+        0,
+        "the watcher still wakes after the last file closed"
+    );
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+}
+
 /// Runs `f` in a child process as uid/gid 65534 (nobody) with umask 0;
 /// the child's exit code is `f`'s result (0 = ok).
 fn as_nobody(f: impl FnOnce() -> i32) -> i32 {

@@ -27,8 +27,17 @@
 //!
 //! The kernel's own check on attribute change compares only size and mtime;
 //! ctime is what catches a same-size rewrite whose mtime was set back
-//! (`cp -p`, rsync, tar). A change is therefore seen within one attribute
-//! timeout by a reader holding the file open, and at once by a new open.
+//! (`cp -p`, rsync, tar). A change is therefore seen at once by a new open.
+//! A file held open may get no request at all (a reader of a mapping sends
+//! none once its pages are in): the source watcher (`crate::watch`) checks
+//! open files itself, by inotify at once and by a periodic generation
+//! check, and drops the same things (`check_open_inode`).
+//!
+//! A new open of a name that the source replaced (`mv new f`) or removed
+//! reaches the old inode: the kernel caches names for the entry timeout,
+//! and an open does not look the name up again before. That inode then
+//! has no name left; the open is refused with ESTALE, on which the kernel
+//! walks the path again with every name revalidated (`StaleOpens`).
 //!
 //! The invalidation runs on a thread of its own and the request waits for
 //! it only a bounded time: the kernel may need one of our threads to
@@ -96,14 +105,14 @@ use crate::inodes::{Inode, InodeTable, Kind, ROOT_ID, own_number_id};
 use crate::locks::{LockRange, LockTable};
 use crate::readahead::ReadAhead;
 use crate::sys;
+use crate::watch::{self, Check, Checked, Watch, Watcher};
 use crate::workers;
 
 /// Tunables of the file system.
 #[derive(Clone, Debug)]
 pub struct FsOptions {
-    /// How long the kernel may trust attributes and names we returned, and
-    /// how long a reader holding a file open may go without noticing a
-    /// change made behind the mount.
+    /// How long the kernel may trust attributes and names we returned (a
+    /// file held open is checked by the watcher meanwhile: `crate::watch`).
     pub attr_timeout: Duration,
     /// Largest read-ahead window, in records (0 = no read-ahead).
     pub readahead_max_records: u32,
@@ -125,6 +134,13 @@ pub struct FsOptions {
     /// to 128 KiB), so that a random reader fills the page cache a record
     /// per miss instead of a page (see the module comment).
     pub store_whole_records: bool,
+    /// Watch the source of open files with inotify (`crate::watch`): a
+    /// change made there reaches the kernel's pages at once.
+    pub source_inotify: bool,
+    /// How often open files are checked for a change in the source that
+    /// inotify cannot see (another NFS client's, a shared mapping's);
+    /// zero: never.
+    pub source_poll_interval: Duration,
 }
 
 impl Default for FsOptions {
@@ -138,6 +154,8 @@ impl Default for FsOptions {
             max_dir_listing_bytes: 64 << 20,
             prefetch_threads: 2,
             store_whole_records: true,
+            source_inotify: true,
+            source_poll_interval: Duration::from_millis(500),
         }
     }
 }
@@ -159,6 +177,11 @@ const STORE_JOBS_MAX: usize = INVALIDATE_QUEUE_LEN / 4;
 const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// Descriptors kept free for everything that is not a node or a handle.
 const FD_RESERVE: u64 = 256;
+/// Opens refused as stale that are remembered, to let their retry through
+/// when it comes back to the same inode (`StaleOpens`).
+const STALE_OPENS_MAX: usize = 64;
+/// How long a refused open is remembered: its retry follows at once.
+const STALE_OPEN_RETRY_WINDOW: Duration = Duration::from_secs(1);
 
 /// One open of a regular file.
 pub(crate) struct OpenFile {
@@ -168,6 +191,8 @@ pub(crate) struct OpenFile {
     writable: bool,
     readahead: Mutex<ReadAhead>,
     last_revalidate: Mutex<Instant>,
+    /// The source watcher, which counts this open (`crate::watch`).
+    watch: Watch,
 }
 
 impl Drop for OpenFile {
@@ -175,7 +200,11 @@ impl Drop for OpenFile {
         if self.writable {
             let before = self.inode.writers.fetch_sub(1, Ordering::SeqCst);
             assert!(before > 0, "a writer closed that never opened");
+            if before == 1 {
+                self.watch.writer_closed(&self.inode);
+            }
         }
+        self.watch.closed(self.inode.id);
     }
 }
 
@@ -212,6 +241,63 @@ impl Drop for DirListing {
             .held_bytes
             .fetch_sub(self.charged_bytes, Ordering::SeqCst);
         debug_assert!(before >= self.charged_bytes, "listing budget underflow");
+    }
+}
+
+/// Opens refused with ESTALE because their inode has no name left in the
+/// source: (node, thread, when), oldest first.
+///
+/// The kernel reached such an inode through a name it still caches (for up
+/// to the entry timeout) although the source has replaced or removed that
+/// name. On ESTALE it walks the path again with every name revalidated
+/// (LOOKUP_REVAL), so the open finds what the name holds now, or ENOENT.
+/// A path that cannot be revalidated (/proc/PID/fd/N of a deleted file)
+/// comes back to the same inode from the same thread at once: that retry
+/// is let through, as ext4 would open it. A thread's entries go when it
+/// opens a named file (its retry found the new one): a node id is the
+/// source's inode number, which a later file may reuse.
+#[derive(Default)]
+struct StaleOpens {
+    recent: Mutex<std::collections::VecDeque<(u64, u32, Instant)>>,
+    /// Entries held: opens skip the lock while it is zero.
+    len: AtomicUsize,
+}
+
+impl StaleOpens {
+    /// Whether to refuse this open of `ino`, which has no name left, by
+    /// thread `pid` (false: it is the retry of one refused).
+    fn refuse(&self, ino: u64, pid: u32) -> bool {
+        let now = Instant::now();
+        let mut recent = self.recent.lock().expect("poisoned");
+        while recent
+            .front()
+            .is_some_and(|&(_, _, at)| now.duration_since(at) >= STALE_OPEN_RETRY_WINDOW)
+        {
+            recent.pop_front();
+        }
+        let retry = recent.iter().position(|&(n, p, _)| (n, p) == (ino, pid));
+        if let Some(i) = retry {
+            recent.remove(i);
+        } else {
+            if recent.len() >= STALE_OPENS_MAX {
+                recent.pop_front();
+            }
+            recent.push_back((ino, pid, now));
+        }
+        assert!(recent.len() <= STALE_OPENS_MAX);
+        self.len.store(recent.len(), Ordering::Relaxed);
+        retry.is_none()
+    }
+
+    /// Thread `pid` opened a file that has a name: its refused opens, if
+    /// any, were retried.
+    fn retried(&self, pid: u32) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut recent = self.recent.lock().expect("poisoned");
+        recent.retain(|&(_, p, _)| p != pid);
+        self.len.store(recent.len(), Ordering::Relaxed);
     }
 }
 
@@ -302,6 +388,79 @@ fn do_kernel_job(notifier: Option<&fuser::Notifier>, job: KernelJob) {
     }
 }
 
+/// Asks the notification thread to drop the kernel's pages and attributes
+/// of `ino`, and waits a bounded time for it to have done so. False when
+/// the queue is full (nothing was sent).
+fn invalidate_kernel(queue: &SyncSender<KernelJob>, ino: u64) -> bool {
+    let (done, wait) = sync_channel(1);
+    if queue.try_send(KernelJob::Invalidate(ino, done)).is_err() {
+        return false;
+    }
+    let _ = wait.recv_timeout(INVALIDATE_WAIT_MAX);
+    true
+}
+
+/// The watcher's check of an open inode (`crate::watch`): on a change made
+/// in the source, what a request that noticed it would do. Never while a
+/// handle is open for writing through the mount (our own writes change
+/// the generation too).
+fn check_open_inode(
+    cache: &Cache,
+    queue: &SyncSender<KernelJob>,
+    inode: &Inode,
+    handle: &ObjectHandle,
+    check: Check,
+) -> Checked {
+    if inode.writers.load(Ordering::SeqCst) > 0 {
+        return Checked::Unchanged;
+    }
+    let check = watch::unless_own(inode, check);
+    let Ok(st) = sys::stat_at(inode.fd(), c"") else {
+        // Only a dead network mount fails fstat of a held descriptor.
+        return Checked::Unchanged;
+    };
+    let now = l2arc::primary::Generation::of_stat(&st);
+    {
+        let mut seen = inode.page_generation.lock().expect("poisoned");
+        if check != Check::Modified && *seen == Some(now) {
+            return Checked::Unchanged;
+        }
+        *seen = Some(now);
+    }
+    let token = handle.generation_token();
+    if check == Check::Modified {
+        // The generation may not show it (see `crate::watch`).
+        cache.invalidate_object(handle);
+    }
+    let _ = cache.revalidate(handle);
+    let foreign = handle.generation_token() != token;
+    // Stores taken before are of the old content (see the module comment).
+    inode.store_epoch.fetch_add(1, Ordering::SeqCst);
+    if invalidate_kernel(queue, inode.id) {
+        Checked::Dropped { foreign }
+    } else {
+        Checked::Busy
+    }
+}
+
+/// Starts the source watcher (`crate::watch`), whose checks run
+/// `check_open_inode`.
+fn start_watcher(
+    cache: &Arc<Cache>,
+    queue: &SyncSender<KernelJob>,
+    options: &FsOptions,
+) -> io::Result<Watcher> {
+    let cache = Arc::clone(cache);
+    let queue = queue.clone();
+    Watcher::start(
+        options.source_inotify,
+        options.source_poll_interval,
+        Box::new(move |inode, handle, check| {
+            check_open_inode(&cache, &queue, inode, handle, check)
+        }),
+    )
+}
+
 /// Stores `job`'s record into the kernel's pages unless a writer is open
 /// or its epoch moved; invalidates the range again if the epoch moved
 /// while it was being stored.
@@ -353,6 +512,11 @@ pub struct CachedFs {
     source_root: std::path::PathBuf,
     /// Bytes of listings held by open directories (`max_dir_listing_bytes`).
     dir_listing_bytes: Arc<AtomicUsize>,
+    /// Opens lately refused as stale, awaiting their retry.
+    stale_opens: StaleOpens,
+    /// Checks open files against the source (`crate::watch`); dropped
+    /// last: its thread is joined.
+    watcher: Watcher,
 }
 
 fn errno(e: &io::Error) -> Errno {
@@ -507,6 +671,7 @@ impl CachedFs {
                 }
             })?
         };
+        let watcher = start_watcher(&cache, &invalidate, &options)?;
         Ok(Self {
             cache,
             dataset,
@@ -524,6 +689,8 @@ impl CachedFs {
             max_background: crate::MAX_BACKGROUND_MIN,
             source_root,
             dir_listing_bytes: Arc::new(AtomicUsize::new(0)),
+            stale_opens: StaleOpens::default(),
+            watcher,
             options,
         })
     }
@@ -639,14 +806,7 @@ impl CachedFs {
     /// Tells the kernel to drop its pages and attributes of `ino`, waiting
     /// a bounded time for it to have done so.
     fn invalidate_kernel(&self, ino: u64) {
-        let (done, wait) = sync_channel(1);
-        if self
-            .invalidate
-            .try_send(KernelJob::Invalidate(ino, done))
-            .is_ok()
-        {
-            let _ = wait.recv_timeout(INVALIDATE_WAIT_MAX);
-        }
+        invalidate_kernel(&self.invalidate, ino);
     }
 
     /// After a change to `inode` that its kernel pages must not outlive:
@@ -702,12 +862,16 @@ impl CachedFs {
             // Counted before the file exists: its drop uncounts it.
             inode.writers.fetch_add(1, Ordering::SeqCst);
         }
+        // Likewise: its drop closes it.
+        let watch = self.watcher.watch().clone();
+        watch.opened(&inode, &handle);
         let file = Arc::new(OpenFile {
             handle,
             inode: Arc::clone(&inode),
             writable,
             readahead: Mutex::new(ReadAhead::new(self.options.readahead_max_records)),
             last_revalidate: Mutex::new(Instant::now()),
+            watch,
         });
         *inode.open_file.lock().expect("poisoned") = Arc::downgrade(&file);
         if writable || !keep {
@@ -767,10 +931,22 @@ impl CachedFs {
     ) -> Result<FileAttr, Errno> {
         let inode = self.inode(ino)?;
         let fd = inode.fd();
+        // Its events are ours (`crate::watch`).
+        watch::note_own_change(&inode);
         if let Some(mode) = change.mode {
             sys::chmod_fd(fd, mode).map_err(err)?;
         }
-        if change.uid.is_some() || change.gid.is_some() {
+        let nothing = change.mode.is_none()
+            && change.uid.is_none()
+            && change.gid.is_none()
+            && change.size.is_none()
+            && change.atime.is_none()
+            && change.mtime.is_none();
+        if change.uid.is_some() || change.gid.is_some() || nothing {
+            // A setattr that changes nothing is a chown(f, -1, -1): the
+            // kernel sends its ctime only to a mount with a writeback
+            // cache. Passed through, it moves ctime as the source's file
+            // system does for its own callers (ext4 does).
             sys::chown_fd(fd, change.uid, change.gid).map_err(err)?;
         }
         if let Some(size) = change.size {
@@ -825,10 +1001,22 @@ impl CachedFs {
         }
     }
 
-    fn do_open(&self, ino: INodeNo, flags: OpenFlags) -> Result<(u64, FopenFlags), Errno> {
+    fn do_open(
+        &self,
+        ino: INodeNo,
+        flags: OpenFlags,
+        pid: u32,
+    ) -> Result<(u64, FopenFlags), Errno> {
         let inode = self.inode(ino)?;
         if inode.kind != Kind::Regular {
             return Err(Errno::EINVAL);
+        }
+        if Self::stat(&inode)?.st_nlink == 0 {
+            if self.stale_opens.refuse(inode.id, pid) {
+                return Err(Errno::ESTALE);
+            }
+        } else {
+            self.stale_opens.retried(pid);
         }
         let flags = flags.0 & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC);
         let fd = sys::reopen(inode.fd(), flags | libc::O_NONBLOCK).map_err(err)?;
@@ -1264,8 +1452,8 @@ impl Filesystem for CachedFs {
         reply_entry(reply, &self.ttl(), result);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.do_open(ino, flags) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.do_open(ino, flags, req.pid()) {
             Ok((fh, open_flags)) => reply.opened(FileHandle(fh), open_flags),
             Err(e) => reply.error(e),
         }
@@ -1301,6 +1489,7 @@ impl Filesystem for CachedFs {
             if !file.writable {
                 return Err(Errno::EBADF);
             }
+            watch::note_own_change(&file.inode);
             self.cache
                 .write(&file.handle, offset, data)
                 .map_err(|e| errno(&e))
@@ -1559,6 +1748,7 @@ impl Filesystem for CachedFs {
         reply: ReplyEmpty,
     ) {
         let result = self.inode(ino).and_then(|inode| {
+            watch::note_own_change(&inode);
             let fd = sys::reopen(inode.fd(), libc::O_WRONLY | libc::O_NONBLOCK).map_err(err)?;
             // SAFETY: an open descriptor.
             let ret = unsafe {

@@ -98,6 +98,9 @@ pub(crate) struct Inode {
     pub store_epoch: AtomicU64,
     /// Handles open for writing: none may be, for records to be stored.
     pub writers: std::sync::atomic::AtomicUsize,
+    /// When the mount itself last changed the file, on the watcher's clock
+    /// (0: never): its inotify events are then its own (`crate::watch`).
+    pub own_change_ms: AtomicU64,
 }
 
 impl Inode {
@@ -150,6 +153,7 @@ impl InodeTable {
             open_file: Mutex::new(Weak::new()),
             store_epoch: AtomicU64::new(0),
             writers: std::sync::atomic::AtomicUsize::new(0),
+            own_change_ms: AtomicU64::new(0),
         });
         Self {
             nodes: HashMap::from([(ROOT_ID, root)]),
@@ -231,6 +235,7 @@ impl InodeTable {
             open_file: Mutex::new(Weak::new()),
             store_epoch: AtomicU64::new(0),
             writers: std::sync::atomic::AtomicUsize::new(0),
+            own_change_ms: AtomicU64::new(0),
         });
         self.nodes.insert(id, Arc::clone(&inode));
         self.by_key.insert((dev, ino), id);

@@ -20,12 +20,15 @@
 //!   file system, the descriptor follows the directory.) Names are bytes
 //!   end to end; they need not be UTF-8.
 //!
-//! - **Coherence** (`fs.rs`). Hot files stay in the kernel's page cache
-//!   across opens (FOPEN_KEEP_CACHE), and are dropped from it, and from the
-//!   ARC and L2ARC, when the source changes behind the mount: at once for a
-//!   new open, within the attribute timeout for a reader holding the file
-//!   open. The generation that decides it includes ctime, so a rewrite
-//!   whose mtime was set back is caught too.
+//! - **Coherence** (`fs.rs`, `watch.rs`). Hot files stay in the kernel's
+//!   page cache across opens (FOPEN_KEEP_CACHE), and are dropped from it,
+//!   and from the ARC and L2ARC, when the source changes behind the mount:
+//!   at once for a new open (also of a name the source replaced), and for
+//!   a file held open as soon as the source watcher sees the change
+//!   (inotify: at once; a periodic check: within half a second), with no
+//!   request needed, so a reader of a shared mapping sees it too. The
+//!   generation that decides it includes ctime, so a rewrite whose mtime
+//!   was set back is caught too.
 //!
 //! - **TTLs.** Attributes and names are returned with a short, documented
 //!   timeout (`FsOptions::attr_timeout`, `--attr-timeout`, default 1 s).
@@ -64,6 +67,7 @@ mod pace;
 mod readahead;
 mod relief;
 mod sys;
+mod watch;
 mod workers;
 
 pub use fs::{CachedFs, FsOptions};

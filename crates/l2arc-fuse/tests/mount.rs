@@ -528,3 +528,149 @@ fn reads_waiting_on_primary_storage_overlap_up_to_the_mounts_threads() {
         }
     }
 }
+
+/// A read-only shared mapping of a file, read with plain loads: a reader
+/// that makes no system call on the mount.
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: &std::fs::File, len: usize) -> Mapping {
+        use std::os::fd::AsRawFd;
+        assert!(len > 0 && len.is_multiple_of(8));
+        // SAFETY: a fresh shared read-only mapping of an open file,
+        // unmapped on drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        Mapping { ptr, len }
+    }
+
+    /// The mapping's bytes now (volatile loads: the kernel may replace its
+    /// pages under us).
+    fn bytes(&self) -> Vec<u8> {
+        let words = self.ptr.cast::<u64>();
+        let mut out = Vec::with_capacity(self.len);
+        for i in 0..self.len / 8 {
+            // SAFETY: in bounds of a live, readable, page-aligned mapping.
+            let word = unsafe { std::ptr::read_volatile(words.add(i)) };
+            out.extend_from_slice(&word.to_ne_bytes());
+        }
+        out
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, of this length.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// Calls `probe` until it holds or `limit` passes; how long it took.
+fn within(limit: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    loop {
+        if probe() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A program that reads a file only through a shared mapping sees a
+/// change made in the source within 2 s, by each of the watcher's two
+/// ways alone: inotify (immediate), and the periodic generation check
+/// that covers what inotify cannot see (another NFS client's writes).
+#[test]
+fn an_mmap_reader_sees_source_changes_by_inotify_and_by_polling_alone() {
+    const LEN: usize = 1 << 20;
+    for (inotify, poll_ms) in [(true, 0u64), (false, 500)] {
+        let m = mount(
+            FsOptions {
+                attr_timeout: Duration::from_secs(60),
+                source_inotify: inotify,
+                source_poll_interval: Duration::from_millis(poll_ms),
+                ..FsOptions::default()
+            },
+            |src| std::fs::write(src.join("f"), pattern(LEN, 1)).unwrap(),
+        );
+        let path = m._dir.path().join("src/f");
+        let file = std::fs::File::open(m.mnt.join("f")).unwrap();
+        let map = Mapping::new(&file, LEN);
+        assert!(map.bytes() == pattern(LEN, 1));
+        let mut took = Vec::new();
+        for round in 2..5u8 {
+            // Rewritten in place: same size, often the same mtime tick.
+            use std::os::unix::fs::FileExt;
+            let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            writer.write_all_at(&pattern(LEN, round), 0).unwrap();
+            drop(writer);
+            let seen = within(Duration::from_secs(2), || {
+                map.bytes() == pattern(LEN, round)
+            });
+            took.push(seen.unwrap_or_else(|| {
+                panic!("inotify {inotify}, poll {poll_ms} ms: old bytes after 2 s (round {round})")
+            }));
+        }
+        eprintln!("inotify {inotify}, poll {poll_ms} ms: seen after {took:?}");
+    }
+}
+
+/// Writes through the mount are the mount's own: the watcher must not take
+/// them for changes in the source and drop the file's other records. A
+/// file is read whole, written through the mount many times, and read
+/// again: every record but the one written is still in the ARC.
+#[test]
+fn writes_through_the_mount_keep_the_rest_of_the_file_cached() {
+    use std::os::unix::fs::FileExt;
+    const RECORD: usize = 128 << 10;
+    const LEN: usize = 32 * RECORD;
+    let m = mount(FsOptions::default(), |src| {
+        std::fs::write(src.join("w"), pattern(LEN, 3)).unwrap();
+    });
+    let path = m.mnt.join("w");
+    assert!(std::fs::read(&path).unwrap() == pattern(LEN, 3));
+    for round in 0..20u8 {
+        let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        w.write_all_at(&pattern(4096, round), 0).unwrap();
+        drop(w);
+        // Time for the watcher to see each write's events.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The writer's close is checked by generation after it: let it run.
+    std::thread::sleep(Duration::from_millis(300));
+    let misses =
+        |cache: &Cache| stat(cache, "demand_data_misses") + stat(cache, "prefetch_data_misses");
+    let (missed, reads) = (misses(&m.cache), stat(&m.cache, "reads"));
+    // O_DIRECT-free way around the kernel's pages: the daemon is asked for
+    // what the kernel dropped; records 1.. must be hits.
+    let f = open_random(&path);
+    let mut buf = vec![0u8; RECORD];
+    for record in 1..LEN / RECORD {
+        f.read_exact_at(&mut buf, (record * RECORD) as u64).unwrap();
+        assert!(buf == pattern(LEN, 3)[record * RECORD..][..RECORD]);
+    }
+    assert_eq!(
+        misses(&m.cache),
+        missed,
+        "records the mount did not write were dropped"
+    );
+    assert!(
+        stat(&m.cache, "reads") > reads,
+        "served by the kernel's pages: the ARC was not asked"
+    );
+}
