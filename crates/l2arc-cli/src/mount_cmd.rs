@@ -34,8 +34,9 @@ pub(crate) struct MountArgs {
     pub src: PathBuf,
     /// Mount point.
     pub mnt: PathBuf,
-    /// Seconds the kernel may cache attributes and names (and the longest an
-    /// open file may go without noticing a change made behind the mount).
+    /// Seconds the kernel may cache attributes and names (a `stat` of a
+    /// name changed behind the mount may show the old attributes that
+    /// long; open files and new opens see changes sooner: docs/mount.md).
     #[arg(long, default_value_t = 1.0)]
     pub attr_timeout: f64,
     /// Largest read-ahead window for sequential readers, in records (0 =
