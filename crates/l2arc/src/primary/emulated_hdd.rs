@@ -155,6 +155,14 @@ pub struct HddStats {
     pub bytes_written: u64,
     /// Wall time spindles spent serving requests, summed over spindles.
     pub busy_ns: u64,
+    /// Service time the model charged (positioning drawn for each request
+    /// plus its transfer), summed over requests: what `busy_ns` follows
+    /// on a quiet machine, and what tests check instead of the clock.
+    pub modeled_ns: u64,
+    /// Most requests a new one found ahead of it at its spindle (the one
+    /// being served and those queued): a spindle serves one at a time,
+    /// first come first served, so more than one means requests queued.
+    pub spindle_queue_max: u64,
     /// Most requests at the array at once, queued or served: how much of
     /// its parallelism the caller could use.
     pub in_flight_max: u64,
@@ -193,6 +201,8 @@ impl EmulatedHdd {
                 bytes_read: AtomicU64::new(0),
                 bytes_written: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
+                modeled_ns: AtomicU64::new(0),
+                spindle_queue_max: AtomicU64::new(0),
                 in_flight: AtomicU64::new(0),
                 in_flight_max: AtomicU64::new(0),
                 overshoot_ns: AtomicU64::new(INITIAL_OVERSHOOT_NS),
@@ -214,6 +224,8 @@ impl EmulatedHdd {
             bytes_read: a.bytes_read.load(Ordering::Relaxed),
             bytes_written: a.bytes_written.load(Ordering::Relaxed),
             busy_ns: a.busy_ns.load(Ordering::Relaxed),
+            modeled_ns: a.modeled_ns.load(Ordering::Relaxed),
+            spindle_queue_max: a.spindle_queue_max.load(Ordering::Relaxed),
             in_flight_max: a.in_flight_max.load(Ordering::Relaxed),
         }
     }
@@ -308,6 +320,8 @@ struct Array {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     busy_ns: AtomicU64,
+    modeled_ns: AtomicU64,
+    spindle_queue_max: AtomicU64,
     in_flight: AtomicU64,
     in_flight_max: AtomicU64,
     /// Moving average of how late `thread::sleep` wakes up.
@@ -339,6 +353,9 @@ impl Array {
             let mut spindle = relock();
             let ticket = spindle.next_ticket;
             spindle.next_ticket += 1;
+            // Requests ahead of this one: being served or queued.
+            let waiting = ticket - spindle.serving_ticket;
+            self.spindle_queue_max.fetch_max(waiting, Ordering::Relaxed);
             while spindle.serving_ticket != ticket {
                 spindle = turn.wait(spindle).unwrap_or_else(|p| p.into_inner());
             }
@@ -354,6 +371,7 @@ impl Array {
         let transfer_s = bytes as f64 / (c.transfer_mib_per_sec * MIB);
         // Clamped so an absurd rate cannot overflow the deadline.
         let service_ns = ((seek_ms / 1e3 + transfer_s) * 1e9).min(MAX_SERVICE_NS as f64) as u64;
+        self.modeled_ns.fetch_add(service_ns, Ordering::Relaxed);
         let credit_ns = late_ns.min(service_ns);
         let target_ns = service_ns - credit_ns;
         self.wait_until(start + Duration::from_nanos(target_ns));
