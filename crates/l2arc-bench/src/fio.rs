@@ -55,6 +55,10 @@ pub(crate) struct FioRead {
     pub mib_per_sec: f64,
     pub latency_us_p50: f64,
     pub latency_us_p99: f64,
+    /// The slowest read.
+    pub latency_us_max: f64,
+    /// Reads done in the run (all jobs).
+    pub reads: f64,
     /// CPU time (user + system) of fio's jobs per read, in microseconds.
     pub cpu_us_per_read: f64,
     /// IOPS in each whole second (with `FioJob::iops_log` only).
@@ -317,6 +321,8 @@ fn parse_read(output: &str, jobs: usize) -> Result<FioRead> {
         mib_per_sec: read["bw_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
         latency_us_p50: percentile("50.000000")?,
         latency_us_p99: percentile("99.000000")?,
+        latency_us_max: read["lat_ns"]["max"].as_f64().unwrap_or(0.0) / 1000.0,
+        reads,
         iops_per_second: Vec::new(),
     })
 }

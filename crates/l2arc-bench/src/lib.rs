@@ -37,6 +37,7 @@ mod l2_index;
 mod l2_rebuild;
 mod latency;
 mod nbd;
+mod nbd_connections;
 mod nbd_l2_hit;
 mod nbd_reread;
 mod nbd_warmup;
@@ -89,6 +90,8 @@ pub enum Scenario {
     NbdReread,
     /// NBD export warm from the L2ARC: random 4 KiB reads at queue depth 32 with fio's nbd engine, read queue vs workers only, against nbdkit's file plugin on the cache file (flash and page cache), with the servers' CPU per request (needs fio, nbdkit, nbdcopy).
     NbdL2Hit,
+    /// Many clients on one export: 16 to 256 connections of fio's nbd engine at queue depth 1, random 4 KiB reads verified, IOPS, p99, slowest read and CPU per request per step, ours (ARC, L2ARC) against nbdkit's file plugin (needs fio, nbdkit, nbdcopy).
+    NbdConnections,
     /// Warm-up through the NBD export: the seed workload (random 4 KiB, queue depth 32, 1 GiB on an emulated 4-spindle HDD) from an empty cache; seconds to 90% of the warm rate against one pass over the image from the disks (needs fio).
     NbdWarmup,
     /// Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up.
@@ -173,6 +176,9 @@ pub struct BenchArgs {
     /// Record counts, comma-separated (k, M, G are powers of 1000). --scenario l2-index: index sizes (default 1M,10M); --scenario l2-rebuild: records per warm device (default 262144: a 1 GiB device of 4 KiB records and a 2 GiB one of 8 KiB records; above 1048576 the device is a sparse file holding only its log).
     #[arg(long, value_parser = parse_count, value_delimiter = ',')]
     pub records: Vec<u64>,
+    /// --scenario nbd-connections: the numbers of connections to step through, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
+    pub connections: Vec<usize>,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -364,6 +370,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::S3 => s3::run(&args),
         Scenario::NbdReread => nbd_reread::run(&args),
         Scenario::NbdL2Hit => nbd_l2_hit::run(&args),
+        Scenario::NbdConnections => nbd_connections::run(&args),
         Scenario::NbdWarmup => nbd_warmup::run(&args),
         Scenario::All => {
             throughput::run(&args)?;

@@ -6,17 +6,22 @@
 //! `l2arc mount` (each with a cache file on flash) for minutes with good
 //! clients that check every byte they read, hostile NBD clients (replies
 //! never read, writes stopped one byte short, garbage, oversized requests,
-//! idle holders), and faults on the cache devices (random blocks
-//! overwritten behind the cache, a device removed and added back), then
-//! reports: errors seen by good clients, wrong bytes, each service's RSS
+//! idle holders), a swarm of slot holders that fills the connection table
+//! (clients that take the greeting and go quiet, and clients that ask for
+//! 1 MiB and never read it, renewed every 9.5 s), a probe that connects
+//! every 2 s and measures how long it takes to get in, and faults on the
+//! cache devices (random blocks overwritten behind the cache, a device
+//! removed and added back), then reports: errors seen by good clients,
+//! wrong bytes, the longest a new client was kept out, each service's RSS
 //! against its budget, threads and descriptors before and after.
 //!
 //! ```text
-//! l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE]
+//! l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE SWARM]
 //! ```
 //!
-//! Defaults: 96 NBD clients (of which 8 writers and HOSTILE=8 hostile) and
-//! 32 FUSE readers: 128 clients.
+//! Defaults: 96 NBD clients (of which 8 writers and HOSTILE=8 hostile), 32
+//! FUSE readers and a swarm of 128 slot holders: with the good clients,
+//! more than the 160 slots.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -36,6 +41,10 @@ const FUSE_FILE_BYTES: u64 = 32 << 20;
 const ARC_MAX_MIB: u64 = 64;
 const NBD_POOL_MIB: u64 = 128;
 const NBD_MAX_CONNECTIONS: u64 = 160;
+/// How long the swarm's holders keep a connection before renewing it.
+const SWARM_RENEW: Duration = Duration::from_millis(9500);
+/// Longest a new client may be kept out.
+const LOCKOUT_MAX: Duration = Duration::from_secs(3);
 
 const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 const REQUEST_MAGIC: u32 = 0x2560_9513;
@@ -92,6 +101,11 @@ struct Tally {
     wrong_bytes: AtomicU64,
     hostile_sessions: AtomicU64,
     faults: AtomicU64,
+    /// Connections of the probe, the longest it took one to get in (ms),
+    /// and how many took longer than `LOCKOUT_MAX`.
+    probes: AtomicU64,
+    probe_wait_ms_max: AtomicU64,
+    lockouts: AtomicU64,
 }
 
 impl Tally {
@@ -343,6 +357,76 @@ fn hostile(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
     }
 }
 
+/// Slot holders, `count` at once, renewed every `SWARM_RENEW`: half take
+/// the greeting and say nothing more, half ask for 1 MiB and never read
+/// the reply. With the good clients they are more than the slots.
+fn swarm(socket: &Path, count: u64, stop: &AtomicBool, t: &Tally) {
+    let mut held: Vec<(Instant, Option<UnixStream>)> = Vec::new();
+    let mut next = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        held.retain(|(at, _)| at.elapsed() < SWARM_RENEW);
+        while (held.len() as u64) < count && !stop.load(Ordering::Relaxed) {
+            next += 1;
+            let s = if next.is_multiple_of(2) {
+                UnixStream::connect(socket).ok().map(|mut s| {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut greeting = [0u8; 18];
+                    let _ = s.read_exact(&mut greeting);
+                    s
+                })
+            } else {
+                nbd_open(socket).ok().map(|mut s| {
+                    let _ = s.write_all(&request(0, 1, (next % 200) << 20, 1 << 20));
+                    s
+                })
+            };
+            t.hostile_sessions.fetch_add(1, Ordering::Relaxed);
+            // Spread the renewals over the period.
+            held.push((Instant::now(), s));
+            std::thread::sleep(SWARM_RENEW / count.max(1) as u32 / 2);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every 2 s a new client connects and is timed until it is in (retrying
+/// while it is turned away); one kept out longer than `LOCKOUT_MAX` is a
+/// lockout.
+fn lockout_probe(socket: &Path, stop: &AtomicBool, t: &Tally) {
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_secs(2));
+        let started = Instant::now();
+        let got_in = loop {
+            match nbd_open(socket) {
+                Ok(mut s) => {
+                    let mut data = vec![0u8; 4096];
+                    let ok = s
+                        .write_all(&request(0, 7, 0, 4096))
+                        .and_then(|()| reply(&mut s, 7, &mut data))
+                        .is_ok_and(|e| e == 0);
+                    let wrong = count_wrong(&data, |j| expected(1, j as u64));
+                    t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
+                    break ok;
+                }
+                Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => {
+                    t.error(format!("probe: kept out for 30 s: {e}"));
+                    break false;
+                }
+            }
+        };
+        let waited = started.elapsed();
+        t.probes.fetch_add(1, Ordering::Relaxed);
+        t.probe_wait_ms_max
+            .fetch_max(waited.as_millis() as u64, Ordering::Relaxed);
+        if !got_in || waited > LOCKOUT_MAX {
+            t.lockouts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Device faults: random 4 KiB blocks of the cache files overwritten behind
 /// the services (the checksums must catch them), and the NBD service's
 /// cache device removed and added back.
@@ -477,6 +561,7 @@ struct SoakArgs {
     nbd_clients: u64,
     fuse_clients: u64,
     hostiles: u64,
+    swarm: u64,
     writers: u64,
 }
 
@@ -485,7 +570,7 @@ impl SoakArgs {
         let args: Vec<String> = std::env::args().skip(1).collect();
         if args.len() < 3 {
             eprintln!(
-                "usage: l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE]"
+                "usage: l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE SWARM]"
             );
             std::process::exit(2);
         }
@@ -497,6 +582,7 @@ impl SoakArgs {
             nbd_clients: arg(3, 96),
             fuse_clients: arg(4, 32),
             hostiles: arg(5, 8),
+            swarm: arg(6, 128),
             writers: 8,
         }
     }
@@ -586,6 +672,16 @@ fn start_clients(a: &SoakArgs, stop: &Arc<AtomicBool>, good: &Arc<Tally>) -> Vec
         let (mnt, stop, t) = (a.dir.join("mnt"), Arc::clone(stop), Arc::clone(good));
         threads.push(std::thread::spawn(move || fuse_reader(&mnt, i, &stop, &t)));
     }
+    let a_swarm = a.swarm;
+    let (swarm_stop, swarm_tally, swarm_socket) =
+        (Arc::clone(stop), Arc::clone(good), socket.clone());
+    threads.push(std::thread::spawn(move || {
+        swarm(&swarm_socket, a_swarm, &swarm_stop, &swarm_tally)
+    }));
+    let (probe_stop, probe_tally) = (Arc::clone(stop), Arc::clone(good));
+    threads.push(std::thread::spawn(move || {
+        lockout_probe(&socket, &probe_stop, &probe_tally)
+    }));
     let (l2arc, dir, stop, t) = (
         a.l2arc.clone(),
         a.dir.clone(),
@@ -607,7 +703,7 @@ fn watch(secs: u64, good: &Tally, nbd_pid: u32, fuse_pid: u32) -> (u64, u64) {
         nbd_peak_rss = nbd_peak_rss.max(n.rss_mib);
         fuse_peak_rss = fuse_peak_rss.max(f.rss_mib);
         println!(
-            "{:>4} s: good ops {} ({} MiB), errors {}, wrong bytes {}, hostile sessions {}, faults {}; nbd RSS {} MiB, {} threads, {} fds; fuse RSS {} MiB; load {}",
+            "{:>4} s: good ops {} ({} MiB), errors {}, wrong bytes {}, hostile sessions {}, faults {}, longest wait to get in {} ms; nbd RSS {} MiB, {} threads, {} fds; fuse RSS {} MiB; load {}",
             started.elapsed().as_secs(),
             good.ops.load(Ordering::Relaxed),
             good.bytes.load(Ordering::Relaxed) >> 20,
@@ -615,6 +711,7 @@ fn watch(secs: u64, good: &Tally, nbd_pid: u32, fuse_pid: u32) -> (u64, u64) {
             good.wrong_bytes.load(Ordering::Relaxed),
             good.hostile_sessions.load(Ordering::Relaxed),
             good.faults.load(Ordering::Relaxed),
+            good.probe_wait_ms_max.load(Ordering::Relaxed),
             n.rss_mib,
             n.threads,
             n.fds,
@@ -661,6 +758,13 @@ fn report(good: &Tally, nbd: &ServiceReport, fuse: &ServiceReport, stop_line: &s
         good.faults.load(Ordering::Relaxed)
     );
     println!(
+        "probe: {} new clients, the longest kept out {} ms, {} kept out longer than {} s",
+        good.probes.load(Ordering::Relaxed),
+        good.probe_wait_ms_max.load(Ordering::Relaxed),
+        good.lockouts.load(Ordering::Relaxed),
+        LOCKOUT_MAX.as_secs()
+    );
+    println!(
         "serve-nbd: peak RSS {} MiB (VmHWM {} MiB) against a budget of {} MiB; threads {} -> {}, fds {} -> {}",
         nbd.peak_rss_mib,
         nbd.after.hwm_mib,
@@ -705,11 +809,12 @@ fn main() {
     let (nbd_pid, fuse_pid) = (nbd.id(), fuse.id());
     let (nbd_before, fuse_before) = (proc_stat(nbd_pid), proc_stat(fuse_pid));
     println!(
-        "soak: {} s, {} NBD clients ({} writers, {} hostile) + {} FUSE readers; load {}",
+        "soak: {} s, {} NBD clients ({} writers, {} hostile) + a swarm of {} slot holders + {} FUSE readers; load {}",
         a.secs,
         a.nbd_clients,
         a.writers,
         a.hostiles,
+        a.swarm,
         a.fuse_clients,
         load_average()
     );
