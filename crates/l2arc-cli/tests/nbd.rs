@@ -8,6 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use l2arc_testkit::nbd::{LoopDevice, pattern};
+
 const IMAGE_BYTES: usize = 64 << 20;
 
 fn tool(name: &str) -> Command {
@@ -16,20 +18,6 @@ fn tool(name: &str) -> Command {
 
 fn run(cmd: &mut Command) -> Output {
     l2arc_testkit::run(cmd)
-}
-
-/// Deterministic, incompressible-looking bytes.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 struct Served {
@@ -399,37 +387,6 @@ fn config_file_and_ctl_change_cache_devices_while_serving() {
     let (status, _) = served.stop();
     assert!(status.success());
     assert!(!control.exists(), "the control socket is removed at exit");
-}
-
-/// A loop device detached on drop.
-struct LoopDevice(PathBuf);
-
-impl LoopDevice {
-    /// `losetup --find --show backing`: fails the test (never skips) if it
-    /// cannot, like the engine's block-device tests.
-    fn attach(backing: &std::path::Path) -> LoopDevice {
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(backing)
-            .output()
-            .expect(
-                "cannot run losetup: this test needs util-linux's losetup, root and loop devices",
-            );
-        assert!(
-            out.status.success(),
-            "losetup failed (needs root and loop devices): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        LoopDevice(PathBuf::from(
-            String::from_utf8(out.stdout).unwrap().trim().to_string(),
-        ))
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
-    }
 }
 
 /// A block device's generation does not move when it is written (no ctime

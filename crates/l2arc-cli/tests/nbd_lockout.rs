@@ -5,16 +5,16 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use l2arc_nbd::protocol::{
     IHAVEOPT, NBD_CMD_READ, NBD_OPT_GO, NBD_REP_ACK, OPTION_REPLY_MAGIC, REQUEST_BYTES, Request,
 };
+
+use l2arc_testkit::nbd::ServeNbd;
 
 const IMAGE_BYTES: usize = 64 << 20;
 /// serve-nbd's default `--max-connections`.
@@ -24,9 +24,7 @@ const GET_IN_WITHIN: Duration = Duration::from_secs(3);
 
 struct Served {
     _dir: tempfile::TempDir,
-    socket: PathBuf,
-    child: Child,
-    stderr: mpsc::Receiver<String>,
+    nbd: ServeNbd,
 }
 
 impl Served {
@@ -34,32 +32,19 @@ impl Served {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk.img");
         std::fs::write(&image, vec![7u8; IMAGE_BYTES]).unwrap();
-        let socket = dir.path().join("nbd.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-            .arg("serve-nbd")
-            .arg(&image)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
-            .args(["--arc-max", "16MiB"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = l2arc_testkit::stderr_lines(&mut child);
-        let ready = std::iter::from_fn(|| stderr.recv_timeout(Duration::from_secs(20)).ok())
-            .find(|line| line.starts_with("l2arc: serving "))
-            .expect("serve-nbd printed no ready line within 20 s");
-        assert!(ready.ends_with(&socket.display().to_string()), "{ready}");
-        Served {
-            _dir: dir,
-            socket,
-            child,
-            stderr,
-        }
+        let mut args = vec!["--arc-max", "16MiB"];
+        args.extend_from_slice(extra);
+        let nbd = ServeNbd::start(
+            Path::new(env!("CARGO_BIN_EXE_l2arc")),
+            &image,
+            &dir.path().join("nbd.sock"),
+            &args,
+        );
+        Served { _dir: dir, nbd }
     }
 
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.socket.display())
+    fn socket(&self) -> &Path {
+        &self.nbd.socket
     }
 
     /// Runs nbdinfo until it answers, for at most `GET_IN_WITHIN`; how long
@@ -69,7 +54,7 @@ impl Served {
         loop {
             let out = l2arc_testkit::tool("nbdinfo", "libnbd-bin")
                 .arg("--size")
-                .arg(self.uri())
+                .arg(self.nbd.uri())
                 .output()
                 .expect("nbdinfo runs");
             let took = started.elapsed();
@@ -83,13 +68,6 @@ impl Served {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -164,7 +142,7 @@ fn clients_that_never_answer_the_greeting_cannot_lock_others_out() {
         let stop = Arc::new(AtomicBool::new(false));
         let hostile: Vec<_> = (0..SLOTS)
             .map(|i| {
-                let (socket, stop) = (served.socket.clone(), Arc::clone(&stop));
+                let (socket, stop) = (served.socket().to_path_buf(), Arc::clone(&stop));
                 std::thread::spawn(move || {
                     let Some(period) = renew_every else {
                         let held = take_greeting(&socket);
@@ -209,7 +187,7 @@ fn clients_that_leave_replies_unread_cannot_lock_others_out() {
     let served = Served::start(&[]);
     let mut hostile: Vec<UnixStream> = (0..SLOTS)
         .map(|i| {
-            let mut s = open_session(&served.socket);
+            let mut s = open_session(served.socket());
             s.write_all(&read_request(i as u64, (i as u64) << 20, 1 << 20))
                 .unwrap();
             s
@@ -225,7 +203,7 @@ fn clients_that_leave_replies_unread_cannot_lock_others_out() {
         assert!(took < GET_IN_WITHIN, "{took:?}");
         let started = Instant::now();
         let mut session = loop {
-            match try_open_session(&served.socket) {
+            match try_open_session(served.socket()) {
                 Ok(s) => break s,
                 Err(e) if started.elapsed() >= GET_IN_WITHIN => {
                     panic!("attempt {attempt}: a session was locked out: {e}")
@@ -270,7 +248,7 @@ fn a_client_turned_away_is_told_why_and_the_refusal_is_logged() {
     let stop = Arc::new(AtomicBool::new(false));
     let busy: Vec<_> = (0..2)
         .map(|_| {
-            let mut s = open_session(&served.socket);
+            let mut s = open_session(served.socket());
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
                 let mut reply = [0u8; 16 + 4096];
@@ -286,12 +264,12 @@ fn a_client_turned_away_is_told_why_and_the_refusal_is_logged() {
         .collect();
     let nbdinfo = l2arc_testkit::tool("nbdinfo", "libnbd-bin")
         .arg("--size")
-        .arg(served.uri())
+        .arg(served.nbd.uri())
         .output()
         .unwrap();
     let qemu_img = l2arc_testkit::tool("qemu-img", "qemu-utils")
         .arg("info")
-        .arg(served.uri())
+        .arg(served.nbd.uri())
         .output()
         .unwrap();
     stop.store(true, Ordering::Relaxed);
@@ -306,9 +284,10 @@ fn a_client_turned_away_is_told_why_and_the_refusal_is_logged() {
         said.contains("server reported: l2arc: server busy: all 2 connections are in use"),
         "qemu-img said: {said}"
     );
-    let logged = std::iter::from_fn(|| served.stderr.recv_timeout(Duration::from_secs(10)).ok())
-        .find(|line| line.contains("client(s) away"))
-        .expect("the refusal was logged");
+    let logged =
+        std::iter::from_fn(|| served.nbd.stderr.recv_timeout(Duration::from_secs(10)).ok())
+            .find(|line| line.contains("client(s) away"))
+            .expect("the refusal was logged");
     assert!(
         logged.starts_with("l2arc: warning: turned 1 client(s) away: all 2 connections")
             && logged.contains("--max-connections"),

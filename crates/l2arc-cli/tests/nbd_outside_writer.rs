@@ -5,88 +5,36 @@
 //! `--shared-writer-unsafe` says the writes are safe.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use l2arc_testkit::nbd::{LoopDevice, ServeNbd, pattern};
 
 const IMAGE_BYTES: usize = 16 << 20;
 const BLOCK_BYTES: usize = 4096;
 
-/// Deterministic bytes, different per seed.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
+/// serve-nbd on `image` in `dir` with `extra` flags.
+fn serve(image: &Path, dir: &Path, extra: &[&str]) -> ServeNbd {
+    let mut args = vec!["--arc-max", "8MiB"];
+    args.extend_from_slice(extra);
+    ServeNbd::start(
+        Path::new(env!("CARGO_BIN_EXE_l2arc")),
+        image,
+        &dir.join("nbd.sock"),
+        &args,
+    )
 }
 
-struct Served {
-    socket: PathBuf,
-    child: Child,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Served {
-    fn start(image: &Path, dir: &Path, extra: &[&str]) -> Served {
-        let socket = dir.join("nbd.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-            .arg("serve-nbd")
-            .arg(image)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
-            .args(["--arc-max", "8MiB"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = l2arc_testkit::stderr_lines(&mut child);
-        std::iter::from_fn(|| stderr.recv_timeout(Duration::from_secs(20)).ok())
-            .find(|line| line.starts_with("l2arc: serving "))
-            .expect("serve-nbd printed no ready line within 20 s");
-        Served {
-            socket,
-            child,
-            stderr,
-        }
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.socket.display())
-    }
-
-    /// The whole export, read by nbdcopy.
-    fn read_all(&self, dir: &Path) -> Vec<u8> {
-        let out = dir.join("copy.raw");
-        l2arc_testkit::run(
-            l2arc_testkit::tool("nbdcopy", "libnbd-bin")
-                .arg(self.uri())
-                .arg(&out),
-        );
-        std::fs::read(out).unwrap()
-    }
-
-    /// SIGTERM; the stop line.
-    fn stop(mut self) -> String {
-        l2arc_testkit::run(Command::new("kill").args(["-TERM", &self.child.id().to_string()]));
-        assert!(self.child.wait().unwrap().success());
-        std::iter::from_fn(|| self.stderr.recv_timeout(Duration::from_secs(10)).ok())
-            .find(|l| l.starts_with("l2arc: stopped:"))
-            .expect("a stop line")
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The whole export, read by nbdcopy.
+fn read_all(served: &ServeNbd, dir: &Path) -> Vec<u8> {
+    let out = dir.join("copy.raw");
+    l2arc_testkit::run(
+        l2arc_testkit::tool("nbdcopy", "libnbd-bin")
+            .arg(served.uri())
+            .arg(&out),
+    );
+    std::fs::read(out).unwrap()
 }
 
 /// Overwrites `blocks` of the file with `seed`'s bytes as another process
@@ -102,10 +50,10 @@ fn write_behind(image: &Path, blocks: &[usize], seed: u64) -> Vec<u8> {
 }
 
 /// Reads the export until it matches `want`, for at most `within`.
-fn served_within(served: &Served, dir: &Path, want: &[u8], within: Duration) -> Duration {
+fn served_within(served: &ServeNbd, dir: &Path, want: &[u8], within: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        let got = served.read_all(dir);
+        let got = read_all(served, dir);
         if got == want {
             return started.elapsed();
         }
@@ -133,7 +81,7 @@ fn an_image_written_behind_a_running_export_is_never_served_stale() {
     let image = dir.path().join("disk.img");
     std::fs::write(&image, pattern(IMAGE_BYTES, 1)).unwrap();
     let cache = dir.path().join("cache.img");
-    let served = Served::start(
+    let mut served = serve(
         &image,
         dir.path(),
         &[
@@ -147,7 +95,7 @@ fn an_image_written_behind_a_running_export_is_never_served_stale() {
     );
     // Warm: read twice (the second time from the ARC and flash).
     for _ in 0..2 {
-        assert_eq!(served.read_all(dir.path()), pattern(IMAGE_BYTES, 1));
+        assert_eq!(read_all(&served, dir.path()), pattern(IMAGE_BYTES, 1));
     }
     // 1. Plain writes by another process, 418 blocks as in the report.
     let blocks: Vec<usize> = (0..418)
@@ -179,7 +127,7 @@ fn an_image_written_behind_a_running_export_is_never_served_stale() {
     // 3. Writes through a shared mapping: no inotify event; the timer.
     let want = write_through_mapping(&image, 7 * BLOCK_BYTES, &pattern(BLOCK_BYTES, 300));
     served_within(&served, dir.path(), &want, Duration::from_secs(3));
-    let stopped = served.stop();
+    let stopped = served.stop_line();
     let changes: u64 = stopped
         .split(", ")
         .find_map(|p| p.strip_suffix(" image changes seen behind the export"))
@@ -223,35 +171,6 @@ fn write_through_mapping(image: &Path, offset: usize, bytes: &[u8]) -> Vec<u8> {
     all
 }
 
-/// A loop device detached on drop.
-struct LoopDevice(PathBuf);
-
-impl LoopDevice {
-    fn attach(backing: &Path) -> LoopDevice {
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(backing)
-            .output()
-            .expect(
-                "cannot run losetup: this test needs util-linux's losetup, root and loop devices",
-            );
-        assert!(
-            out.status.success(),
-            "losetup failed (needs root and loop devices): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        LoopDevice(PathBuf::from(
-            String::from_utf8(out.stdout).unwrap().trim().to_string(),
-        ))
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
-    }
-}
-
 /// A process that holds `device` open (`<>` for writing, `<` for
 /// reading) until killed.
 fn hold_open(device: &Path, mode: &str) -> Child {
@@ -292,15 +211,15 @@ fn a_block_device_held_open_for_writing_is_refused_unless_unsafe() {
     );
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("--shared-writer-unsafe"), "{said}");
-    let served = Served::start(&device.0, dir.path(), &["--shared-writer-unsafe"]);
-    assert_eq!(served.read_all(dir.path()), pattern(8 << 20, 3));
-    served.stop();
+    let mut served = serve(&device.0, dir.path(), &["--shared-writer-unsafe"]);
+    assert_eq!(read_all(&served, dir.path()), pattern(8 << 20, 3));
+    served.stop_line();
     writer.kill().unwrap();
     writer.wait().unwrap();
     // A reader is no writer; the device is claimed while exported.
     let mut reader = hold_open(&device.0, "<");
     std::thread::sleep(Duration::from_millis(300));
-    let served = Served::start(&device.0, dir.path(), &[]);
+    let mut served = serve(&device.0, dir.path(), &[]);
     let exclusive = {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new()
@@ -313,8 +232,8 @@ fn a_block_device_held_open_for_writing_is_refused_unless_unsafe() {
         Some(libc::EBUSY),
         "the export claims the device"
     );
-    assert_eq!(served.read_all(dir.path()), pattern(8 << 20, 3));
-    served.stop();
+    assert_eq!(read_all(&served, dir.path()), pattern(8 << 20, 3));
+    served.stop_line();
     reader.kill().unwrap();
     reader.wait().unwrap();
 }

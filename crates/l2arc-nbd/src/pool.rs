@@ -185,15 +185,20 @@ impl BufferPool {
             return None;
         }
         let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
+        Some(self.grant(account, &mut held, bytes))
+    }
+
+    /// Adds `bytes`, already taken from the pool, to the account whose
+    /// `held` count is locked: the charge that gives both back.
+    fn grant(self: &Arc<Self>, account: &Arc<Account>, held: &mut u64, bytes: u64) -> Charge {
         *held += bytes;
         account.held_bytes.store(*held, Ordering::Relaxed);
-        drop(held);
-        Some(Charge {
+        Charge {
             pool: Arc::clone(self),
             account: Arc::clone(account),
             account_bytes: bytes,
             pool_bytes: bytes,
-        })
+        }
     }
 
     /// As [`Self::charge`], but never waits: `None` when the account or the
@@ -229,15 +234,7 @@ impl BufferPool {
             self.high_water_bytes
                 .fetch_max(state.used_bytes, Ordering::Relaxed);
         }
-        *held += bytes;
-        account.held_bytes.store(*held, Ordering::Relaxed);
-        drop(held);
-        Some(Charge {
-            pool: Arc::clone(self),
-            account: Arc::clone(account),
-            account_bytes: bytes,
-            pool_bytes: bytes,
-        })
+        Some(self.grant(account, &mut held, bytes))
     }
 
     /// Waits for room in the shared pool and takes `bytes` of it. Waiting

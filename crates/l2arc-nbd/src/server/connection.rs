@@ -85,26 +85,40 @@ fn handshake(shared: &Shared, conn: &mut Conn, slot: &Slot) -> io::Result<Option
         };
         slot.last_active_ms
             .store(shared.now_ms(), Ordering::Relaxed);
-        let mut at = 0;
-        while at < n {
-            let pushed = hs.push(&buf[at..n], &mut out);
-            // The replies already due go out even when the next option
-            // breaks a limit: the client gets every answer it earned.
-            io::Write::write_all(conn, &out)?;
-            out.clear();
-            let (used, status) =
-                pushed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            at += used;
-            match status {
-                HandshakeStatus::Negotiating => {}
-                HandshakeStatus::Aborted => return Ok(None),
-                HandshakeStatus::Transmission => {
-                    conn.set_timeouts(Some(shared.config.idle_timeout))?;
-                    return Ok(Some(buf[at..n].to_vec()));
-                }
+        let (at, status) = negotiate(conn, &mut hs, &buf[..n], &mut out)?;
+        match status {
+            HandshakeStatus::Negotiating => {}
+            HandshakeStatus::Aborted => return Ok(None),
+            HandshakeStatus::Transmission => {
+                conn.set_timeouts(Some(shared.config.idle_timeout))?;
+                return Ok(Some(buf[at..n].to_vec()));
             }
         }
     }
+}
+
+/// Feeds `input` to the handshake and sends its replies, until the input
+/// is used or the handshake is over: the bytes used and where it stands.
+/// The replies already due go out even when the next option breaks a
+/// limit (the `Err`): the client gets every answer it earned.
+pub(super) fn negotiate(
+    conn: &mut Conn,
+    hs: &mut Handshake,
+    input: &[u8],
+    out: &mut Vec<u8>,
+) -> io::Result<(usize, HandshakeStatus)> {
+    let mut at = 0;
+    while at < input.len() {
+        let pushed = hs.push(&input[at..], out);
+        io::Write::write_all(conn, out)?;
+        out.clear();
+        let (used, status) = pushed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        at += used;
+        if status != HandshakeStatus::Negotiating {
+            return Ok((at, status));
+        }
+    }
+    Ok((at, HandshakeStatus::Negotiating))
 }
 
 fn transmission(shared: &Arc<Shared>, mut conn: Conn, leftover: Vec<u8>, slot: &Arc<Slot>) {

@@ -748,17 +748,9 @@ fn refuse(conn: &mut Conn, export: ExportInfo, reason: &str) -> io::Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let mut at = 0;
-        while at < n {
-            let pushed = hs.push(&buf[at..n], &mut out);
-            io::Write::write_all(conn, &out)?;
-            out.clear();
-            let (used, status) =
-                pushed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            at += used;
-            if status != HandshakeStatus::Negotiating {
-                return Ok(());
-            }
+        let (_, status) = connection::negotiate(conn, &mut hs, &buf[..n], &mut out)?;
+        if status != HandshakeStatus::Negotiating {
+            return Ok(());
         }
     }
     Ok(())

@@ -82,6 +82,9 @@ impl Workers {
         let Ok(n) = claimed else {
             return;
         };
+        // Idle from birth: a request that arrives before the new thread
+        // runs is not taken for one that found every worker busy.
+        workers.idle.fetch_add(1, Ordering::SeqCst);
         let pool = Arc::clone(workers);
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-worker-{n}"))
@@ -100,6 +103,7 @@ impl Workers {
                     .push(t);
             }
             Err(_) => {
+                workers.idle.fetch_sub(1, Ordering::SeqCst);
                 workers.started.fetch_sub(1, Ordering::SeqCst);
             }
         }
@@ -122,7 +126,7 @@ impl Workers {
 fn worker(pool: &Arc<Workers>) {
     let (shared, replier, slot) = (&*pool.shared, &*pool.replier, &*pool.slot);
     loop {
-        pool.idle.fetch_add(1, Ordering::SeqCst);
+        // Counted idle (by `start_one` at first, below after each request).
         let job = {
             let rx = pool.rx.lock().unwrap_or_else(|p| p.into_inner());
             rx.recv()
@@ -141,6 +145,7 @@ fn worker(pool: &Arc<Workers>) {
             serve_request(shared, replier, &job);
         }
         drop(job);
+        pool.idle.fetch_add(1, Ordering::SeqCst);
         let before = slot.in_flight.fetch_sub(1, Ordering::SeqCst);
         assert!(before > 0, "a request left that never came in");
     }
