@@ -26,7 +26,7 @@
 //! requests, which finish on their own: good clients cannot deadlock one
 //! another.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,10 @@ struct PoolState {
     /// (only its reader charges), so bounded by the connection limit.
     waiting: Vec<(u64, u64)>,
     next_ticket: u64,
+    /// Charges asleep on `BufferPool::freed`: a release wakes them only if
+    /// there are some (a wake-up is a system call, and most releases have
+    /// nobody to wake).
+    sleepers: usize,
 }
 
 /// The shared byte budget.
@@ -276,11 +280,13 @@ impl BufferPool {
                 state.waiting.push((bytes, ticket));
                 waiting = true;
             }
+            state.sleepers += 1;
             state = self
                 .freed
                 .wait_timeout(state, WAIT_POLL)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            state.sleepers -= 1;
             if state.used_bytes + bytes > limit_bytes && waited_since.elapsed() >= RECLAIM_WAIT {
                 drop(state);
                 reclaim();
@@ -311,11 +317,14 @@ fn wait_for_account_room(account: &Account, bytes: u64, account_max_bytes: u64) 
         if account.closed.load(Ordering::SeqCst) {
             return false;
         }
+        // Counted under the lock a release takes before it looks.
+        account.sleepers.fetch_add(1, Ordering::Relaxed);
         held = account
             .freed
             .wait_timeout(held, WAIT_POLL)
             .unwrap_or_else(|p| p.into_inner())
             .0;
+        account.sleepers.fetch_sub(1, Ordering::Relaxed);
     }
     true
 }
@@ -326,6 +335,8 @@ fn wait_for_account_room(account: &Account, bytes: u64, account_max_bytes: u64) 
 pub struct Account {
     held: Mutex<u64>,
     freed: Condvar,
+    /// Charges asleep on `freed` (changed and read under `held`'s lock).
+    sleepers: AtomicUsize,
     /// A copy of `held` readable without the lock (for choosing a victim).
     held_bytes: AtomicU64,
     /// Since when a reply write has waited for the client to take bytes
@@ -455,7 +466,9 @@ impl Drop for Charge {
                 "pool released more than it holds"
             );
             state.used_bytes -= self.pool_bytes;
-            self.pool.freed.notify_all();
+            if state.sleepers > 0 {
+                self.pool.freed.notify_all();
+            }
             self.pool.released_since_trim.store(true, Ordering::Relaxed);
         }
         let mut held = self.account.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -465,6 +478,8 @@ impl Drop for Charge {
         );
         *held -= self.account_bytes;
         self.account.held_bytes.store(*held, Ordering::Relaxed);
-        self.account.freed.notify_all();
+        if self.account.sleepers.load(Ordering::Relaxed) > 0 {
+            self.account.freed.notify_all();
+        }
     }
 }
