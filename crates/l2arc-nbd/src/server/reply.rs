@@ -9,7 +9,9 @@
 //! waits for the client, which is how the server tells a stuck reply
 //! (the client's doing) from a slow disk (its own).
 
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
+
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -51,26 +53,32 @@ impl Replier {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes `parts` back to back, in pieces of at most
-    /// `REPLY_PIECE_BYTES`, noting progress after each. False if the
-    /// connection broke (it is then shut down).
+    /// Writes `parts` back to back, one system call (`writev`) per piece
+    /// of at most `REPLY_PIECE_BYTES`, noting progress after each. False
+    /// if the connection broke (it is then shut down).
     pub(super) fn write_parts(&self, conn: &mut Conn, parts: &[&[u8]]) -> bool {
         if self.is_broken() {
             return false;
         }
-        for part in parts {
-            for piece in part.chunks(REPLY_PIECE_BYTES) {
-                self.account.writing(&self.pool, true);
-                let written = conn.write_all(piece);
-                self.account.writing(&self.pool, false);
-                if written.is_err() {
+        let mut at = (0usize, 0usize); // (part, offset in it)
+        loop {
+            let piece = gather_piece(parts, at);
+            if piece.is_empty() {
+                return true;
+            }
+            self.account.writing(&self.pool, true);
+            let written = conn.write_vectored(&piece);
+            self.account.writing(&self.pool, false);
+            match written {
+                Ok(n) if n > 0 => at = advance(parts, at, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                _ => {
                     self.broken.store(true, Ordering::Relaxed);
                     conn.shutdown();
                     return false;
                 }
             }
         }
-        true
     }
 
     pub(super) fn send(&self, bytes: &[u8]) {
@@ -89,6 +97,43 @@ impl Replier {
     }
 }
 
+/// The next piece to write from `at`: slices of `parts`, at most
+/// `REPLY_PIECE_BYTES` in all, empty ones left out.
+fn gather_piece<'a>(
+    parts: &[&'a [u8]],
+    (mut part, mut offset): (usize, usize),
+) -> SmallVec<[IoSlice<'a>; 4]> {
+    let mut piece = SmallVec::new();
+    let mut budget_bytes = REPLY_PIECE_BYTES;
+    while part < parts.len() && budget_bytes > 0 {
+        let rest = &parts[part][offset..];
+        let take = rest.len().min(budget_bytes);
+        if take > 0 {
+            piece.push(IoSlice::new(&rest[..take]));
+            budget_bytes -= take;
+        }
+        (part, offset) = (part + 1, 0);
+    }
+    piece
+}
+
+/// Where `at` moves after `n` more bytes of `parts` went out.
+fn advance(
+    parts: &[&[u8]],
+    (mut part, mut offset): (usize, usize),
+    mut n: usize,
+) -> (usize, usize) {
+    while n > 0 {
+        let rest = parts[part].len() - offset;
+        if n < rest {
+            return (part, offset + n);
+        }
+        n -= rest;
+        (part, offset) = (part + 1, 0);
+    }
+    (part, offset)
+}
+
 /// Writes to the client; `io::Write` for `write_all`.
 impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -98,7 +143,42 @@ impl Write for Conn {
         }
     }
 
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write_vectored(bufs),
+            Conn::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_every_byte_once_and_stay_under_the_bound() {
+        let big = vec![1u8; REPLY_PIECE_BYTES + 100];
+        let parts: [&[u8]; 4] = [b"header..", &[], &big, b"tail"];
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut at = (0, 0);
+        let mut sent = Vec::new();
+        // Short writes of 7 bytes, then whatever is left of each piece.
+        for short in [true, false, false, false] {
+            let piece = gather_piece(&parts, at);
+            let len: usize = piece.iter().map(|s| s.len()).sum();
+            assert!(len <= REPLY_PIECE_BYTES);
+            let n = if short { 7 } else { len };
+            let flat: Vec<u8> = piece.iter().flat_map(|s| s.iter().copied()).collect();
+            sent.extend_from_slice(&flat[..n]);
+            at = advance(&parts, at, n);
+        }
+        assert!(gather_piece(&parts, at).is_empty(), "all sent");
+        let want: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        assert_eq!(sent.len(), total);
+        assert_eq!(sent, want);
     }
 }
