@@ -89,12 +89,18 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     }
     check_args(&args, s3)?;
     let writable = !args.read_only;
-    let primary = if s3 {
+    let store = if s3 {
         let uri = args.image.to_str().expect("is_s3 checked UTF-8");
-        args.s3.connect(uri, true)? as Arc<dyn l2arc::primary::Primary>
+        Some(args.s3.connect(uri, true, &resolved.s3)?)
     } else {
-        let image = ImagePrimary::open(&args.image, writable)?;
-        resolved.wrap_primary(Arc::new(image))?
+        None
+    };
+    let primary = match &store {
+        Some(store) => Arc::clone(store) as Arc<dyn l2arc::primary::Primary>,
+        None => {
+            let image = ImagePrimary::open(&args.image, writable)?;
+            resolved.wrap_primary(Arc::new(image))?
+        }
     };
     let cache = resolved.build_cache()?;
     let _control = resolved.start_control(&cache)?;
@@ -126,6 +132,9 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
         );
     }
     server.serve(listener)?;
+    if let Some(store) = &store {
+        crate::s3_opts::print_requests(store);
+    }
     print_stopped(&server, &cache);
     Ok(())
 }

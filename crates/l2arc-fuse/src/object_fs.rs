@@ -175,7 +175,10 @@ fn errno(e: &io::Error) -> Errno {
         K::NotADirectory => libc::ENOTDIR,
         K::IsADirectory => libc::EISDIR,
         K::ReadOnlyFilesystem => libc::EROFS,
-        K::TimedOut => libc::ETIMEDOUT,
+        // A store that did not answer within the read deadline: EIO, what
+        // readers of files expect of failed storage (ETIMEDOUT is a
+        // socket's errno, and was the old, undocumented answer).
+        K::TimedOut => libc::EIO,
         K::FileTooLarge => libc::EFBIG,
         _ => libc::EIO,
     })
