@@ -864,6 +864,12 @@ impl Primary for ObjectStorePrimary {
     fn describe(&self) -> String {
         self.shared.config.display_name.clone()
     }
+
+    /// A GET's round trip is worth megabytes: sequential readers are read
+    /// ahead in spans of the engine's largest, one GET each.
+    fn read_ahead_span_bytes(&self) -> Option<u64> {
+        Some(crate::PREFETCH_SPAN_BYTES_MAX)
+    }
 }
 
 /// What one open object knows of its versions.
