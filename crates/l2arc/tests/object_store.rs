@@ -614,7 +614,7 @@ fn the_check_names_each_cause_apart() {
     expect(
         config,
         None,
-        &["404", "not an S3 server"],
+        &["404", "HTML page", "not an S3 server"],
         &["bucket?", "<html>"],
     );
     // A port nothing listens on.

@@ -155,7 +155,7 @@ pub(super) fn failure_of(e: &opendal::Error) -> Failure {
         || code.as_deref() == Some("SlowDown");
     match (code, status) {
         (Some(code), _) => from_code(e, code, status.is_some(), throttled),
-        (None, Some(status)) => from_status(e, status, throttled),
+        (None, Some(status)) => from_status(e, &text, status, throttled),
         (None, None) if text.contains("credential") && !e.is_temporary() => Failure {
             kind: io::ErrorKind::PermissionDenied,
             cause: Cause::NoCredentials,
@@ -202,7 +202,7 @@ fn from_code(e: &opendal::Error, code: String, answered: bool, throttled: bool) 
 
 /// An answer with no S3 error body: S3 answers HEAD without a body (404:
 /// no such key, 412: changed); anything else of S3 sends XML.
-fn from_status(e: &opendal::Error, status: u16, throttled: bool) -> Failure {
+fn from_status(e: &opendal::Error, text: &str, status: u16, throttled: bool) -> Failure {
     use opendal::ErrorKind as K;
     let kind = match e.kind() {
         K::NotFound => io::ErrorKind::NotFound,
@@ -211,8 +211,15 @@ fn from_status(e: &opendal::Error, status: u16, throttled: bool) -> Failure {
         K::RateLimited => io::ErrorKind::ResourceBusy,
         _ => io::ErrorKind::Other,
     };
-    let body = first_line(e.message());
-    let detail = if body.starts_with('<') {
+    // OpenDAL's XML reader takes some pages for an S3 error with every
+    // field empty: that is no S3 error either.
+    let body = Some(first_line(e.message())).filter(|b| !b.starts_with("S3Error {"));
+    let body = body.unwrap_or("");
+    let html = body.starts_with('<')
+        || text
+            .to_ascii_lowercase()
+            .contains("\"content-type\": \"text/html");
+    let detail = if html {
         format!("HTTP {status} with an HTML page, not an S3 error")
     } else if body.is_empty() {
         format!("HTTP {status} without an S3 error")
