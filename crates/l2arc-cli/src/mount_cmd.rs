@@ -253,7 +253,7 @@ fn run_s3(args: MountArgs) -> Result<()> {
     check_common_args(&args)?;
     // Fails here, before anything is mounted, with one line: no bucket,
     // credentials refused, endpoint unreachable.
-    let store = args.s3.connect(&uri, false)?;
+    let store = args.s3.connect(&uri, false, &resolved.s3)?;
     let cache = resolved.build_cache()?;
     let _control = resolved.start_control(&cache)?;
     let _http = resolved.start_http(&cache, args.allow_remote)?;
@@ -289,11 +289,7 @@ fn run_s3(args: MountArgs) -> Result<()> {
         ttl.as_secs_f64()
     );
     serve_until_stopped(session, &args, &stop)?;
-    let s = store.stats();
-    eprintln!(
-        "l2arc: s3 requests: {} GETs ({} bytes), {} HEADs, {} LISTs, {} retries, {} precondition failed",
-        s.gets, s.get_bytes, s.heads, s.lists, s.retries, s.precondition_failed
-    );
+    crate::s3_opts::print_requests(&store);
     print_kstats(&cache);
     Ok(())
 }

@@ -100,31 +100,18 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     }
     check_args(&args, s3)?;
     let writable = !args.read_only;
-    let primary = if s3 {
+    let store = if s3 {
         let uri = args.image.to_str().expect("is_s3 checked UTF-8");
-        args.s3.connect(uri, true)? as Arc<dyn l2arc::primary::Primary>
+        Some(args.s3.connect(uri, true, &resolved.s3)?)
     } else {
-        let block_device = is_block_device(&args.image);
-        if block_device && !args.shared_writer_unsafe {
-            refuse_shared_writers(&args.image)?;
+        None
+    };
+    let primary = match &store {
+        Some(store) => Arc::clone(store) as Arc<dyn l2arc::primary::Primary>,
+        None => {
+            let image = open_image(&args, writable)?;
+            resolved.wrap_primary(Arc::new(image))?
         }
-        let image = if block_device && !args.shared_writer_unsafe {
-            ImagePrimary::open_claimed(&args.image, writable).map_err(|e| {
-                if e.raw_os_error() == Some(libc::EBUSY) {
-                    anyhow::anyhow!(
-                        "{} is in use by the system (mounted, or claimed by another program): \
-                         exporting it would serve bytes written behind the export; \
-                         --shared-writer-unsafe exports it anyway (docs/nbd.md)",
-                        args.image.display()
-                    )
-                } else {
-                    e.into()
-                }
-            })?
-        } else {
-            ImagePrimary::open(&args.image, writable)?
-        };
-        resolved.wrap_primary(Arc::new(image))?
     };
     let cache = resolved.build_cache()?;
     let _control = resolved.start_control(&cache)?;
@@ -156,8 +143,32 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
         );
     }
     server.serve(listener)?;
+    if let Some(store) = &store {
+        crate::s3_opts::print_requests(store);
+    }
     print_stopped(&server, &cache);
     Ok(())
+}
+
+/// Opens the image; a block device is refused if something else may
+/// write it and claimed while exported, unless `--shared-writer-unsafe`.
+fn open_image(args: &ServeNbdArgs, writable: bool) -> Result<ImagePrimary> {
+    if !is_block_device(&args.image) || args.shared_writer_unsafe {
+        return Ok(ImagePrimary::open(&args.image, writable)?);
+    }
+    refuse_shared_writers(&args.image)?;
+    ImagePrimary::open_claimed(&args.image, writable).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            anyhow::anyhow!(
+                "{} is in use by the system (mounted, or claimed by another program): \
+                 exporting it would serve bytes written behind the export; \
+                 --shared-writer-unsafe exports it anyway (docs/nbd.md)",
+                args.image.display()
+            )
+        } else {
+            e.into()
+        }
+    })
 }
 
 /// Refuses a block device that something else may write: nothing moves

@@ -4,41 +4,60 @@
 //! Credentials are taken the way the AWS tools take them, never from a
 //! flag (a flag shows in `ps`): AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 //! AWS_SESSION_TOKEN, AWS_PROFILE, ~/.aws/credentials and ~/.aws/config.
-//! The endpoint and region come from the flags, else AWS_ENDPOINT_URL and
-//! AWS_REGION / AWS_DEFAULT_REGION. Nothing here ever prints a secret:
-//! messages name the bucket and prefix only.
+//! The endpoint and region come from the flags (or the config file), else
+//! the environment (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS_REGION,
+//! AWS_DEFAULT_REGION), else the selected profile of ~/.aws/config, as the
+//! AWS tools take them. Nothing here ever prints a secret: messages name
+//! the bucket and prefix only.
 
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use clap::Args;
 use l2arc::primary::object_store::{
-    METADATA_TTL_DEFAULT_MS, ObjectStoreConfig, ObjectStorePrimary, S3Location, parse_s3_uri,
+    METADATA_TTL_DEFAULT_MS, ObjectStoreConfig, ObjectStorePrimary, READ_DEADLINE_DEFAULT_MS,
+    REQUEST_TIMEOUT_DEFAULT_MS, RETRIES_DEFAULT, S3Location, parse_s3_uri,
 };
+use l2arc_cli::service::S3FileOptions;
 
-#[derive(Args, Debug, Clone)]
+/// Every flag here is also a key of `--config FILE` (underscores for
+/// dashes: `s3_read_deadline = 30`); a flag wins over the file.
+#[derive(Args, Debug, Clone, Default)]
 pub(crate) struct S3Options {
     /// S3 endpoint URL (a non-AWS server: http://127.0.0.1:7070); default
-    /// AWS_ENDPOINT_URL, else AWS.
+    /// AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's endpoint_url in
+    /// ~/.aws/config, else AWS.
     #[arg(long)]
     pub s3_endpoint: Option<String>,
-    /// S3 region; default AWS_REGION, AWS_DEFAULT_REGION, else us-east-1.
+    /// S3 region; default AWS_REGION, AWS_DEFAULT_REGION, the profile's
+    /// region, else us-east-1.
     #[arg(long)]
     pub s3_region: Option<String>,
     /// Virtual-host addressing (BUCKET.endpoint) instead of path style.
     #[arg(long)]
     pub s3_virtual_host: bool,
     /// Seconds a listing, a stat or a missing key of the object store is
-    /// trusted (also the attribute timeout of an s3:// mount).
-    #[arg(long, default_value_t = METADATA_TTL_DEFAULT_MS as f64 / 1000.0)]
-    pub metadata_ttl: f64,
+    /// trusted (also the attribute timeout of an s3:// mount) [default: 60].
+    #[arg(long)]
+    pub metadata_ttl: Option<f64>,
     /// Tries of one S3 request beyond the first (503 SlowDown, timeouts,
-    /// dropped connections), with capped exponential backoff.
-    #[arg(long, default_value_t = l2arc::primary::object_store::RETRIES_DEFAULT)]
-    pub s3_retries: u32,
-    /// Seconds one S3 request may take.
-    #[arg(long, default_value_t = 30.0)]
-    pub s3_timeout: f64,
+    /// dropped connections), with capped exponential backoff [default: 4].
+    #[arg(long)]
+    pub s3_retries: Option<u32>,
+    /// Seconds one S3 request may take (a streamed read: until its first
+    /// byte, and between two pieces) [default: 5].
+    #[arg(long)]
+    pub s3_timeout: Option<f64>,
+    /// Seconds one read may take in all, every try and backoff included;
+    /// past it the read fails with EIO [default: 30].
+    #[arg(long)]
+    pub s3_read_deadline: Option<f64>,
+    /// Past --metadata-ttl, keep serving what is cached when the store
+    /// cannot be reached (timeouts, refused connections, 5xx), as HTTP
+    /// caches' stale-if-error; never once the store said an object changed
+    /// or is gone.
+    #[arg(long)]
+    pub stale_if_error: bool,
 }
 
 /// True if `src` names an object store.
@@ -46,29 +65,71 @@ pub(crate) fn is_s3(src: &std::path::Path) -> bool {
     src.to_str().is_some_and(|s| s.starts_with("s3://"))
 }
 
+/// Seconds of a setting, checked against its range, in ms.
+fn seconds_ms(name: &str, value: f64, range: std::ops::RangeInclusive<f64>) -> Result<u64> {
+    if !(value.is_finite() && range.contains(&value)) {
+        bail!(
+            "{name} must be between {} and {} seconds, not {value}",
+            range.start(),
+            range.end()
+        );
+    }
+    Ok((value * 1000.0).round() as u64)
+}
+
 impl S3Options {
     /// Builds the primary for `uri` and checks at once that the bucket
     /// exists and takes the credentials (one-line error otherwise).
-    /// `single_key`: `uri` names one object (an NBD export).
-    pub(crate) fn connect(&self, uri: &str, single_key: bool) -> Result<Arc<ObjectStorePrimary>> {
+    /// `single_key`: `uri` names one object (an NBD export). The flags win
+    /// over `file` (the config file's keys), which wins over the defaults.
+    pub(crate) fn connect(
+        &self,
+        uri: &str,
+        single_key: bool,
+        file: &S3FileOptions,
+    ) -> Result<Arc<ObjectStorePrimary>> {
+        let config = self.store_config(uri, single_key, file)?;
+        let store = ObjectStorePrimary::new(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        store.check().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(Arc::new(store))
+    }
+
+    /// The store's configuration: the flags over `file` over the defaults,
+    /// each checked against its range.
+    fn store_config(
+        &self,
+        uri: &str,
+        single_key: bool,
+        file: &S3FileOptions,
+    ) -> Result<ObjectStoreConfig> {
         let Some(parsed) = parse_s3_uri(uri) else {
             bail!("{uri} is not an s3:// URI");
         };
         let (bucket, prefix) = parsed?;
-        if !(self.metadata_ttl.is_finite() && (0.0..=86_400.0).contains(&self.metadata_ttl)) {
-            bail!(
-                "--metadata-ttl must be between 0 and 86400 seconds, not {}",
-                self.metadata_ttl
-            );
-        }
-        if !(self.s3_timeout.is_finite() && (0.1..=3600.0).contains(&self.s3_timeout)) {
-            bail!(
-                "--s3-timeout must be between 0.1 and 3600 seconds, not {}",
-                self.s3_timeout
-            );
-        }
-        if self.s3_retries > 30 {
-            bail!("--s3-retries must be at most 30, not {}", self.s3_retries);
+        let metadata_ttl_ms = seconds_ms(
+            "--metadata-ttl",
+            self.metadata_ttl
+                .or(file.metadata_ttl)
+                .unwrap_or(METADATA_TTL_DEFAULT_MS as f64 / 1000.0),
+            0.0..=86_400.0,
+        )?;
+        let request_timeout_ms = seconds_ms(
+            "--s3-timeout",
+            self.s3_timeout
+                .or(file.timeout)
+                .unwrap_or(REQUEST_TIMEOUT_DEFAULT_MS as f64 / 1000.0),
+            0.1..=3600.0,
+        )?;
+        let read_deadline_ms = seconds_ms(
+            "--s3-read-deadline",
+            self.s3_read_deadline
+                .or(file.read_deadline)
+                .unwrap_or(READ_DEADLINE_DEFAULT_MS as f64 / 1000.0),
+            0.1..=3600.0,
+        )?;
+        let retries_max = self.s3_retries.or(file.retries).unwrap_or(RETRIES_DEFAULT);
+        if retries_max > 30 {
+            bail!("--s3-retries must be at most 30, not {retries_max}");
         }
         let (dir_prefix, key) = if single_key {
             if prefix.is_empty() {
@@ -84,19 +145,79 @@ impl S3Options {
         let mut config = ObjectStoreConfig::s3(&S3Location {
             bucket: bucket.clone(),
             prefix: dir_prefix,
-            endpoint: self.s3_endpoint.clone(),
-            region: self.s3_region.clone(),
-            virtual_host_style: self.s3_virtual_host,
+            endpoint: self.s3_endpoint.clone().or_else(|| file.endpoint.clone()),
+            region: self.s3_region.clone().or_else(|| file.region.clone()),
+            virtual_host_style: self.s3_virtual_host || file.virtual_host.unwrap_or(false),
         });
-        config.metadata_ttl_ms = (self.metadata_ttl * 1000.0) as u64;
-        config.retries_max = self.s3_retries;
-        config.request_timeout_ms = (self.s3_timeout * 1000.0) as u64;
+        config.metadata_ttl_ms = metadata_ttl_ms;
+        config.retries_max = retries_max;
+        config.request_timeout_ms = request_timeout_ms;
+        config.read_deadline_ms = read_deadline_ms;
+        config.stale_if_error = self.stale_if_error || file.stale_if_error.unwrap_or(false);
         if single_key {
             config.single_key = Some(key);
             config.display_name = format!("s3://{bucket}/{prefix}");
         }
-        let store = ObjectStorePrimary::new(config).map_err(|e| anyhow::anyhow!("{e}"))?;
-        store.check().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(Arc::new(store))
+        Ok(config)
+    }
+}
+
+/// The closing line of an object-store service: what it asked the store
+/// and what came of it.
+pub(crate) fn print_requests(store: &ObjectStorePrimary) {
+    let s = store.stats();
+    eprintln!(
+        "l2arc: s3 requests: {} GETs ({} bytes), {} HEADs, {} LISTs, {} retries, {} precondition failed, {} outages ({} requests refused in them, {} probes), {} served stale (stale-if-error)",
+        s.gets,
+        s.get_bytes,
+        s.heads,
+        s.lists,
+        s.retries,
+        s.precondition_failed,
+        s.outages,
+        s.refused_in_outage,
+        s.probes,
+        s.stale_if_error_hits
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file_over_the_defaults() {
+        let file = S3FileOptions {
+            endpoint: Some("http://file:9000".into()),
+            read_deadline: Some(12.0),
+            timeout: Some(2.0),
+            stale_if_error: Some(true),
+            ..S3FileOptions::default()
+        };
+        let flags = S3Options {
+            s3_read_deadline: Some(7.5),
+            ..S3Options::default()
+        };
+        let c = flags.store_config("s3://b/p", false, &file).unwrap();
+        assert_eq!(c.read_deadline_ms, 7_500);
+        assert_eq!(c.request_timeout_ms, 2_000);
+        assert!(c.stale_if_error);
+        assert!(
+            c.options
+                .contains(&("endpoint".into(), "http://file:9000".into()))
+        );
+        let c = S3Options::default()
+            .store_config("s3://b", false, &S3FileOptions::default())
+            .unwrap();
+        assert_eq!(c.read_deadline_ms, READ_DEADLINE_DEFAULT_MS);
+        assert_eq!(c.request_timeout_ms, REQUEST_TIMEOUT_DEFAULT_MS);
+        assert_eq!(c.retries_max, RETRIES_DEFAULT);
+        assert!(!c.stale_if_error);
+        let bad = S3Options {
+            s3_read_deadline: Some(0.0),
+            ..S3Options::default()
+        };
+        let e = bad.store_config("s3://b", false, &file).unwrap_err();
+        assert!(e.to_string().contains("--s3-read-deadline"), "{e}");
     }
 }

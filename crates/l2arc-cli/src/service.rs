@@ -144,6 +144,38 @@ struct FileOptions {
     emulate_hdd_spindles: Option<usize>,
     emulate_hdd_seek_ms_min: Option<f64>,
     emulate_hdd_seek_ms_max: Option<f64>,
+    s3_endpoint: Option<String>,
+    s3_region: Option<String>,
+    s3_virtual_host: Option<bool>,
+    metadata_ttl: Option<f64>,
+    s3_retries: Option<u32>,
+    s3_timeout: Option<f64>,
+    s3_read_deadline: Option<f64>,
+    stale_if_error: Option<bool>,
+}
+
+/// The object-store settings of the config file (keys as the `--s3-*`
+/// flags, `metadata_ttl` and `stale_if_error`), for sources of the form
+/// s3://; the flags win over them (`s3_opts`). Checked where they are
+/// used, with the flags.
+#[derive(Clone, Debug, Default)]
+pub struct S3FileOptions {
+    /// `s3_endpoint`.
+    pub endpoint: Option<String>,
+    /// `s3_region`.
+    pub region: Option<String>,
+    /// `s3_virtual_host`.
+    pub virtual_host: Option<bool>,
+    /// `metadata_ttl`, seconds.
+    pub metadata_ttl: Option<f64>,
+    /// `s3_retries`.
+    pub retries: Option<u32>,
+    /// `s3_timeout`, seconds.
+    pub timeout: Option<f64>,
+    /// `s3_read_deadline`, seconds.
+    pub read_deadline: Option<f64>,
+    /// `stale_if_error`.
+    pub stale_if_error: Option<bool>,
 }
 
 /// Longest poll a blocking flash read may be given (`l2arc_read_poll_us`).
@@ -208,6 +240,9 @@ pub struct ResolvedOptions {
     pub l2arc_noprefetch_set: bool,
     /// `sector_table_min` was set (flag or file), not left at its default.
     pub sector_table_min_set: bool,
+    /// The file's object-store settings (the flags are merged over them
+    /// where the store is opened).
+    pub s3: S3FileOptions,
 }
 
 impl CacheOptions {
@@ -276,6 +311,16 @@ impl CacheOptions {
             l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
             sector_table_min_set: self.sector_table_min.is_some()
                 || file.sector_table_min.is_some(),
+            s3: S3FileOptions {
+                endpoint: file.s3_endpoint,
+                region: file.s3_region,
+                virtual_host: file.s3_virtual_host,
+                metadata_ttl: file.metadata_ttl,
+                retries: file.s3_retries,
+                timeout: file.s3_timeout,
+                read_deadline: file.s3_read_deadline,
+                stale_if_error: file.stale_if_error,
+            },
         })
     }
 
@@ -576,6 +621,28 @@ mod tests {
         .unwrap();
         assert!(r.cache_config.zfs_prefetch_disable);
         assert_eq!(r.cache_config.zfetch_max_distance_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn object_store_keys_are_read_from_the_file() {
+        let r = resolve_file(
+            "s3_endpoint = \"http://127.0.0.1:7070\"\ns3_read_deadline = 12.5\ns3_timeout = 2\ns3_retries = 3\nstale_if_error = true\nmetadata_ttl = 5\ns3_virtual_host = true\ns3_region = \"eu-west-1\"\n",
+            CacheOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(r.s3.endpoint.as_deref(), Some("http://127.0.0.1:7070"));
+        assert_eq!(r.s3.read_deadline, Some(12.5));
+        assert_eq!(r.s3.timeout, Some(2.0));
+        assert_eq!(r.s3.retries, Some(3));
+        assert_eq!(r.s3.stale_if_error, Some(true));
+        assert_eq!(r.s3.metadata_ttl, Some(5.0));
+        assert_eq!(r.s3.virtual_host, Some(true));
+        assert_eq!(r.s3.region.as_deref(), Some("eu-west-1"));
+        let unknown = resolve_file("s3_deadline = 3\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{unknown:#}").contains("s3_deadline"),
+            "{unknown:#}"
+        );
     }
 
     #[test]

@@ -175,7 +175,10 @@ fn errno(e: &io::Error) -> Errno {
         K::NotADirectory => libc::ENOTDIR,
         K::IsADirectory => libc::EISDIR,
         K::ReadOnlyFilesystem => libc::EROFS,
-        K::TimedOut => libc::ETIMEDOUT,
+        // A store that did not answer within the read deadline: EIO, what
+        // readers of files expect of failed storage (ETIMEDOUT is a
+        // socket's errno, and was the old, undocumented answer).
+        K::TimedOut => libc::EIO,
         K::FileTooLarge => libc::EFBIG,
         _ => libc::EIO,
     })
@@ -529,10 +532,13 @@ impl ObjectFs {
         if is_dir {
             return Err(Errno::EISDIR);
         }
+        // Its read-ahead is this file system's own (`read_ahead`), not the
+        // engine's streams.
         let handle = self
             .cache
             .open(self.dataset, &path, false)
-            .map_err(|e| errno(&e))?;
+            .map_err(|e| errno(&e))?
+            .reads_ahead_itself();
         let meta = self.store.stat(&path).map_err(|e| errno(&e))?;
         let version = (
             l2arc::primary::Generation::version_hash_of(&meta.etag, &meta.version_id),

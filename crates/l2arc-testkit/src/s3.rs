@@ -14,6 +14,12 @@
 //! injected faults replace the next requests with a 503 SlowDown answer or
 //! a dropped connection. It counts requests by method, which is how the
 //! benchmark counts the GETs a system issued.
+//!
+//! A hung server is the server stopped (SIGSTOP, [`S3Server::pause`]): the
+//! kernel still accepts connections and takes requests, and nothing ever
+//! answers, which is what a client sees of a wedged or partitioned store.
+//! [`NotS3Server`] is an HTTP server that is not S3 at all (a web server at
+//! a mistyped endpoint): it answers every request 404 with an HTML page.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -155,6 +161,26 @@ impl S3Server {
         self.client.delete(bucket, key);
     }
 
+    /// Stops the server process (SIGSTOP): connections are still accepted
+    /// by the kernel, requests are taken, and nothing answers until
+    /// [`Self::resume`]. Dropping a paused server kills it all the same.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} versitygw: {status}");
+    }
+
     /// Environment for a child process that reaches this server with the
     /// AWS tools' conventions.
     pub fn aws_env(&self) -> Vec<(&'static str, String)> {
@@ -170,6 +196,70 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// An HTTP server that is not S3: every request is answered 404 with an
+/// HTML page, as a web server at a mistyped endpoint would. Stops on drop.
+pub struct NotS3Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl NotS3Server {
+    /// Listens on a free local port.
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+        let addr = listener.local_addr().expect("addr");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                std::thread::spawn(move || {
+                    let _ = answer_404(&mut conn);
+                });
+            }
+        });
+        Self { addr, stop }
+    }
+
+    /// "http://127.0.0.1:PORT".
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for NotS3Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr); // wake the accept loop
+    }
+}
+
+/// Answers each request on `conn` (headers read up to the blank line; the
+/// clients send no bodies here) with a 404 HTML page.
+fn answer_404(conn: &mut TcpStream) -> io::Result<()> {
+    let body = "<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head>\n<body><h1>Not Found</h1><p>The requested URL was not found on this server.</p></body></html>\n";
+    let answer = format!(
+        "HTTP/1.1 404 Not Found\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut held = Vec::new();
+    loop {
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        held.extend_from_slice(&buf[..n]);
+        while let Some(end) = held.windows(4).position(|w| w == b"\r\n\r\n") {
+            held.drain(..end + 4);
+            conn.write_all(answer.as_bytes())?;
+        }
     }
 }
 

@@ -44,6 +44,7 @@ mod read_path;
 mod read_queue;
 mod stats;
 mod top_objects;
+mod zstream;
 
 pub use l2arc::device::{DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};

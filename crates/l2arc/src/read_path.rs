@@ -51,7 +51,10 @@
 //!    its batch to index and indexes them (`WriteGate`), so the two never
 //!    interleave.
 //! 3. `ObjectState::generation` (one per object): the last generation seen
-//!    and the invalidation epoch; the token is derived under it.
+//!    and the invalidation epoch; the token is derived under it. Beside it,
+//!    never around it: `ObjectState::streams` (`zstream`), held by a demand
+//!    read while it notes itself and claims its stream's span (ARC lookups,
+//!    and its streams' pace locks, below it).
 //! 4. Leaves, each held alone and briefly: the L2ARC index shards, the ARC
 //!    shards (`LiveArc`), a fill's result slot, the L2ARC's device list
 //!    (read-locked to clone device handles out, at times under 1 and 2),
@@ -229,6 +232,9 @@ pub(crate) struct Dataset {
     /// records survive a restart and can never be matched to another store.
     pub(crate) uid: u64,
     primary: Arc<dyn Primary>,
+    /// Some: sequential readers are read ahead in spans of this many bytes
+    /// (whole records; `Primary::read_ahead_span_bytes`, `zstream`).
+    span_window_bytes: Option<u64>,
     pub(crate) config: DatasetConfig,
     /// The properties that may change while running (see `properties`).
     pub(crate) props: crate::properties::LiveProperties,
@@ -247,6 +253,9 @@ struct ObjectState {
     /// any is, a generation that moved may be ours, and `revalidate` does
     /// not take it for an outside change.
     writes_in_flight: AtomicU64,
+    /// Its sequential streams (`zstream`), made on the first read through
+    /// a dataset that reads ahead in spans.
+    streams: OnceLock<Box<crate::zstream::Streams>>,
 }
 
 /// Counts a write through the cache in `ObjectState::writes_in_flight`
@@ -327,9 +336,34 @@ pub struct ObjectHandle {
     dataset: Arc<Dataset>,
     object: Arc<dyn PrimaryObject>,
     state: Arc<ObjectState>,
+    /// The caller reads ahead itself: its reads feed no stream.
+    reads_ahead_itself: bool,
 }
 
 impl ObjectHandle {
+    /// The handle of a caller that reads ahead itself (a front end with a
+    /// window of its own, as the object mount's): its reads feed none of
+    /// the engine's sequential streams (`zstream`), so that two read-aheads
+    /// do not race for the same records.
+    #[must_use]
+    pub fn reads_ahead_itself(mut self) -> Self {
+        self.reads_ahead_itself = true;
+        self
+    }
+
+    /// The span a sequential reader of this object is read ahead in, if
+    /// its dataset reads ahead in spans and this handle lets it.
+    pub(crate) fn span_window_bytes(&self) -> Option<u64> {
+        self.dataset
+            .span_window_bytes
+            .filter(|_| !self.reads_ahead_itself)
+    }
+
+    /// The object's sequential streams.
+    pub(crate) fn streams(&self) -> &crate::zstream::Streams {
+        self.state.streams.get_or_init(Box::default)
+    }
+
     /// The object's size as last seen (at open, revalidate or our own write).
     pub fn size_bytes(&self) -> u64 {
         self.state.size_bytes.load(Ordering::Acquire)
@@ -541,6 +575,11 @@ pub(crate) fn l2_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64
 /// The cache: datasets over primary storage, with the ARC (and, once cache
 /// devices are added, the L2ARC) in front.
 pub struct Cache {
+    /// Itself, for what must outlive a call (spans filled by the pool).
+    pub(crate) me: std::sync::Weak<Cache>,
+    /// The threads that fill sequential streams' spans (`zstream`),
+    /// started with the first span; None inside if none could start.
+    span_pool: OnceLock<Option<crate::zstream::SpanPool>>,
     pub(crate) config: CacheConfig,
     pub(crate) arc: LiveArc,
     pub(crate) datasets: RwLock<Vec<Arc<Dataset>>>,
@@ -603,7 +642,9 @@ impl Cache {
             .l2arc_ioengine
             .resolve()
             .map_err(|e| ConfigError::IoEngine(e.to_string()))?;
-        Ok(Arc::new(Self {
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            span_pool: OnceLock::new(),
             arc: LiveArc::new(ArcConfig {
                 arc_max_bytes: config.arc_max_bytes,
                 shards: config.arc_shards,
@@ -622,6 +663,13 @@ impl Cache {
             ioengine,
             analytics: crate::analytics::Analytics::default(),
         }))
+    }
+
+    /// The span fillers of sequential streams, started on first use.
+    pub(crate) fn span_pool(&self) -> Option<&crate::zstream::SpanPool> {
+        self.span_pool
+            .get_or_init(crate::zstream::SpanPool::start)
+            .as_ref()
     }
 
     /// How read queues read flash: `IoUring` or `Psync`.
@@ -734,10 +782,15 @@ impl Cache {
         }
         let id = DatasetId(u32::try_from(datasets.len()).expect("fewer than 2^32 datasets"));
         let uid = hash_one(&(name, primary.describe()));
+        let recordsize = u64::from(config.recordsize_bytes);
+        let span_window_bytes = primary.read_ahead_span_bytes().map(|bytes| {
+            (bytes.min(crate::PREFETCH_SPAN_BYTES_MAX) / recordsize).max(1) * recordsize
+        });
         datasets.push(Arc::new(Dataset {
             name: name.to_string(),
             uid,
             primary,
+            span_window_bytes,
             props: crate::properties::LiveProperties::new(&config),
             config,
         }));
@@ -801,6 +854,7 @@ impl Cache {
             dataset,
             object,
             state,
+            reads_ahead_itself: false,
         };
         self.adopt(&handle, info, true);
         Ok(handle)
@@ -840,6 +894,7 @@ impl Cache {
                 of_token: info.generation,
             }),
             writes_in_flight: AtomicU64::new(0),
+            streams: OnceLock::new(),
         });
         objects.insert((dataset_id.0, info.id), Arc::clone(&state));
         state
@@ -906,11 +961,18 @@ impl Cache {
         let end = offset.saturating_add(buf.len() as u64).min(size_bytes);
         if offset < end && offset / recordsize == (end - 1) / recordsize {
             // Within one record: copy straight out of the record buffer.
+            let continues = self.note_stream_read(handle, offset, buf.len());
             let timer = self.analytics.start_read();
             let index = offset / recordsize;
             let from = (offset - index * recordsize) as usize;
             let to = (end - index * recordsize) as usize;
-            let (record, range, _) = self.get_piece(handle, index, AccessKind::Demand, from..to)?;
+            let peeked = (continues == Some(index))
+                .then(|| self.arc.peek_hit(handle.record_key(index), handle.token()))
+                .flatten();
+            let (record, range, _) = match peeked {
+                Some(record) => piece_of(record, from..to, recordsize as usize),
+                None => self.get_piece(handle, index, AccessKind::Demand, from..to)?,
+            };
             let n = range.len();
             buf[..n].copy_from_slice(&record.data[range]);
             self.counters.reads.add(1);
@@ -965,6 +1027,12 @@ impl Cache {
         }
         let end = offset.saturating_add(len as u64).min(size_bytes);
         let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        // A record the caller's previous read ended in, or one an earlier
+        // read of the object's sequential stream touched: not a new access.
+        let continues = match kind {
+            AccessKind::Demand => self.note_stream_read(handle, offset, len).or(continues),
+            _ => continues,
+        };
         let timer = self.analytics.start_read_if(kind == AccessKind::Demand);
         for index in offset / recordsize..=(end - 1) / recordsize {
             let record_start = index * recordsize;

@@ -88,6 +88,9 @@ struct Request {
     end: u64,
     first_record: u64,
     kind: AccessKind,
+    /// A record an earlier read of its sequential stream touched: a hit on
+    /// it is no new access (`Cache::note_stream_read`).
+    continues: Option<u64>,
     slots: SmallVec<[RecordSlot; 2]>,
     unresolved: usize,
     error: Option<io::Error>,
@@ -248,6 +251,11 @@ impl<'c> ReadQueue<'c> {
         let size_bytes = handle.size_bytes();
         let end = offset.saturating_add(len as u64).min(size_bytes);
         let recordsize = u64::from(handle.recordsize_bytes());
+        // Before its records are looked up: a span it asks for is claimed
+        // first, and this read waits on it.
+        let continues = (kind == AccessKind::Demand && offset < end)
+            .then(|| self.cache.note_stream_read(handle, offset, len))
+            .flatten();
         let records = if len == 0 || offset >= end {
             0..0
         } else {
@@ -260,6 +268,7 @@ impl<'c> ReadQueue<'c> {
             end,
             first_record: records.start,
             kind,
+            continues,
             slots: SmallVec::new(),
             unresolved: (records.end - records.start) as usize,
             error: None,
@@ -298,6 +307,12 @@ impl<'c> ReadQueue<'c> {
         let key = request.handle.record_key(record);
         let token = request.handle.token();
         let kind = request.kind;
+        if request.continues == Some(record)
+            && let Some(hit) = self.cache.arc.peek_hit(key, token)
+        {
+            self.deliver(index, slot, Ok(hit));
+            return Ok(());
+        }
         match self.cache.arc.lookup(key, token, kind) {
             Lookup::Hit(record) => self.deliver(index, slot, Ok(record)),
             Lookup::InFlight(fill) => {

@@ -382,3 +382,260 @@ fn records_of_one_object_are_fetched_concurrently_behind_a_slow_store() {
     check_all(&cache, &handle, &data, "after concurrent fills");
     assert_eq!(store.stats().gets, 8, "the prefetched records were hits");
 }
+
+/// Runs `read` on a thread of its own and waits for it at most `within`:
+/// a read that outlives its deadline fails the test at the bound instead
+/// of holding it for the old sequence's minutes.
+fn read_within<T: Send + 'static>(
+    within: Duration,
+    read: impl FnOnce() -> T + Send + 'static,
+) -> (T, Duration) {
+    let started = std::time::Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(read());
+    });
+    let result = rx
+        .recv_timeout(within)
+        .unwrap_or_else(|_| panic!("no answer within {within:?}"));
+    (result, started.elapsed())
+}
+
+#[test]
+fn a_hung_store_fails_a_read_at_its_deadline_with_one_retry_sequence() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let data = content(RS * 4, 31);
+    server.put(BUCKET, "obj", &data);
+    let proxy = FaultProxy::start(server.addr());
+    let mut c = config(&proxy.endpoint(), BUCKET, 60_000);
+    // A request timeout far beyond the deadline, and tries to spare: the
+    // deadline alone must end the read.
+    c.request_timeout_ms = 20_000;
+    c.retries_max = 6;
+    c.read_deadline_ms = 2_000;
+    let store = Arc::new(ObjectStorePrimary::new(c).unwrap());
+    store.check().unwrap();
+    let (cache, ds) = cache_over(store.clone());
+    let handle = cache.open(ds, "obj", false).unwrap();
+    server.pause();
+    let gets = proxy.counts().gets;
+    let (result, took) = {
+        let (cache, handle) = (Arc::clone(&cache), handle.clone());
+        read_within(Duration::from_millis(2_000 + 3_000), move || {
+            let mut buf = vec![0u8; RS];
+            cache.read(&handle, 0, &mut buf)
+        })
+    };
+    let e = result.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    assert!(took >= Duration::from_millis(1_900), "{took:?}: {e}");
+    assert_eq!(proxy.counts().gets - gets, 1, "one try fits the deadline");
+    // The store did not answer: the next reads (the kernel asks again at
+    // once when a read fails) fail at once, without a request of their own.
+    let gets = proxy.counts().gets;
+    for index in [0u64, 1, 2] {
+        let mut buf = vec![0u8; RS];
+        let (result, took) = {
+            let (cache, handle) = (Arc::clone(&cache), handle.clone());
+            read_within(Duration::from_secs(3), move || {
+                cache.read(&handle, index * RS as u64, &mut buf)
+            })
+        };
+        let e = result.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            took < Duration::from_secs(1),
+            "record {index}: {took:?}: {e}"
+        );
+    }
+    assert_eq!(proxy.counts().gets, gets, "reads while the store is down");
+    // Back: a probe finds it, and reads go to it again.
+    server.resume();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut buf = vec![0u8; RS];
+        match cache.read(&handle, 0, &mut buf) {
+            Ok(n) => {
+                assert_eq!(&buf[..n], &data[..RS]);
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "still failing 15 s after the store came back: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check_all(&cache, &handle, &data, "after the store came back");
+}
+
+#[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
+fn stale_if_error_serves_what_is_cached_while_the_store_cannot_be_reached() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let data = content(RS * 6, 41);
+    server.put(BUCKET, "obj", &data);
+    server.put(BUCKET, "gone", &data[..RS]);
+    let ttl_ms = 300;
+    let primary_with = |stale_if_error: bool| {
+        let mut c = config(&server.endpoint(), BUCKET, ttl_ms);
+        c.request_timeout_ms = 1_000;
+        c.retries_max = 1;
+        c.read_deadline_ms = 1_500;
+        c.stale_if_error = stale_if_error;
+        let p = Arc::new(ObjectStorePrimary::new(c).unwrap());
+        p.check().unwrap();
+        p
+    };
+    let (stale, strict) = (primary_with(true), primary_with(false));
+    let (cache, ds) = cache_over(stale.clone());
+    let (strict_cache, strict_ds) = cache_over(strict.clone());
+    let handle = cache.open(ds, "obj", false).unwrap();
+    let strict_handle = strict_cache.open(strict_ds, "obj", false).unwrap();
+    // Four of the six records cached by both.
+    for index in 0..4 {
+        check_record(&cache, &handle, &data, index, "stale, before");
+        check_record(
+            &strict_cache,
+            &strict_handle,
+            &data,
+            index,
+            "strict, before",
+        );
+    }
+    server.pause();
+    std::thread::sleep(Duration::from_millis(ttl_ms + 100));
+    let (revalidated, _) = {
+        let (cache, handle) = (Arc::clone(&strict_cache), strict_handle.clone());
+        read_within(Duration::from_secs(8), move || cache.revalidate(&handle))
+    };
+    let e = revalidated.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "strict: {e}");
+    let (revalidated, _) = {
+        let (cache, handle) = (Arc::clone(&cache), handle.clone());
+        read_within(Duration::from_secs(8), move || cache.revalidate(&handle))
+    };
+    revalidated.expect("stale-if-error: the last version is served");
+    for index in 0..4 {
+        check_record(&cache, &handle, &data, index, "stale, store down");
+    }
+    assert_eq!(stale.stat("obj").unwrap().size_bytes, data.len() as u64);
+    assert!(
+        stale.stats().stale_if_error_hits >= 2,
+        "{:?}",
+        stale.stats()
+    );
+    // Never invented: a record that was not cached still fails.
+    let mut buf = vec![0u8; RS];
+    let e = cache.read(&handle, 5 * RS as u64, &mut buf).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    // Never stale when the store answers that the object changed or is
+    // gone.
+    server.resume();
+    let v2 = content(RS * 6, 42);
+    server.put(BUCKET, "obj", &v2);
+    server.delete(BUCKET, "gone");
+    // Until its probe finds the store back, it is served stale still.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while stale.is_unreachable() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no probe found the store back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(ttl_ms + 100));
+    cache.revalidate(&handle).unwrap();
+    check_all(&cache, &handle, &v2, "after the overwrite");
+    let e = stale.stat("gone").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    // The store answered: once it is unreachable again, "gone" stays gone
+    // and the object's new version is what is served.
+    server.pause();
+    std::thread::sleep(Duration::from_millis(ttl_ms + 100));
+    let (stat, _) = {
+        let stale = Arc::clone(&stale);
+        read_within(Duration::from_secs(8), move || stale.stat("gone"))
+    };
+    assert_eq!(stat.unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    check_all(&cache, &handle, &v2, "stale after the overwrite");
+    server.resume();
+}
+
+#[test]
+fn the_check_names_each_cause_apart() {
+    use std::io::ErrorKind as K;
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let with = |endpoint: &str, bucket: &str, key: &str, secret: &str| {
+        let mut c = config(endpoint, bucket, 1000);
+        c.request_timeout_ms = 2_000;
+        c.options
+            .retain(|(k, _)| k != "access_key_id" && k != "secret_access_key");
+        for (k, v) in [("access_key_id", key), ("secret_access_key", secret)] {
+            if !v.is_empty() {
+                c.options.push((k.to_string(), v.to_string()));
+            }
+        }
+        c
+    };
+    // One line, the kind, the words it must hold and those it must not.
+    let expect = |c: ObjectStoreConfig, kind: Option<K>, has: &[&str], lacks: &[&str]| {
+        let e = ObjectStorePrimary::new(c).unwrap().check().unwrap_err();
+        let text = e.to_string();
+        assert!(kind.is_none_or(|k| k == e.kind()), "{:?}: {text}", e.kind());
+        for word in has {
+            assert!(text.contains(word), "{word:?} missing: {text}");
+        }
+        let secrets = [l2arc_testkit::s3::SECRET_KEY, "wrong-secret", "\n"];
+        for word in lacks.iter().chain(&secrets) {
+            assert!(!text.contains(word), "{word:?} present: {text}");
+        }
+    };
+    let (key, secret) = (l2arc_testkit::s3::ACCESS_KEY, l2arc_testkit::s3::SECRET_KEY);
+    let endpoint = server.endpoint();
+    let bucket_words = ["NoSuchBucket", "no such bucket"];
+    expect(
+        with(&endpoint, "nosuchbucket", key, secret),
+        Some(K::NotFound),
+        &bucket_words,
+        &[],
+    );
+    let unknown = ["access key", "not known"];
+    let config = with(&endpoint, BUCKET, "nobody", secret);
+    expect(config, Some(K::PermissionDenied), &unknown, &["bucket"]);
+    let config = with(&endpoint, BUCKET, key, "wrong-secret-000000");
+    let signature = ["SignatureDoesNotMatch", "secret key"];
+    expect(config, Some(K::PermissionDenied), &signature, &["bucket"]);
+    let not_s3 = l2arc_testkit::s3::NotS3Server::start();
+    let config = with(&not_s3.endpoint(), BUCKET, key, secret);
+    expect(
+        config,
+        None,
+        &["404", "HTML page", "not an S3 server"],
+        &["bucket?", "<html>"],
+    );
+    // A port nothing listens on.
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let config = with(&refused, BUCKET, key, secret);
+    let words = ["Connection refused (os error 111)", refused.as_str()];
+    expect(config, Some(K::ConnectionRefused), &words, &["sourc"]);
+    // No credentials anywhere (the environment and files not looked at).
+    let names = [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_PROFILE",
+        "~/.aws/credentials",
+    ];
+    expect(
+        with(&endpoint, BUCKET, "", ""),
+        Some(K::PermissionDenied),
+        &names,
+        &[],
+    );
+}

@@ -130,6 +130,17 @@ pub trait Primary: Send + Sync + 'static {
     /// One line for logs and error messages ("dir /srv/data", "image /dev/sdb").
     fn describe(&self) -> String;
 
+    /// Bytes one read of a sequential reader's read-ahead should ask of
+    /// this store, when a request costs far more than its transfer (an
+    /// object store: a GET's round trip and charge are worth megabytes):
+    /// the cache then watches each object's readers and reads sequential
+    /// ones ahead in spans of this size, one request a span (`zstream`).
+    /// None (the default: files and disks): the read-ahead that grows with
+    /// the stream in the demand reader's own read (`read_ahead`) alone.
+    fn read_ahead_span_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Adopts a file that the caller already opened in this primary's tree
     /// (a front end that resolves names itself, such as the FUSE mount,
     /// which holds a descriptor per inode). `writable` says whether `file`

@@ -31,10 +31,40 @@
 //! OpenDAL is asynchronous; the cache calls from plain threads. The back
 //! end owns a small tokio runtime and each blocking call enters it with
 //! `block_on`: concurrent callers (FUSE threads, read-ahead workers) give
-//! concurrent GETs. Throttling (503 SlowDown, 429) and transport errors are
-//! retried with capped exponential backoff, a bounded number of times;
-//! each request has a timeout. Credentials go to OpenDAL and are never
-//! formatted into a message: `describe` names only the bucket and prefix.
+//! concurrent GETs. Credentials go to OpenDAL and are never formatted into
+//! a message: `describe` names only the bucket and prefix.
+//!
+//! Bounded waits. A reader of a file or a block device expects an answer,
+//! and an error is an answer; a read that hangs for minutes behind a dead
+//! store takes the application with it. So every operation (a stat, a
+//! listing, a read of a record, and each stretch of a streamed span
+//! without progress) is one sequence of tries bounded twice: by
+//! `retries_max` tries, each within `request_timeout_ms` and separated by
+//! capped exponential backoff with jitter, and above all by
+//! `read_deadline_ms`, which no try, backoff or timeout of the sequence
+//! outlives (a try gets what is left of it). A sequence that runs out
+//! without a single answer from the store fails with `TimedOut` (EIO in
+//! the front ends: a reader's `read(2)` gets the errno the documentation
+//! promises, not ETIMEDOUT, which readers of files do not expect) and puts
+//! the store in an outage (`health`): until a background probe gets an
+//! answer, every request fails at once, so the kernel's second try of a
+//! page, a getattr's second stat, and every other reader do not each wait
+//! out a deadline of their own. Throttling (503 SlowDown, 429) and 5xx are
+//! answers: retried within the same bounds, never an outage.
+//!
+//! Stale if error (`stale_if_error`, off by default; HTTP caches' name for
+//! it, RFC 5861): past the TTL, a stat or listing that cannot be refreshed
+//! because the store does not answer (or answers 5xx, or throttles) is
+//! served from what was last known, counted in `stale_if_error_hits`, so
+//! the records cached under the last known ETag keep being served while
+//! the store is away. Never when the store answered that the object
+//! changed (412) or is gone (404): those drop what was known at once.
+//!
+//! Messages keep their cause (`failure`): the store's error code and
+//! message, the HTTP status of an answer that is not S3, or the root of a
+//! transport error with the endpoint it was for; at start the check adds
+//! what to look at (the bucket's name, the access key, the secret, the
+//! endpoint, where credentials are looked for).
 
 use std::collections::HashMap;
 use std::future::IntoFuture;
@@ -44,6 +74,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{Generation, ObjectInfo, Primary, PrimaryObject};
+
+mod aws_config;
+mod failure;
+mod health;
+
+use failure::{Cause, Failure, failure_of};
+use health::{Health, Probe, ProbeContext};
 
 /// Entries of the stat cache (positive and negative) before it is pruned.
 const STAT_CACHE_MAX_ENTRIES: usize = 1 << 18;
@@ -74,13 +111,20 @@ pub struct ObjectStoreConfig {
     pub display_name: String,
     /// How long a stat, a listing or a missing key may be trusted.
     pub metadata_ttl_ms: u64,
-    /// Timeout of one request.
+    /// Timeout of one request (of its first byte, for a streamed span),
+    /// cut to what is left of the read deadline.
     pub request_timeout_ms: u64,
     /// Tries of one request beyond the first (throttling, timeouts,
     /// dropped connections).
     pub retries_max: u32,
     /// First backoff between tries; doubles each try up to 2 s.
     pub backoff_base_ms: u64,
+    /// The longest one operation may take, every try, timeout and backoff
+    /// of it included (for a streamed span: since it last made progress).
+    pub read_deadline_ms: u64,
+    /// Past the TTL, serve what was last known of an object when the store
+    /// cannot be reached (see the module comment).
+    pub stale_if_error: bool,
     /// When set, the object named "" is this key (an NBD export of one
     /// image object).
     pub single_key: Option<String>,
@@ -95,6 +139,10 @@ impl std::fmt::Debug for ObjectStoreConfig {
             .field("option_names", &keys)
             .field("display_name", &self.display_name)
             .field("metadata_ttl_ms", &self.metadata_ttl_ms)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("retries_max", &self.retries_max)
+            .field("read_deadline_ms", &self.read_deadline_ms)
+            .field("stale_if_error", &self.stale_if_error)
             .finish_non_exhaustive()
     }
 }
@@ -102,12 +150,36 @@ impl std::fmt::Debug for ObjectStoreConfig {
 /// Default `metadata_ttl_ms`: mountpoint-s3's with a cache (`--metadata-ttl`
 /// defaults to 60 s when caching is on).
 pub const METADATA_TTL_DEFAULT_MS: u64 = 60_000;
-/// Default bound on one request, from its start to its last byte.
-pub const REQUEST_TIMEOUT_DEFAULT_MS: u64 = 30_000;
+/// Default bound on one request, from its start to its last byte (its
+/// first byte for a streamed span).
+pub const REQUEST_TIMEOUT_DEFAULT_MS: u64 = 5_000;
 /// Default tries after the first for throttling, timeouts and transport errors.
-pub const RETRIES_DEFAULT: u32 = 6;
+pub const RETRIES_DEFAULT: u32 = 4;
 /// Default first backoff; each retry doubles it (with jitter).
 pub const BACKOFF_BASE_DEFAULT_MS: u64 = 50;
+/// Default bound on one operation, all its tries included: well under the
+/// minute after which readers (and people) give up on storage, and enough
+/// for the default sequence of tries, so that with the defaults the
+/// deadline cuts nothing short that the tries would have finished.
+pub const READ_DEADLINE_DEFAULT_MS: u64 = 30_000;
+
+/// The longest the default sequence of tries takes: every try timed out,
+/// every backoff at its longest (base << n, capped).
+const fn default_sequence_max_ms() -> u64 {
+    let mut total = REQUEST_TIMEOUT_DEFAULT_MS * (RETRIES_DEFAULT as u64 + 1);
+    let mut retry = 0;
+    while retry < RETRIES_DEFAULT {
+        let backoff = BACKOFF_BASE_DEFAULT_MS << retry;
+        total += if backoff < BACKOFF_MAX_MS {
+            backoff
+        } else {
+            BACKOFF_MAX_MS
+        };
+        retry += 1;
+    }
+    total
+}
+const _: () = assert!(default_sequence_max_ms() <= READ_DEADLINE_DEFAULT_MS);
 
 /// Where an S3 bucket is and how to sign for it.
 #[derive(Clone, Debug, Default)]
@@ -116,9 +188,11 @@ pub struct S3Location {
     pub bucket: String,
     /// Key prefix without leading or trailing '/' ("" for the whole bucket).
     pub prefix: String,
-    /// Endpoint URL; None: AWS (or AWS_ENDPOINT_URL from the environment).
+    /// Endpoint URL; None: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the
+    /// selected profile's `endpoint_url` in ~/.aws/config, else AWS.
     pub endpoint: Option<String>,
-    /// Region; None: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1.
+    /// Region; None: AWS_REGION, AWS_DEFAULT_REGION, the selected profile's
+    /// `region`, else us-east-1.
     pub region: Option<String>,
     /// Virtual-host addressing (bucket.endpoint); default path style,
     /// which every S3 server that is not AWS understands.
@@ -136,19 +210,31 @@ impl ObjectStoreConfig {
             ("bucket".to_string(), location.bucket.clone()),
             ("root".to_string(), format!("/{}", location.prefix)),
         ];
-        if let Some(endpoint) = location
-            .endpoint
-            .clone()
-            .or_else(|| env("AWS_ENDPOINT_URL"))
-        {
-            options.push(("endpoint".to_string(), endpoint));
-        }
+        // AWS's precedence (aws_config's comment): the flag, the
+        // environment, the profile.
+        let profile = aws_config::selected_profile(&env);
         let region = location
             .region
             .clone()
             .or_else(|| env("AWS_REGION"))
             .or_else(|| env("AWS_DEFAULT_REGION"))
+            .or(profile.region)
             .unwrap_or_else(|| "us-east-1".to_string());
+        let ignore_configured = env("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let endpoint = location.endpoint.clone().or_else(|| {
+            if ignore_configured {
+                // OpenDAL would take AWS_ENDPOINT_URL itself: name AWS's.
+                Some(format!("https://s3.{region}.amazonaws.com"))
+            } else {
+                env("AWS_ENDPOINT_URL_S3")
+                    .or_else(|| env("AWS_ENDPOINT_URL"))
+                    .or(profile.endpoint_url)
+            }
+        });
+        if let Some(endpoint) = endpoint {
+            options.push(("endpoint".to_string(), endpoint));
+        }
         options.push(("region".to_string(), region));
         if location.virtual_host_style {
             options.push(("enable_virtual_host_style".to_string(), "true".to_string()));
@@ -166,6 +252,8 @@ impl ObjectStoreConfig {
             request_timeout_ms: REQUEST_TIMEOUT_DEFAULT_MS,
             retries_max: RETRIES_DEFAULT,
             backoff_base_ms: BACKOFF_BASE_DEFAULT_MS,
+            read_deadline_ms: READ_DEADLINE_DEFAULT_MS,
+            stale_if_error: false,
             single_key: None,
         }
     }
@@ -203,6 +291,15 @@ pub struct ObjectStoreStats {
     pub retries: u64,
     /// Conditional GETs refused because the object changed (412).
     pub precondition_failed: u64,
+    /// Times the store was found not answering (outages begun).
+    pub outages: u64,
+    /// Requests failed at once during an outage, unsent.
+    pub refused_in_outage: u64,
+    /// Requests the outage probe sent.
+    pub probes: u64,
+    /// Stats and listings served past their TTL because the store could
+    /// not be reached (`stale_if_error`).
+    pub stale_if_error_hits: u64,
 }
 
 #[derive(Default)]
@@ -213,6 +310,10 @@ struct Counters {
     lists: AtomicU64,
     retries: AtomicU64,
     precondition_failed: AtomicU64,
+    outages: AtomicU64,
+    refused_in_outage: AtomicU64,
+    probes: Arc<AtomicU64>,
+    stale_if_error_hits: AtomicU64,
 }
 
 /// What the store said about a key.
@@ -261,6 +362,8 @@ struct Shared {
     runtime: tokio::runtime::Runtime,
     config: ObjectStoreConfig,
     counters: Counters,
+    /// Whether the store answers (outages, `health`).
+    health: Arc<Health>,
     stats_cache: Mutex<HashMap<String, StatEntry>>,
     dirs: Mutex<HashMap<String, DirEntryCache>>,
     /// One object per key while any handle holds it: every handle of a key
@@ -280,43 +383,13 @@ fn stable_key_id(key: &str) -> u64 {
     Generation::version_hash_of(key, "object id")
 }
 
-fn to_io(e: opendal::Error, what: &str) -> io::Error {
-    use opendal::ErrorKind as K;
-    let text = e.to_string();
-    // The store's own error code and message, when it sent one (S3's XML
-    // error body as OpenDAL quotes it): shorter and clearer than the
-    // request context around it, which is left out (one line, no headers).
-    let quoted = |field: &str| {
-        let start = text.find(&format!("{field}: \""))? + field.len() + 3;
-        let end = text[start..].find('"')? + start;
-        Some(text[start..end].to_string())
-    };
-    let code = quoted("code");
-    let kind = match (e.kind(), code.as_deref()) {
-        (_, Some("NoSuchBucket" | "NoSuchKey")) | (K::NotFound, _) => io::ErrorKind::NotFound,
-        (_, Some("AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch"))
-        | (K::PermissionDenied, _) => io::ErrorKind::PermissionDenied,
-        (K::ConditionNotMatch, _) => io::ErrorKind::StaleNetworkFileHandle,
-        (K::ConfigInvalid, _) => io::ErrorKind::InvalidInput,
-        (K::RateLimited, _) => io::ErrorKind::ResourceBusy,
-        (K::IsADirectory, _) => io::ErrorKind::IsADirectory,
-        (K::NotADirectory, _) => io::ErrorKind::NotADirectory,
-        _ => io::ErrorKind::Other,
-    };
-    let detail = match (code, quoted("message")) {
-        (Some(code), Some(message)) => format!("{code}: {message}"),
-        (Some(code), None) => code,
-        _ => {
-            let first = text.lines().next().unwrap_or("");
-            let short: String = first.chars().take(200).collect();
-            short
-        }
-    };
-    io::Error::new(kind, format!("{what}: {detail}"))
-}
-
 fn retryable(e: &opendal::Error) -> bool {
     e.is_temporary() || e.kind() == opendal::ErrorKind::RateLimited
+}
+
+/// A failure of `what`, as the read path and the front ends see it.
+fn to_io(e: &opendal::Error, what: &str) -> io::Error {
+    failure_of(e).into_io(what)
 }
 
 impl Shared {
@@ -324,51 +397,135 @@ impl Shared {
         Duration::from_millis(self.config.metadata_ttl_ms)
     }
 
-    /// Runs one request to completion with timeouts and bounded retries.
-    fn call<T, F, Fut>(&self, what: &str, mut op: F) -> io::Result<T>
+    fn read_deadline(&self) -> Duration {
+        Duration::from_millis(self.config.read_deadline_ms.max(1))
+    }
+
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.request_timeout_ms.max(1))
+    }
+
+    /// Fails at once while the store is in an outage (`health`).
+    fn refuse_in_outage(&self) -> Result<(), Failure> {
+        match self.health.refusal() {
+            None => Ok(()),
+            Some((kind, detail)) => {
+                self.counters
+                    .refused_in_outage
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(Failure {
+                    kind,
+                    cause: Cause::NoAnswer,
+                    detail,
+                    answered: false,
+                    transient: true,
+                })
+            }
+        }
+    }
+
+    /// Notes what one try said of the store: any answer ends an outage.
+    fn note_try(&self, failure: Option<&Failure>) {
+        if failure.is_none_or(|f| f.answered) {
+            self.health.answered();
+        }
+    }
+
+    /// The failure a sequence of `tries` ends with, begun at `started`
+    /// (see the module comment); a sequence without a single answer puts
+    /// the store in an outage and starts its probe.
+    fn gave_up(&self, last: Failure, tries: u32, started: Instant, answered: bool) -> Failure {
+        let secs = started.elapsed().as_secs_f64();
+        let detail = if last.cause == Cause::NoAnswer && last.kind == io::ErrorKind::TimedOut {
+            format!(
+                "no answer within {secs:.1} s ({tries} tries of at most {:.1} s; read deadline {:.1} s)",
+                self.request_timeout().as_secs_f64(),
+                self.read_deadline().as_secs_f64()
+            )
+        } else {
+            format!(
+                "{} (gave up after {tries} tries in {secs:.1} s)",
+                last.detail
+            )
+        };
+        if !answered && last.cause == Cause::NoAnswer {
+            self.begin_outage(last.kind, &detail);
+        }
+        Failure { detail, ..last }
+    }
+
+    /// The store did not answer a whole sequence: an outage, with a probe
+    /// to find its end (one probe an outage).
+    fn begin_outage(&self, kind: io::ErrorKind, detail: &str) {
+        if !self.health.no_answer(kind, detail) {
+            return;
+        }
+        self.counters.outages.fetch_add(1, Ordering::Relaxed);
+        let probe = match &self.config.single_key {
+            Some(key) => Probe::Stat(key.clone()),
+            None => Probe::List,
+        };
+        let ctx = ProbeContext {
+            op: self.op.clone(),
+            probe,
+            request_timeout: self.request_timeout(),
+            read_deadline: self.read_deadline(),
+            sent: Arc::clone(&self.counters.probes),
+        };
+        self.runtime
+            .spawn(health::probe(Arc::clone(&self.health), ctx));
+    }
+
+    /// Runs one request to completion: tries, each within the request
+    /// timeout, all within the read deadline (see the module comment).
+    fn call<T, F, Fut>(&self, mut op: F) -> Result<T, Failure>
     where
         F: FnMut() -> Fut,
         Fut: IntoFuture<Output = opendal::Result<T>>,
     {
-        let timeout = Duration::from_millis(self.config.request_timeout_ms.max(1));
+        self.refuse_in_outage()?;
+        let started = Instant::now();
+        let deadline = started + self.read_deadline();
         let mut tries = 0u32;
-        loop {
+        let mut answered = false;
+        let last = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = self.request_timeout().min(left);
+            tries += 1;
             let result = self
                 .runtime
                 .block_on(async { tokio::time::timeout(timeout, op().into_future()).await });
-            let retry_allowed = tries < self.config.retries_max;
-            match result {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if !retryable(&e) => return Err(to_io(e, what)),
-                Ok(Err(e)) if !retry_allowed => {
-                    let e = to_io(e, what);
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("{e} (gave up after {} tries)", tries + 1),
-                    ));
+            let failure = match result {
+                Ok(Ok(value)) => {
+                    self.note_try(None);
+                    return Ok(value);
                 }
-                Err(_) if !retry_allowed => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "{what}: timed out after {} ms, {} tries",
-                            timeout.as_millis(),
-                            tries + 1
-                        ),
-                    ));
+                Ok(Err(e)) => {
+                    let failure = failure_of(&e);
+                    answered |= failure.answered;
+                    self.note_try(Some(&failure));
+                    if !retryable(&e) {
+                        return Err(failure);
+                    }
+                    failure
                 }
-                // Throttled, timed out or cut off, with tries left.
-                Ok(Err(_)) | Err(_) => {}
+                Err(_) => {
+                    Failure::timed_out(format!("no answer within {:.1} s", timeout.as_secs_f64()))
+                }
+            };
+            // Throttled, timed out or cut off: again, if tries and time
+            // are left.
+            if tries > self.config.retries_max || !self.back_off(tries, deadline) {
+                break failure;
             }
-            tries += 1;
-            self.back_off(tries);
-        }
+        };
+        Err(self.gave_up(last, tries, started, answered))
     }
 
     /// Counts a retry and sleeps before try `tries` + 1 (`tries` >= 1):
-    /// capped exponential backoff with jitter.
-    fn back_off(&self, tries: u32) {
-        self.counters.retries.fetch_add(1, Ordering::Relaxed);
+    /// capped exponential backoff with jitter. False, without sleeping,
+    /// when the sleep would reach `deadline`: no time for another try.
+    fn back_off(&self, tries: u32, deadline: Instant) -> bool {
         let backoff_ms = self
             .config
             .backoff_base_ms
@@ -380,24 +537,46 @@ impl Shared {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| u64::from(d.subsec_nanos()))
             .unwrap_or(0);
-        let sleep_ms = backoff_ms / 2 + nanos % (backoff_ms / 2 + 1);
-        std::thread::sleep(Duration::from_millis(sleep_ms));
+        let sleep = Duration::from_millis(backoff_ms / 2 + nanos % (backoff_ms / 2 + 1));
+        if Instant::now() + sleep >= deadline {
+            return false;
+        }
+        self.counters.retries.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(sleep);
+        true
+    }
+
+    /// Whether `failure` of a refresh may be answered with what was last
+    /// known (`stale_if_error`): it says nothing of the object.
+    fn may_serve_stale(&self, failure: &Failure) -> bool {
+        self.config.stale_if_error && failure.transient
+    }
+
+    fn note_stale_served(&self) {
+        self.counters
+            .stale_if_error_hits
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// HEAD a key, through the stat cache (positive and negative entries).
-    fn stat(&self, key: &str, fresh: bool) -> io::Result<ObjectMeta> {
+    /// `fresh`: ask the store even within the TTL, and never answer from
+    /// what is stale (the store said the object changed). Otherwise, under
+    /// `stale_if_error`, a HEAD the store does not answer is answered with
+    /// the expired entry, else with `known` (what the caller last knew).
+    fn stat(&self, key: &str, fresh: bool, known: Option<&ObjectMeta>) -> io::Result<ObjectMeta> {
+        let mut stale = None;
         if !fresh {
             let cache = self.stats_cache.lock().expect("stat cache poisoned");
-            if let Some(entry) = cache.get(key)
-                && entry.fetched.elapsed() < self.ttl()
-            {
-                return entry.meta.clone().ok_or_else(|| not_found(key));
+            if let Some(entry) = cache.get(key) {
+                if entry.fetched.elapsed() < self.ttl() {
+                    return entry.meta.clone().ok_or_else(|| not_found(key));
+                }
+                stale = Some(entry.meta.clone());
             }
         }
         self.counters.heads.fetch_add(1, Ordering::Relaxed);
         let fetched = Instant::now();
-        let result = self.call(&format!("stat {key}"), || self.op.stat(key));
-        let meta = match result {
+        let meta = match self.call(|| self.op.stat(key)) {
             Ok(m) if m.is_dir() => {
                 return Err(io::Error::new(
                     io::ErrorKind::IsADirectory,
@@ -405,8 +584,15 @@ impl Shared {
                 ));
             }
             Ok(m) => Some(meta_of(&m)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
+            Err(f) if f.kind == io::ErrorKind::NotFound => None,
+            Err(f) if !fresh && self.may_serve_stale(&f) => {
+                let Some(meta) = stale.or_else(|| known.map(|m| Some(m.clone()))) else {
+                    return Err(f.into_io(&format!("stat {key}")));
+                };
+                self.note_stale_served();
+                return meta.ok_or_else(|| not_found(key));
+            }
+            Err(f) => return Err(f.into_io(&format!("stat {key}"))),
         };
         self.remember(key, meta.clone(), fetched);
         meta.ok_or_else(|| not_found(key))
@@ -455,10 +641,14 @@ impl ObjectStorePrimary {
             .thread_name("l2arc-objstore")
             .enable_all()
             .build()?;
+        assert!(
+            config.read_deadline_ms > 0 && config.request_timeout_ms > 0,
+            "{config:?}: timeouts must be positive"
+        );
         let op = {
             let _guard = runtime.enter();
             opendal::Operator::via_iter(&config.scheme, config.options.clone())
-                .map_err(|e| to_io(e, &config.display_name))?
+                .map_err(|e| to_io(&e, &config.display_name))?
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -466,6 +656,7 @@ impl ObjectStorePrimary {
                 runtime,
                 config,
                 counters: Counters::default(),
+                health: Arc::new(Health::default()),
                 stats_cache: Mutex::new(HashMap::new()),
                 dirs: Mutex::new(HashMap::new()),
                 objects: Mutex::new(HashMap::new()),
@@ -475,24 +666,25 @@ impl ObjectStorePrimary {
 
     /// Proves at start that the bucket exists and takes our credentials
     /// (one LIST of at most one key), and that the single key exists when
-    /// there is one. A one-line error otherwise.
+    /// there is one. A one-line error otherwise, naming its cause and what
+    /// to look at (`failure::check_hint`).
     pub fn check(&self) -> io::Result<()> {
         let s = &self.shared;
         let name = &s.config.display_name;
         s.counters.lists.fetch_add(1, Ordering::Relaxed);
-        s.call(&format!("list {name}"), || s.op.list_with("/").limit(1))
-            .map_err(|e| {
-                let hint = match e.kind() {
-                    io::ErrorKind::NotFound => " (no such bucket?)",
-                    io::ErrorKind::PermissionDenied => " (credentials refused?)",
-                    _ => "",
-                };
-                io::Error::new(e.kind(), format!("{e}{hint}"))
-            })?;
+        s.call(|| s.op.list_with("/").limit(1)).map_err(|f| {
+            let hint = failure::check_hint(&f);
+            io::Error::new(f.kind, format!("list {name}: {}{hint}", f.detail))
+        })?;
         if let Some(key) = &s.config.single_key {
-            s.stat(key, true)?;
+            s.stat(key, true, None)?;
         }
         Ok(())
+    }
+
+    /// Whether the store is in an outage now (see the module comment).
+    pub fn is_unreachable(&self) -> bool {
+        self.shared.health.in_outage()
     }
 
     /// The configuration it was opened with.
@@ -510,13 +702,19 @@ impl ObjectStorePrimary {
             lists: c.lists.load(Ordering::Relaxed),
             retries: c.retries.load(Ordering::Relaxed),
             precondition_failed: c.precondition_failed.load(Ordering::Relaxed),
+            outages: c.outages.load(Ordering::Relaxed),
+            refused_in_outage: c.refused_in_outage.load(Ordering::Relaxed),
+            probes: c.probes.load(Ordering::Relaxed),
+            stale_if_error_hits: c.stale_if_error_hits.load(Ordering::Relaxed),
         }
     }
 
     /// What the store says of `key` (trusted for the TTL; a missing key
-    /// too). `key` is relative to the prefix, without a leading '/'.
+    /// too; past it, under `stale_if_error`, what was last known when the
+    /// store cannot be reached). `key` is relative to the prefix, without a
+    /// leading '/'.
     pub fn stat(&self, key: &str) -> io::Result<ObjectMeta> {
-        self.shared.stat(key, false)
+        self.shared.stat(key, false, None)
     }
 
     /// The names directly under `dir` ("" for the top, else "a/b"), from a
@@ -525,14 +723,14 @@ impl ObjectStorePrimary {
     pub fn list_dir(&self, dir: &str) -> io::Result<Arc<Vec<ListEntry>>> {
         let s = &self.shared;
         let dir = dir.trim_matches('/');
-        {
+        let stale = {
             let dirs = s.dirs.lock().expect("dir cache poisoned");
-            if let Some(d) = dirs.get(dir)
-                && d.fetched.elapsed() < s.ttl()
-            {
-                return Ok(Arc::clone(&d.entries));
+            match dirs.get(dir) {
+                Some(d) if d.fetched.elapsed() < s.ttl() => return Ok(Arc::clone(&d.entries)),
+                Some(d) => Some(Arc::clone(&d.entries)),
+                None => None,
             }
-        }
+        };
         let path = if dir.is_empty() {
             "/".to_string()
         } else {
@@ -540,9 +738,14 @@ impl ObjectStorePrimary {
         };
         s.counters.lists.fetch_add(1, Ordering::Relaxed);
         let fetched = Instant::now();
-        let listed = s.call(&format!("list {path}"), || {
-            s.op.list_with(&path).recursive(false)
-        })?;
+        let listed = match s.call(|| s.op.list_with(&path).recursive(false)) {
+            Ok(listed) => listed,
+            Err(f) if s.may_serve_stale(&f) && stale.is_some() => {
+                s.note_stale_served();
+                return Ok(stale.expect("checked"));
+            }
+            Err(f) => return Err(f.into_io(&format!("list {path}"))),
+        };
         if listed.len() > DIR_ENTRIES_MAX {
             return Err(io::Error::new(
                 io::ErrorKind::FileTooLarge,
@@ -640,7 +843,7 @@ impl Primary for ObjectStorePrimary {
             object.info()?; // gone, or changed, within the TTL's trust
             return Ok(object);
         }
-        let meta = self.shared.stat(&key, false)?;
+        let meta = self.shared.stat(&key, false, None)?;
         let mut objects = self.shared.objects.lock().expect("object table poisoned");
         if let Some(object) = objects.get(&key).and_then(std::sync::Weak::upgrade) {
             return Ok(object); // opened meanwhile by another thread
@@ -660,6 +863,12 @@ impl Primary for ObjectStorePrimary {
 
     fn describe(&self) -> String {
         self.shared.config.display_name.clone()
+    }
+
+    /// A GET's round trip is worth megabytes: sequential readers are read
+    /// ahead in spans of the engine's largest, one GET each.
+    fn read_ahead_span_bytes(&self) -> Option<u64> {
+        Some(crate::PREFETCH_SPAN_BYTES_MAX)
     }
 }
 
@@ -761,33 +970,42 @@ impl StoreObject {
     }
 
     /// One GET of `[*at, end)` under If-Match, each piece handed to `sink`
-    /// as it arrives and `*at` moved past it. The request timeout bounds
-    /// the wait for each piece, not the whole stream: a long span may take
-    /// longer than one timeout while it flows.
+    /// as it arrives and `*at` moved past it. The first piece must come by
+    /// `first_by` (what is left of the read deadline) and within the
+    /// request timeout; each later one within the request timeout (and
+    /// the read deadline, counted again from the piece before: a stream
+    /// that flows is no hung store). So a long span may take longer than
+    /// one timeout while it flows; time the sink spends (pacing to its
+    /// reader) is not counted.
     async fn stream_get(
         &self,
         meta: &ObjectMeta,
         at: &mut u64,
         end: u64,
+        first_by: Instant,
         sink: &mut dyn FnMut(&[u8]) -> bool,
     ) -> StreamEnd {
         use futures_core::Stream;
         let s = &self.shared;
-        let timeout = Duration::from_millis(s.config.request_timeout_ms.max(1));
+        let piece_timeout = s.request_timeout().min(s.read_deadline());
+        let first_timeout = piece_timeout.min(first_by.saturating_duration_since(Instant::now()));
         let mut reader = s.op.reader_with(&self.key);
         if !meta.etag.is_empty() {
             reader = reader.if_match(&meta.etag);
         }
         let opened = async { reader.await?.into_stream(*at..end).await };
-        let stream = match tokio::time::timeout(timeout, opened).await {
+        let stream = match tokio::time::timeout(first_timeout, opened).await {
             Err(_) => return StreamEnd::TimedOut,
             Ok(Err(e)) => return StreamEnd::Failed(e),
             Ok(Ok(stream)) => stream,
         };
         let mut stream = std::pin::pin!(stream);
+        let mut timeout = first_timeout;
         loop {
             let next = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx));
-            let buffer = match tokio::time::timeout(timeout, next).await {
+            let waited = tokio::time::timeout(timeout, next).await;
+            timeout = piece_timeout;
+            let buffer = match waited {
                 Err(_) => return StreamEnd::TimedOut,
                 Ok(None) => return StreamEnd::Done,
                 Ok(Some(Err(e))) => return StreamEnd::Failed(e),
@@ -823,9 +1041,10 @@ impl PrimaryObject for StoreObject {
             return Ok(self.info_of(&meta));
         }
         // Through the shared stat cache: another handle (or a listing) may
-        // have asked within the TTL; an expired view asks the store.
+        // have asked within the TTL; an expired view asks the store, and is
+        // never answered from what it knew (the store said it changed).
         let expired = self.state.lock().expect("object view poisoned").expired;
-        let meta = self.shared.stat(&self.key, expired)?;
+        let meta = self.shared.stat(&self.key, expired, Some(&meta))?;
         self.state
             .lock()
             .expect("object view poisoned")
@@ -855,13 +1074,15 @@ impl PrimaryObject for StoreObject {
         let s = &self.shared;
         s.counters.gets.fetch_add(1, Ordering::Relaxed);
         let what = format!("read {} [{offset}, {end})", self.key);
-        let result = s.call(&what, || {
-            let mut read = s.op.read_with(&self.key).range(offset..end);
-            if !meta.etag.is_empty() {
-                read = read.if_match(&meta.etag);
-            }
-            read
-        });
+        let result = s
+            .call(|| {
+                let mut read = s.op.read_with(&self.key).range(offset..end);
+                if !meta.etag.is_empty() {
+                    read = read.if_match(&meta.etag);
+                }
+                read
+            })
+            .map_err(|f| f.into_io(&what));
         let data = match result {
             Ok(data) => data,
             Err(e) if e.kind() == io::ErrorKind::StaleNetworkFileHandle => {
@@ -900,9 +1121,12 @@ impl PrimaryObject for StoreObject {
 
     /// One conditional GET for the whole range, streamed. A stream cut off
     /// midway (a transport error, a timeout) goes on from where it stopped
-    /// with another GET under the same If-Match, within the retry budget:
-    /// every byte handed over is of the version `expected` names, and a
-    /// 412 on a later GET ends the read with what came before it.
+    /// with another GET under the same If-Match: every byte handed over is
+    /// of the version `expected` names, and a 412 on a later GET ends the
+    /// read with what came before it. Tries and the read deadline count
+    /// from the last progress: a span that flows is never cut by the
+    /// deadline, one that stops gets one sequence of tries (module
+    /// comment), and none while the store is in an outage.
     fn read_span_at_generation(
         &self,
         offset: u64,
@@ -916,60 +1140,71 @@ impl PrimaryObject for StoreObject {
         }
         let end = offset.saturating_add(len as u64).min(meta.size_bytes);
         let s = &self.shared;
+        let what = |at: u64| format!("read {} [{at}, {end})", self.key);
         let mut at = offset;
         let mut tries = 0u32;
+        let mut answered = false;
+        let mut started = Instant::now();
         loop {
+            s.refuse_in_outage().map_err(|f| f.into_io(&what(at)))?;
             s.counters.gets.fetch_add(1, Ordering::Relaxed);
+            tries += 1;
+            let from = at;
+            let first_by = started + s.read_deadline();
             let ended = s
                 .runtime
-                .block_on(self.stream_get(&meta, &mut at, end, sink));
-            let what = format!("read {} [{at}, {end})", self.key);
-            let error = match ended {
+                .block_on(self.stream_get(&meta, &mut at, end, first_by, sink));
+            if at > from {
+                // Progress: the store answers; a new sequence from here.
+                s.note_try(None);
+                (tries, started, answered) = (1, Instant::now(), true);
+            }
+            let failure = match ended {
                 StreamEnd::Done if at == end => return Ok((end - offset) as usize),
                 StreamEnd::Stopped => return Ok((at - offset) as usize),
                 // Ended early without an error: cut off; go on.
-                StreamEnd::Done => None,
-                StreamEnd::TimedOut => None,
-                StreamEnd::Failed(e) if retryable(&e) => Some(to_io(e, &what)),
+                StreamEnd::Done => Failure {
+                    kind: io::ErrorKind::UnexpectedEof,
+                    cause: Cause::Other,
+                    detail: format!("the answer ended {} bytes short", end - at),
+                    answered: true,
+                    transient: true,
+                },
+                StreamEnd::TimedOut => Failure::timed_out("no answer".to_string()),
                 StreamEnd::Failed(e) => {
-                    let e = to_io(e, &what);
-                    if e.kind() == io::ErrorKind::StaleNetworkFileHandle {
-                        s.counters
-                            .precondition_failed
-                            .fetch_add(1, Ordering::Relaxed);
+                    let failure = failure_of(&e);
+                    answered |= failure.answered;
+                    s.note_try(Some(&failure));
+                    if !retryable(&e) {
+                        let e = failure.into_io(&what(at));
+                        if e.kind() == io::ErrorKind::StaleNetworkFileHandle {
+                            s.counters
+                                .precondition_failed
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::StaleNetworkFileHandle | io::ErrorKind::NotFound
+                        ) {
+                            self.expire();
+                        }
+                        return Err(e);
                     }
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::StaleNetworkFileHandle | io::ErrorKind::NotFound
-                    ) {
-                        self.expire();
-                    }
-                    return Err(e);
+                    failure
                 }
                 StreamEnd::Overlong => {
                     self.expire();
                     return Err(io::Error::other(format!(
-                        "{what}: the store returned more bytes than the range holds"
+                        "{}: the store returned more bytes than the range holds",
+                        what(at)
                     )));
                 }
             };
-            if tries >= s.config.retries_max {
-                let (kind, reason) = error.map_or_else(
-                    || {
-                        (
-                            io::ErrorKind::TimedOut,
-                            format!("{what}: cut off or timed out"),
-                        )
-                    },
-                    |e| (e.kind(), e.to_string()),
-                );
-                return Err(io::Error::new(
-                    kind,
-                    format!("{reason} (gave up after {} tries)", tries + 1),
-                ));
+            if tries > s.config.retries_max || !s.back_off(tries, first_by) {
+                return Err(s
+                    .gave_up(failure, tries, started, answered)
+                    .into_io(&what(at)));
             }
-            tries += 1;
-            s.back_off(tries);
         }
     }
 
