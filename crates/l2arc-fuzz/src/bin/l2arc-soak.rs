@@ -11,9 +11,12 @@
 //! 1 MiB and never read it, renewed every 9.5 s), a probe that connects
 //! every 2 s and measures how long it takes to get in, and faults on the
 //! cache devices (random blocks overwritten behind the cache, a device
-//! removed and added back), then reports: errors seen by good clients,
-//! wrong bytes, the longest a new client was kept out, each service's RSS
-//! against its budget, threads and descriptors before and after.
+//! removed and added back), and an `s3://` mount whose server (versitygw)
+//! hangs for 10 s every 30 s, read by clients that time every read, then
+//! reports: errors seen by good clients, wrong bytes, the longest a new
+//! client was kept out, the longest S3 read against its deadline, each
+//! service's RSS against its budget, threads and descriptors before and
+//! after.
 //!
 //! ```text
 //! l2arc-soak L2ARC_BINARY WORK_DIR SECONDS [NBD_CLIENTS FUSE_CLIENTS HOSTILE SWARM]
@@ -45,6 +48,17 @@ const NBD_MAX_CONNECTIONS: u64 = 160;
 const SWARM_RENEW: Duration = Duration::from_millis(9500);
 /// Longest a new client may be kept out.
 const LOCKOUT_MAX: Duration = Duration::from_secs(3);
+/// The S3 mount's objects, their size, its readers, and `--s3-read-deadline`.
+const S3_OBJECTS: usize = 8;
+const S3_OBJECT_BYTES: u64 = 16 << 20;
+const S3_READERS: u64 = 8;
+const S3_READ_DEADLINE: Duration = Duration::from_secs(4);
+/// How often the S3 server hangs, and for how long.
+const S3_HANG_EVERY: Duration = Duration::from_secs(30);
+const S3_HANG_FOR: Duration = Duration::from_secs(10);
+/// Slack a read may take past its deadline (scheduling on a loaded
+/// machine); longer is a read past its deadline.
+const S3_DEADLINE_SLACK: Duration = Duration::from_secs(2);
 
 const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 const REQUEST_MAGIC: u32 = 0x2560_9513;
@@ -106,6 +120,14 @@ struct Tally {
     probes: AtomicU64,
     probe_wait_ms_max: AtomicU64,
     lockouts: AtomicU64,
+    /// S3 reads: answered, failed (EIO while the server hung or just
+    /// after), the longest one (ms), and those past deadline + slack.
+    s3_reads: AtomicU64,
+    s3_failed: AtomicU64,
+    s3_read_ms_max: AtomicU64,
+    s3_past_deadline: AtomicU64,
+    /// The S3 server is hung now.
+    s3_hung: AtomicBool,
 }
 
 impl Tally {
@@ -427,6 +449,66 @@ fn lockout_probe(socket: &Path, stop: &AtomicBool, t: &Tally) {
     }
 }
 
+/// A reader of the S3 mount: random ranges of random objects, every byte
+/// checked, every read timed. A read may fail (EIO) only while the server
+/// hangs or in the few seconds after it comes back (the outage is over at
+/// the next probe); no read may take longer than its deadline.
+fn s3_reader(mnt: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
+    let mut rng = Rng(0x8888 + id * 31);
+    while !stop.load(Ordering::Relaxed) {
+        let object = rng.below(S3_OBJECTS as u64);
+        let len = 4096 << rng.below(8);
+        let offset = rng.below(S3_OBJECT_BYTES - len);
+        let started = Instant::now();
+        let read = std::fs::File::open(mnt.join(format!("o{object}"))).and_then(|f| {
+            let mut data = vec![0u8; len as usize];
+            f.read_exact_at(&mut data, offset).map(|()| data)
+        });
+        let took = started.elapsed();
+        t.s3_read_ms_max
+            .fetch_max(took.as_millis() as u64, Ordering::Relaxed);
+        if took > S3_READ_DEADLINE + S3_DEADLINE_SLACK {
+            t.s3_past_deadline.fetch_add(1, Ordering::Relaxed);
+        }
+        match read {
+            Ok(data) => {
+                let wrong = count_wrong(&data, |j| expected(100 + object, offset + j as u64));
+                t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
+                t.s3_reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                t.s3_failed.fetch_add(1, Ordering::Relaxed);
+                if e.raw_os_error() != Some(libc::EIO) {
+                    t.error(format!("s3 reader {id}: {e} (not EIO)"));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// Hangs the S3 server (SIGSTOP) for `S3_HANG_FOR` every `S3_HANG_EVERY`.
+fn s3_hangs(server: &l2arc_testkit::s3::S3Server, stop: &AtomicBool, t: &Tally) {
+    while !stop.load(Ordering::Relaxed) {
+        let until = Instant::now() + S3_HANG_EVERY - S3_HANG_FOR;
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        server.pause();
+        t.s3_hung.store(true, Ordering::Relaxed);
+        t.faults.fetch_add(1, Ordering::Relaxed);
+        let until = Instant::now() + S3_HANG_FOR;
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server.resume();
+        t.s3_hung.store(false, Ordering::Relaxed);
+    }
+}
+
 /// Device faults: random 4 KiB blocks of the cache files overwritten behind
 /// the services (the checksums must catch them), and the NBD service's
 /// cache device removed and added back.
@@ -594,6 +676,50 @@ struct Services {
     nbd_log: std::sync::mpsc::Receiver<String>,
     fuse: Child,
     fuse_log: std::sync::mpsc::Receiver<String>,
+    s3_server: Arc<l2arc_testkit::s3::S3Server>,
+    s3_mount: Child,
+    s3_log: std::sync::mpsc::Receiver<String>,
+}
+
+/// versitygw with a bucket of patterned objects, and `l2arc mount s3://`
+/// of it with short timeouts and a read deadline of `S3_READ_DEADLINE`.
+fn start_s3(
+    dir: &Path,
+    l2arc: &Path,
+) -> (
+    Arc<l2arc_testkit::s3::S3Server>,
+    Child,
+    std::sync::mpsc::Receiver<String>,
+) {
+    let server = l2arc_testkit::s3::S3Server::start();
+    server.create_bucket("soak");
+    for o in 0..S3_OBJECTS {
+        let mut data = vec![0u8; S3_OBJECT_BYTES as usize];
+        fill(100 + o as u64, 0, &mut data);
+        server.put("soak", &format!("o{o}"), &data);
+    }
+    let mnt = dir.join("mnt-s3");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut cmd = Command::new(l2arc);
+    cmd.arg("mount")
+        .arg("s3://soak")
+        .arg(&mnt)
+        .args(["--s3-endpoint", &server.endpoint()])
+        .args(["--s3-timeout", "1", "--s3-retries", "2"])
+        .args([
+            "--s3-read-deadline",
+            &S3_READ_DEADLINE.as_secs().to_string(),
+        ])
+        .args(["--metadata-ttl", "5", "--arc-max", "32MiB"])
+        .args(["--cache-size", "128MiB"])
+        .arg("--cache")
+        .arg(dir.join("cache-s3.img"));
+    for (k, v) in server.aws_env() {
+        cmd.env(k, v);
+    }
+    let _ = std::fs::remove_file(dir.join("cache-s3.img"));
+    let (mount, log) = spawn(&mut cmd, "l2arc: mounted");
+    (Arc::new(server), mount, log)
 }
 
 /// Writes the image and the mount's files, and starts `serve-nbd` and
@@ -642,18 +768,36 @@ fn start_services(a: &SoakArgs) -> Services {
             .arg(dir.join("fuse-ctl.sock")),
         "l2arc: mounted",
     );
+    let (s3_server, s3_mount, s3_log) = start_s3(dir, &a.l2arc);
     Services {
         nbd,
         nbd_log,
         fuse,
         fuse_log,
+        s3_server,
+        s3_mount,
+        s3_log,
     }
 }
 
 /// Starts every client thread: NBD readers, writers and hostile clients,
 /// FUSE readers, and the cache-device fault injector.
-fn start_clients(a: &SoakArgs, stop: &Arc<AtomicBool>, good: &Arc<Tally>) -> Vec<JoinHandle<()>> {
+fn start_clients(
+    a: &SoakArgs,
+    s3_server: &Arc<l2arc_testkit::s3::S3Server>,
+    stop: &Arc<AtomicBool>,
+    good: &Arc<Tally>,
+) -> Vec<JoinHandle<()>> {
     let mut threads = Vec::new();
+    for i in 0..S3_READERS {
+        let (mnt, stop, t) = (a.dir.join("mnt-s3"), Arc::clone(stop), Arc::clone(good));
+        threads.push(std::thread::spawn(move || s3_reader(&mnt, i, &stop, &t)));
+    }
+    let (server, hang_stop, hang_tally) =
+        (Arc::clone(s3_server), Arc::clone(stop), Arc::clone(good));
+    threads.push(std::thread::spawn(move || {
+        s3_hangs(&server, &hang_stop, &hang_tally)
+    }));
     let socket = a.dir.join("nbd.sock");
     let (writers, readers) = (a.writers, a.nbd_clients - a.writers - a.hostiles);
     for i in 0..a.nbd_clients {
@@ -758,6 +902,17 @@ fn report(good: &Tally, nbd: &ServiceReport, fuse: &ServiceReport, stop_line: &s
         good.faults.load(Ordering::Relaxed)
     );
     println!(
+        "s3 mount, server hung {} s every {} s: {} reads, {} failed with EIO, the longest {} ms, {} past the {} s deadline + {} s",
+        S3_HANG_FOR.as_secs(),
+        S3_HANG_EVERY.as_secs(),
+        good.s3_reads.load(Ordering::Relaxed),
+        good.s3_failed.load(Ordering::Relaxed),
+        good.s3_read_ms_max.load(Ordering::Relaxed),
+        good.s3_past_deadline.load(Ordering::Relaxed),
+        S3_READ_DEADLINE.as_secs(),
+        S3_DEADLINE_SLACK.as_secs()
+    );
+    println!(
         "probe: {} new clients, the longest kept out {} ms, {} kept out longer than {} s",
         good.probes.load(Ordering::Relaxed),
         good.probe_wait_ms_max.load(Ordering::Relaxed),
@@ -805,6 +960,9 @@ fn main() {
         nbd_log,
         mut fuse,
         fuse_log,
+        s3_server,
+        mut s3_mount,
+        s3_log,
     } = start_services(&a);
     let (nbd_pid, fuse_pid) = (nbd.id(), fuse.id());
     let (nbd_before, fuse_before) = (proc_stat(nbd_pid), proc_stat(fuse_pid));
@@ -820,7 +978,7 @@ fn main() {
     );
     let stop = Arc::new(AtomicBool::new(false));
     let good = Arc::new(Tally::default());
-    let threads = start_clients(&a, &stop, &good);
+    let threads = start_clients(&a, &s3_server, &stop, &good);
     let (nbd_peak_rss_mib, fuse_peak_rss_mib) = watch(a.secs, &good, nbd_pid, fuse_pid);
     stop.store(true, Ordering::SeqCst);
     for t in threads {
@@ -840,13 +998,21 @@ fn main() {
         peak_rss_mib: fuse_peak_rss_mib,
         stats: ctl_run(&a.l2arc, &a.dir.join("fuse-ctl.sock"), &["stats"]),
     };
-    for child in [&nbd, &fuse] {
+    for child in [&nbd, &fuse, &s3_mount] {
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
     }
     let _ = nbd.wait();
     let _ = fuse.wait();
+    let _ = s3_mount.wait();
+    let s3_stop_line = s3_log
+        .try_iter()
+        .filter(|l| l.starts_with("l2arc:"))
+        .last()
+        .unwrap_or_default();
+    println!("s3 mount: {s3_stop_line}");
+    drop(s3_server);
     let stop_line = nbd_log
         .try_iter()
         .find(|l| l.starts_with("l2arc: stopped"))
