@@ -37,6 +37,7 @@ mod l2_index;
 mod l2_rebuild;
 mod latency;
 mod nbd;
+mod nbd_client;
 mod nbd_connections;
 mod nbd_l2_hit;
 mod nbd_reread;

@@ -9,7 +9,11 @@
 //! a fio job of the nbd engine keeping one random 4 KiB read in flight,
 //! every block checked against the CRC fio wrote into it (`--verify`),
 //! and reports per step the aggregate IOPS, p50, p99 and slowest read,
-//! and the server's and fio's CPU time per request.
+//! and the server's and the rest of the machine's CPU time per request.
+//! Each step is measured again with a client that keeps all its
+//! connections in one thread (`nbd_client.rs`): fio's cost per request
+//! grows with its threads, this one's does not, so what falls with the
+//! connections there is the server's.
 //!
 //! Sides, in the same run, on the same image: our export with the image
 //! in the ARC, our export with an ARC a sixteenth of the image (nearly
@@ -62,6 +66,26 @@ impl Side {
     }
 }
 
+/// Who reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+enum Client {
+    /// fio's nbd engine, a job (thread) per connection.
+    Fio,
+    /// `nbd_client.rs`: every connection in one thread.
+    OneThread,
+}
+
+impl Client {
+    const ALL: [Client; 2] = [Client::Fio, Client::OneThread];
+
+    fn name(self) -> &'static str {
+        match self {
+            Client::Fio => "fio nbd engine, a thread per connection",
+            Client::OneThread => "one-thread client (epoll), all connections",
+        }
+    }
+}
+
 /// One step of one side.
 #[derive(Clone, Copy, Debug, Serialize)]
 struct Step {
@@ -85,10 +109,11 @@ impl Step {
     }
 }
 
-/// A side's medians over the rounds, per step.
+/// A side's medians over the rounds, per step, with one client.
 #[derive(Debug, Serialize)]
 struct SideReport {
     side: Side,
+    client: Client,
     name: &'static str,
     steps: Vec<Step>,
     /// IOPS at 128 connections over the best of 16, 32 and 64 (when the
@@ -115,6 +140,8 @@ struct Place {
     cache: PathBuf,
     secs: f64,
     connections: Vec<usize>,
+    /// The image's bytes, for the one-thread client's checks.
+    bytes: Vec<u8>,
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
@@ -139,6 +166,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let place = Place {
         dir: tmp.path().to_path_buf(),
         cache: dir.join("nbd-connections-cache.img"),
+        bytes: std::fs::read(&image)?,
         image,
         image_bytes,
         secs: args.seconds.min(STEP_SECS_MAX),
@@ -146,7 +174,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     };
     let _ = std::fs::remove_file(&place.cache);
     let load_before = crate::load_average();
-    let mut measured: Vec<(Side, Vec<Step>)> = Vec::new();
+    let mut measured: Vec<(Side, Client, Vec<Step>)> = Vec::new();
     let mut command = String::new();
     for round in 0..args.rounds {
         let mut sides = Side::ALL.to_vec();
@@ -155,12 +183,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
         for side in sides {
             let seed = args.seed ^ ((round as u64) << 8) ^ side as u64;
-            let steps = match side {
+            let runs = match side {
                 Side::OursArc => place.ours(false, round == 0, seed, &mut command)?,
                 Side::OursL2arc => place.ours(true, round == 0, seed, &mut command)?,
                 Side::NbdkitPageCache => place.nbdkit(seed)?,
             };
-            measured.push((side, steps));
+            measured.extend(
+                runs.into_iter()
+                    .map(|(client, steps)| (side, client, steps)),
+            );
         }
     }
     let _ = std::fs::remove_file(&place.cache);
@@ -174,7 +205,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         ours_command: command,
         sides: Side::ALL
             .iter()
-            .map(|&side| side_report(side, &measured))
+            .flat_map(|&side| Client::ALL.map(|client| (side, client)))
+            .map(|(side, client)| side_report(side, client, &measured))
             .collect(),
     };
     super::emit(args.json, &report, print_table)
@@ -189,7 +221,7 @@ impl Place {
         first_round: bool,
         seed: u64,
         command: &mut String,
-    ) -> Result<Vec<Step>> {
+    ) -> Result<Vec<(Client, Vec<Step>)>> {
         let socket = self.dir.join("ours.sock");
         let _ = std::fs::remove_file(&socket);
         let max_connections = self.connections.iter().max().copied().unwrap_or(1) + 8;
@@ -226,13 +258,13 @@ impl Place {
                 }
             }
         }
-        let steps = self.steps(&server, &uri, seed);
+        let steps = self.steps(&server, &socket, seed);
         drop(server.stop());
         steps
     }
 
     /// nbdkit's file plugin on the image, its bytes in the page cache.
-    fn nbdkit(&self, seed: u64) -> Result<Vec<Step>> {
+    fn nbdkit(&self, seed: u64) -> Result<Vec<(Client, Vec<Step>)>> {
         let socket = self.dir.join("nbdkit.sock");
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new("nbdkit");
@@ -243,42 +275,83 @@ impl Place {
         std::io::copy(&mut std::fs::File::open(&self.image)?, &mut std::io::sink())?;
         let mut server = spawn(cmd)?;
         wait_for_socket(&mut server, &socket)?;
-        let steps = self.steps(&server, &uri(&socket), seed);
+        let steps = self.steps(&server, &socket, seed);
         drop(server);
         steps
     }
 
-    /// Every step, fewest connections first.
-    fn steps(&self, server: &ServerProcess, uri: &str, seed: u64) -> Result<Vec<Step>> {
-        let mut steps = Vec::new();
+    /// Every step with each client, fewest connections first.
+    fn steps(
+        &self,
+        server: &ServerProcess,
+        socket: &Path,
+        seed: u64,
+    ) -> Result<Vec<(Client, Vec<Step>)>> {
+        let mut runs: Vec<(Client, Vec<Step>)> = Client::ALL.map(|c| (c, Vec::new())).to_vec();
         for &connections in &self.connections {
-            let job = nbd_randread(
-                "nbd-connections",
-                uri,
-                (self.image_bytes, 1),
-                self.secs,
-                seed ^ connections as u64,
-            )
-            .numjobs(connections)
-            .threads()
-            .verify_crc32c();
-            let cpu_before = server.cpu_secs()?;
-            let machine_before = machine_busy_secs()?;
-            let read = job.run(Some(&self.dir))?;
-            let cpu_secs = server.cpu_secs()? - cpu_before;
-            let machine_secs = machine_busy_secs()? - machine_before;
-            steps.push(Step {
-                connections,
-                iops: read.iops,
-                latency_us_p50: read.latency_us_p50,
-                latency_us_p99: read.latency_us_p99,
-                latency_us_max: read.latency_us_max,
-                server_cpu_us_per_request: cpu_secs * 1e6 / read.reads.max(1.0),
-                rest_cpu_us_per_request: (machine_secs - cpu_secs).max(0.0) * 1e6
-                    / read.reads.max(1.0),
-            });
+            for (client, steps) in &mut runs {
+                let seed = seed ^ connections as u64;
+                steps.push(self.step(server, socket, *client, connections, seed)?);
+            }
         }
-        Ok(steps)
+        Ok(runs)
+    }
+
+    /// One step: `connections` clients at queue depth 1 for `secs`.
+    fn step(
+        &self,
+        server: &ServerProcess,
+        socket: &Path,
+        client: Client,
+        connections: usize,
+        seed: u64,
+    ) -> Result<Step> {
+        let cpu_before = server.cpu_secs()?;
+        let machine_before = machine_busy_secs()?;
+        let (iops, p50, p99, max, reads) = match client {
+            Client::Fio => {
+                let read = nbd_randread(
+                    "nbd-connections",
+                    &uri(socket),
+                    (self.image_bytes, 1),
+                    self.secs,
+                    seed,
+                )
+                .numjobs(connections)
+                .threads()
+                .verify_crc32c()
+                .run(Some(&self.dir))?;
+                let r = &read;
+                (
+                    r.iops,
+                    r.latency_us_p50,
+                    r.latency_us_p99,
+                    r.latency_us_max,
+                    r.reads,
+                )
+            }
+            Client::OneThread => {
+                let r = super::nbd_client::run(socket, connections, &self.bytes, self.secs, seed)?;
+                (
+                    r.iops,
+                    r.latency_us_p50,
+                    r.latency_us_p99,
+                    r.latency_us_max,
+                    r.reads,
+                )
+            }
+        };
+        let cpu_secs = server.cpu_secs()? - cpu_before;
+        let machine_secs = machine_busy_secs()? - machine_before;
+        Ok(Step {
+            connections,
+            iops,
+            latency_us_p50: p50,
+            latency_us_p99: p99,
+            latency_us_max: max,
+            server_cpu_us_per_request: cpu_secs * 1e6 / reads.max(1.0),
+            rest_cpu_us_per_request: (machine_secs - cpu_secs).max(0.0) * 1e6 / reads.max(1.0),
+        })
     }
 }
 
@@ -306,12 +379,13 @@ fn uri(socket: &Path) -> String {
     format!("nbd+unix:///?socket={}", socket.display())
 }
 
-/// One side's steps: each figure the median over the rounds.
-fn side_report(side: Side, measured: &[(Side, Vec<Step>)]) -> SideReport {
+/// One side's steps with one client: each figure the median over the
+/// rounds.
+fn side_report(side: Side, client: Client, measured: &[(Side, Client, Vec<Step>)]) -> SideReport {
     let runs: Vec<&Vec<Step>> = measured
         .iter()
-        .filter(|(s, _)| *s == side)
-        .map(|(_, steps)| steps)
+        .filter(|(s, c, _)| (*s, *c) == (side, client))
+        .map(|(_, _, steps)| steps)
         .collect();
     let steps: Vec<Step> = (0..runs.first().map_or(0, |r| r.len()))
         .map(|i| {
@@ -330,6 +404,7 @@ fn side_report(side: Side, measured: &[(Side, Vec<Step>)]) -> SideReport {
         .collect();
     SideReport {
         side,
+        client,
         name: side.name(),
         ratio_128_to_best_16_64: ratio_128_to_best(&steps),
         steps,
@@ -360,7 +435,7 @@ fn print_table(report: &Report) {
     println!("nbdkit: nbdkit -f -r -U SOCKET file file=IMAGE");
     for side in &report.sides {
         println!();
-        println!("{}", side.name);
+        println!("{}; {}", side.name, side.client.name());
         println!(
             "{:>6} {:>9} {:>8} {:>9} {:>9} {:>9} {:>12} {:>12}",
             "conns", "IOPS", "p50 us", "p99 us", "max ms", "p99/mean", "server us/r", "rest us/r"
@@ -423,13 +498,23 @@ mod tests {
 
     #[test]
     fn a_side_report_takes_medians_per_step() {
+        let fio = Client::Fio;
         let measured = vec![
-            (Side::OursArc, vec![step(16, 100.0), step(128, 50.0)]),
-            (Side::NbdkitPageCache, vec![step(16, 1.0), step(128, 1.0)]),
-            (Side::OursArc, vec![step(16, 300.0), step(128, 70.0)]),
-            (Side::OursArc, vec![step(16, 200.0), step(128, 60.0)]),
+            (Side::OursArc, fio, vec![step(16, 100.0), step(128, 50.0)]),
+            (
+                Side::NbdkitPageCache,
+                fio,
+                vec![step(16, 1.0), step(128, 1.0)],
+            ),
+            (
+                Side::OursArc,
+                Client::OneThread,
+                vec![step(16, 9.0), step(128, 9.0)],
+            ),
+            (Side::OursArc, fio, vec![step(16, 300.0), step(128, 70.0)]),
+            (Side::OursArc, fio, vec![step(16, 200.0), step(128, 60.0)]),
         ];
-        let r = side_report(Side::OursArc, &measured);
+        let r = side_report(Side::OursArc, fio, &measured);
         assert_eq!(r.steps.len(), 2);
         assert_eq!(r.steps[0].iops, 200.0);
         assert_eq!(r.steps[1].iops, 60.0);
