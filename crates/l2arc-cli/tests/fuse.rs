@@ -13,6 +13,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use l2arc_testkit::mapping::SharedMapping;
+
 const ATTR_TIMEOUT_SECS: f64 = 0.2;
 
 fn need(tool: &str) {
@@ -807,58 +809,6 @@ fn within(limit: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> 
     }
 }
 
-/// A read-only shared mapping of a file, read with plain loads: a reader
-/// that makes no system call on the mount (a page fault is all it costs).
-struct Mapping {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(file: &std::fs::File, len: usize) -> Mapping {
-        assert!(len > 0 && len.is_multiple_of(8));
-        // SAFETY: a fresh shared read-only mapping of an open file,
-        // unmapped on drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            ptr,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Mapping { ptr, len }
-    }
-
-    /// The mapping's bytes now, copied word by word with volatile loads:
-    /// the kernel may replace its pages under us at any time.
-    fn bytes(&self) -> Vec<u8> {
-        let words = self.ptr.cast::<u64>();
-        let mut out = Vec::with_capacity(self.len);
-        for i in 0..self.len / 8 {
-            // SAFETY: in bounds of a live, readable, page-aligned mapping.
-            let word = unsafe { std::ptr::read_volatile(words.add(i)) };
-            out.extend_from_slice(&word.to_ne_bytes());
-        }
-        out
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, of this length.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
 #[test]
 fn an_mmap_reader_sees_changes_in_the_source_without_a_system_call() {
     // A program that reads a file only through a shared mapping asks the
@@ -871,7 +821,7 @@ fn an_mmap_reader_sees_changes_in_the_source_without_a_system_call() {
     std::fs::write(&path, pattern(1, LEN)).unwrap();
     let m = Mount::start(&src, &mnt, &["--attr-timeout", "60"]);
     let file = std::fs::File::open(mnt.join("f")).unwrap();
-    let map = Mapping::new(&file, LEN);
+    let map = SharedMapping::new(&file, LEN, false);
     assert!(
         map.bytes() == pattern(1, LEN),
         "the mapping before any change"

@@ -4,11 +4,12 @@
 //! another process holds open for writing is refused unless
 //! `--shared-writer-unsafe` says the writes are safe.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use l2arc_testkit::mapping::SharedMapping;
 use l2arc_testkit::nbd::{LoopDevice, ServeNbd, pattern};
 
 const IMAGE_BYTES: usize = 16 << 20;
@@ -138,37 +139,15 @@ fn an_image_written_behind_a_running_export_is_never_served_stale() {
 }
 
 /// Writes `bytes` at `offset` through a shared mapping of the file and
-/// syncs it (the mtime moves; inotify reports nothing).
+/// syncs it (the mtime moves; inotify reports nothing); the file's bytes.
 fn write_through_mapping(image: &Path, offset: usize, bytes: &[u8]) -> Vec<u8> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(image)
         .unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared mapping of the whole file, unmapped below;
-    // nothing else in this process touches it.
-    unsafe {
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            IMAGE_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(map, libc::MAP_FAILED);
-        let dst = std::slice::from_raw_parts_mut(map.cast::<u8>(), IMAGE_BYTES);
-        dst[offset..offset + bytes.len()].copy_from_slice(bytes);
-        assert_eq!(libc::msync(map, IMAGE_BYTES, libc::MS_SYNC), 0);
-        assert_eq!(libc::munmap(map, IMAGE_BYTES), 0);
-    }
-    let mut all = Vec::new();
-    std::fs::File::open(image)
-        .unwrap()
-        .read_to_end(&mut all)
-        .unwrap();
-    all
+    SharedMapping::new(&f, IMAGE_BYTES, true).write_and_sync(offset, bytes);
+    std::fs::read(image).unwrap()
 }
 
 /// A process that holds `device` open (`<>` for writing, `<` for

@@ -9,6 +9,7 @@ use std::time::Duration;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
 use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
+use l2arc_testkit::mapping::SharedMapping;
 
 struct Mounted {
     mnt: PathBuf,
@@ -529,54 +530,6 @@ fn reads_waiting_on_primary_storage_overlap_up_to_the_mounts_threads() {
     }
 }
 
-/// A read-only shared mapping of a file, read with plain loads: a reader
-/// that makes no system call on the mount.
-struct Mapping {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(file: &std::fs::File, len: usize) -> Mapping {
-        use std::os::fd::AsRawFd;
-        assert!(len > 0 && len.is_multiple_of(8));
-        // SAFETY: a fresh shared read-only mapping of an open file,
-        // unmapped on drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        Mapping { ptr, len }
-    }
-
-    /// The mapping's bytes now (volatile loads: the kernel may replace its
-    /// pages under us).
-    fn bytes(&self) -> Vec<u8> {
-        let words = self.ptr.cast::<u64>();
-        let mut out = Vec::with_capacity(self.len);
-        for i in 0..self.len / 8 {
-            // SAFETY: in bounds of a live, readable, page-aligned mapping.
-            let word = unsafe { std::ptr::read_volatile(words.add(i)) };
-            out.extend_from_slice(&word.to_ne_bytes());
-        }
-        out
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, of this length.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
 /// Calls `probe` until it holds or `limit` passes; how long it took.
 fn within(limit: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
     let start = std::time::Instant::now();
@@ -610,7 +563,7 @@ fn an_mmap_reader_sees_source_changes_by_inotify_and_by_polling_alone() {
         );
         let path = m._dir.path().join("src/f");
         let file = std::fs::File::open(m.mnt.join("f")).unwrap();
-        let map = Mapping::new(&file, LEN);
+        let map = SharedMapping::new(&file, LEN, false);
         assert!(map.bytes() == pattern(LEN, 1));
         let mut took = Vec::new();
         for round in 2..5u8 {

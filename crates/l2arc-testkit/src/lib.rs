@@ -4,6 +4,7 @@
 //! error must look like to a user (one line, prefixed with the program's
 //! name, no panic or backtrace). A dev-dependency only.
 
+pub mod mapping;
 pub mod nbd;
 pub mod s3;
 
