@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use l2arc_testkit::mapping::SharedMapping;
+use l2arc_testkit::within;
 
 const ATTR_TIMEOUT_SECS: f64 = 0.2;
 
@@ -794,20 +795,6 @@ fn open_files_see_changes_behind_the_mount() {
 /// How long the mount may take to notice a change made in the source, for
 /// a program that asks it nothing (the watcher's promise, docs/mount.md).
 const SOURCE_CHANGE_SEEN_WITHIN: Duration = Duration::from_secs(2);
-
-/// Calls `probe` until it holds or `limit` passes; how long it took.
-fn within(limit: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if probe() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 #[test]
 fn an_mmap_reader_sees_changes_in_the_source_without_a_system_call() {

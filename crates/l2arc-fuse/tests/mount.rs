@@ -10,6 +10,7 @@ use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
 use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 use l2arc_testkit::mapping::SharedMapping;
+use l2arc_testkit::within;
 
 struct Mounted {
     mnt: PathBuf,
@@ -527,20 +528,6 @@ fn reads_waiting_on_primary_storage_overlap_up_to_the_mounts_threads() {
                 "{in_flight_max} reads on {threads} threads"
             );
         }
-    }
-}
-
-/// Calls `probe` until it holds or `limit` passes; how long it took.
-fn within(limit: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
-    let start = std::time::Instant::now();
-    loop {
-        if probe() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

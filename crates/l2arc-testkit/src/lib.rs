@@ -226,3 +226,21 @@ pub fn rss_and_peak_bytes(pid: u32) -> (u64, u64) {
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
+
+/// Calls `probe` every 2 ms until it holds or `limit` passes: how long it
+/// took, or `None`. For liveness bounds ("seen within 2 s"), not speed.
+pub fn within(
+    limit: std::time::Duration,
+    mut probe: impl FnMut() -> bool,
+) -> Option<std::time::Duration> {
+    let start = std::time::Instant::now();
+    loop {
+        if probe() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
