@@ -63,7 +63,6 @@ mod handles;
 mod inodes;
 mod locks;
 mod object_fs;
-mod pace;
 mod readahead;
 mod relief;
 mod sys;

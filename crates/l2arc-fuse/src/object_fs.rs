@@ -35,7 +35,7 @@
 //! instead of issuing a GET of its own, and each record is served as soon
 //! as its bytes are in: a cold sequential read costs one GET per window,
 //! as a streaming client's one GET per object. A span is paced to its
-//! reader (`crate::pace`): it runs at most a quarter of the window, and at
+//! reader (`l2arc::Pace`): it runs at most a quarter of the window, and at
 //! most an eighth of `arc_max`, ahead of the reader, so that what is read
 //! ahead is not evicted before it is read. Memory beyond the ARC's records:
 //! one record being assembled per span in flight (`l2arc::prefetch`).
@@ -59,7 +59,6 @@ use l2arc::{Cache, ClaimedSpan, DatasetId, ObjectHandle};
 
 use crate::fs::NotifierSlot;
 use crate::handles::{Handle, HandleTable};
-use crate::pace::Pace;
 use crate::readahead::ReadAhead;
 use crate::relief::{Relief, ReliefClock};
 use crate::workers;
@@ -130,7 +129,7 @@ struct OpenObject {
     /// known good for this open: a change means the pages must go.
     token_seen: AtomicU64,
     /// Where the reader is, for the spans read ahead of it.
-    pace: Arc<Pace>,
+    pace: Arc<l2arc::Pace>,
     /// The record the last read ended in (`u64::MAX`: none yet), for
     /// `Cache::read_view_continuing`.
     last_record: AtomicU64,
@@ -143,7 +142,7 @@ impl Drop for OpenObject {
 }
 
 /// A span to fill, paced to its reader.
-type PrefetchJob = (ClaimedSpan, Arc<Pace>);
+type PrefetchJob = (ClaimedSpan, Arc<l2arc::Pace>);
 
 /// Entries (parent id, name) the kernel is asked to drop.
 type ReliefJob = Vec<(u64, String)>;
@@ -551,7 +550,7 @@ impl ObjectFs {
             ino: ino.0,
             token_seen: AtomicU64::new(handle.generation_token()),
             handle,
-            pace: Arc::new(Pace::new(self.readahead_ahead_bytes(recordsize))),
+            pace: Arc::new(l2arc::Pace::new(0, self.readahead_ahead_bytes(recordsize))),
             last_record: AtomicU64::new(u64::MAX),
             readahead: Mutex::new(ReadAhead::at_once(window_records)),
             last_revalidate: Mutex::new(Instant::now()),

@@ -36,6 +36,7 @@ mod buf;
 pub mod hash;
 mod l2arc;
 pub mod latency;
+mod pace;
 mod prefetch;
 pub mod primary;
 mod properties;
@@ -49,6 +50,7 @@ mod zstream;
 pub use l2arc::device::{DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
 pub use l2arc::{DeviceOpen, DeviceStats, IoEngine, L2ArcConfig, L2Stats};
+pub use pace::Pace;
 pub use prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use properties::PropertyError;
 pub use read_path::{

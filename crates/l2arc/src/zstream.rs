@@ -61,9 +61,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
+use crate::pace::Pace;
 use crate::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 use crate::{Cache, ObjectHandle};
 
@@ -75,79 +76,6 @@ const REORDER_SLACK_BYTES: u64 = 1 << 20;
 /// Threads filling spans, each one GET at a time (the object mount's
 /// prefetch pool has as many).
 const SPAN_FILL_THREADS: usize = 8;
-/// How long a span waits for a stream that does not move before it gives
-/// the rest up (its GET stays open meanwhile).
-const IDLE_MAX: Duration = Duration::from_secs(10);
-
-/// Where the reads of one sequential stream are, for the spans filled
-/// ahead of it (the pace).
-pub(crate) struct Pace {
-    state: Mutex<PaceState>,
-    advanced: Condvar,
-    /// How far ahead of the furthest read a span may fill.
-    ahead_bytes: u64,
-}
-
-struct PaceState {
-    /// Furthest offset a read of the stream started at.
-    read_to: u64,
-    /// Spans blocked in `wait_for` (a read notifies only when some are).
-    waiting: u32,
-}
-
-impl Pace {
-    fn new(read_to: u64, ahead_bytes: u64) -> Self {
-        Self {
-            state: Mutex::new(PaceState {
-                read_to,
-                waiting: 0,
-            }),
-            advanced: Condvar::new(),
-            ahead_bytes,
-        }
-    }
-
-    /// A read of the stream starts at `offset` (before it looks records
-    /// up, so the record it waits for is always within reach of a span).
-    fn reader_at(&self, offset: u64) {
-        let mut state = self.state.lock().expect("pace poisoned");
-        if offset > state.read_to {
-            state.read_to = offset;
-            if state.waiting > 0 {
-                self.advanced.notify_all();
-            }
-        }
-    }
-
-    /// Blocks until a record at `offset` is within `ahead_bytes` of the
-    /// stream's furthest read; false if the stream stood still for
-    /// `IDLE_MAX`.
-    pub(crate) fn wait_for(&self, offset: u64) -> bool {
-        let mut state = self.state.lock().expect("pace poisoned");
-        let mut seen = state.read_to;
-        let mut deadline = Instant::now() + IDLE_MAX;
-        loop {
-            if offset < state.read_to.saturating_add(self.ahead_bytes) {
-                return true;
-            }
-            if state.read_to != seen {
-                seen = state.read_to;
-                deadline = Instant::now() + IDLE_MAX;
-            }
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return false;
-            };
-            state.waiting += 1;
-            state = self
-                .advanced
-                .wait_timeout(state, left)
-                .expect("pace poisoned")
-                .0;
-            state.waiting -= 1;
-        }
-    }
-}
-
 /// One stream of an object: a candidate until a read continues it.
 struct Stream {
     /// Where the next sequential read starts (the furthest end of the
@@ -571,7 +499,7 @@ mod tests {
         );
         let paces: Vec<_> = streams.iter().filter_map(|s| s.pace.clone()).collect();
         assert_eq!(paces.len(), 1);
-        let read_to = || paces[0].state.lock().unwrap().read_to;
+        let read_to = || paces[0].read_to();
         let count = streams.len();
         // Reads far ahead in the window (overtaking many others, or another
         // reader's): each moves the stream's pace (a span paced to it must
@@ -582,20 +510,5 @@ mod tests {
             assert_eq!(streams.len(), count, "a stream started at {at}");
         }
         assert_eq!(read_to(), 63 * MIB + (256 << 10));
-    }
-
-    #[test]
-    fn a_span_waits_for_its_stream_and_lets_go_of_one_that_stands_still() {
-        let pace = Arc::new(Pace::new(0, 4 * MIB));
-        assert!(pace.wait_for(4 * MIB - 1));
-        let span = {
-            let pace = Arc::clone(&pace);
-            std::thread::spawn(move || pace.wait_for(10 * MIB))
-        };
-        while pace.state.lock().unwrap().waiting == 0 {
-            std::thread::yield_now();
-        }
-        pace.reader_at(7 * MIB);
-        assert!(span.join().unwrap(), "the stream came within reach");
     }
 }
