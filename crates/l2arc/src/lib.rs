@@ -33,32 +33,27 @@
 pub mod analytics;
 pub mod arc;
 mod buf;
+mod cache;
 pub mod hash;
 mod l2arc;
 pub mod latency;
 mod pace;
-mod prefetch;
 pub mod primary;
-mod properties;
-mod read_ahead;
-mod read_path;
-mod read_queue;
 mod stats;
 mod top_objects;
-mod zstream;
 
-pub use l2arc::device::{DeviceIo, FileDevice};
-pub use l2arc::format::{Compression, FormatError};
-pub use l2arc::{DeviceOpen, DeviceStats, IoEngine, L2ArcConfig, L2Stats};
-pub use pace::Pace;
-pub use prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
-pub use properties::PropertyError;
-pub use read_path::{
+pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
+pub use cache::properties::PropertyError;
+pub use cache::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, FeedOutcome,
     ObjectHandle, RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
     validate_recordsize,
 };
-pub use read_queue::{ReadCompletion, ReadQueue};
+pub use cache::{ReadCompletion, ReadQueue};
+pub use l2arc::device::{DeviceIo, FileDevice};
+pub use l2arc::format::{Compression, FormatError};
+pub use l2arc::{DeviceOpen, DeviceStats, IoEngine, L2ArcConfig, L2Stats};
+pub use pace::Pace;
 pub use stats::{ArcStats, CacheStats};
 
 /// Engine internals for the workspace's benchmarks, fuzzers and tests: the
@@ -69,11 +64,11 @@ pub use stats::{ArcStats, CacheStats};
 pub mod internals {
     pub use crate::arc::live::{ArcConfig, LiveArc, Lookup, Record, RecordKey};
     pub use crate::buf::AlignedBuf;
+    pub use crate::cache::OBJECT_STATES_MAX;
     #[cfg(feature = "test-utils")]
     pub use crate::l2arc::faulty_device::{Faults, FaultyDevice};
     pub use crate::l2arc::{
         BATCH_BYTES_MAX, DEVICE_ERRORS_MAX, FeedRecord, L2Arc, LogOnlyRecord,
         REBUILD_BUFFER_BYTES_MAX, format, index,
     };
-    pub use crate::read_path::OBJECT_STATES_MAX;
 }

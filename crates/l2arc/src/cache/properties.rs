@@ -17,8 +17,8 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::cache::{CacheMode, DatasetConfig};
 use crate::l2arc::format::Compression;
-use crate::read_path::{CacheMode, DatasetConfig};
 
 /// The changeable properties of one dataset.
 pub(crate) struct LiveProperties {

@@ -42,9 +42,9 @@ use smallvec::SmallVec;
 
 use crate::arc::live::{Fill, FillClaim, Lookup, Record};
 use crate::arc::policy::AccessKind;
+use crate::cache::{Cache, ObjectHandle, ReadView};
 use crate::l2arc::reader::PendingRead;
 use crate::l2arc::ring::{IoEngine, ReadRing};
-use crate::read_path::{Cache, ObjectHandle, ReadView};
 
 /// Most device reads one queue keeps in flight.
 pub(crate) const RING_ENTRIES_MAX: usize = 256;

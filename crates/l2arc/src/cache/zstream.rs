@@ -64,8 +64,8 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 use crate::pace::Pace;
-use crate::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 use crate::{Cache, ObjectHandle};
 
 /// Streams watched per object (OpenZFS's `zfetch_max_streams`).

@@ -60,8 +60,8 @@ use super::writer::{PreparedBatch, commit_batch};
 use super::{FeedRecord, L2Arc, WriteGate};
 use crate::arc::live::RecordKey;
 use crate::arc::policy::ListId;
+use crate::cache::{Cache, CacheMode, Dataset, FeedOutcome, Invalidation, l2_key_hash};
 use crate::hash::{FastBuildHasher, hash_one};
-use crate::read_path::{Cache, CacheMode, Dataset, FeedOutcome, Invalidation, l2_key_hash};
 
 /// Wakes the feeder early when the ARC has taken in enough new bytes that
 /// its cold end is moving toward records not yet on flash.

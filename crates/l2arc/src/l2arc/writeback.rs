@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::arc::live::{EvictionSink, Record, RecordKey};
 use crate::arc::policy::{Evicted, ListId};
-use crate::read_path::{Cache, CacheMode, l2_key_hash};
+use crate::cache::{Cache, CacheMode, l2_key_hash};
 
 /// Eviction counters (bytes), as ZFS names them.
 #[derive(Default)]

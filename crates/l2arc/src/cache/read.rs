@@ -1,0 +1,500 @@
+//! Reads: one record at a time, down the tiers in order.
+//!
+//! A read is split into the dataset's records; each is looked up in the
+//! ARC, and a miss claims the record's fill (one read below per record at
+//! a time: single flight), reads the whole record from the first tier
+//! below that holds it or else from primary storage, inserts it, and wakes
+//! any reader that waited. A conditional primary read that finds the
+//! object changed (412) re-stats and tries again under the new token, at
+//! most `STALE_RETRIES_MAX` times: nothing of the old version is ever
+//! returned or cached under the new token.
+
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+use crate::arc::live::{Lookup, Record};
+use crate::arc::policy::AccessKind;
+use crate::buf::AlignedBuf;
+use crate::l2arc::L2Arc;
+
+use super::Cache;
+use super::config::*;
+use super::objects::*;
+use super::view::*;
+
+impl Cache {
+    /// Reads like `pread`: fills `buf` from `offset`, short at end of object.
+    pub fn read(&self, handle: &ObjectHandle, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if handle.caches_nothing() {
+            return self.read_uncached(handle, offset, buf);
+        }
+        let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        let size_bytes = handle.size_bytes();
+        let end = offset.saturating_add(buf.len() as u64).min(size_bytes);
+        if offset < end && offset / recordsize == (end - 1) / recordsize {
+            // Within one record: copy straight out of the record buffer.
+            let continues = self.note_stream_read(handle, offset, buf.len());
+            let timer = self.analytics.start_read();
+            let index = offset / recordsize;
+            let from = (offset - index * recordsize) as usize;
+            let to = (end - index * recordsize) as usize;
+            let peeked = (continues == Some(index))
+                .then(|| self.arc.peek_hit(handle.record_key(index), handle.token()))
+                .flatten();
+            let (record, range, _) = match peeked {
+                Some(record) => piece_of(record, from..to, recordsize as usize),
+                None => self.get_piece(handle, index, AccessKind::Demand, from..to)?,
+            };
+            let n = range.len();
+            buf[..n].copy_from_slice(&record.data[range]);
+            self.counters.reads.add(1);
+            self.counters.read_bytes.add(n as u64);
+            self.analytics
+                .finish_read(timer, handle.dataset_id.0, handle.state.id);
+            return Ok(n);
+        }
+        let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
+        Ok(view.copy_to(buf))
+    }
+
+    /// Warms the cache with the records under a range (read-ahead): they are
+    /// flagged as prefetched and do not count as reuse.
+    pub fn prefetch(&self, handle: &ObjectHandle, offset: u64, len: usize) -> io::Result<()> {
+        if handle.caches_nothing() {
+            return Ok(());
+        }
+        self.read_view(handle, offset, len, AccessKind::Prefetch)
+            .map(|_| ())
+    }
+
+    /// Reads a range as shared record buffers, without copying.
+    pub fn read_view(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        kind: AccessKind,
+    ) -> io::Result<ReadView> {
+        self.read_view_continuing(handle, offset, len, kind, None)
+    }
+
+    /// As [`Self::read_view`], for a reader whose previous read ended in
+    /// record `continues`: a hit on that record is counted, but is not a new
+    /// access for the ARC's policy (`LiveArc::peek_hit`). Without it a
+    /// sequential reader that reads a record in several reads (the kernel's
+    /// 128 KiB) would promote every record it reads to MFU, as if it were
+    /// reused, and the records read ahead of it would be evicted first.
+    pub fn read_view_continuing(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        kind: AccessKind,
+        continues: Option<u64>,
+    ) -> io::Result<ReadView> {
+        let size_bytes = handle.size_bytes();
+        let mut segments = SmallVec::new();
+        if len == 0 || offset >= size_bytes {
+            return Ok(ReadView { segments });
+        }
+        let end = offset.saturating_add(len as u64).min(size_bytes);
+        let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        // A record the caller's previous read ended in, or one an earlier
+        // read of the object's sequential stream touched: not a new access.
+        let continues = match kind {
+            AccessKind::Demand => self.note_stream_read(handle, offset, len).or(continues),
+            _ => continues,
+        };
+        let timer = self.analytics.start_read_if(kind == AccessKind::Demand);
+        for index in offset / recordsize..=(end - 1) / recordsize {
+            let record_start = index * recordsize;
+            let from = (offset.max(record_start) - record_start) as usize;
+            let to = ((end - record_start) as usize).min(recordsize as usize);
+            let peeked = (kind == AccessKind::Demand && continues == Some(index))
+                .then(|| self.arc.peek_hit(handle.record_key(index), handle.token()))
+                .flatten();
+            let (record, range, short) = match peeked {
+                Some(record) => piece_of(record, from..to, recordsize as usize),
+                None => self.get_piece(handle, index, kind, from..to)?,
+            };
+            if !range.is_empty() {
+                segments.push((record, range));
+            }
+            if short {
+                break; // end of object as the primary saw it
+            }
+        }
+        if kind == AccessKind::Demand {
+            let view = ReadView { segments };
+            self.counters.reads.add(1);
+            self.counters.read_bytes.add(view.len() as u64);
+            self.analytics
+                .finish_read(timer, handle.dataset_id.0, handle.state.id);
+            return Ok(view);
+        }
+        Ok(ReadView { segments })
+    }
+
+    /// Bytes `wanted` of record `index` (cut at the record's end): a
+    /// buffer, the range of it that holds them, and whether the record is
+    /// short (the object's last).
+    ///
+    /// A small demand read (at most 1/`SECTOR_READ_FRACTION` of a record,
+    /// not at its start: `sector_read_fits`) of a record the ARC neither
+    /// holds nor is filling is first tried as a sector read from the L2ARC
+    /// (`L2Arc::read_sectors`): the 4 KiB blocks under it and the record's
+    /// sector table, not the whole record, and no ARC fill. Reading a 1 MiB record from flash to serve
+    /// 4 KiB is 256 times the I/O, and filling the ARC with it evicts a
+    /// megabyte of DRAM for every random read that misses it. A record
+    /// read this way is still counted as an ARC miss and an L2ARC hit.
+    pub(super) fn get_piece(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        kind: AccessKind,
+        wanted: Range<usize>,
+    ) -> io::Result<(Arc<Record>, Range<usize>, bool)> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        if kind == AccessKind::Demand && sector_read_fits(handle, &wanted) {
+            let token = handle.token();
+            let key = handle.record_key(index);
+            match self.arc.lookup_resident(key, token, kind) {
+                Some(Lookup::Hit(record)) => return Ok(piece_of(record, wanted, recordsize)),
+                Some(_) => {} // being filled: wait for it below
+                None => {
+                    if let Some((l2, key_hash)) = self.l2_source(handle, index, token) {
+                        let timer = self.analytics.start();
+                        if let Some((data, range, record_bytes)) =
+                            l2.read_sectors(key_hash, wanted.clone())
+                        {
+                            self.arc.note_miss(key, kind);
+                            self.note_l2_hit(handle, timer, range.len() as u64);
+                            let record = Arc::new(Record {
+                                data,
+                                generation_token: token,
+                                fill_sequence: 0,
+                            });
+                            return Ok((record, range, record_bytes < recordsize));
+                        }
+                    }
+                }
+            }
+        }
+        let record = self.get_record(handle, index, kind)?;
+        Ok(piece_of(record, wanted, recordsize))
+    }
+
+    pub(super) fn get_record(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        kind: AccessKind,
+    ) -> io::Result<Arc<Record>> {
+        let key = handle.record_key(index);
+        let mut stale_tries = 0u32;
+        loop {
+            let token = handle.token();
+            let result = match self.arc.lookup(key, token, kind) {
+                Lookup::Hit(record) => return Ok(record),
+                Lookup::InFlight(fill) => {
+                    self.analytics.note_below();
+                    match fill.wait() {
+                        Ok(record) if record.generation_token == token => return Ok(record),
+                        // Filled under another generation, or the claim
+                        // was dropped unfilled: look again.
+                        Ok(_) => continue,
+                        Err(e) if e.is_abandoned() => continue,
+                        Err(e) => Err(io::Error::from(e)),
+                    }
+                }
+                Lookup::Claimed(claim) => {
+                    let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
+                    match self.read_l2(handle, index, token) {
+                        Some(data) => self.publish_fill(claim, Ok(data), token, fill_sequence),
+                        None => self.fill_from_primary(handle, index, token, kind, claim),
+                    }
+                }
+            };
+            match result {
+                // The object is no longer the version the token stands for
+                // (a conditional read saw 412): learn the new one and read
+                // again under its token. Nothing of the old version was
+                // returned or cached under the new token.
+                Err(e) if is_stale(&e) && stale_tries < STALE_RETRIES_MAX => {
+                    stale_tries += 1;
+                    self.counters.primary_stale.add(1);
+                    self.revalidate(handle)?;
+                }
+                Err(e) if is_stale(&e) => {
+                    return Err(io::Error::other(format!(
+                        "the object kept changing while record {index} was read ({STALE_RETRIES_MAX} tries)"
+                    )));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Completes a fill this reader claimed: inserts the record (the ARC
+    /// decides) and hands it, or the error, to every reader waiting on it.
+    pub(crate) fn publish_fill(
+        &self,
+        claim: crate::arc::live::FillClaim<'_>,
+        result: io::Result<AlignedBuf>,
+        token: u64,
+        fill_sequence: u64,
+    ) -> io::Result<Arc<Record>> {
+        match result {
+            Ok(data) => {
+                let record = Arc::new(Record {
+                    data,
+                    generation_token: token,
+                    fill_sequence,
+                });
+                claim.complete(Ok(Arc::clone(&record)));
+                if self.l2.get().is_some_and(|l2| l2.config().l2arc_feed_again) {
+                    self.feed_wake.note_insert(record.data.len() as u64);
+                }
+                Ok(record)
+            }
+            Err(e) => {
+                // The waiters get the error as `Fill` keeps it; the
+                // claimant keeps its kind too.
+                let failed = io::Error::new(e.kind(), e.to_string());
+                claim.complete(Err(e));
+                Err(failed)
+            }
+        }
+    }
+
+    /// Produces a record's bytes from below the ARC.
+    ///
+    /// The L2ARC first (a miss or any failure there falls through), then
+    /// primary storage.
+    pub(crate) fn fill_record(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> io::Result<AlignedBuf> {
+        if let Some(data) = self.read_l2(handle, index, token) {
+            return Ok(data);
+        }
+        self.read_primary(handle, index, token)
+    }
+
+    /// A record's bytes from the L2ARC, if it holds them under `token` (a
+    /// miss or any failure there is `None`).
+    pub(crate) fn read_l2(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> Option<AlignedBuf> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        let (l2, key_hash) = self.l2_source(handle, index, token)?;
+        let timer = self.analytics.start();
+        let data = l2
+            .read(key_hash, recordsize as u32)
+            .filter(|data| data.len() <= recordsize)?;
+        self.note_l2_hit(handle, timer, data.len() as u64);
+        Some(data)
+    }
+
+    /// Counts an L2ARC hit of `bytes` for the analytics (latency from `timer`).
+    pub(crate) fn note_l2_hit(
+        &self,
+        handle: &ObjectHandle,
+        timer: crate::analytics::Timer,
+        bytes: u64,
+    ) {
+        let dataset = handle.dataset_id.0 as usize;
+        self.analytics
+            .l2_hit_done(timer, dataset, handle.state.id, bytes);
+    }
+
+    /// Whether a read queue should take a read of `len` bytes at `offset`:
+    /// every record under it is in the ARC (resident or being filled) or on
+    /// flash, so it needs nothing from primary storage (unless a record
+    /// leaves both before it is read), and it is not a small piece of a
+    /// record that only flash holds with a sector table, which
+    /// [`Cache::read`] reads alone (`get_piece`) where a queue reads the
+    /// whole record. One ARC and at most one index lookup a record; no
+    /// statistics.
+    pub(crate) fn queue_takes(&self, handle: &ObjectHandle, offset: u64, len: usize) -> bool {
+        if !handle.caches_in_arc() {
+            return false;
+        }
+        let end = offset.saturating_add(len as u64).min(handle.size_bytes());
+        if offset >= end {
+            return true;
+        }
+        let recordsize = u64::from(handle.recordsize_bytes());
+        let token = handle.token();
+        let records = offset / recordsize..=(end - 1) / recordsize;
+        // The piece of the record when the read is within one.
+        let piece = (records.start() == records.end()).then(|| {
+            let start = records.start() * recordsize;
+            (offset - start) as usize..(end - start) as usize
+        });
+        records.clone().all(|index| {
+            if self.arc.holds(handle.record_key(index), token) {
+                return true;
+            }
+            let Some((l2, key_hash)) = self.l2_source(handle, index, token) else {
+                return false;
+            };
+            match l2.sector_table_of(key_hash) {
+                None => false,
+                Some(sectored) => {
+                    !(sectored && piece.as_ref().is_some_and(|p| sector_read_fits(handle, p)))
+                }
+            }
+        })
+    }
+
+    /// The L2ARC and the record's key there, if the record may be on flash.
+    pub(crate) fn l2_source(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> Option<(&Arc<L2Arc>, u64)> {
+        let l2 = self.l2.get()?;
+        (handle.dataset.props.secondarycache() == CacheMode::All).then(|| {
+            (
+                l2,
+                l2_key_hash(handle.dataset.uid, handle.state.id, index, token),
+            )
+        })
+    }
+
+    /// Reads a whole record from primary storage.
+    /// `token` is the one the record will carry: the read asks primary
+    /// storage for the version it stands for.
+    pub(crate) fn read_primary(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+    ) -> io::Result<AlignedBuf> {
+        self.read_primary_span(handle, index, 1, token)
+    }
+
+    /// Reads `records` whole records from `first` on from primary storage
+    /// in one read (one GET from an object store), as [`Self::read_primary`]
+    /// does one; short at the end of the object.
+    pub(crate) fn read_primary_span(
+        &self,
+        handle: &ObjectHandle,
+        first: u64,
+        records: usize,
+        token: u64,
+    ) -> io::Result<AlignedBuf> {
+        assert!(records > 0);
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        let mut data = AlignedBuf::zeroed(recordsize * records);
+        let offset = first * recordsize as u64;
+        let expected = handle.state.generation_of(token);
+        let timer = self.analytics.start();
+        match handle
+            .object
+            .read_at_generation(offset, data.as_mut_slice(), expected.as_ref())
+        {
+            Ok(n) => {
+                data.set_len(n);
+                self.counters.primary_reads.add(1);
+                self.counters.primary_read_bytes.add(n as u64);
+                let dataset = handle.dataset_id.0 as usize;
+                self.analytics
+                    .primary_done(timer, dataset, handle.state.id, n as u64);
+                Ok(data)
+            }
+            Err(e) => {
+                if !is_stale(&e) {
+                    self.counters.primary_errors.add(1);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads `records` whole records from `first` on from primary storage
+    /// as one stream (`PrimaryObject::read_span_at_generation`), handing
+    /// the bytes to `sink` as they arrive; counted as one read, as
+    /// [`Self::read_primary_span`] is. `token` is the one the records will
+    /// carry.
+    pub(crate) fn read_primary_stream(
+        &self,
+        handle: &ObjectHandle,
+        first: u64,
+        records: usize,
+        token: u64,
+        sink: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> io::Result<usize> {
+        let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        let expected = handle.state.generation_of(token);
+        let timer = self.analytics.start();
+        let result = handle.object.read_span_at_generation(
+            first * recordsize as u64,
+            recordsize * records,
+            expected.as_ref(),
+            sink,
+        );
+        match &result {
+            Ok(n) => {
+                self.counters.primary_reads.add(1);
+                self.counters.primary_read_bytes.add(*n as u64);
+                let dataset = handle.dataset_id.0 as usize;
+                self.analytics
+                    .primary_done(timer, dataset, handle.state.id, *n as u64);
+            }
+            Err(e) if !is_stale(e) => self.counters.primary_errors.add(1),
+            Err(_) => {}
+        }
+        result
+    }
+
+    pub(super) fn read_uncached(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
+        let align = handle.object.read_alignment_bytes() as u64;
+        let timer = self.analytics.start();
+        let n = if align <= 1 {
+            handle.object.read_at(offset, buf)?
+        } else {
+            // O_DIRECT below: read whole aligned blocks, then copy out.
+            let start = offset / align * align;
+            let end = offset
+                .checked_add(buf.len() as u64)
+                .and_then(|end| end.checked_next_multiple_of(align))
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("read {offset}+{} is beyond the largest offset", buf.len()),
+                    )
+                })?;
+            let mut bounce = AlignedBuf::zeroed((end - start) as usize);
+            let got = handle.object.read_at(start, bounce.as_mut_slice())?;
+            let skip = (offset - start) as usize;
+            let n = got.saturating_sub(skip).min(buf.len());
+            buf[..n].copy_from_slice(&bounce[skip..skip + n]);
+            n
+        };
+        self.counters.primary_reads.add(1);
+        self.counters.primary_read_bytes.add(n as u64);
+        let dataset = handle.dataset_id.0 as usize;
+        self.analytics
+            .primary_done(timer, dataset, handle.state.id, n as u64);
+        self.counters.reads.add(1);
+        self.counters.read_bytes.add(n as u64);
+        Ok(n)
+    }
+}

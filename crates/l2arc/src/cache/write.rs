@@ -1,0 +1,181 @@
+//! Writes and holes through the cache, and the log of recent ones that
+//! feeds in flight check.
+//!
+//! A write goes to primary storage first, then drops the records it
+//! touched from every tier, then adopts the object's new generation without
+//! a new token: untouched records stay valid. A feed that copied a record
+//! before a write and indexes it after would make a stale record findable;
+//! so each write is logged (bounded, `INVALIDATIONS_KEPT`) under the lock
+//! a feed holds while it decides what of its batch to index, and the feed
+//! leaves out what a later write touched (`admit_unwritten`).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use std::collections::VecDeque;
+
+use super::Cache;
+use super::objects::*;
+use crate::arc::live::RecordKey;
+use crate::hash::hash_one;
+
+/// How many recent invalidations a feed can look back on.
+pub(super) const INVALIDATIONS_KEPT: usize = 4096;
+
+/// One write (or hole) through the cache, as feeds see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Invalidation {
+    pub(crate) sequence: u64,
+    /// Hash of (dataset, object).
+    pub(crate) object_hash: u64,
+    /// The records it dropped, first and last (inclusive).
+    pub(crate) records: (u64, u64),
+}
+
+/// Recent writes, for feeds that raced with them (see the module comment).
+#[derive(Default)]
+pub(crate) struct Invalidations {
+    pub(crate) sequence: u64,
+    /// Recent writes, oldest first.
+    pub(crate) recent: VecDeque<Invalidation>,
+}
+
+/// Logs a write to records `first..=last` of an object for feeds in flight
+/// (see `feed_l2arc`), and publishes the new sequence.
+pub(super) fn note_invalidation(
+    invalidations: &mut Invalidations,
+    published: &AtomicU64,
+    handle: &ObjectHandle,
+    records: (u64, u64),
+) {
+    let object_hash = hash_one(&(handle.dataset_id.0, handle.state.id));
+    invalidations.sequence += 1;
+    let sequence = invalidations.sequence;
+    if invalidations.recent.len() == INVALIDATIONS_KEPT {
+        invalidations.recent.pop_front();
+    }
+    invalidations.recent.push_back(Invalidation {
+        sequence,
+        object_hash,
+        records,
+    });
+    published.store(sequence, Ordering::Release);
+}
+
+impl Cache {
+    /// Writes through to primary storage, then drops every cached record the
+    /// write touched (and the old last record, whose short length the write
+    /// may have made wrong).
+    pub fn write(&self, handle: &ObjectHandle, offset: u64, data: &[u8]) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let _in_flight = WriteInFlight::new(&handle.state);
+        let old_size_bytes = handle.size_bytes();
+        if let Err(e) = handle.object.write_at(offset, data) {
+            // Part of it may have landed (ENOSPC, EIO, end of a device):
+            // drop every record of the object rather than serve old bytes.
+            self.invalidate_object(handle);
+            return Err(e);
+        }
+        self.drop_changed_range(handle, offset, data.len() as u64, old_size_bytes)?;
+        self.counters.writes.add(1);
+        self.counters.write_bytes.add(data.len() as u64);
+        Ok(())
+    }
+
+    /// Punches a hole in primary storage (TRIM, discard: the range then
+    /// reads as zeros, the size stays), then drops every cached record the
+    /// hole touched, exactly as [`Self::write`] does. A primary that cannot
+    /// punch holes returns `ErrorKind::Unsupported` and nothing changes.
+    pub fn discard(&self, handle: &ObjectHandle, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if offset.checked_add(len).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("discard {offset}+{len} is beyond the largest offset"),
+            ));
+        }
+        let _in_flight = WriteInFlight::new(&handle.state);
+        let old_size_bytes = handle.size_bytes();
+        if let Err(e) = handle.object.punch_hole(offset, len) {
+            if e.kind() != io::ErrorKind::Unsupported {
+                // Part of the range may be gone already: trust no record.
+                self.invalidate_object(handle);
+            }
+            return Err(e);
+        }
+        self.drop_changed_range(handle, offset, len, old_size_bytes)
+    }
+
+    /// After primary storage changed `len` bytes at `offset` (a write or a
+    /// hole; `len` > 0): drops the records that cover them from both tiers
+    /// and adopts the object's new generation without a new token.
+    pub(super) fn drop_changed_range(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: u64,
+        old_size_bytes: u64,
+    ) -> io::Result<()> {
+        debug_assert!(len > 0);
+        let recordsize = u64::from(handle.dataset.config.recordsize_bytes);
+        let end = offset.saturating_add(len);
+        let first = offset / recordsize;
+        let last = (end - 1) / recordsize;
+        // A short old last record grows with a write past the old end: its
+        // cached copies are wrong then. Records beyond the old end were
+        // never cached.
+        let old_last = (end > old_size_bytes && !old_size_bytes.is_multiple_of(recordsize))
+            .then(|| old_size_bytes / recordsize);
+        let token = handle.state.token.load(Ordering::Acquire);
+        {
+            // Under the lock a feed holds while it indexes a batch: a feed
+            // either indexed its copies before (and they are dropped here) or
+            // sees this write and indexes none of this object's records.
+            let mut invalidations = self.invalidations.lock().expect("invalidations poisoned");
+            let dropped = (
+                old_last.unwrap_or(first).min(first),
+                last.max(old_last.unwrap_or(last)),
+            );
+            note_invalidation(
+                &mut invalidations,
+                &self.invalidation_sequence,
+                handle,
+                dropped,
+            );
+            for record in old_last.into_iter().chain(first..=last) {
+                self.drop_record(handle, record, token);
+            }
+        }
+        let info = handle.object.info()?;
+        self.adopt(handle, info, false);
+        Ok(())
+    }
+
+    /// Drops one record from the L2ARC and the ARC. In that order: a fill
+    /// that read the flash copy before it was dropped was claimed before
+    /// the ARC invalidation, which dooms it, so it never enters the ARC.
+    pub(super) fn drop_record(&self, handle: &ObjectHandle, record: u64, token: u64) {
+        if let Some(l2) = self.l2.get() {
+            l2.invalidate(l2_key_hash(
+                handle.dataset.uid,
+                handle.state.id,
+                record,
+                token,
+            ));
+        }
+        self.arc.invalidate(RecordKey {
+            dataset: handle.dataset_id.0,
+            object: handle.state.id,
+            record,
+        });
+    }
+
+    /// Makes written data durable on primary storage.
+    pub fn sync(&self, handle: &ObjectHandle) -> io::Result<()> {
+        handle.object.sync()
+    }
+}
