@@ -37,22 +37,24 @@ mod cache;
 pub mod hash;
 mod l2arc;
 pub mod latency;
+mod lock_order;
 mod pace;
 pub mod primary;
 mod stats;
+mod tier;
 mod top_objects;
 
 pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use cache::properties::PropertyError;
 pub use cache::{
-    Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, FeedOutcome,
-    ObjectHandle, RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
+    Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle,
+    RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
     validate_recordsize,
 };
 pub use cache::{ReadCompletion, ReadQueue};
 pub use l2arc::device::{DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
-pub use l2arc::{DeviceOpen, DeviceStats, IoEngine, L2ArcConfig, L2Stats};
+pub use l2arc::{DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats};
 pub use pace::Pace;
 pub use stats::{ArcStats, CacheStats};
 

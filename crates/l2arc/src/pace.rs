@@ -14,7 +14,7 @@
 //! wanted. Used by the engine's sequential streams (`zstream`) and by the
 //! object mount's per-file read-ahead.
 
-use std::sync::{Condvar, Mutex};
+use crate::lock_order::{RankedCondvar, RankedMutex, rank};
 use std::time::{Duration, Instant};
 
 /// How long a span waits for a reader that does not move before it gives
@@ -24,8 +24,8 @@ const IDLE_MAX: Duration = Duration::from_secs(10);
 /// Where one reader (an open file, a sequential stream) is, for the spans
 /// read ahead of it.
 pub struct Pace {
-    state: Mutex<PaceState>,
-    advanced: Condvar,
+    state: RankedMutex<PaceState, { rank::PACE }>,
+    advanced: RankedCondvar,
     /// How far ahead of the furthest read a span may fill.
     ahead_bytes: u64,
 }
@@ -42,12 +42,12 @@ impl Pace {
     /// A reader at `read_to`, whose spans may fill `ahead_bytes` past it.
     pub fn new(read_to: u64, ahead_bytes: u64) -> Self {
         Self {
-            state: Mutex::new(PaceState {
+            state: RankedMutex::new(PaceState {
                 read_to,
                 closed: false,
                 waiting: 0,
             }),
-            advanced: Condvar::new(),
+            advanced: RankedCondvar::new(),
             ahead_bytes,
         }
     }

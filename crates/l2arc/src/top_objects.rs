@@ -18,9 +18,8 @@
 //! the sample rather than wait), and only for objects already tracked.
 //! Counts are totals since start; rates come from their deltas.
 
-use std::sync::Mutex;
-
 use crate::hash::FastHashMap;
+use crate::lock_order::{RankedMutex, rank};
 
 /// Objects tracked at once.
 pub const TOP_OBJECTS_MAX: usize = 1024;
@@ -50,9 +49,10 @@ pub struct ObjectCounts {
 
 #[derive(Default)]
 pub(crate) struct TopObjects {
-    objects: Mutex<FastHashMap<(u32, u64), ObjectCounts>>,
-    names: Mutex<FastHashMap<(u32, u64), String>>,
+    objects: RankedMutex<FastHashMap<(u32, u64), ObjectCounts>, { rank::LEAF }>,
+    names: RankedMutex<FastHashMap<(u32, u64), String>, { rank::LEAF }>,
 }
+
 
 impl TopObjects {
     /// Remembers the name an object was opened by (bounded like the counts).
@@ -69,7 +69,7 @@ impl TopObjects {
 
     /// A fill from below the ARC: `l2` says from the L2ARC.
     pub(crate) fn fill(&self, dataset: u32, object: u64, l2: bool, bytes: u64) {
-        let Ok(mut objects) = self.objects.try_lock() else {
+        let Some(mut objects) = self.objects.try_lock() else {
             return; // busy: the count is dropped, the read goes on
         };
         if !objects.contains_key(&(dataset, object)) && objects.len() >= TOP_OBJECTS_MAX {
@@ -102,7 +102,7 @@ impl TopObjects {
     /// and the map is free.
     #[inline]
     pub(crate) fn sampled_hit(&self, dataset: u32, object: u64, weight: u64) {
-        if let Ok(mut objects) = self.objects.try_lock()
+        if let Some(mut objects) = self.objects.try_lock()
             && let Some(c) = objects.get_mut(&(dataset, object))
         {
             c.reads += weight;

@@ -87,22 +87,21 @@ pub use config::{
     CacheConfig, CacheMode, ConfigError, DatasetConfig, RECORDSIZE_DEFAULT_BYTES,
     RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, validate_recordsize,
 };
-pub(crate) use objects::{Dataset, l2_key_hash};
 pub use objects::{DatasetId, OBJECT_STATES_MAX, ObjectHandle};
 pub use queue::{ReadCompletion, ReadQueue};
 pub use view::ReadView;
-pub(crate) use write::Invalidation;
 
 use std::sync::atomic::AtomicU64;
 
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 
 use crate::arc::live::{ArcConfig, LiveArc};
 use crate::hash::FastHashMap;
 use crate::l2arc::L2Arc;
 use crate::l2arc::ring::IoEngine;
+use crate::lock_order::{RankedMutex, RankedRwLock, rank};
 use crate::stats::{CacheStats, ReadPathCounters};
-use objects::ObjectState;
+use objects::{Dataset, ObjectState};
 use write::Invalidations;
 
 /// The cache: datasets over primary storage, with the ARC (and, once cache
@@ -115,22 +114,25 @@ pub struct Cache {
     span_pool: OnceLock<Option<crate::cache::zstream::SpanPool>>,
     pub(crate) config: CacheConfig,
     pub(crate) arc: LiveArc,
-    pub(crate) datasets: RwLock<Vec<Arc<Dataset>>>,
-    objects: Mutex<FastHashMap<(u32, u64), Arc<ObjectState>>>,
+    pub(crate) datasets: RankedRwLock<Vec<Arc<Dataset>>, { rank::DATASETS }>,
+    objects: RankedMutex<FastHashMap<(u32, u64), Arc<ObjectState>>, { rank::OBJECTS }>,
     /// Set once unheld object states were dropped (see `object_state`).
     object_states_dropped: std::sync::atomic::AtomicBool,
     /// Blocks of 2^32 invalidation epochs handed to object states made
     /// after a drop, so no state ever reuses an epoch of an earlier one.
     next_epoch: AtomicU64,
     pub(crate) counters: ReadPathCounters,
-    pub(crate) l2: OnceLock<Arc<L2Arc>>,
-    pub(crate) invalidations: Mutex<Invalidations>,
+    /// The tiers below the ARC, in the order reads try them.
+    tiers: tiers::Tiers,
+    /// The L2ARC (also the first of `tiers`), once a cache device is
+    /// added: its devices are managed here, and read queues read its
+    /// records on their own rings.
+    l2: OnceLock<Arc<L2Arc>>,
+    invalidations: RankedMutex<Invalidations, { rank::INVALIDATIONS }>,
     /// `invalidations.sequence`, readable without the lock: a fill notes it
     /// before it reads, so a write-back of its record can tell which writes
     /// came after (`Record::fill_sequence`).
-    pub(crate) invalidation_sequence: AtomicU64,
-    /// Wakes the feeder under eviction pressure (see `l2arc::feeder`).
-    pub(crate) feed_wake: Arc<crate::l2arc::feeder::FeedWake>,
+    invalidation_sequence: AtomicU64,
     /// How read queues read flash (`l2arc_ioengine`, resolved at start),
     /// and why `auto` fell back to psync, if it did.
     ioengine: (IoEngine, Option<String>),
@@ -138,21 +140,10 @@ pub struct Cache {
     pub(crate) analytics: crate::analytics::Analytics,
 }
 
-/// What one feed did.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FeedOutcome {
-    /// Records written to cache devices.
-    pub records: usize,
-    /// Bytes written to cache devices.
-    pub bytes: u64,
-    /// The feed wrote as much as it was allowed: feed again soon.
-    pub full: bool,
-}
-
 impl Drop for Cache {
     fn drop(&mut self) {
-        if let Some(l2) = self.l2.get() {
-            l2.stop();
+        for tier in self.tiers.iter() {
+            tier.stop();
         }
     }
 }
@@ -160,10 +151,6 @@ impl Drop for Cache {
 impl Cache {
     /// Builds a cache with no datasets and no cache device.
     pub fn new(config: CacheConfig) -> Result<Arc<Self>, ConfigError> {
-        // Wake the feeder after a quarter of the ARC, at most half a batch.
-        let feed_wake = Arc::new(crate::l2arc::feeder::FeedWake::new(
-            (config.arc_max_bytes / 8).clamp(1, crate::l2arc::BATCH_BYTES_MAX / 4),
-        ));
         if !(1..=1024).contains(&config.arc_shards) {
             return Err(ConfigError::Shards(config.arc_shards));
         }
@@ -184,15 +171,15 @@ impl Cache {
                 dram_policy: config.dram_policy,
             }),
             config,
-            datasets: RwLock::new(Vec::new()),
-            objects: Mutex::new(FastHashMap::default()),
+            datasets: RankedRwLock::new(Vec::new()),
+            objects: RankedMutex::new(FastHashMap::default()),
             object_states_dropped: std::sync::atomic::AtomicBool::new(false),
             next_epoch: AtomicU64::new(1),
             counters: ReadPathCounters::default(),
+            tiers: tiers::Tiers::default(),
             l2: OnceLock::new(),
-            invalidations: Mutex::new(Invalidations::default()),
+            invalidations: RankedMutex::new(Invalidations::default()),
             invalidation_sequence: AtomicU64::new(0),
-            feed_wake,
             ioengine,
             analytics: crate::analytics::Analytics::default(),
         }))

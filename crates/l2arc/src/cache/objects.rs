@@ -13,12 +13,13 @@
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use super::Cache;
 use super::config::*;
 use crate::arc::live::RecordKey;
 use crate::hash::hash_one;
+use crate::lock_order::{RankedMutex, rank};
 use crate::primary::{Generation, ObjectInfo, Primary, PrimaryObject};
 
 /// Identifies a dataset within one [`Cache`].
@@ -46,7 +47,7 @@ pub(super) struct ObjectState {
     pub(super) token: AtomicU64,
     pub(super) size_bytes: AtomicU64,
     /// Last generation seen, and a count of explicit invalidations.
-    pub(super) generation: Mutex<GenerationState>,
+    pub(super) generation: RankedMutex<GenerationState, { rank::OBJECT_GENERATION }>,
     /// Writes and hole punches through the cache between their change to
     /// primary storage and their adoption of the new generation: while
     /// any is, a generation that moved may be ours, and `revalidate` does
@@ -220,11 +221,6 @@ impl ObjectHandle {
 /// so the table stays under ~30 MiB however many objects pass through.
 pub const OBJECT_STATES_MAX: usize = 1 << 18;
 
-/// The L2 identity of a record: dataset uid, object, record, generation.
-pub(crate) fn l2_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64) -> u64 {
-    hash_one(&(dataset_uid, object, record, token)).max(1)
-}
-
 impl Cache {
     /// The datasets, in the order they were added, with their names and properties.
     pub fn dataset_list(&self) -> Vec<(DatasetId, String, DatasetConfig)> {
@@ -375,7 +371,7 @@ impl Cache {
             id: info.id,
             token: AtomicU64::new(generation_token(&info.generation, epoch)),
             size_bytes: AtomicU64::new(info.size_bytes()),
-            generation: Mutex::new(GenerationState {
+            generation: RankedMutex::new(GenerationState {
                 current: info.generation,
                 epoch,
                 of_token: info.generation,

@@ -173,7 +173,7 @@ impl Cache {
                 result = result.and(self.read_run(handle, &mut run, token, pace));
             }
             let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-            if let Some(data) = self.read_l2(handle, index, token) {
+            if let Some(data) = self.read_below(handle, index, token) {
                 let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
                 result = result.and(self.read_run(handle, &mut run, token, pace));
             } else {

@@ -20,6 +20,7 @@ use crate::arc::live::{Lookup, Record};
 use crate::arc::policy::AccessKind;
 use crate::buf::AlignedBuf;
 use crate::l2arc::L2Arc;
+use crate::tier::{Tier, record_key_hash};
 
 use super::Cache;
 use super::config::*;
@@ -145,12 +146,13 @@ impl Cache {
     ///
     /// A small demand read (at most 1/`SECTOR_READ_FRACTION` of a record,
     /// not at its start: `sector_read_fits`) of a record the ARC neither
-    /// holds nor is filling is first tried as a sector read from the L2ARC
-    /// (`L2Arc::read_sectors`): the 4 KiB blocks under it and the record's
-    /// sector table, not the whole record, and no ARC fill. Reading a 1 MiB record from flash to serve
-    /// 4 KiB is 256 times the I/O, and filling the ARC with it evicts a
-    /// megabyte of DRAM for every random read that misses it. A record
-    /// read this way is still counted as an ARC miss and an L2ARC hit.
+    /// holds nor is filling is first tried as a piece read from the tiers
+    /// below (`Tier::read_piece`; on the L2ARC the 4 KiB blocks under it
+    /// and the record's sector table, not the whole record), and no ARC
+    /// fill. Reading a 1 MiB record from flash to serve 4 KiB is 256 times
+    /// the I/O, and filling the ARC with it evicts a megabyte of DRAM for
+    /// every random read that misses it. A record read this way is still
+    /// counted as an ARC miss and a hit below it.
     pub(super) fn get_piece(
         &self,
         handle: &ObjectHandle,
@@ -166,20 +168,16 @@ impl Cache {
                 Some(Lookup::Hit(record)) => return Ok(piece_of(record, wanted, recordsize)),
                 Some(_) => {} // being filled: wait for it below
                 None => {
-                    if let Some((l2, key_hash)) = self.l2_source(handle, index, token) {
-                        let timer = self.analytics.start();
-                        if let Some((data, range, record_bytes)) =
-                            l2.read_sectors(key_hash, wanted.clone())
-                        {
-                            self.arc.note_miss(key, kind);
-                            self.note_l2_hit(handle, timer, range.len() as u64);
-                            let record = Arc::new(Record {
-                                data,
-                                generation_token: token,
-                                fill_sequence: 0,
-                            });
-                            return Ok((record, range, record_bytes < recordsize));
-                        }
+                    if let Some((data, range, record_bytes)) =
+                        self.read_piece_below(handle, index, token, wanted.clone())
+                    {
+                        self.arc.note_miss(key, kind);
+                        let record = Arc::new(Record {
+                            data,
+                            generation_token: token,
+                            fill_sequence: 0,
+                        });
+                        return Ok((record, range, record_bytes < recordsize));
                     }
                 }
             }
@@ -213,7 +211,7 @@ impl Cache {
                 }
                 Lookup::Claimed(claim) => {
                     let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-                    match self.read_l2(handle, index, token) {
+                    match self.read_below(handle, index, token) {
                         Some(data) => self.publish_fill(claim, Ok(data), token, fill_sequence),
                         None => self.fill_from_primary(handle, index, token, kind, claim),
                     }
@@ -256,9 +254,7 @@ impl Cache {
                     fill_sequence,
                 });
                 claim.complete(Ok(Arc::clone(&record)));
-                if self.l2.get().is_some_and(|l2| l2.config().l2arc_feed_again) {
-                    self.feed_wake.note_insert(record.data.len() as u64);
-                }
+                self.offer_fill(record.data.len() as u64);
                 Ok(record)
             }
             Err(e) => {
@@ -273,39 +269,69 @@ impl Cache {
 
     /// Produces a record's bytes from below the ARC.
     ///
-    /// The L2ARC first (a miss or any failure there falls through), then
-    /// primary storage.
+    /// The tiers in order (a miss or any failure in one falls through to
+    /// the next), then primary storage.
     pub(crate) fn fill_record(
         &self,
         handle: &ObjectHandle,
         index: u64,
         token: u64,
     ) -> io::Result<AlignedBuf> {
-        if let Some(data) = self.read_l2(handle, index, token) {
+        if let Some(data) = self.read_below(handle, index, token) {
             return Ok(data);
         }
         self.read_primary(handle, index, token)
     }
 
-    /// A record's bytes from the L2ARC, if it holds them under `token` (a
-    /// miss or any failure there is `None`).
-    pub(crate) fn read_l2(
+    /// A record's bytes from the first tier below the ARC that holds them
+    /// under `token`, if any does (a miss or any failure in a tier is a
+    /// miss there), and the dataset lets tiers below the ARC keep them.
+    pub(crate) fn read_below(
         &self,
         handle: &ObjectHandle,
         index: u64,
         token: u64,
     ) -> Option<AlignedBuf> {
-        let recordsize = handle.dataset.config.recordsize_bytes as usize;
-        let (l2, key_hash) = self.l2_source(handle, index, token)?;
-        let timer = self.analytics.start();
-        let data = l2
-            .read(key_hash, recordsize as u32)
-            .filter(|data| data.len() <= recordsize)?;
-        self.note_l2_hit(handle, timer, data.len() as u64);
-        Some(data)
+        let key_hash = self.key_below(handle, index, token)?;
+        let recordsize_bytes = handle.dataset.config.recordsize_bytes;
+        self.tiers.iter().find_map(|tier| {
+            let timer = self.analytics.start();
+            let data = tier.read(key_hash, recordsize_bytes)?;
+            assert!(data.len() <= recordsize_bytes as usize);
+            self.note_l2_hit(handle, timer, data.len() as u64);
+            Some(data)
+        })
     }
 
-    /// Counts an L2ARC hit of `bytes` for the analytics (latency from `timer`).
+    /// Bytes `wanted` of a record from the first tier below the ARC that
+    /// can read that piece alone (`Tier::read_piece`).
+    fn read_piece_below(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+        wanted: Range<usize>,
+    ) -> Option<(AlignedBuf, Range<usize>, usize)> {
+        let key_hash = self.key_below(handle, index, token)?;
+        self.tiers.iter().find_map(|tier| {
+            let timer = self.analytics.start();
+            let (data, range, record_bytes) = tier.read_piece(key_hash, wanted.clone())?;
+            assert!(range.end <= data.len() && range.len() <= wanted.len());
+            self.note_l2_hit(handle, timer, range.len() as u64);
+            Some((data, range, record_bytes))
+        })
+    }
+
+    /// The record's identity below the ARC, if its dataset lets tiers
+    /// below the ARC keep it (`secondarycache=all`).
+    fn key_below(&self, handle: &ObjectHandle, index: u64, token: u64) -> Option<u64> {
+        (handle.dataset.props.secondarycache() == CacheMode::All)
+            .then(|| record_key_hash(handle.dataset.uid, handle.state.id, index, token))
+    }
+
+    /// Counts a hit of `bytes` below the ARC for the analytics (latency
+    /// from `timer`). The analytics have one band below the ARC, the
+    /// L2ARC's; a tier of another kind would add its own.
     pub(crate) fn note_l2_hit(
         &self,
         handle: &ObjectHandle,
@@ -348,7 +374,7 @@ impl Cache {
             let Some((l2, key_hash)) = self.l2_source(handle, index, token) else {
                 return false;
             };
-            match l2.sector_table_of(key_hash) {
+            match Tier::holds(&**l2, key_hash) {
                 None => false,
                 Some(sectored) => {
                     !(sectored && piece.as_ref().is_some_and(|p| sector_read_fits(handle, p)))
@@ -357,7 +383,9 @@ impl Cache {
         })
     }
 
-    /// The L2ARC and the record's key there, if the record may be on flash.
+    /// The L2ARC and the record's key there, if the record may be on
+    /// flash: read queues read it on their own rings, the one tier they
+    /// read without blocking.
     pub(crate) fn l2_source(
         &self,
         handle: &ObjectHandle,
@@ -365,12 +393,7 @@ impl Cache {
         token: u64,
     ) -> Option<(&Arc<L2Arc>, u64)> {
         let l2 = self.l2.get()?;
-        (handle.dataset.props.secondarycache() == CacheMode::All).then(|| {
-            (
-                l2,
-                l2_key_hash(handle.dataset.uid, handle.state.id, index, token),
-            )
-        })
+        Some((l2, self.key_below(handle, index, token)?))
     }
 
     /// Reads a whole record from primary storage.

@@ -1,15 +1,87 @@
-//! The tiers below the ARC, as the cache holds them: cache devices added
-//! and removed, and what the ARC tells them.
+//! The tiers below the ARC, as the cache holds them.
+//!
+//! The cache keeps an ordered list of tiers (`Tiers`): reads try them in
+//! order after an ARC miss, and every fill, eviction and stale record is
+//! told to each. The list only grows (a tier whose devices are all gone
+//! answers misses), so readers walk it without a lock. The L2ARC is the
+//! first tier, made with the first cache device; its devices are managed
+//! here (add, remove), and its feeders copy records from the ARC through
+//! the [`FeedSource`] this cache implements: its cold records, resolved
+//! to how their datasets want them kept, and the stale-write gate of the
+//! invalidation log (`write`).
 
 use std::io;
-
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use super::Cache;
-use super::config::*;
+use super::config::{CacheMode, RECORDSIZE_MIN_BYTES};
+use super::objects::Dataset;
+use crate::arc::live::{EvictionSink, Record, RecordKey};
+use crate::arc::policy::{Evicted, ListId};
 use crate::l2arc::device::{DeviceIo, FileDevice};
 use crate::l2arc::ring::IoEngine;
-use crate::l2arc::{DeviceOpen, L2Arc};
+use crate::l2arc::{DeviceOpen, FeedOutcome, L2Arc};
+use crate::lock_order::{RankedMutex, rank};
+use crate::tier::{ColdRecord, EvictedRecord, FeedSource, Keeping, TIERS_MAX, Tier};
+
+/// The tiers below the ARC, in read order (see the module comment).
+pub(super) struct Tiers {
+    slots: [OnceLock<Arc<dyn Tier>>; TIERS_MAX],
+    /// Serialises appends (reads take no lock).
+    appending: RankedMutex<(), { rank::OBJECTS }>,
+}
+
+impl Default for Tiers {
+    fn default() -> Self {
+        Self {
+            slots: Default::default(),
+            appending: RankedMutex::new(()),
+        }
+    }
+}
+
+impl Tiers {
+    /// The tiers, in read order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Arc<dyn Tier>> {
+        self.slots.iter().map_while(OnceLock::get)
+    }
+
+    /// Appends a tier below the others.
+    fn push(&self, tier: Arc<dyn Tier>) {
+        let _appending = self.appending.lock().expect("tier list poisoned");
+        let free = self
+            .slots
+            .iter()
+            .find(|slot| slot.get().is_none())
+            .expect("at most TIERS_MAX tiers");
+        let set = free.set(tier).is_ok();
+        assert!(set, "a free slot is set once, under the append lock");
+    }
+}
+
+impl Dataset {
+    /// How this dataset wants its records kept below the ARC, now.
+    pub(super) fn keeping(&self) -> Keeping {
+        Keeping {
+            dataset_uid: self.uid,
+            below_arc: self.props.secondarycache() == CacheMode::All,
+            compression: self.props.compression(),
+            sector_table_min_bytes: self.config.sector_table_min_bytes,
+        }
+    }
+}
+
+/// The ARC's eviction sink: hands what the ARC lets go to the tiers.
+/// Holds the cache weakly (the cache owns the ARC).
+struct TierEvictionSink(Weak<Cache>);
+
+impl EvictionSink for TierEvictionSink {
+    fn evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
+        if let Some(cache) = self.0.upgrade() {
+            cache.offer_evicted(records);
+        }
+    }
+}
 
 impl Cache {
     /// The L2ARC, once a cache device has been added.
@@ -18,14 +90,10 @@ impl Cache {
         self.l2.get()
     }
 
-    /// Adds a cache device (L2ARC): reused and rebuilt if it holds an L2ARC
-    /// log, initialised if blank, refused if it holds anything else. Starts
-    /// the feeder with the first device.
-    pub fn add_cache_device(
-        self: &Arc<Self>,
-        io: Box<dyn DeviceIo>,
-    ) -> io::Result<(u8, DeviceOpen)> {
-        let l2 = self.l2.get_or_init(|| {
+    /// The L2ARC, made with the first cache device: attached to this
+    /// cache's ARC as its feed source and appended to the tiers.
+    fn l2_or_init(self: &Arc<Self>) -> &Arc<L2Arc> {
+        self.l2.get_or_init(|| {
             let expected_records =
                 (self.config.arc_max_bytes / u64::from(RECORDSIZE_MIN_BYTES)) as usize;
             let mut config = self.config.l2arc.clone();
@@ -33,19 +101,29 @@ impl Cache {
                 // Polling is through io_uring too: psync means no ring.
                 config.l2arc_read_poll_us = 0;
             }
-            Arc::new(L2Arc::new(config, expected_records.min(1 << 20)))
-        });
-        self.arc
-            .set_eviction_sink(Box::new(crate::l2arc::writeback::CacheEvictionSink(
-                Arc::downgrade(self),
-            )));
+            let l2 = Arc::new(L2Arc::new(config, expected_records.min(1 << 20)));
+            let source: Weak<dyn FeedSource> = Arc::downgrade(self) as Weak<dyn FeedSource>;
+            // Wake the feeder after a quarter of the ARC, at most half a batch.
+            let feed_wake_bytes =
+                (self.config.arc_max_bytes / 8).clamp(1, crate::l2arc::BATCH_BYTES_MAX / 4);
+            l2.attach(source, feed_wake_bytes);
+            self.tiers.push(Arc::clone(&l2) as Arc<dyn Tier>);
+            self.arc
+                .set_eviction_sink(Box::new(TierEvictionSink(Arc::downgrade(self))));
+            l2
+        })
+    }
+
+    /// Adds a cache device (L2ARC): reused and rebuilt if it holds an L2ARC
+    /// log, initialised if blank, refused if it holds anything else. Starts
+    /// the device's feeder.
+    pub fn add_cache_device(
+        self: &Arc<Self>,
+        io: Box<dyn DeviceIo>,
+    ) -> io::Result<(u8, DeviceOpen)> {
+        let l2 = self.l2_or_init();
         let added = l2.add_device(io)?;
-        crate::l2arc::feeder::spawn_device_feeder(
-            Arc::downgrade(self),
-            Arc::clone(&self.feed_wake),
-            l2,
-            added.0,
-        )?;
+        crate::l2arc::feeder::spawn_device_feeder(l2, added.0)?;
         Ok(added)
     }
 
@@ -66,5 +144,106 @@ impl Cache {
             Some(l2) => l2.remove_device(slot),
             None => Err(io::Error::new(io::ErrorKind::NotFound, "no cache devices")),
         }
+    }
+
+    /// One pass of the L2ARC feeder, written and indexed before it
+    /// returns (each device's feeder thread does this by itself; tests
+    /// call it to feed at a point of their choosing).
+    pub fn feed_l2arc(&self) -> FeedOutcome {
+        match self.l2.get() {
+            Some(l2) => l2.feed_once(self),
+            None => FeedOutcome::default(),
+        }
+    }
+
+    /// Hands what the ARC let go to every tier, each record with how its
+    /// dataset wants it kept.
+    fn offer_evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
+        let datasets = self.datasets.read().expect("dataset lock poisoned");
+        let mut offered = records.filter_map(|evicted| {
+            let dataset = datasets.get(evicted.key.dataset as usize)?;
+            Some(EvictedRecord {
+                key: evicted.key,
+                record: evicted.value,
+                from: evicted.from,
+                prefetched: evicted.prefetched,
+                keeping: dataset.keeping(),
+            })
+        });
+        let mut tiers = self.tiers.iter();
+        let first = tiers.next();
+        match (first, tiers.next()) {
+            (None, _) => {}
+            (Some(only), None) => only.offer_evicted(&mut offered),
+            (Some(first), Some(_)) => {
+                // More than one tier: each sees every record.
+                let all: Vec<EvictedRecord> = offered.collect();
+                for tier in std::iter::once(first).chain(self.tiers.iter().skip(1)) {
+                    tier.offer_evicted(&mut all.iter().cloned());
+                }
+            }
+        }
+    }
+
+    /// Tells every tier that the ARC filled a record of `bytes`.
+    pub(super) fn offer_fill(&self, bytes: u64) {
+        for tier in self.tiers.iter() {
+            tier.offer_fill(bytes);
+        }
+    }
+
+    /// Drops a record a write made stale from every tier.
+    pub(super) fn drop_below(&self, key_hash: u64) {
+        for tier in self.tiers.iter() {
+            tier.drop_record(key_hash);
+        }
+    }
+}
+
+impl FeedSource for Cache {
+    fn cold_records(&self, scan_bytes_per_shard: u64, mfu_only: bool, out: &mut Vec<ColdRecord>) {
+        let datasets: Vec<Arc<Dataset>> =
+            self.datasets.read().expect("dataset lock poisoned").clone();
+        let mut candidates = Vec::new();
+        self.arc
+            .feed_candidates(ListId::Mfu, scan_bytes_per_shard, &mut candidates);
+        if !mfu_only {
+            self.arc
+                .feed_candidates(ListId::Mru, scan_bytes_per_shard, &mut candidates);
+        }
+        out.extend(
+            candidates
+                .into_iter()
+                .filter_map(|(key, record, prefetched)| {
+                    let dataset = datasets.get(key.dataset as usize)?;
+                    Some(ColdRecord {
+                        key,
+                        record,
+                        prefetched,
+                        keeping: dataset.keeping(),
+                    })
+                }),
+        );
+    }
+
+    fn arc_shards(&self) -> usize {
+        self.config.arc_shards
+    }
+
+    fn write_sequence(&self) -> u64 {
+        self.invalidations
+            .lock()
+            .expect("invalidations poisoned")
+            .sequence
+    }
+
+    fn admit_unwritten(
+        &self,
+        keys: &[RecordKey],
+        since: &[u64],
+        records: usize,
+        index: &mut dyn FnMut(&[bool]),
+    ) {
+        self.admit_unwritten_records(keys, since, records, index);
     }
 }

@@ -17,27 +17,28 @@ use std::collections::VecDeque;
 use super::Cache;
 use super::objects::*;
 use crate::arc::live::RecordKey;
-use crate::hash::hash_one;
+use crate::hash::{FastBuildHasher, hash_one};
+use crate::tier::record_key_hash;
 
 /// How many recent invalidations a feed can look back on.
 pub(super) const INVALIDATIONS_KEPT: usize = 4096;
 
 /// One write (or hole) through the cache, as feeds see it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Invalidation {
-    pub(crate) sequence: u64,
+pub(super) struct Invalidation {
+    pub(super) sequence: u64,
     /// Hash of (dataset, object).
-    pub(crate) object_hash: u64,
+    pub(super) object_hash: u64,
     /// The records it dropped, first and last (inclusive).
-    pub(crate) records: (u64, u64),
+    pub(super) records: (u64, u64),
 }
 
 /// Recent writes, for feeds that raced with them (see the module comment).
 #[derive(Default)]
-pub(crate) struct Invalidations {
-    pub(crate) sequence: u64,
+pub(super) struct Invalidations {
+    pub(super) sequence: u64,
     /// Recent writes, oldest first.
-    pub(crate) recent: VecDeque<Invalidation>,
+    pub(super) recent: VecDeque<Invalidation>,
 }
 
 /// Logs a write to records `first..=last` of an object for feeds in flight
@@ -155,18 +156,16 @@ impl Cache {
         Ok(())
     }
 
-    /// Drops one record from the L2ARC and the ARC. In that order: a fill
+    /// Drops one record from the tiers below and the ARC. In that order: a fill
     /// that read the flash copy before it was dropped was claimed before
     /// the ARC invalidation, which dooms it, so it never enters the ARC.
     pub(super) fn drop_record(&self, handle: &ObjectHandle, record: u64, token: u64) {
-        if let Some(l2) = self.l2.get() {
-            l2.invalidate(l2_key_hash(
-                handle.dataset.uid,
-                handle.state.id,
-                record,
-                token,
-            ));
-        }
+        self.drop_below(record_key_hash(
+            handle.dataset.uid,
+            handle.state.id,
+            record,
+            token,
+        ));
         self.arc.invalidate(RecordKey {
             dataset: handle.dataset_id.0,
             object: handle.state.id,
@@ -177,5 +176,53 @@ impl Cache {
     /// Makes written data durable on primary storage.
     pub fn sync(&self, handle: &ObjectHandle) -> io::Result<()> {
         handle.object.sync()
+    }
+
+    /// The stale-write gate of a feed (`FeedSource::admit_unwritten`):
+    /// under the invalidation lock, which writes hold while they drop
+    /// their records, flags each of `keys[..records]` that no write since
+    /// `since[i]` touched, and lets `index` index them before the lock is
+    /// let go. The log is bounded: a record older than its oldest entry
+    /// may have been written without a trace, so none of those is indexed.
+    pub(super) fn admit_unwritten_records(
+        &self,
+        keys: &[RecordKey],
+        since: &[u64],
+        records: usize,
+        index: &mut dyn FnMut(&[bool]),
+    ) {
+        assert!(records <= keys.len() && keys.len() == since.len());
+        let invalidations = self.invalidations.lock().expect("invalidations poisoned");
+        let oldest_logged = invalidations.recent.front().map(|i| i.sequence);
+        let since_min = since[..records].iter().copied().min().unwrap_or(0);
+        let mut written: std::collections::HashMap<u64, Vec<Invalidation>, FastBuildHasher> =
+            std::collections::HashMap::default();
+        for invalidation in invalidations
+            .recent
+            .iter()
+            .filter(|i| i.sequence > since_min)
+        {
+            written
+                .entry(invalidation.object_hash)
+                .or_default()
+                .push(*invalidation);
+        }
+        let keep: Vec<bool> = keys[..records]
+            .iter()
+            .zip(since)
+            .map(|(key, &since)| {
+                let lost_track = oldest_logged.is_some_and(|oldest| oldest > since + 1);
+                let touched = written
+                    .get(&hash_one(&(key.dataset, key.object)))
+                    .is_some_and(|list| {
+                        list.iter().any(|i| {
+                            i.sequence > since && (i.records.0..=i.records.1).contains(&key.record)
+                        })
+                    });
+                !(lost_track || touched)
+            })
+            .collect();
+        assert_eq!(keep.len(), records);
+        index(&keep);
     }
 }

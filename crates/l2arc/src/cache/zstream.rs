@@ -59,12 +59,13 @@
 //! record being assembled; what is read ahead is the ARC's, under
 //! `arc_max`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
+use crate::lock_order::{RankedMutex, rank};
 use crate::pace::Pace;
 use crate::{Cache, ObjectHandle};
 
@@ -96,9 +97,16 @@ struct Stream {
 
 /// The streams of one object (made on its first read through a dataset
 /// that reads ahead in spans).
-#[derive(Default)]
 pub(crate) struct Streams {
-    streams: Mutex<Vec<Stream>>,
+    streams: RankedMutex<Vec<Stream>, { rank::STREAMS }>,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Self {
+            streams: RankedMutex::new(Vec::new()),
+        }
+    }
 }
 
 /// A span to fill, paced to its stream.
@@ -116,7 +124,7 @@ impl SpanPool {
     /// stays off: reads go on without it).
     pub(crate) fn start() -> Option<Self> {
         let (jobs, rx) = std::sync::mpsc::sync_channel::<SpanJob>(SPAN_FILL_THREADS);
-        let rx = Arc::new(Mutex::new(rx));
+        let rx = Arc::new(RankedMutex::new(rx));
         let busy = Arc::new(AtomicUsize::new(0));
         let mut started = 0;
         for n in 0..SPAN_FILL_THREADS {
@@ -131,7 +139,7 @@ impl SpanPool {
 }
 
 /// A fill thread: fills spans until the pool (the cache) is gone.
-fn fill_spans(rx: &Mutex<Receiver<SpanJob>>, busy: &AtomicUsize) {
+fn fill_spans(rx: &RankedMutex<Receiver<SpanJob>, { rank::LEAF }>, busy: &AtomicUsize) {
     loop {
         let job = rx.lock().expect("span queue poisoned").recv();
         let Ok((span, pace)) = job else {

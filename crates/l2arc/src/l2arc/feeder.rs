@@ -51,26 +51,24 @@
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::cache_device::CacheDevice;
-use super::format::Compression;
 use super::writer::{PreparedBatch, commit_batch};
 use super::{FeedRecord, L2Arc, WriteGate};
 use crate::arc::live::RecordKey;
-use crate::arc::policy::ListId;
-use crate::cache::{Cache, CacheMode, Dataset, FeedOutcome, Invalidation, l2_key_hash};
-use crate::hash::{FastBuildHasher, hash_one};
+use crate::lock_order::{RankedCondvar, RankedMutex, rank};
+use crate::tier::{ColdRecord, FeedSource, Keeping};
 
 /// Wakes the feeder early when the ARC has taken in enough new bytes that
 /// its cold end is moving toward records not yet on flash.
 pub(crate) struct FeedWake {
     inserted_bytes: AtomicU64,
-    threshold_bytes: u64,
+    threshold_bytes: AtomicU64,
     /// Wake-ups so far: each feeder waits for it to pass the count it saw.
-    wakeups: Mutex<u64>,
-    wake: Condvar,
+    wakeups: RankedMutex<u64, { rank::FEED_WAKE }>,
+    wake: RankedCondvar,
 }
 
 impl FeedWake {
@@ -79,9 +77,9 @@ impl FeedWake {
         assert!(threshold_bytes > 0);
         Self {
             inserted_bytes: AtomicU64::new(0),
-            threshold_bytes,
-            wakeups: Mutex::new(0),
-            wake: Condvar::new(),
+            threshold_bytes: AtomicU64::new(threshold_bytes),
+            wakeups: RankedMutex::new(0),
+            wake: RankedCondvar::new(),
         }
     }
 
@@ -89,9 +87,18 @@ impl FeedWake {
     /// notification only on crossing the threshold.
     pub(crate) fn note_insert(&self, bytes: u64) {
         let before = self.inserted_bytes.fetch_add(bytes, Ordering::Relaxed);
-        if before < self.threshold_bytes && before + bytes >= self.threshold_bytes {
+        let threshold_bytes = self.threshold_bytes.load(Ordering::Relaxed);
+        if before < threshold_bytes && before + bytes >= threshold_bytes {
             self.wake_now();
         }
+    }
+
+    /// Wakes after `threshold_bytes` inserted (the ARC's size is known
+    /// once the tier is attached to it).
+    pub(crate) fn set_threshold_bytes(&self, threshold_bytes: u64) {
+        assert!(threshold_bytes > 0);
+        self.threshold_bytes
+            .store(threshold_bytes, Ordering::Relaxed);
     }
 
     /// Wakes every feeder at once (the write-back queue has work).
@@ -175,8 +182,7 @@ struct Selected {
     key_hash: u64,
     key: RecordKey,
     data: SelectedBytes,
-    compression: Compression,
-    sector_table_min_bytes: u32,
+    keeping: Keeping,
 }
 
 enum SelectedBytes {
@@ -199,7 +205,7 @@ impl SelectedBytes {
 /// began; for an evicted record from the write-back queue, writes since it
 /// was read (`Record::fill_sequence`).
 struct StaleWriteGate<'a> {
-    cache: &'a Cache,
+    source: &'a dyn FeedSource,
     keys: &'a [RecordKey],
     /// Per record: the invalidation sequence its bytes are known good at.
     since: &'a [u64],
@@ -208,43 +214,8 @@ struct StaleWriteGate<'a> {
 impl WriteGate for StaleWriteGate<'_> {
     fn admit(&mut self, records: usize, index: &mut dyn FnMut(&[bool])) {
         assert!(records <= self.keys.len() && self.keys.len() == self.since.len());
-        let invalidations = self
-            .cache
-            .invalidations
-            .lock()
-            .expect("invalidations poisoned");
-        // The log is bounded: a record older than its oldest entry may have
-        // been written without a trace; index none of those.
-        let oldest_logged = invalidations.recent.front().map(|i| i.sequence);
-        let since_min = self.since[..records].iter().copied().min().unwrap_or(0);
-        let mut written: std::collections::HashMap<u64, Vec<Invalidation>, FastBuildHasher> =
-            std::collections::HashMap::default();
-        for invalidation in invalidations
-            .recent
-            .iter()
-            .filter(|i| i.sequence > since_min)
-        {
-            written
-                .entry(invalidation.object_hash)
-                .or_default()
-                .push(*invalidation);
-        }
-        let keep: Vec<bool> = self.keys[..records]
-            .iter()
-            .zip(self.since)
-            .map(|(key, &since)| {
-                let lost_track = oldest_logged.is_some_and(|oldest| oldest > since + 1);
-                let touched = written
-                    .get(&hash_one(&(key.dataset, key.object)))
-                    .is_some_and(|list| {
-                        list.iter().any(|i| {
-                            i.sequence > since && (i.records.0..=i.records.1).contains(&key.record)
-                        })
-                    });
-                !(lost_track || touched)
-            })
-            .collect();
-        index(&keep);
+        self.source
+            .admit_unwritten(self.keys, self.since, records, index);
     }
 }
 
@@ -266,16 +237,16 @@ impl FeedSelection<'_> {
             .map(|s| FeedRecord {
                 key_hash: s.key_hash,
                 data: s.data.as_slice(),
-                compression: s.compression,
-                sector_table_min_bytes: s.sector_table_min_bytes,
+                compression: s.keeping.compression,
+                sector_table_min_bytes: s.keeping.sector_table_min_bytes,
             })
             .collect()
     }
 
     /// The gate that indexes what of the batch no write made stale.
-    fn gate<'g>(&'g self, cache: &'g Cache) -> StaleWriteGate<'g> {
+    fn gate<'g>(&'g self, source: &'g dyn FeedSource) -> StaleWriteGate<'g> {
         StaleWriteGate {
-            cache,
+            source,
             keys: &self.keys,
             since: &self.since,
         }
@@ -326,21 +297,41 @@ impl BatchWriter {
     }
 }
 
-impl Cache {
-    /// One pass of the L2ARC feeder: copy eligible records from the cold
-    /// ends of the ARC (MFU first, then MRU) to the next cache device of
-    /// the rotor, written and indexed before it returns. (Each device's
-    /// own feeder thread feeds it alone, its writes overlapped.)
-    pub fn feed_l2arc(&self) -> FeedOutcome {
-        self.feed_now(None)
-    }
+/// What one feed did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FeedOutcome {
+    /// Records written to cache devices.
+    pub records: usize,
+    /// Bytes written to cache devices.
+    pub bytes: u64,
+    /// The feed wrote as much as it was allowed: feed again soon.
+    pub full: bool,
+}
 
+/// A feed's two sides: the flash tier it writes, and the ARC above it
+/// that it copies from (through `FeedSource` only).
+#[derive(Clone, Copy)]
+struct Feeder<'a> {
+    l2: &'a L2Arc,
+    source: &'a dyn FeedSource,
+}
+
+impl L2Arc {
+    /// One pass of the L2ARC feeder for `source`: copy eligible records
+    /// from the cold ends of its ARC (MFU first, then MRU) to the next
+    /// cache device of the rotor, written and indexed before it returns.
+    /// (Each device's own feeder thread feeds it alone, its writes
+    /// overlapped.)
+    pub(crate) fn feed_once(&self, source: &dyn FeedSource) -> FeedOutcome {
+        Feeder { l2: self, source }.feed_now(None)
+    }
+}
+
+impl<'a> Feeder<'a> {
     /// One feed, written and indexed before it returns: to `device`
     /// (a device feeder without a writer thread), or to the rotor's next.
-    fn feed_now(&self, device: Option<&CacheDevice>) -> FeedOutcome {
-        let Some(l2) = self.l2.get() else {
-            return FeedOutcome::default();
-        };
+    fn feed_now(self, device: Option<&CacheDevice>) -> FeedOutcome {
+        let l2 = self.l2;
         let budget_bytes = match device {
             Some(device) => l2.feed_budget_bytes_for(device),
             None => l2.feed_budget_bytes(),
@@ -350,7 +341,7 @@ impl Cache {
         }
         let mut selection = self.select_feed(l2, budget_bytes);
         let batch = selection.batch();
-        let mut gate = selection.gate(self);
+        let mut gate = selection.gate(self.source);
         let written = match device {
             Some(device) => l2.write_batch_gated_to(device, &batch, &mut gate),
             None => l2.write_batch_gated(&batch, &mut gate),
@@ -372,15 +363,13 @@ impl Cache {
     /// then waits for that one, indexes it, and hands this one to
     /// `writer`. The caller finishes the last one in flight
     /// (`finish_in_flight`) before it sleeps or lets go of the cache.
-    fn feed_pipelined<'a>(
-        &'a self,
+    fn feed_pipelined(
+        self,
         device: &Arc<CacheDevice>,
         writer: &BatchWriter,
         in_flight: &mut Option<FeedSelection<'a>>,
     ) -> FeedOutcome {
-        let Some(l2) = self.l2.get() else {
-            return FeedOutcome::default();
-        };
+        let l2 = self.l2;
         let budget_bytes = l2.feed_budget_bytes_for(device);
         let (_, hand) = device.position();
         if budget_bytes == 0 || hand.saturating_add(device.batch_blocks_max) > device.end_block {
@@ -446,7 +435,7 @@ impl Cache {
     /// stale-write gate admits (its records' claims held until then);
     /// false if its write failed.
     fn finish_in_flight(
-        &self,
+        self,
         device: &CacheDevice,
         writer: &BatchWriter,
         in_flight: &mut Option<FeedSelection<'_>>,
@@ -456,18 +445,14 @@ impl Cache {
         };
         let (result, prepared) = writer.done.recv().expect("the batch writer thread ended");
         let l2 = selection.claims.l2;
-        l2.finish_batch(device, prepared, result, &mut selection.gate(self))
+        l2.finish_batch(device, prepared, result, &mut selection.gate(self.source))
             .is_ok()
     }
 
     /// Selects a feed's records (`select_for_feed`) with what the
     /// stale-write gate will need.
-    fn select_feed<'a>(&self, l2: &'a L2Arc, budget_bytes: u64) -> FeedSelection<'a> {
-        let start_sequence = self
-            .invalidations
-            .lock()
-            .expect("invalidations poisoned")
-            .sequence;
+    fn select_feed(self, l2: &'a L2Arc, budget_bytes: u64) -> FeedSelection<'a> {
+        let start_sequence = self.source.write_sequence();
         let mut claims = FeedClaims {
             l2,
             key_hashes: Vec::new(),
@@ -498,11 +483,9 @@ impl Cache {
     /// then the eligible records at the ARC's cold ends, up to
     /// `budget_bytes`; the latter copied out so that the ARC may evict them
     /// while the batch is written.
-    fn select_for_feed(&self, budget_bytes: u64, claims: &mut FeedClaims<'_>) -> Vec<Selected> {
-        let l2 = self.l2.get().expect("feeding needs an L2ARC");
+    fn select_for_feed(self, budget_bytes: u64, claims: &mut FeedClaims<'_>) -> Vec<Selected> {
+        let l2 = self.l2;
         let config = l2.config();
-        let datasets: Vec<Arc<Dataset>> =
-            self.datasets.read().expect("dataset lock poisoned").clone();
         let mut selected = Vec::new();
         let mut batch_bytes = 0u64;
         let mut queued = Vec::new();
@@ -512,16 +495,12 @@ impl Cache {
             if !claims.claim(q.key_hash) {
                 continue;
             }
-            let Some(dataset) = datasets.get(q.key.dataset as usize) else {
-                continue;
-            };
             batch_bytes += q.record.data.len() as u64;
             selected.push(Selected {
                 key_hash: q.key_hash,
                 key: q.key,
                 data: SelectedBytes::Evicted(q.record),
-                compression: dataset.props.compression(),
-                sector_table_min_bytes: dataset.config.sector_table_min_bytes,
+                keeping: q.keeping,
             });
         }
         drop(in_transit);
@@ -529,15 +508,17 @@ impl Cache {
             return selected;
         }
         let scan_bytes = budget_bytes.saturating_mul(u64::from(config.l2arc_headroom.max(1)));
-        let per_shard = scan_bytes.div_ceil(self.config.arc_shards as u64).max(1);
+        let per_shard = scan_bytes.div_ceil(self.source.arc_shards() as u64).max(1);
         let mut candidates = Vec::new();
-        self.arc
-            .feed_candidates(ListId::Mfu, per_shard, &mut candidates);
-        if !config.l2arc_mfuonly {
-            self.arc
-                .feed_candidates(ListId::Mru, per_shard, &mut candidates);
-        }
-        for (key, record, prefetched) in candidates {
+        self.source
+            .cold_records(per_shard, config.l2arc_mfuonly, &mut candidates);
+        for ColdRecord {
+            key,
+            record,
+            prefetched,
+            keeping,
+        } in candidates
+        {
             // One record held at a time, only while it is copied.
             let Some(record) = record.upgrade() else {
                 continue; // evicted meanwhile
@@ -545,14 +526,10 @@ impl Cache {
             if (prefetched && config.l2arc_noprefetch) || record.data.is_empty() {
                 continue;
             }
-            let Some(dataset) = datasets.get(key.dataset as usize) else {
-                continue;
-            };
-            if dataset.props.secondarycache() == CacheMode::None {
+            if !keeping.below_arc {
                 continue;
             }
-            let key_hash =
-                l2_key_hash(dataset.uid, key.object, key.record, record.generation_token);
+            let key_hash = keeping.key_hash(&key, record.generation_token);
             if !claims.claim(key_hash) {
                 continue;
             }
@@ -563,8 +540,7 @@ impl Cache {
                 key_hash,
                 key,
                 data: SelectedBytes::Copied(record.data.to_vec()),
-                compression: dataset.props.compression(),
-                sector_table_min_bytes: dataset.config.sector_table_min_bytes,
+                keeping,
             });
             if batch_bytes >= budget_bytes {
                 break;
@@ -596,6 +572,7 @@ fn requeue_left_out(
                 key: s.key,
                 key_hash: s.key_hash,
                 record,
+                keeping: s.keeping,
             }),
             SelectedBytes::Copied(_) => None,
         })
@@ -605,26 +582,26 @@ fn requeue_left_out(
 }
 
 /// Starts the feeder thread of the device in `slot`: it feeds that device
-/// while there is work, sleeps when there is none, and ends with the cache
-/// or when the device leaves its slot.
-pub(crate) fn spawn_device_feeder(
-    cache: Weak<Cache>,
-    wake: Arc<FeedWake>,
-    l2: &L2Arc,
-    slot: u8,
-) -> std::io::Result<()> {
+/// from `l2`'s feed source while there is work, sleeps when there is none,
+/// and ends with the tier (or its source) or when the device leaves its
+/// slot.
+pub(crate) fn spawn_device_feeder(l2: &Arc<L2Arc>, slot: u8) -> std::io::Result<()> {
     let Some(device) = l2.device(slot) else {
         return Ok(());
     };
     let device = Arc::downgrade(&device);
+    let l2 = Arc::downgrade(l2);
     std::thread::Builder::new()
         .name(format!("l2arc-feed-{slot}"))
-        .spawn(move || device_feeder_loop(&cache, &wake, &device))?;
+        .spawn(move || device_feeder_loop(&l2, &device))?;
     Ok(())
 }
 
-fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheDevice>) {
+fn device_feeder_loop(l2: &Weak<L2Arc>, device: &Weak<CacheDevice>) {
     let Some(slot) = device.upgrade().map(|d| d.slot) else {
+        return;
+    };
+    let Some(wake) = l2.upgrade().map(|l2| Arc::clone(&l2.feed_wake)) else {
         return;
     };
     // Without a thread of its own the feeder writes its batches itself.
@@ -633,10 +610,10 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
     let mut seen = 0u64;
     loop {
         let woken = wake.wait(pause, &mut seen);
-        let Some(cache) = cache.upgrade() else {
+        let Some(l2) = l2.upgrade() else {
             return;
         };
-        let Some(l2) = cache.l2.get() else {
+        let Some(source) = l2.feed_source() else {
             return;
         };
         let Some(device) = device.upgrade() else {
@@ -649,12 +626,17 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
             l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         let config = l2.config().clone();
+        let feeder = Feeder {
+            l2: &l2,
+            source: &*source,
+        };
         let outcome = match &writer {
-            Some(writer) => feed_while_full(&cache, &device, writer, config.l2arc_feed_again),
-            None => cache.feed_now(Some(&device)),
+            Some(writer) => feed_while_full(feeder, &device, writer, config.l2arc_feed_again),
+            None => feeder.feed_now(Some(&device)),
         };
         drop(device);
-        drop(cache);
+        drop(source);
+        drop(l2);
         pause = if outcome.full && config.l2arc_feed_again {
             Duration::ZERO
         } else if outcome.records > 0 {
@@ -669,7 +651,7 @@ fn device_feeder_loop(cache: &Weak<Cache>, wake: &FeedWake, device: &Weak<CacheD
 /// feed), each batch written while the next is prepared; returns with the
 /// last one written and indexed, and the last feed's outcome.
 fn feed_while_full(
-    cache: &Cache,
+    feeder: Feeder<'_>,
     device: &Arc<CacheDevice>,
     writer: &BatchWriter,
     feed_again: bool,
@@ -679,7 +661,7 @@ fn feed_while_full(
     let mut in_flight = None;
     let mut outcome = FeedOutcome::default();
     loop {
-        let feed = cache.feed_pipelined(device, writer, &mut in_flight);
+        let feed = feeder.feed_pipelined(device, writer, &mut in_flight);
         outcome.records += feed.records;
         outcome.bytes += feed.bytes;
         outcome.full = feed.full;
@@ -687,6 +669,6 @@ fn feed_while_full(
             break;
         }
     }
-    cache.finish_in_flight(device, writer, &mut in_flight);
+    feeder.finish_in_flight(device, writer, &mut in_flight);
     outcome
 }

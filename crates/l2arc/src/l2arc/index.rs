@@ -169,7 +169,8 @@
 //! and checksum: the index has no key to show it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+
+use crate::lock_order::{RankedMutex, RankedMutexGuard, rank};
 
 /// Most shards an index may have (`shards` is a power of two up to this).
 pub const SHARDS_MAX: usize = 4096;
@@ -863,7 +864,7 @@ fn assert_key_hash_stored(key_hash: u64) {
 /// A shard with its lock and published counters, alone on its cache line.
 #[repr(align(64))]
 struct ShardCell {
-    shard: Mutex<Shard>,
+    shard: RankedMutex<Shard, { rank::LEAF }>,
     /// Copies of `entries_count` and `slots.len()`, stored under the lock,
     /// read without it by `len` and `memory_bytes`.
     entries_count: AtomicUsize,
@@ -874,7 +875,7 @@ const SHARD_CELL_BYTES: usize = size_of::<ShardCell>();
 const _: () = assert!(SHARD_CELL_BYTES == 64);
 
 impl ShardCell {
-    fn lock(&self) -> MutexGuard<'_, Shard> {
+    fn lock(&self) -> RankedMutexGuard<'_, Shard, { rank::LEAF }> {
         self.shard.lock().expect("L2ARC index shard lock poisoned")
     }
 
@@ -912,7 +913,7 @@ impl L2Index {
             .map(|_| {
                 let shard = Shard::with_slots(shard_slots_initial);
                 ShardCell {
-                    shard: Mutex::new(shard),
+                    shard: RankedMutex::new(shard),
                     entries_count: AtomicUsize::new(0),
                     slots_count: AtomicUsize::new(shard_slots_initial),
                 }
@@ -2058,7 +2059,7 @@ mod tests {
             let (found, hit_seconds) = get_all(|k| map.contains_key(&k), 1, GETS);
             assert_eq!(found, GETS);
             // The index must be shared, so the fair comparison takes a lock.
-            let map = Mutex::new(map);
+            let map = std::sync::Mutex::new(map);
             let (found, locked_seconds) = get_all(
                 |k| map.lock().expect("not poisoned").contains_key(&k),
                 1,

@@ -37,8 +37,11 @@
 //! verifying every checksum, in a background thread while reads go on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, OnceLock, Weak};
 
+use crate::tier::FeedSource;
+
+mod as_tier;
 mod cache_device;
 pub(crate) mod device;
 #[cfg(any(test, feature = "test-utils"))]
@@ -57,7 +60,9 @@ mod sweep;
 pub(crate) mod writeback;
 mod writer;
 
+use crate::lock_order::{RankedMutex, RankedRwLock, rank};
 use cache_device::CacheDevice;
+pub use feeder::FeedOutcome;
 use index::L2Index;
 pub use lifecycle::DeviceOpen;
 #[cfg(feature = "internals")]
@@ -142,7 +147,7 @@ impl Default for L2ArcConfig {
 pub struct L2Arc {
     config: L2ArcConfig,
     cache_guid: u128,
-    devices: RwLock<Vec<Option<Arc<CacheDevice>>>>,
+    devices: RankedRwLock<Vec<Option<Arc<CacheDevice>>>, { rank::LEAF }>,
     index: L2Index,
     rotor: AtomicU64,
     misses: AtomicU64,
@@ -153,8 +158,12 @@ pub struct L2Arc {
     reads_poll_slept: AtomicU64,
     /// Feeds started early by eviction pressure (`feeder::FeedWake`).
     feed_wakeups: AtomicU64,
+    /// Wakes the device feeders early (eviction pressure, queued work).
+    feed_wake: Arc<feeder::FeedWake>,
+    /// The ARC this tier copies records from (`attach`).
+    feed_source: OnceLock<Weak<dyn FeedSource>>,
     /// Endurance budget: bytes the feeder may still write (refilled with time).
-    budget_bytes: Mutex<(f64, std::time::Instant)>,
+    budget_bytes: RankedMutex<(f64, std::time::Instant), { rank::LEAF }>,
     stopping: AtomicBool,
     /// Evicted records waiting for the feeder, and how evictions went.
     writeback: writeback::WriteBack,
@@ -163,7 +172,8 @@ pub struct L2Arc {
     sector_tables: sector_tables::SectorTables,
     /// Key hashes of the records a feed has chosen and not yet indexed:
     /// each device has its own feeder, and two must not write one record.
-    feeding: Mutex<std::collections::HashSet<u64, crate::hash::FastBuildHasher>>,
+    feeding:
+        RankedMutex<std::collections::HashSet<u64, crate::hash::FastBuildHasher>, { rank::LEAF }>,
     /// Feeds moving records between the write-back queue and `feeding`
     /// (taken off the queue, not yet claimed; or released, not yet put
     /// back): with the claims, what `records_being_fed` counts, so that it
@@ -196,7 +206,7 @@ impl L2Arc {
     pub fn new(config: L2ArcConfig, expected_records: usize) -> Self {
         Self {
             cache_guid: random_u128(),
-            devices: RwLock::new(Vec::new()),
+            devices: RankedRwLock::new(Vec::new()),
             index: L2Index::new(64, expected_records),
             rotor: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -204,7 +214,9 @@ impl L2Arc {
             reads_polled: AtomicU64::new(0),
             reads_poll_slept: AtomicU64::new(0),
             feed_wakeups: AtomicU64::new(0),
-            budget_bytes: Mutex::new((0.0, std::time::Instant::now())),
+            feed_wake: Arc::new(feeder::FeedWake::new(BATCH_BYTES_MAX / 4)),
+            feed_source: OnceLock::new(),
+            budget_bytes: RankedMutex::new((0.0, std::time::Instant::now())),
             stopping: AtomicBool::new(false),
             writeback: writeback::WriteBack::new(
                 config.l2arc_writeback_max_bytes,
@@ -213,7 +225,7 @@ impl L2Arc {
             ),
             evict_counters: writeback::EvictCounters::default(),
             sector_tables: sector_tables::SectorTables::new(),
-            feeding: Mutex::new(std::collections::HashSet::default()),
+            feeding: RankedMutex::new(std::collections::HashSet::default()),
             records_in_transit: std::sync::atomic::AtomicUsize::new(0),
             config,
         }
@@ -222,6 +234,22 @@ impl L2Arc {
     /// The tunables this L2ARC runs with.
     pub fn config(&self) -> &L2ArcConfig {
         &self.config
+    }
+
+    /// Attaches the tier to the ARC it copies records from: its feeders
+    /// ask `source` for cold records and the stale-write gate, and wake
+    /// early once the ARC has taken in `feed_wake_bytes` since a feed.
+    /// Once only: a tier serves one cache.
+    pub(crate) fn attach(&self, source: Weak<dyn FeedSource>, feed_wake_bytes: u64) {
+        assert!(feed_wake_bytes > 0);
+        self.feed_wake.set_threshold_bytes(feed_wake_bytes);
+        let attached = self.feed_source.set(source).is_ok();
+        assert!(attached, "an L2ARC serves one cache");
+    }
+
+    /// The ARC this tier feeds from, while it lives.
+    fn feed_source(&self) -> Option<Arc<dyn FeedSource>> {
+        self.feed_source.get().and_then(Weak::upgrade)
     }
 
     fn device(&self, slot: u8) -> Option<Arc<CacheDevice>> {

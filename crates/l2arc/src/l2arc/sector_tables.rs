@@ -18,7 +18,8 @@
 //! Bounded: `SECTOR_TABLE_SLOTS` slots of at most 510 entries each
 //! (2 KiB), about 2 MiB at most, whatever the size of the L2ARC.
 
-use std::sync::{Arc, Mutex};
+use crate::lock_order::{RankedMutex, rank};
+use std::sync::Arc;
 
 /// Slots of [`SectorTables`]: a table per slot, direct-mapped by key hash.
 pub(super) const SECTOR_TABLE_SLOTS: usize = 1024;
@@ -33,17 +34,19 @@ struct Kept {
 
 /// Recently used sector tables (see the module comment).
 pub(super) struct SectorTables {
-    slots: Box<[Mutex<Option<Kept>>]>,
+    slots: Box<[RankedMutex<Option<Kept>, { rank::LEAF }>]>,
 }
 
 impl SectorTables {
     pub(super) fn new() -> Self {
         Self {
-            slots: (0..SECTOR_TABLE_SLOTS).map(|_| Mutex::new(None)).collect(),
+            slots: (0..SECTOR_TABLE_SLOTS)
+                .map(|_| RankedMutex::new(None))
+                .collect(),
         }
     }
 
-    fn slot(&self, key_hash: u64) -> &Mutex<Option<Kept>> {
+    fn slot(&self, key_hash: u64) -> &RankedMutex<Option<Kept>, { rank::LEAF }> {
         // The key hash is already uniform; its high bits pick the slot.
         let index = ((key_hash >> 32) as usize * self.slots.len()) >> 32;
         &self.slots[index]

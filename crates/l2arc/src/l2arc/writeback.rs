@@ -32,12 +32,12 @@
 //! kept.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 
-use crate::arc::live::{EvictionSink, Record, RecordKey};
-use crate::arc::policy::{Evicted, ListId};
-use crate::cache::{Cache, CacheMode, l2_key_hash};
+use crate::arc::live::{Record, RecordKey};
+use crate::lock_order::{RankedMutex, rank};
+use crate::tier::Keeping;
 
 /// Eviction counters (bytes), as ZFS names them.
 #[derive(Default)]
@@ -71,11 +71,13 @@ pub(crate) struct Queued {
     pub(crate) key: RecordKey,
     pub(crate) key_hash: u64,
     pub(crate) record: Arc<Record>,
+    /// How its dataset wants it stored.
+    pub(crate) keeping: Keeping,
 }
 
 /// The bounded queue of evicted records (see the module comment).
 pub(crate) struct WriteBack {
-    queue: Mutex<(VecDeque<Queued>, u64)>,
+    queue: RankedMutex<(VecDeque<Queued>, u64), { rank::LEAF }>,
     bytes_max: u64,
     /// Bytes queued at which the feeder is woken.
     wake_bytes: u64,
@@ -84,7 +86,7 @@ pub(crate) struct WriteBack {
 impl WriteBack {
     pub(crate) fn new(bytes_max: u64, wake_bytes: u64) -> Self {
         Self {
-            queue: Mutex::new((VecDeque::new(), 0)),
+            queue: RankedMutex::new((VecDeque::new(), 0)),
             bytes_max,
             wake_bytes: wake_bytes.max(1),
         }
@@ -92,7 +94,7 @@ impl WriteBack {
 
     /// Queues a record if there is room; returns whether it was queued and
     /// whether the feeder should be woken.
-    fn push(&self, queued: Queued) -> (bool, bool) {
+    pub(super) fn push(&self, queued: Queued) -> (bool, bool) {
         let bytes = queued.record.data.len() as u64;
         let mut guard = self.queue.lock().expect("write-back queue poisoned");
         let (records, held_bytes) = &mut *guard;
@@ -147,81 +149,5 @@ impl WriteBack {
     /// Bytes of buffers the queue holds.
     pub(crate) fn held_bytes(&self) -> u64 {
         self.queue.lock().expect("write-back queue poisoned").1
-    }
-}
-
-/// The ARC's eviction sink: sorts what it lets go and queues what the
-/// L2ARC should keep. Holds the cache weakly (the cache owns the ARC).
-pub(crate) struct CacheEvictionSink(pub(crate) Weak<Cache>);
-
-impl EvictionSink for CacheEvictionSink {
-    fn evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
-        if let Some(cache) = self.0.upgrade() {
-            cache.note_evicted(records);
-        }
-    }
-}
-
-impl Cache {
-    /// Sorts evicted records into ZFS's `evict_l2_*` counters and queues
-    /// the eligible ones not yet on flash for the feeder.
-    fn note_evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
-        let Some(l2) = self.l2.get() else {
-            return;
-        };
-        let config = l2.config();
-        let counters = &l2.evict_counters;
-        let datasets = self.datasets.read().expect("dataset lock poisoned");
-        let mut wake = false;
-        for evicted in records {
-            let bytes = evicted.value.data.len() as u64;
-            let Some(dataset) = datasets.get(evicted.key.dataset as usize) else {
-                continue;
-            };
-            if bytes == 0 {
-                continue;
-            }
-            let key_hash = l2_key_hash(
-                dataset.uid,
-                evicted.key.object,
-                evicted.key.record,
-                evicted.value.generation_token,
-            );
-            if l2.contains(key_hash) {
-                counters.cached.fetch_add(bytes, Ordering::Relaxed);
-                continue;
-            }
-            let eligible = dataset.props.secondarycache() == CacheMode::All
-                && !(evicted.prefetched && config.l2arc_noprefetch)
-                && !(config.l2arc_mfuonly && evicted.from != ListId::Mfu);
-            if !eligible {
-                counters.ineligible.fetch_add(bytes, Ordering::Relaxed);
-                continue;
-            }
-            counters.eligible.fetch_add(bytes, Ordering::Relaxed);
-            match evicted.from {
-                ListId::Mfu => counters.eligible_mfu.fetch_add(bytes, Ordering::Relaxed),
-                _ => counters.eligible_mru.fetch_add(bytes, Ordering::Relaxed),
-            };
-            let (queued, wake_now) = if l2.takes_writes() {
-                l2.writeback.push(Queued {
-                    key: evicted.key,
-                    key_hash,
-                    record: evicted.value,
-                })
-            } else {
-                (false, false)
-            };
-            if queued {
-                counters.queued.fetch_add(bytes, Ordering::Relaxed);
-            } else {
-                counters.skip.fetch_add(bytes, Ordering::Relaxed);
-            }
-            wake |= wake_now;
-        }
-        drop(datasets);
-        if wake {
-            self.feed_wake.wake_now();
-        }
     }
 }

@@ -34,12 +34,13 @@
 //! metadata lives in RAM on real systems and the cache does not time syncs.
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::dir::splitmix64;
 use super::{ObjectInfo, Primary, PrimaryObject};
+use crate::lock_order::{RankedCondvar, RankedMutex, RankedMutexGuard, rank};
 
 const MIB: f64 = 1024.0 * 1024.0;
 /// Upper bounds that keep a mistyped configuration from allocating or
@@ -181,13 +182,13 @@ impl EmulatedHdd {
         let spindles = (0..config.spindles)
             .map(|i| {
                 (
-                    Mutex::new(Spindle {
+                    RankedMutex::new(Spindle {
                         next_ticket: 0,
                         serving_ticket: 0,
                         rng: splitmix64(config.seed ^ splitmix64(i as u64)),
                         late_ns: 0,
                     }),
-                    Condvar::new(),
+                    RankedCondvar::new(),
                 )
             })
             .collect();
@@ -289,8 +290,8 @@ impl Spindle {
 
 /// Serves the next ticket of a spindle's queue when dropped.
 struct PassTurn<'a> {
-    lock: &'a Mutex<Spindle>,
-    turn: &'a Condvar,
+    lock: &'a RankedMutex<Spindle, { rank::PRIMARY }>,
+    turn: &'a RankedCondvar,
 }
 
 impl Drop for PassTurn<'_> {
@@ -314,7 +315,7 @@ impl Drop for LeaveArray<'_> {
 
 struct Array {
     config: HddConfig,
-    spindles: Box<[(Mutex<Spindle>, Condvar)]>,
+    spindles: Box<[(RankedMutex<Spindle, { rank::PRIMARY }>, RankedCondvar)]>,
     reads: AtomicU64,
     writes: AtomicU64,
     bytes_read: AtomicU64,
@@ -346,8 +347,9 @@ impl Array {
         let in_flight = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.in_flight_max.fetch_max(in_flight, Ordering::Relaxed);
         let _leave = LeaveArray(&self.in_flight);
-        let relock =
-            || -> MutexGuard<'_, Spindle> { lock.lock().unwrap_or_else(|p| p.into_inner()) };
+        let relock = || -> RankedMutexGuard<'_, Spindle, { rank::PRIMARY }> {
+            lock.lock().unwrap_or_else(|p| p.into_inner())
+        };
         // Take a ticket and wait for it to be served: FIFO, like a disk queue.
         let (seek_unit, late_ns) = {
             let mut spindle = relock();

@@ -26,11 +26,12 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::dir::read_full_at;
 use super::{Generation, ObjectInfo, Primary, PrimaryObject};
 use crate::buf::{AlignedBuf, BUF_ALIGN_BYTES};
+use crate::lock_order::{RankedMutex, rank};
 
 /// Alignment of direct I/O requests: every logical block size we accept divides it.
 const DIRECT_ALIGN_BYTES: usize = BUF_ALIGN_BYTES;
@@ -125,7 +126,7 @@ impl ImagePrimary {
             direct,
             block_device,
             writable,
-            write_lock: Mutex::new(()),
+            write_lock: RankedMutex::new(()),
         });
         Ok(Self {
             path: path.to_path_buf(),
@@ -222,7 +223,7 @@ struct ImageObject {
     block_device: bool,
     writable: bool,
     /// Serialises direct writes (read-modify-write of shared blocks).
-    write_lock: Mutex<()>,
+    write_lock: RankedMutex<(), { rank::PRIMARY }>,
 }
 
 fn is_aligned(offset: u64, buf: &[u8]) -> bool {

@@ -69,8 +69,8 @@
 use std::collections::HashMap;
 use std::future::IntoFuture;
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{Generation, ObjectInfo, Primary, PrimaryObject};
@@ -79,6 +79,7 @@ mod aws_config;
 mod failure;
 mod health;
 
+use crate::lock_order::{RankedMutex, rank};
 use failure::{Cause, Failure, failure_of};
 use health::{Health, Probe, ProbeContext};
 
@@ -364,12 +365,12 @@ struct Shared {
     counters: Counters,
     /// Whether the store answers (outages, `health`).
     health: Arc<Health>,
-    stats_cache: Mutex<HashMap<String, StatEntry>>,
-    dirs: Mutex<HashMap<String, DirEntryCache>>,
+    stats_cache: RankedMutex<HashMap<String, StatEntry>, { rank::PRIMARY }>,
+    dirs: RankedMutex<HashMap<String, DirEntryCache>, { rank::PRIMARY }>,
     /// One object per key while any handle holds it: every handle of a key
     /// must know the same versions (the read path shares one generation
     /// per object among all its handles).
-    objects: Mutex<HashMap<String, std::sync::Weak<StoreObject>>>,
+    objects: RankedMutex<HashMap<String, std::sync::Weak<StoreObject>>, { rank::PRIMARY_OBJECTS }>,
 }
 
 /// A bucket (or a prefix of one) as primary storage. Read-only.
@@ -657,9 +658,9 @@ impl ObjectStorePrimary {
                 config,
                 counters: Counters::default(),
                 health: Arc::new(Health::default()),
-                stats_cache: Mutex::new(HashMap::new()),
-                dirs: Mutex::new(HashMap::new()),
-                objects: Mutex::new(HashMap::new()),
+                stats_cache: RankedMutex::new(HashMap::new()),
+                dirs: RankedMutex::new(HashMap::new()),
+                objects: RankedMutex::new(HashMap::new()),
             }),
         })
     }
@@ -855,7 +856,7 @@ impl Primary for ObjectStorePrimary {
             shared: Arc::clone(&self.shared),
             id: stable_key_id(&key),
             key: key.clone(),
-            state: Mutex::new(ObjectView::new(meta)),
+            state: RankedMutex::new(ObjectView::new(meta)),
         });
         objects.insert(key, Arc::downgrade(&object));
         Ok(object)
@@ -911,7 +912,7 @@ struct StoreObject {
     shared: Arc<Shared>,
     key: String,
     id: u64,
-    state: Mutex<ObjectView>,
+    state: RankedMutex<ObjectView, { rank::PRIMARY_OBJECT }>,
 }
 
 impl StoreObject {

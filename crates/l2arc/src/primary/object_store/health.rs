@@ -29,8 +29,9 @@
 //! refusing everyone at once because one request was throttled would turn
 //! a slow store into a dead one.
 
+use crate::lock_order::{RankedMutex, rank};
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often the probe asks a store in an outage (the longest wait
@@ -50,9 +51,16 @@ struct Outage {
 }
 
 /// The store's state, shared by every request of one back end.
-#[derive(Default)]
 pub(super) struct Health {
-    outage: Mutex<Option<Outage>>,
+    outage: RankedMutex<Option<Outage>, { rank::PRIMARY }>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            outage: RankedMutex::new(None),
+        }
+    }
 }
 
 /// What the probe asks the store.

@@ -1,0 +1,163 @@
+//! The tiers below the ARC, and what they may ask of the ARC above them.
+//!
+//! Why an interface. Every read passes the ARC; below it a record may be
+//! kept on local flash (the L2ARC), in a tier a fleet shares, or nowhere.
+//! The read path should not care which: on a miss it asks the tiers in
+//! order for the record and takes the first intact copy; it tells them
+//! what the ARC filled and what it let go (each tier decides what to keep),
+//! and which records a write made stale. So a new tier is a new
+//! implementation of [`Tier`], not a new branch in the read path.
+//!
+//! Why a way up. A tier that copies records out of DRAM on its own
+//! schedule (the L2ARC's feeder, which must never stall an eviction) needs
+//! the ARC's cold records and the rule that keeps out what a write made
+//! stale while a copy was in flight. It gets both through [`FeedSource`],
+//! never through the cache itself: the flash tier compiles and is tested
+//! without the read path that uses it, as foyer's storage engine knows
+//! nothing of its hybrid cache.
+//!
+//! Identity. Every tier names a record by one 64-bit hash of (dataset
+//! identity, object, record, generation token): [`record_key_hash`]. A
+//! record cached under an older generation of its object has another hash,
+//! so no tier can hand it out for the current one; the hash is never 0, so
+//! 0 can mark an empty slot. [`RecordKey`] (dataset slot, object, record)
+//! is the ARC's own name, which tiers see only to match a write's
+//! invalidations.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::arc::live::{Record, RecordKey};
+use crate::arc::policy::ListId;
+use crate::buf::AlignedBuf;
+use crate::hash::hash_one;
+use crate::l2arc::format::Compression;
+
+/// Most tiers below the ARC: the L2ARC, a shared tier, one more.
+pub(crate) const TIERS_MAX: usize = 4;
+
+/// The identity of a record below the ARC (see the module comment).
+pub(crate) fn record_key_hash(dataset_uid: u64, object: u64, record: u64, token: u64) -> u64 {
+    let key_hash = hash_one(&(dataset_uid, object, record, token)).max(1);
+    debug_assert_ne!(key_hash, 0);
+    key_hash
+}
+
+/// How a record's dataset wants it kept below the ARC.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keeping {
+    /// The dataset's stable identity (name and primary storage).
+    pub(crate) dataset_uid: u64,
+    /// `secondarycache=all`: tiers below the ARC may keep its records.
+    pub(crate) below_arc: bool,
+    /// How to store it (`compression`).
+    pub(crate) compression: Compression,
+    /// Plain records at least this long get a sector table on flash.
+    pub(crate) sector_table_min_bytes: u32,
+}
+
+impl Keeping {
+    /// The identity below the ARC of the record `key` read under `token`.
+    pub(crate) fn key_hash(&self, key: &RecordKey, token: u64) -> u64 {
+        record_key_hash(self.dataset_uid, key.object, key.record, token)
+    }
+}
+
+/// A record the ARC let go, offered to the tiers below.
+#[derive(Clone)]
+pub(crate) struct EvictedRecord {
+    pub(crate) key: RecordKey,
+    pub(crate) record: Arc<Record>,
+    /// The ARC list it left from.
+    pub(crate) from: ListId,
+    /// Only ever read ahead, never asked for.
+    pub(crate) prefetched: bool,
+    pub(crate) keeping: Keeping,
+}
+
+/// A record at a cold end of the ARC, as a feed sees it: held weakly, so
+/// that the ARC may still evict it while the feed looks at others.
+pub(crate) struct ColdRecord {
+    pub(crate) key: RecordKey,
+    pub(crate) record: std::sync::Weak<Record>,
+    pub(crate) prefetched: bool,
+    pub(crate) keeping: Keeping,
+}
+
+/// A tier below the ARC. Every method is a best effort: a tier that fails
+/// answers a miss, and the read goes on to the next tier or to primary
+/// storage; it never returns bytes it did not verify.
+pub(crate) trait Tier: Send + Sync {
+    /// The whole record, if the tier holds an intact copy of at most
+    /// `recordsize_bytes` (a miss or any failure: `None`).
+    fn read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf>;
+
+    /// Bytes `wanted` of the record without reading it whole, if the tier
+    /// can: a buffer, the range of it that holds them (cut at the
+    /// record's end), and the record's length.
+    fn read_piece(
+        &self,
+        key_hash: u64,
+        wanted: Range<usize>,
+    ) -> Option<(AlignedBuf, Range<usize>, usize)>;
+
+    /// Whether the tier may hold the record (no I/O): `Some(true)` when it
+    /// holds it in pieces that are worth reading alone (`read_piece`).
+    fn holds(&self, key_hash: u64) -> Option<bool>;
+
+    /// The ARC filled a record of `bytes` (from a tier or from primary).
+    fn offer_fill(&self, bytes: u64);
+
+    /// Records the ARC let go, in the order it let them go.
+    fn offer_evicted(&self, evicted: &mut dyn Iterator<Item = EvictedRecord>);
+
+    /// A write made the record stale: the tier must never return it again.
+    fn drop_record(&self, key_hash: u64);
+
+    /// The cache is going away: end background work.
+    fn stop(&self);
+}
+
+/// What a tier that copies records out of DRAM by itself may ask of the
+/// ARC above it (see the module comment).
+pub(crate) trait FeedSource: Send + Sync {
+    /// Records at the ARC's cold ends, MFU first, then MRU unless
+    /// `mfu_only`: about `scan_bytes_per_shard` deep in each shard.
+    fn cold_records(&self, scan_bytes_per_shard: u64, mfu_only: bool, out: &mut Vec<ColdRecord>);
+
+    /// Shards of the ARC (the scan's depth is per shard).
+    fn arc_shards(&self) -> usize;
+
+    /// The sequence number of the latest write through the cache: bytes
+    /// copied now are known good at it.
+    fn write_sequence(&self) -> u64;
+
+    /// Under the lock that writes hold while they drop records, calls
+    /// `index` once with one flag per record of `keys[..records]`: true
+    /// when no write since `since[i]` touched `keys[i]` (and the log still
+    /// reaches back that far). Whatever `index` indexes is then safe: a
+    /// later write will find it and drop it.
+    fn admit_unwritten(
+        &self,
+        keys: &[RecordKey],
+        since: &[u64],
+        records: usize,
+        index: &mut dyn FnMut(&[bool]),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_key_hash_is_never_zero_and_tells_generations_apart() {
+        for token in 0..1000u64 {
+            let a = record_key_hash(7, 1, 2, token);
+            let b = record_key_hash(7, 1, 2, token + 1);
+            assert_ne!(a, 0);
+            assert_ne!(a, b);
+        }
+        assert_ne!(record_key_hash(1, 2, 3, 4), record_key_hash(2, 2, 3, 4));
+    }
+}
