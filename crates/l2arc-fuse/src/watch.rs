@@ -8,7 +8,7 @@
 //! reads the old bytes for as long as the kernel keeps them (minutes, under
 //! no memory pressure), and even a plain reader waits for the attribute
 //! timeout. So a thread of ours checks the files the kernel holds open and,
-//! on a change, does what a request would have done (`crate::fs`): drops
+//! on a change, does what a request would have done (`crate::namespace::dir`): drops
 //! the cache's records, fences the record stores, and tells the kernel to
 //! drop the inode's pages and attributes (`notify_inval_inode`). The next
 //! touch of a mapping then faults, and the fault reads the new bytes.
@@ -118,7 +118,7 @@ pub(crate) enum Checked {
     Busy,
 }
 
-/// Does a check: given by the file system (`crate::fs`), run on the
+/// Does a check: given by the file system (`crate::namespace::dir`), run on the
 /// watcher's thread.
 pub(crate) type Checker = Box<dyn Fn(&Inode, &ObjectHandle, Check) -> Checked + Send>;
 
