@@ -90,11 +90,11 @@ pub(crate) struct Inode {
     pub page_generation: Mutex<Option<Generation>>,
     /// An open file of this inode, if any: revalidates the cache's records
     /// when a change is noticed by a getattr or lookup without a handle.
-    pub open_file: Mutex<Weak<crate::fs::OpenFile>>,
+    pub open_file: Mutex<Weak<crate::namespace::dir::TreeFile>>,
     /// Bumped after every change the kernel's pages of this file must not
     /// outlive (a writer opened, a truncate, a change behind the mount): a
-    /// store of whole records into those pages (`crate::fs`) taken at an
-    /// older count is dropped.
+    /// store of whole records into those pages (`crate::namespace::dir`)
+    /// taken at an older count is dropped.
     pub store_epoch: AtomicU64,
     /// Handles open for writing: none may be, for records to be stored.
     pub writers: std::sync::atomic::AtomicUsize,

@@ -20,7 +20,12 @@
 //!   file system, the descriptor follows the directory.) Names are bytes
 //!   end to end; they need not be UTF-8.
 //!
-//! - **Coherence** (`fs.rs`, `watch.rs`). Hot files stay in the kernel's
+//! - **One adapter, two namespaces** (`adapter/`, `namespace/`). The FUSE
+//!   skeleton (handle table, read path, listings) is written once over a
+//!   namespace: this directory tree (`namespace/dir/`) or an object store
+//!   bucket, served read-only (`namespace/bucket/`).
+//!
+//! - **Coherence** (`namespace/dir/coherence.rs`, `watch.rs`). Hot files stay in the kernel's
 //!   page cache across opens (FOPEN_KEEP_CACHE), and are dropped from it,
 //!   and from the ARC and L2ARC, when the source changes behind the mount:
 //!   at once for a new open (also of a name the source replaced), and for
@@ -57,22 +62,24 @@
 use std::io;
 use std::path::Path;
 
+mod adapter;
 mod creds;
-mod fs;
+mod file_systems;
 mod handles;
 mod inodes;
 mod locks;
-mod object_fs;
+mod namespace;
 mod readahead;
 mod relief;
 mod sys;
 mod watch;
 mod workers;
 
-pub use fs::{CachedFs, FsOptions};
+pub use file_systems::{CachedFs, ObjectFs};
 /// A mounted file system served from background threads (fuser's).
 pub use fuser::BackgroundSession as Session;
-pub use object_fs::{ObjectFs, ObjectFsOptions, READAHEAD_WINDOW_DEFAULT_BYTES};
+pub use namespace::bucket::{ObjectFsOptions, READAHEAD_WINDOW_DEFAULT_BYTES};
+pub use namespace::dir::FsOptions;
 
 /// How the mount is made.
 #[derive(Clone, Debug)]
@@ -108,25 +115,21 @@ impl Default for MountOptions {
 /// Also pins glibc's mmap threshold ([`MMAP_THRESHOLD_BYTES`]) for the
 /// whole process.
 pub fn mount(
-    mut fs: CachedFs,
+    fs: CachedFs,
     mountpoint: &Path,
     options: &MountOptions,
 ) -> io::Result<fuser::BackgroundSession> {
-    fs.max_background = max_background_for(options.threads);
-    let notifier = std::sync::Arc::clone(&fs.notifier);
-    mount_with(fs, notifier, mountpoint, options, false)
+    mount_adapter(fs.adapter, mountpoint, options)
 }
 
 /// Mounts an object store file system (read-only: the "ro" mount option)
 /// at `mountpoint`, as [`mount`] does.
 pub fn mount_objects(
-    mut fs: ObjectFs,
+    fs: ObjectFs,
     mountpoint: &Path,
     options: &MountOptions,
 ) -> io::Result<fuser::BackgroundSession> {
-    fs.max_background = max_background_for(options.threads);
-    let notifier = std::sync::Arc::clone(&fs.notifier);
-    mount_with(fs, notifier, mountpoint, options, true)
+    mount_adapter(fs.adapter, mountpoint, options)
 }
 
 /// Reads the kernel sends at once in the background (read-ahead, the page
@@ -142,14 +145,17 @@ fn max_background_for(threads: usize) -> u16 {
 /// fuser's own `max_background`, kept for mounts of fewer threads.
 pub(crate) const MAX_BACKGROUND_MIN: u16 = 16;
 
-fn mount_with<F: fuser::Filesystem + Send + Sync + 'static>(
-    fs: F,
-    notifier: fs::NotifierSlot,
+fn mount_adapter<N: namespace::Namespace>(
+    mut fs: adapter::FuseAdapter<N>,
     mountpoint: &Path,
     options: &MountOptions,
-    read_only: bool,
 ) -> io::Result<fuser::BackgroundSession> {
     use fuser::{MountOption, SessionACL};
+    // A namespace that cannot be changed is mounted "ro": the kernel then
+    // refuses most changes itself.
+    let read_only = fs.namespace().passthrough().is_none();
+    fs.max_background = max_background_for(options.threads);
+    let notifier = std::sync::Arc::clone(&fs.namespace().serving().notifier);
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("l2arc".to_string()),

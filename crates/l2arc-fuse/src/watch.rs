@@ -8,10 +8,11 @@
 //! reads the old bytes for as long as the kernel keeps them (minutes, under
 //! no memory pressure), and even a plain reader waits for the attribute
 //! timeout. So a thread of ours checks the files the kernel holds open and,
-//! on a change, does what a request would have done (`crate::fs`): drops
-//! the cache's records, fences the record stores, and tells the kernel to
-//! drop the inode's pages and attributes (`notify_inval_inode`). The next
-//! touch of a mapping then faults, and the fault reads the new bytes.
+//! on a change, does what a request would have done
+//! (`crate::namespace::dir`): drops the cache's records, fences the record
+//! stores, and tells the kernel to drop the inode's pages and attributes
+//! (`notify_inval_inode`). The next touch of a mapping then faults, and
+//! the fault reads the new bytes.
 //!
 //! Two ways to see a change, because neither sees all of them:
 //!
@@ -118,8 +119,8 @@ pub(crate) enum Checked {
     Busy,
 }
 
-/// Does a check: given by the file system (`crate::fs`), run on the
-/// watcher's thread.
+/// Does a check: given by the file system (`crate::namespace::dir`), run on
+/// the watcher's thread.
 pub(crate) type Checker = Box<dyn Fn(&Inode, &ObjectHandle, Check) -> Checked + Send>;
 
 /// What the checks of an open inode act on: its node, and a handle of its
