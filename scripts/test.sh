@@ -10,6 +10,9 @@ scripts/setup.sh
   echo "test: ../shared/traces is missing: the reference traces must sit beside the repository" >&2
   exit 1
 }
+echo "== import circles in the engine"
+scripts/import-cycles --self-test
+scripts/import-cycles
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

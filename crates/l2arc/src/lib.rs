@@ -14,9 +14,11 @@
 //!   [`latency`]: latency histograms by the tier that served a read;
 //! - [`arc`]: the pure ARC policy, for simulators; [`hash`]: the key hash.
 //!
-//! Inside (private): `read_path` ties the tiers together, `arc::live` holds
-//! the DRAM buffers, `l2arc/` the flash tier (device format, index, feeder,
-//! writer, rebuild), `buf` aligned buffers, `stats` the counters.
+//! Inside (private): `cache/` is the read path that ties the tiers
+//! together, `arc::live` holds the DRAM buffers, `tier` is the interface
+//! of the tiers below the ARC, `l2arc/` the flash tier (device format,
+//! index, feeder, writer, rebuild), `lock_order` the ranked locks, `buf`
+//! aligned buffers, `stats` the counters.
 
 // The public surface is what a program that puts a cache in front of its
 // storage needs: the cache and its configs, read views and queues, stats and

@@ -53,7 +53,6 @@ pub(crate) struct TopObjects {
     names: RankedMutex<FastHashMap<(u32, u64), String>, { rank::LEAF }>,
 }
 
-
 impl TopObjects {
     /// Remembers the name an object was opened by (bounded like the counts).
     pub(crate) fn name(&self, dataset: u32, object: u64, name: &str) {

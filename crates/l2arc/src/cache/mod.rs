@@ -3,23 +3,21 @@
 //! A read of `(dataset, object, offset, len)` is split into the dataset's
 //! records (`recordsize`, 4 KiB to 1 MiB, a power of two, as in ZFS). Each
 //! record is looked up in the ARC; a miss claims the record's fill (one read
-//! below per record at a time), reads the whole record from primary storage
-//! into an aligned buffer, inserts it, and wakes any reader that waited.
-//! Whole records are the unit of caching because that is what makes a cache
-//! cheap to index; the cost is read amplification on small random reads,
-//! which `recordsize` trades off per dataset.
+//! below per record at a time), reads the whole record from the first tier
+//! below the ARC that holds it or else from primary storage into an aligned
+//! buffer, inserts it, and wakes any reader that waited. Whole records are
+//! the unit of caching because that is what makes a cache cheap to index;
+//! the cost is read amplification on small random reads, which `recordsize`
+//! trades off per dataset.
 //!
-//! Generations. A record is only as good as the object version it was read
-//! from. Every object the cache has opened has a shared state with its last
-//! known generation (inode, size, mtime) and a token derived from it; records
-//! carry the token they were read under, and a hit requires the current one.
-//! `open` and `revalidate` compare the primary's generation with the
-//! remembered one, so a file rewritten or replaced behind the cache changes
-//! the token and every older record turns into a miss at once, with no scan.
-//! Writes through the cache go to primary first, then drop the records they
-//! touched, then adopt the object's new generation without changing its token:
-//! untouched records stay valid. (An outside change that lands between our
-//! write and our re-stat is taken for ours: a known, narrow window that every
+//! Generations (`objects`). A record is only as good as the object version
+//! it was read from: records carry the token of the generation they were
+//! read under, and a hit requires the current one, so a file rewritten
+//! behind the cache turns every older record into a miss at once. Writes
+//! through the cache (`write`) go to primary first, then drop the records
+//! they touched from every tier, then adopt the new generation without a
+//! new token. (An outside change that lands between our write and our
+//! re-stat is taken for ours: a known, narrow window that every
 //! write-through cache over a shared file system shares. `revalidate` keeps
 //! out of it: while a write of ours is in that window it leaves a moved
 //! generation to the write, so a watcher woken by our own writes never
@@ -27,46 +25,29 @@
 //!
 //! Reads past the end behave as `pread`: short at the end, empty beyond it.
 //!
-//! [`Cache::read`] blocks for each record below the ARC; a read queue
-//! (`read_queue`) keeps many in flight from one thread, under the same rules.
+//! Tiers (`tiers`, `crate::tier`). Below the ARC sits an ordered list of
+//! tiers; the L2ARC on the cache devices is the first. A record the ARC
+//! misses is looked up in each by a hash of (dataset identity, object,
+//! record, generation token) before primary storage is read. The ARC tells
+//! every tier what it filled and what it let go; the L2ARC's feeders copy
+//! records from the ARC's cold ends through the `FeedSource` the cache
+//! implements. A feed that raced with a write checks the log of recent
+//! invalidations before it indexes its batch, under the lock the write
+//! holds while it drops its records, and leaves out what the write made
+//! stale, so a record copied before a write can never be found after it.
 //!
-//! Below the ARC sits the L2ARC (when cache devices are added): a record the
-//! ARC misses is looked up there by a hash of (dataset identity, object,
-//! record, generation token) before primary storage is read. A feeder thread
-//! copies records from the cold ends of the ARC lists to flash. Writes drop
-//! the records they touch from both tiers; a feed that raced with a write
-//! checks a short log of recent invalidations before it indexes its batch,
-//! under the lock the write holds while it drops its records, and leaves out
-//! what the write made stale, so a record copied before a write can never be
-//! found after it.
+//! The folder: `config` (settings and their checks), `objects` (datasets,
+//! object states, handles), `view` (read views), `read` (the record walk),
+//! `write` (writes, holes, the invalidation log), `tiers`, `queue` (many
+//! reads in flight from one thread), `prefetch`, `read_ahead` and
+//! `zstream` (read-ahead of sequential readers), `properties` (what may
+//! change while running). No `impl Cache` lives outside it
+//! (`scripts/import-cycles` checks).
 //!
-//! Locking. What each lock protects, and the one order in which they nest
-//! (a thread holding a lock may take only locks below it in this list):
-//!
-//! 1. `CacheDevice::writer` (one per cache device): the device's header as
-//!    last written, its log sequence and sweep mark. Held by a feed for the
-//!    whole batch write; nothing else waits on it but removal.
-//! 2. `Cache::invalidations`: the log of recent writes. A write holds it
-//!    while it drops its records; a feed holds it while it decides which of
-//!    its batch to index and indexes them (`WriteGate`), so the two never
-//!    interleave.
-//! 3. `ObjectState::generation` (one per object): the last generation seen
-//!    and the invalidation epoch; the token is derived under it. Beside it,
-//!    never around it: `ObjectState::streams` (`zstream`), held by a demand
-//!    read while it notes itself and claims its stream's span (ARC lookups,
-//!    and its streams' pace locks, below it).
-//! 4. Leaves, each held alone and briefly: the L2ARC index shards, the ARC
-//!    shards (`LiveArc`), a fill's result slot, the L2ARC's device list
-//!    (read-locked to clone device handles out, at times under 1 and 2),
-//!    the endurance budget, and the write-back queue of evicted records.
-//!
-//! Evictions are handed to the L2ARC's write-back (`l2arc::writeback`)
-//! after the ARC shard's lock is released: the sink takes `datasets`
-//! (read), an index shard and the write-back queue, one at a time.
-//!
-//! `Cache::datasets` (read-mostly) and `Cache::objects` (the object table)
-//! are taken alone, never around another lock. Waits are bounded:
-//! a single-flight waiter waits for a read below it that either finishes or
+//! Locking: every lock of the engine has a rank, and the order in which
+//! they nest is written, with the why of each, in `lock_order.rs`, whose
+//! wrappers check it in every debug build. Waits are bounded: a
+//! single-flight waiter waits for a read below it that either finishes or
 //! fails (primary and device I/O have their own timeouts or none; a hung
 //! primary hangs its readers as it would without a cache), and device
 //! removal waits for reads in flight on that device only.
