@@ -68,7 +68,9 @@ pub use config::{
     CacheConfig, CacheMode, ConfigError, DatasetConfig, RECORDSIZE_DEFAULT_BYTES,
     RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, validate_recordsize,
 };
-pub use objects::{DatasetId, OBJECT_STATES_MAX, ObjectHandle};
+#[cfg(feature = "internals")]
+pub use objects::OBJECT_STATES_MAX;
+pub use objects::{DatasetId, ObjectHandle};
 pub use queue::{ReadCompletion, ReadQueue};
 pub use view::ReadView;
 
