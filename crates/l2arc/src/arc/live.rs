@@ -61,6 +61,8 @@ pub struct Record {
 impl Record {
     /// DRAM the record costs, as the ARC accounts it.
     pub fn size_bytes(&self) -> u64 {
+        // Accounted by its whole aligned allocation, never less than used.
+        debug_assert!(self.data.len() <= self.data.capacity_bytes());
         self.data.capacity_bytes() as u64
     }
 }
@@ -128,9 +130,11 @@ impl Fill {
     pub fn wait(&self) -> FillResult {
         let mut result = self.result.lock().expect("fill lock poisoned");
         while result.is_none() {
-            self.waiting.fetch_add(1, Ordering::Relaxed);
+            let before = self.waiting.fetch_add(1, Ordering::Relaxed);
+            debug_assert!(before < u32::MAX, "waiters wrapped");
             result = self.ready.wait(result).expect("fill lock poisoned");
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            let before = self.waiting.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(before >= 1, "a waiter left that never came");
         }
         result.clone().expect("checked above")
     }
@@ -163,18 +167,22 @@ pub struct FillClaim<'a> {
 
 impl FillClaim<'_> {
     pub fn key(&self) -> RecordKey {
+        // A live claim still has the duty (`complete` and `detach` take it).
+        debug_assert!(!self.completed);
         self.key
     }
 
     /// The fill this claim completes: its result, once published, is the
     /// record (or error) every waiter gets.
     pub(crate) fn fill(&self) -> Arc<Fill> {
+        debug_assert!(!self.completed);
         Arc::clone(&self.fill)
     }
 
     /// Publishes the fill's result: inserts a good record in the ARC (unless
     /// an invalidation doomed it) and wakes every waiter.
     pub fn complete(mut self, result: io::Result<Arc<Record>>) {
+        debug_assert!(!self.completed, "a claim completes once");
         self.completed = true;
         let result = result.map_err(|e| FillError {
             kind: e.kind(),
@@ -192,6 +200,7 @@ impl FillClaim<'_> {
     /// [`DetachedClaim::attach`] it to the same ARC again, to complete it
     /// or to drop it (which fails the fill as a dropped claim does).
     pub(crate) fn detach(mut self) -> DetachedClaim {
+        debug_assert!(!self.completed);
         self.completed = true; // the detached claim carries the duty
         DetachedClaim {
             key: self.key,
@@ -212,6 +221,19 @@ pub(crate) struct DetachedClaim {
 impl DetachedClaim {
     /// The claim again, on `arc`, which must be the one it was taken from.
     pub(crate) fn attach(self, arc: &LiveArc) -> FillClaim<'_> {
+        // The same ARC: the fill registered for the key there is this one,
+        // unless a write doomed it (and took it out of the table).
+        if cfg!(feature = "invariants") {
+            let registered = arc
+                .shard(&self.key)
+                .fills
+                .get(&self.key)
+                .is_some_and(|f| Arc::ptr_eq(f, &self.fill));
+            assert!(
+                registered || self.fill.doomed.load(Ordering::Acquire),
+                "a detached claim attached to another ARC"
+            );
+        }
         FillClaim {
             arc,
             key: self.key,
@@ -231,6 +253,11 @@ impl Drop for FillClaim<'_> {
             };
             self.arc
                 .complete_fill(self.key, self.kind, &self.fill, Err(error));
+        }
+        // Either way no waiter is stranded: the fill has its result (a
+        // completed claim published it; a detached one carries the duty).
+        if cfg!(feature = "invariants") && !self.completed {
+            assert!(self.fill.try_result().is_some());
         }
     }
 }
@@ -294,6 +321,12 @@ pub struct ArcStats {
 
 impl ArcStats {
     fn add(&mut self, o: &ArcStats) {
+        // Each access counts once by kind and once by list (a shard's).
+        debug_assert_eq!(o.hits, o.demand_data_hits + o.prefetch_data_hits);
+        debug_assert_eq!(o.hits, o.mru_hits + o.mfu_hits);
+        debug_assert_eq!(o.misses, o.demand_data_misses + o.prefetch_data_misses);
+        debug_assert!(o.size <= o.c, "shard holds {} > c {}", o.size, o.c);
+        debug_assert!(o.p <= o.c);
         self.hits += o.hits;
         self.misses += o.misses;
         self.demand_data_hits += o.demand_data_hits;
@@ -395,6 +428,9 @@ impl LiveArc {
             config.shards
         );
         let shard_bytes = config.arc_max_bytes / config.shards as u64;
+        // The shards' capacities sum to at most arc_max (the remainder of
+        // the division is never used): the bound every insert keeps.
+        assert!(shard_bytes >= 1 && shard_bytes * config.shards as u64 <= config.arc_max_bytes);
         let shards = (0..config.shards)
             .map(|_| {
                 PaddedShard(Mutex::new(Shard {
@@ -415,10 +451,12 @@ impl LiveArc {
     /// Sets where evicted records go (once; later calls are ignored).
     pub fn set_eviction_sink(&self, sink: Box<dyn EvictionSink>) {
         let _ = self.sink.set(sink);
+        debug_assert!(self.sink.get().is_some());
     }
 
     /// The configuration it was built with.
     pub fn config(&self) -> ArcConfig {
+        debug_assert_eq!(self.shards.len(), self.config.shards);
         self.config
     }
 
@@ -426,6 +464,7 @@ impl LiveArc {
         let hash = hash_one(key);
         // Multiply-high maps the hash onto [0, shards) without a division.
         let index = (((hash >> 32) * self.shards.len() as u64) >> 32) as usize;
+        debug_assert!(index < self.shards.len());
         self.shards[index]
             .0
             .lock()
@@ -447,6 +486,8 @@ impl LiveArc {
             .filter(|r| r.generation_token == token)
             .map(Arc::clone)?;
         let list = shard.policy.list_of(&key);
+        // A record with a value is on a resident list, never a ghost.
+        debug_assert!(matches!(list, Some(ListId::Mru | ListId::Mfu)));
         let stats = &mut shard.stats;
         stats.hits += 1;
         stats.demand_data_hits += 1;
@@ -460,16 +501,21 @@ impl LiveArc {
     /// Whether a record is resident under `token` (not merely being
     /// filled): no statistics, no change to the policy's lists.
     pub fn resident(&self, key: RecordKey, token: u64) -> bool {
-        self.shard(&key)
+        let guard = self.shard(&key);
+        let resident = guard
             .policy
             .peek(&key)
-            .is_some_and(|r| r.generation_token == token)
+            .is_some_and(|r| r.generation_token == token);
+        debug_assert!(!resident || guard.policy.list_of(&key).is_some_and(|l| !l.is_ghost()));
+        resident
     }
 
     /// Whether a record is resident under `token` or being filled: no
     /// statistics, no change to the policy's lists.
     pub fn holds(&self, key: RecordKey, token: u64) -> bool {
         let guard = self.shard(&key);
+        // Resident bytes within the shard's share of arc_max.
+        debug_assert!(guard.policy.resident_bytes() <= guard.policy.capacity_bytes());
         guard
             .policy
             .peek(&key)
@@ -480,8 +526,11 @@ impl LiveArc {
     /// Looks a record up for a reader of an object whose current generation
     /// token is `token`.
     pub fn lookup(&self, key: RecordKey, token: u64, kind: AccessKind) -> Lookup<'_> {
-        self.lookup_or_claim(key, token, kind, true)
-            .expect("a claiming lookup always finds something to return")
+        let found = self
+            .lookup_or_claim(key, token, kind, true)
+            .expect("a claiming lookup always finds something to return");
+        debug_assert!(!matches!(&found, Lookup::Claimed(c) if c.key != key));
+        found
     }
 
     /// As [`Self::lookup`], but a record that is neither resident nor being
@@ -493,7 +542,10 @@ impl LiveArc {
         token: u64,
         kind: AccessKind,
     ) -> Option<Lookup<'_>> {
-        self.lookup_or_claim(key, token, kind, false)
+        let found = self.lookup_or_claim(key, token, kind, false);
+        // Negative space: a lookup that may not claim never claims.
+        debug_assert!(!matches!(found, Some(Lookup::Claimed(_))));
+        found
     }
 
     /// Counts a miss that was served without a fill (see
@@ -506,6 +558,10 @@ impl LiveArc {
             AccessKind::Demand => stats.demand_data_misses += 1,
             AccessKind::Prefetch => stats.prefetch_data_misses += 1,
         }
+        debug_assert_eq!(
+            stats.misses,
+            stats.demand_data_misses + stats.prefetch_data_misses
+        );
     }
 
     fn lookup_or_claim(
@@ -530,6 +586,7 @@ impl LiveArc {
                     ListId::Mfu => stats.mfu_hits += 1,
                     _ => stats.mru_hits += 1,
                 }
+                debug_assert_eq!(stats.hits, stats.mru_hits + stats.mfu_hits);
                 return Some(Lookup::Hit(record));
             }
             Some(_) => {
@@ -562,7 +619,9 @@ impl LiveArc {
             prefetch: kind == AccessKind::Prefetch,
             demanded: AtomicBool::new(false),
         });
-        shard.fills.insert(key, Arc::clone(&fill));
+        let raced = shard.fills.insert(key, Arc::clone(&fill));
+        // Single flight: one fill per key (a second reader waits on it).
+        debug_assert!(raced.is_none(), "two fills of one record");
         Some(Lookup::Claimed(FillClaim {
             arc: self,
             key,
@@ -602,6 +661,25 @@ impl LiveArc {
                     |_, buffer| Arc::strong_count(buffer) == 1,
                     &mut shard.evicted,
                 );
+                // ARC bytes <= arc_max: the shard holds at most its share
+                // (the shares sum to at most arc_max, `new`), whatever came
+                // of the insert, and a record inserted is resident.
+                assert!(
+                    shard.policy.resident_bytes() <= shard.policy.capacity_bytes(),
+                    "shard holds {} bytes over its {}",
+                    shard.policy.resident_bytes(),
+                    shard.policy.capacity_bytes()
+                );
+                debug_assert!(
+                    !matches!(outcome, InsertOutcome::Inserted { .. })
+                        || shard
+                            .policy
+                            .peek(&key)
+                            .is_some_and(|r| Arc::ptr_eq(r, record))
+                );
+                if cfg!(feature = "invariants") {
+                    shard.policy.assert_bounds();
+                }
                 let stats = &mut shard.stats;
                 match outcome {
                     InsertOutcome::Inserted { ghost } | InsertOutcome::NoRoom { ghost } => {
@@ -648,6 +726,7 @@ impl LiveArc {
         // is not counted here will find the result when it takes the lock.
         let waiting = {
             let mut slot = fill.result.lock().expect("fill lock poisoned");
+            assert!(slot.is_none(), "a fill completes once");
             *slot = Some(result);
             fill.waiting.load(Ordering::Relaxed) != 0
         };
@@ -667,6 +746,8 @@ impl LiveArc {
         if let Some(fill) = shard.fills.remove(&key) {
             fill.doomed.store(true, Ordering::Release);
         }
+        // Postcondition: nothing of the record is left to find.
+        debug_assert!(shard.policy.peek(&key).is_none() && !shard.fills.contains_key(&key));
     }
 
     /// Records near the eviction end of `list` in every shard, up to
@@ -686,13 +767,17 @@ impl LiveArc {
         for shard in self.shards.iter() {
             let shard = shard.0.lock().expect("ARC shard lock poisoned");
             let mut scanned_bytes = 0u64;
+            let mut found = 0u64;
             for (key, size_bytes, record, prefetched) in shard.policy.iter_from_cold_end(list) {
                 if scanned_bytes >= bytes_per_shard {
                     break;
                 }
                 scanned_bytes += size_bytes;
+                found += 1;
                 out.push((*key, Arc::downgrade(record), prefetched));
             }
+            // Only resident records, each once, of the one list.
+            debug_assert!(found <= shard.policy.list_len(list));
         }
     }
 
@@ -713,19 +798,25 @@ impl LiveArc {
             s.entries = policy.resident_len();
             total.add(&s);
         }
+        // The ARC's bound: record bytes in DRAM never exceed arc_max.
+        assert!(
+            total.size <= self.config.arc_max_bytes,
+            "ARC holds {} bytes over arc_max {}",
+            total.size,
+            self.config.arc_max_bytes
+        );
         total
     }
 
     /// Checks every shard's policy invariants (for tests; O(entries)).
     pub fn assert_consistent(&self) {
+        let mut resident_bytes = 0;
         for shard in self.shards.iter() {
-            shard
-                .0
-                .lock()
-                .expect("ARC shard lock poisoned")
-                .policy
-                .assert_consistent();
+            let shard = shard.0.lock().expect("ARC shard lock poisoned");
+            shard.policy.assert_consistent();
+            resident_bytes += shard.policy.resident_bytes();
         }
+        assert!(resident_bytes <= self.config.arc_max_bytes);
     }
 }
 

@@ -112,6 +112,19 @@ impl WriterState {
     /// Makes `pointer` the newest log block (the header is written by the
     /// caller); the one it replaces becomes the first read-ahead hint.
     pub(super) fn push_log(&mut self, pointer: LogPointer) {
+        // A log block is whole blocks in the data area, never the one
+        // already newest (each batch has its own).
+        assert!(
+            pointer.size_bytes > 0 && u64::from(pointer.size_bytes).is_multiple_of(BLOCK_BYTES)
+        );
+        assert!(pointer.offset_bytes.is_multiple_of(BLOCK_BYTES));
+        assert!(pointer.offset_bytes >= self.header.data_start_bytes);
+        assert!(pointer.end_bytes() <= self.header.data_end_bytes);
+        assert_ne!(
+            self.header.newest_log,
+            Some(pointer),
+            "one log block per batch"
+        );
         self.older_logs.rotate_right(1);
         self.older_logs[0] = self.header.newest_log;
         self.header.newest_log = Some(pointer);
@@ -129,6 +142,18 @@ impl CacheDevice {
     ) -> Self {
         let geometry = Geometry::of(header);
         assert!(geometry.start_block < geometry.end_block);
+        // The header was checked (`DeviceHeader::decode`) or made here: the
+        // hand lies in the data area and a batch fits in it.
+        assert!(geometry.batch_blocks_max >= 1);
+        assert!(geometry.batch_blocks_max <= geometry.end_block - geometry.start_block);
+        assert!(header.data_start_bytes.is_multiple_of(BLOCK_BYTES));
+        assert!(header.data_end_bytes.is_multiple_of(BLOCK_BYTES));
+        assert!(header.data_end_bytes <= io.size_bytes());
+        assert!(
+            (geometry.start_block..=geometry.end_block).contains(&header.hand_block),
+            "hand {} outside the data area",
+            header.hand_block
+        );
         Self {
             slot,
             guid: header.device_guid,
@@ -155,10 +180,20 @@ impl CacheDevice {
 
     pub(super) fn position(&self) -> (u32, u32) {
         let p = self.position.load(Ordering::Acquire);
-        ((p >> 32) as u32, p as u32)
+        let (lap, hand) = ((p >> 32) as u32, p as u32);
+        // The hand never leaves the data area: it is at most its end (a
+        // batch that ended there), and wraps to its start.
+        debug_assert!(
+            hand >= self.start_block && hand <= self.end_block,
+            "hand {hand} outside [{}, {}]",
+            self.start_block,
+            self.end_block
+        );
+        (lap, hand)
     }
 
     pub(super) fn geometry(&self) -> Geometry {
+        debug_assert!(self.start_block < self.end_block);
         Geometry {
             start_block: self.start_block,
             end_block: self.end_block,
@@ -168,36 +203,51 @@ impl CacheDevice {
 
     /// Whether a block written in `lap_mod32` is still intact on the device.
     pub(super) fn holds(&self, block: u32, lap_mod32: u32) -> bool {
+        debug_assert!(lap_mod32 < 32, "a lap modulo 32");
         let (lap, hand) = self.position();
         self.geometry().holds(lap, hand, block, lap_mod32)
     }
 
     pub(super) fn holds_location(&self, location: Location) -> bool {
+        // Every location the engine makes or decodes has a block (a
+        // `Location::new` argument; `decode_log_block` rejects 0).
+        debug_assert!(location.asize_blocks() >= 1);
         let last = location.block() + u32::from(location.asize_blocks()) - 1;
-        self.holds(location.block(), u32::from(location.lap_mod32()))
-            && self.holds(last, u32::from(location.lap_mod32()))
+        let held = self.holds(location.block(), u32::from(location.lap_mod32()))
+            && self.holds(last, u32::from(location.lap_mod32()));
+        // Negative space: a location held lies wholly in the data area.
+        debug_assert!(
+            !held
+                || (location.block() >= self.start_block
+                    && location.end_block() <= u64::from(self.end_block))
+        );
+        held
     }
 
     pub(super) fn is_online(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == STATE_ONLINE
+        let state = self.state.load(Ordering::SeqCst);
+        debug_assert!(state <= STATE_REMOVED, "device state {state}");
+        state == STATE_ONLINE
     }
 
     /// Taken out by `remove_device` (for good: a device added again is a
     /// new one).
     pub(super) fn is_removed(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == STATE_REMOVED
+        let state = self.state.load(Ordering::SeqCst);
+        debug_assert!(state <= STATE_REMOVED, "device state {state}");
+        state == STATE_REMOVED
     }
 
     /// Online or rebuilding: what the rebuild has restored may be read.
     pub(super) fn is_readable(&self) -> bool {
-        matches!(
-            self.state.load(Ordering::SeqCst),
-            STATE_ONLINE | STATE_REBUILDING
-        )
+        let state = self.state.load(Ordering::SeqCst);
+        debug_assert!(state <= STATE_REMOVED, "device state {state}");
+        matches!(state, STATE_ONLINE | STATE_REBUILDING)
     }
 
     pub(super) fn note_error(&self) -> bool {
         let errors = self.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
+        assert!(errors >= 1, "error count wrapped");
         if errors >= DEVICE_ERRORS_MAX {
             return self
                 .state
@@ -216,9 +266,11 @@ impl CacheDevice {
         if self.consecutive_errors.load(Ordering::Relaxed) != 0 {
             self.consecutive_errors.store(0, Ordering::Relaxed);
         }
+        debug_assert!(self.state.load(Ordering::Relaxed) <= STATE_REMOVED);
     }
 
     pub(super) fn data_blocks(&self) -> u64 {
+        assert!(self.start_block < self.end_block);
         u64::from(self.end_block - self.start_block)
     }
 
@@ -228,8 +280,28 @@ impl CacheDevice {
             .as_mut_slice()
             .try_into()
             .expect("header block is 4096 bytes");
+        // What is written is this device's, pointing into its own data area.
+        assert_eq!(header.device_guid, self.guid);
+        assert_eq!(
+            header.data_start_bytes / BLOCK_BYTES,
+            u64::from(self.start_block)
+        );
+        assert_eq!((header.data_end_bytes / BLOCK_BYTES) as u32, self.end_block);
+        assert!((self.start_block..=self.end_block).contains(&header.hand_block));
+        if let Some(newest) = header.newest_log {
+            assert!(newest.offset_bytes >= header.data_start_bytes);
+            assert!(newest.end_bytes() <= header.data_end_bytes);
+        }
         header.encode(bytes);
+        // Both sides: the block decodes back to exactly this header.
+        if cfg!(feature = "invariants") {
+            let back = DeviceHeader::decode(&bytes[..]).expect("an encoded header decodes");
+            assert_eq!(back.sequence, header.sequence);
+            assert_eq!((back.lap, back.hand_block), (header.lap, header.hand_block));
+            assert_eq!(back.newest_log, header.newest_log);
+        }
         let copy = (header.sequence % 2) as usize;
+        assert!(HEADER_COPY_OFFSETS[copy] + BLOCK_BYTES <= header.data_start_bytes);
         self.io.write_at(HEADER_COPY_OFFSETS[copy], &block)
     }
 }
@@ -247,6 +319,8 @@ impl Geometry {
     /// header (version 2; implied by the data area in version 1), so it is
     /// the same after a restart, whatever this build would choose today.
     pub(crate) fn of(header: &DeviceHeader) -> Geometry {
+        // Checked by `DeviceHeader::decode`, or made so by `fresh_header`.
+        assert!(header.data_start_bytes < header.data_end_bytes);
         Geometry {
             start_block: (header.data_start_bytes / BLOCK_BYTES) as u32,
             end_block: (header.data_end_bytes / BLOCK_BYTES) as u32,
@@ -257,6 +331,7 @@ impl Geometry {
     /// Whether a block written in lap `lap_mod32` is intact when the hand is
     /// at `hand` in lap `lap` (docs/format.md, "Data area").
     pub(crate) fn holds(&self, lap: u32, hand: u32, block: u32, lap_mod32: u32) -> bool {
+        debug_assert!(self.start_block < self.end_block);
         if block < self.start_block || block >= self.end_block {
             return false;
         }
@@ -271,6 +346,7 @@ impl Geometry {
 }
 
 pub(super) fn account_insert(c: &DeviceCounters, location: Location) {
+    debug_assert!(location.asize_blocks() >= 1 && location.compression().is_some());
     c.entries.fetch_add(1, Ordering::Relaxed);
     if location.compression() == Some(Compression::Off) {
         c.asize_plain
@@ -284,6 +360,7 @@ pub(super) fn account_insert(c: &DeviceCounters, location: Location) {
 }
 
 pub(super) fn account_remove(c: &DeviceCounters, location: Location) {
+    debug_assert!(location.asize_blocks() >= 1);
     c.entries.fetch_sub(1, Ordering::Relaxed);
     if location.compression() == Some(Compression::Off) {
         c.asize_plain

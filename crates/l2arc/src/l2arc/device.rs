@@ -31,6 +31,8 @@ pub trait DeviceIo: Send + Sync + 'static {
     /// then `sync` (the default), or one write that completes only once
     /// durable where the device takes one.
     fn write_at_durable(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        // The engine's one durable write is a whole batch at the hand.
+        debug_assert!(offset.is_multiple_of(BLOCK_BYTES) && is_whole_blocks(buf.len()));
         self.write_at(offset, buf)?;
         self.sync()
     }
@@ -51,7 +53,8 @@ pub trait DeviceIo: Send + Sync + 'static {
         buf: &mut [u8],
         result: io::Result<()>,
     ) -> io::Result<()> {
-        let _ = (offset, buf);
+        // The engine reads whole, aligned blocks through a ring too.
+        debug_assert!(offset.is_multiple_of(BLOCK_BYTES) && is_whole_blocks(buf.len()));
         result
     }
 }
@@ -111,28 +114,52 @@ impl FileDevice {
                 "not a regular file or block device",
             )));
         };
-        Ok(Self {
+        let device = Self {
             file,
             path,
             size_bytes: size_bytes / BLOCK_BYTES * BLOCK_BYTES,
             direct,
-        })
+        };
+        assert!(device.size_bytes <= size_bytes && is_whole_blocks_u64(device.size_bytes));
+        assert!(
+            size_bytes - device.size_bytes < BLOCK_BYTES,
+            "rounded down by less than a block"
+        );
+        Ok(device)
     }
 
     /// Whether I/O bypasses the page cache (O_DIRECT).
     pub fn is_direct(&self) -> bool {
+        debug_assert!(is_whole_blocks_u64(self.size_bytes));
         self.direct
     }
 
     /// The device's path.
     pub fn path(&self) -> &Path {
+        debug_assert!(!self.path.as_os_str().is_empty(), "opened by a path");
         &self.path
     }
+}
+
+/// Whether `len` bytes are whole 4 KiB blocks (0 included).
+fn is_whole_blocks(len: usize) -> bool {
+    const { assert!(BLOCK_BYTES.is_power_of_two()) };
+    is_whole_blocks_u64(len as u64)
+}
+
+fn is_whole_blocks_u64(bytes: u64) -> bool {
+    const { assert!(BLOCK_BYTES.is_power_of_two()) };
+    bytes & (BLOCK_BYTES - 1) == 0
 }
 
 fn block_device_size(file: &File) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
     const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    debug_assert!(
+        file.metadata()
+            .is_ok_and(|m| m.file_type().is_block_device()),
+        "sized by ioctl only when a block device"
+    );
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
@@ -149,6 +176,7 @@ fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
             format!("unaligned cache device I/O: offset {offset}, length {len}"),
         ));
     }
+    debug_assert!(is_whole_blocks_u64(offset) && is_whole_blocks(len));
     Ok(())
 }
 
@@ -156,12 +184,13 @@ impl FileDevice {
     /// A write must be aligned and end within the device.
     fn check_write(&self, offset: u64, len_bytes: usize) -> io::Result<()> {
         check_aligned(offset, len_bytes)?;
-        if offset + len_bytes as u64 > self.size_bytes {
+        if offset.saturating_add(len_bytes as u64) > self.size_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "write past the end of the cache device",
             ));
         }
+        assert!(offset + len_bytes as u64 <= self.size_bytes);
         Ok(())
     }
 }
@@ -169,15 +198,20 @@ impl FileDevice {
 impl DeviceIo for FileDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_aligned(offset, buf.len())?;
+        // O_DIRECT also needs the memory aligned: the engine reads into
+        // page-aligned buffers (`AlignedBuf`), at whole blocks into them.
+        debug_assert!(!self.direct || buf.is_empty() || is_whole_blocks(buf.as_ptr() as usize));
         self.file.read_exact_at(buf, offset)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.check_write(offset, buf.len())?;
+        debug_assert!(!self.direct || buf.is_empty() || is_whole_blocks(buf.as_ptr() as usize));
         self.file.write_all_at(buf, offset)
     }
 
     fn sync(&self) -> io::Result<()> {
+        debug_assert!(is_whole_blocks_u64(self.size_bytes));
         self.file.sync_data()
     }
 
@@ -191,6 +225,7 @@ impl DeviceIo for FileDevice {
     fn write_at_durable(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         self.check_write(offset, buf.len())?;
+        debug_assert!(!self.direct || buf.is_empty() || is_whole_blocks(buf.as_ptr() as usize));
         let mut done = 0usize;
         while done < buf.len() {
             let rest = &buf[done..];
@@ -204,6 +239,7 @@ impl DeviceIo for FileDevice {
             let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_DSYNC) };
             if n > 0 {
                 done += n as usize;
+                assert!(done <= buf.len(), "the kernel wrote more than it was given");
                 continue;
             }
             let e = if n == 0 {
@@ -225,14 +261,18 @@ impl DeviceIo for FileDevice {
 
     fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
-        Some(self.file.as_raw_fd())
+        let fd = self.file.as_raw_fd();
+        debug_assert!(fd >= 0, "an open file");
+        Some(fd)
     }
 
     fn size_bytes(&self) -> u64 {
+        debug_assert!(is_whole_blocks_u64(self.size_bytes));
         self.size_bytes
     }
 
     fn describe(&self) -> String {
+        debug_assert!(!self.path.as_os_str().is_empty(), "opened by a path");
         format!(
             "{}{}",
             self.path.display(),

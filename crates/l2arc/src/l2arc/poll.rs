@@ -58,9 +58,9 @@ enum ThreadRing {
 fn spare_cores() -> usize {
     static SPARE: OnceLock<usize> = OnceLock::new();
     *SPARE.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .saturating_sub(1)
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(cores >= 1);
+        cores - 1
     })
 }
 
@@ -72,6 +72,8 @@ pub(crate) struct BlockingRead {
 impl BlockingRead {
     pub(crate) fn start() -> Self {
         let before = BLOCKING_READS_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        // Far from wrapping: each read in flight is one thread's.
+        debug_assert!(before < isize::MAX as usize, "blocking reads count wrapped");
         Self {
             may_poll: before < spare_cores(),
         }
@@ -80,13 +82,17 @@ impl BlockingRead {
     /// Whether a core is free for this read to poll on (see the module
     /// comment).
     pub(crate) fn may_poll(&self) -> bool {
+        // Negative space: with no spare core no read ever polls.
+        debug_assert!(!self.may_poll || spare_cores() > 0);
         self.may_poll
     }
 }
 
 impl Drop for BlockingRead {
     fn drop(&mut self) {
-        BLOCKING_READS_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        let before = BLOCKING_READS_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        // Paired with `start`: this read was counted.
+        debug_assert!(before >= 1, "blocking reads count underflowed");
     }
 }
 
@@ -122,6 +128,8 @@ pub(crate) fn read(
             return None;
         };
         let read = read_on(ring, fd, offset, buf, poll_max);
+        // A read that went out was reaped: the ring holds no pointer to `buf`.
+        debug_assert!(read.is_none() || ring.in_flight() == 0);
         if read.is_none() {
             // A read the ring took but could not send would go out with the
             // next one, into a buffer gone by then: drop the ring unsent.
@@ -159,12 +167,14 @@ fn read_on(
     let mut result = None;
     ring.reap(1, |_, r| result = Some(r));
     let result = result.expect("a completion after the wait for one");
+    debug_assert_eq!(ring.in_flight(), 0, "the one read was reaped");
     Some((read_outcome(result, len), polled))
 }
 
 /// Watches `ring`'s completion queue for up to `poll_max`: whether a
 /// completion is there.
 fn until_ready(ring: &mut ReadRing, poll_max: Duration) -> bool {
+    debug_assert_eq!(ring.in_flight(), 1, "one read to wait for");
     let started = Instant::now();
     loop {
         for _ in 0..SPINS_PER_CLOCK_CHECK {

@@ -32,17 +32,30 @@ pub(crate) struct PendingRead {
 impl PendingRead {
     /// Where to read: whole 4 KiB blocks, aligned.
     pub(crate) fn offset_bytes(&self) -> u64 {
-        Location(self.entry.location).offset_bytes()
+        let location = Location(self.entry.location);
+        // The buffer is exactly the location's blocks (`begin_read`).
+        debug_assert!(
+            self.buf
+                .as_ref()
+                .is_none_or(|b| b.len() == location.asize_bytes())
+        );
+        location.offset_bytes()
     }
 
     /// The buffer to read into (page-aligned, `asize` long). Its heap
     /// memory stays put while the read is pending, moves or not.
     pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
-        self.buf.as_mut().expect("not finished").as_mut_slice()
+        let buf = self.buf.as_mut().expect("not finished").as_mut_slice();
+        // O_DIRECT and io_uring read into it: page-aligned, whole blocks.
+        debug_assert!(buf.as_ptr().addr().is_multiple_of(BLOCK_BYTES as usize));
+        debug_assert!(buf.len().is_multiple_of(BLOCK_BYTES as usize) && !buf.is_empty());
+        buf
     }
 
     /// The device to read from.
     pub(crate) fn device_io(&self) -> &dyn super::device::DeviceIo {
+        // Pinned: its removal waits for this read.
+        debug_assert!(self.device.inflight_reads.load(Ordering::Relaxed) >= 1);
         &*self.device.io
     }
 
@@ -50,6 +63,7 @@ impl PendingRead {
     pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
         let offset = self.offset_bytes();
         let buf = self.buf.as_mut().expect("not finished").as_mut_slice();
+        debug_assert!(offset.is_multiple_of(BLOCK_BYTES) && !self.finished);
         self.device.io.read_at(offset, buf)
     }
 }
@@ -58,7 +72,8 @@ impl Drop for PendingRead {
     fn drop(&mut self) {
         if !self.finished {
             // Unpin without a verdict: the entry stays, nothing was read.
-            self.device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
+            let before = self.device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
+            debug_assert!(before >= 1, "a pending read unpinned twice");
         }
     }
 }
@@ -66,22 +81,27 @@ impl Drop for PendingRead {
 impl L2Arc {
     /// Whether the L2ARC holds a record (the feeder skips those).
     pub fn contains(&self, key_hash: u64) -> bool {
-        self.index.get(key_hash).is_some()
+        let entry = self.index.get(key_hash);
+        debug_assert!(entry.is_none_or(|e| is_well_formed(Location(e.location))));
+        entry.is_some()
     }
 
     /// Whether the L2ARC holds a record (`None`: not), and if so whether
     /// with a sector table (a small piece of it can be read alone:
     /// `read_sectors`).
     pub(crate) fn sector_table_of(&self, key_hash: u64) -> Option<bool> {
-        self.index
-            .get(key_hash)
-            .map(|entry| Location(entry.location).sectored())
+        let location = Location(self.index.get(key_hash)?.location);
+        debug_assert!(is_well_formed(location));
+        // A sector table follows a plain payload of at least a block.
+        debug_assert!(!location.sectored() || location.payload_blocks() >= 1);
+        Some(location.sectored())
     }
 
     /// Forgets a record (its data changed): the next read of it is a miss.
     pub fn invalidate(&self, key_hash: u64) {
         if let Some(old) = self.index.remove(key_hash) {
             let location = Location(old.location);
+            debug_assert!(is_well_formed(location));
             if let Some(device) = self.device(location.device()) {
                 account_remove(&device.counters, location);
             }
@@ -95,6 +115,8 @@ impl L2Arc {
         location: Location,
         device: Option<&CacheDevice>,
     ) {
+        // The device is the location's, or gone.
+        debug_assert!(device.is_none_or(|d| d.slot == location.device()));
         if self
             .index
             .remove_if(key_hash, |e| e.location == location.0)
@@ -115,6 +137,7 @@ impl L2Arc {
         let polled = match pending.device_io().ring_fd() {
             Some(fd) if poll_us > 0 && blocking.may_poll() => {
                 let offset = pending.offset_bytes();
+                debug_assert!(offset.is_multiple_of(BLOCK_BYTES));
                 let buf: *mut [u8] = pending.buf_mut();
                 // SAFETY: `buf` points into `pending`'s own heap buffer,
                 // which nothing else touches during the read; the device it
@@ -159,8 +182,13 @@ impl L2Arc {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        // What the index says lies where it was written: on this device,
+        // in its data area (`holds_location`), whole blocks.
+        debug_assert_eq!(device.slot, location.device());
+        debug_assert!(is_well_formed(location));
         device.inflight_reads.fetch_add(1, Ordering::SeqCst);
         let asize_bytes = usize::from(location.asize_blocks()) * BLOCK_BYTES as usize;
+        debug_assert_eq!(asize_bytes, location.asize_bytes());
         Some(PendingRead {
             device,
             key_hash,
@@ -179,6 +207,7 @@ impl L2Arc {
         mut pending: PendingRead,
         io_result: std::io::Result<()>,
     ) -> Option<AlignedBuf> {
+        debug_assert!(!pending.finished, "a pending read finishes once");
         pending.finished = true;
         let device = std::sync::Arc::clone(&pending.device);
         let buf = pending.buf.take().expect("a pending read has its buffer");
@@ -232,8 +261,10 @@ impl L2Arc {
             }
         };
         let record_bytes = location.stored_bytes();
+        debug_assert!(is_well_formed(location) && device.slot == location.device());
         let to = range.end.min(record_bytes);
         let from = range.start.min(to);
+        debug_assert!(from <= to && to <= record_bytes);
         if from == to {
             return Some((AlignedBuf::zeroed(0), 0..0, record_bytes));
         }
@@ -263,6 +294,8 @@ impl L2Arc {
                             .keep(key_hash, location.0, &table[..used]);
                     }
                     let skip = from - first * block;
+                    // Handed out as read: the range lies in the blocks read.
+                    debug_assert!(skip + (to - from) <= blocks * block);
                     Some(skip..skip + (to - from))
                 } else {
                     self.sector_tables.forget(key_hash);
@@ -282,6 +315,7 @@ impl L2Arc {
     /// A device read failed: the entry goes, and enough failures fault
     /// the device.
     fn read_failed(&self, device: &CacheDevice, key_hash: u64, location: Location) {
+        debug_assert_eq!(device.slot, location.device());
         device.counters.io_error.fetch_add(1, Ordering::Relaxed);
         self.drop_entry(key_hash, location, Some(device));
         if device.note_error() {
@@ -292,6 +326,7 @@ impl L2Arc {
     /// Bytes read failed their checksum: corruption, or the hand swept
     /// over them while they were read (not corruption). The entry goes.
     fn checksum_failed(&self, device: &CacheDevice, key_hash: u64, location: Location) {
+        debug_assert_eq!(device.slot, location.device());
         let c = &device.counters;
         if device.holds_location(location) {
             c.cksum_bad.fetch_add(1, Ordering::Relaxed);
@@ -313,6 +348,10 @@ impl L2Arc {
         let location = Location(entry.location);
         let c = &device.counters;
         let compression = location.compression()?;
+        // The read side of the pair: the buffer is exactly the blocks the
+        // writer placed the record in, and the stored bytes lie within it.
+        debug_assert_eq!(buf.len(), location.asize_bytes());
+        assert!(location.stored_bytes() <= buf.len());
         if io_result.is_err() {
             self.read_failed(device, key_hash, location);
             return None;
@@ -327,6 +366,7 @@ impl L2Arc {
         match compression {
             Compression::Off => {
                 buf.set_len(stored_bytes);
+                debug_assert_eq!(buf.len(), stored_bytes);
                 Some(buf)
             }
             Compression::Lz4 | Compression::Zstd => {
@@ -342,10 +382,26 @@ impl L2Arc {
                     c.cksum_bad.fetch_add(1, Ordering::Relaxed);
                     self.drop_entry(key_hash, location, Some(device));
                 }
+                // A record never decodes longer than its reader allows.
+                debug_assert!(
+                    decoded
+                        .as_ref()
+                        .is_none_or(|d| d.len() <= lsize_max as usize)
+                );
                 decoded
             }
         }
     }
+}
+
+/// Whether a location is one the writer could have made (`Location::new`,
+/// or a log entry `decode_log_block` accepted): every indexed one is.
+fn is_well_formed(location: Location) -> bool {
+    debug_assert!(location.device() < format::MAX_DEVICES);
+    location.asize_blocks() >= 1
+        && location.compression().is_some()
+        && (!location.sectored() || location.asize_blocks() >= 2)
+        && location.end_block() <= 1 << 32
 }
 
 /// Reads payload blocks `first..first + blocks` of a sectored record, and
@@ -359,6 +415,9 @@ fn read_blocks_and_table(
     with_table: bool,
 ) -> (AlignedBuf, std::io::Result<()>) {
     let block = BLOCK_BYTES as usize;
+    // Within the payload, before its table block.
+    debug_assert!(location.sectored() && blocks >= 1);
+    debug_assert!(first + blocks <= usize::from(location.payload_blocks()));
     let start = location.offset_bytes() + (first * block) as u64;
     let mut buf = AlignedBuf::for_overwrite((blocks + usize::from(with_table)) * block);
     let result = if !with_table || first + blocks == usize::from(location.payload_blocks()) {

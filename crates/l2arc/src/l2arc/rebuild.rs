@@ -106,6 +106,12 @@ struct Restorer<'a> {
 
 impl<'a> Restorer<'a> {
     fn new(l2: &'a L2Arc, device: &'a CacheDevice) -> Self {
+        // Until its rebuild ends a device is rebuilding, or removed: it goes
+        // online (and takes writes) only at the end of `rebuild`.
+        debug_assert!(matches!(
+            device.state.load(Ordering::SeqCst),
+            STATE_REBUILDING | STATE_REMOVED
+        ));
         Restorer {
             l2,
             device,
@@ -129,7 +135,27 @@ impl<'a> Restorer<'a> {
         if device.state.load(Ordering::SeqCst) != STATE_REBUILDING {
             return;
         }
+        assert!(
+            sorted.len() <= REBUILD_RUN_ENTRIES_MAX,
+            "a run over its bound"
+        );
+        // What goes into the index is what the log said, on this device,
+        // not overwritten: the hand does not move while the device
+        // rebuilds (only an online device takes batches), so what `stage`
+        // kept still holds. O(run): behind `invariants`.
+        if cfg!(feature = "invariants") {
+            for e in sorted.iter() {
+                let location = format::Location(e.location);
+                assert_ne!(e.key_hash, 0, "key_hash 0 marks an entry left out");
+                assert_eq!(location.device(), device.slot);
+                assert!(
+                    device.holds_location(location),
+                    "restoring an overwritten entry"
+                );
+            }
+        }
         let inserted = index.insert_sorted_if_absent(sorted, REBUILD_INSERT_THREADS);
+        assert!(inserted <= sorted.len());
         // Entries not inserted came back with key_hash 0.
         let (mut plain, mut compressed) = (0u64, 0u64);
         for e in sorted.iter().filter(|e| e.key_hash != 0) {
@@ -192,6 +218,7 @@ struct Walked {
 
 impl<'r, 'a> Stager<'r, 'a> {
     fn new(device: &'a CacheDevice, index: &'a L2Index, sink: RunSink<'r, 'a>) -> Self {
+        const { assert!(REBUILD_SORTED_RUNS >= 1 && REBUILD_RUN_ENTRIES_MAX >= 1) };
         Stager {
             device,
             index,
@@ -226,6 +253,10 @@ impl<'r, 'a> Stager<'r, 'a> {
             self.estimate = entries_estimate(self.device, pointer, lb);
             l2.index.reserve(l2.index.len() + self.estimate);
         }
+        // Newest first, each log block once (`walk_log_with` checked the
+        // sequence), and as many entries as its header says.
+        debug_assert!(lb.sequence >= 1 && lb.sequence <= self.newest_sequence);
+        debug_assert_eq!(lb.entry_count as usize, entries.len());
         if self.run.len() + entries.len() > REBUILD_RUN_ENTRIES_MAX && !self.flush() {
             return false;
         }
@@ -235,12 +266,15 @@ impl<'r, 'a> Stager<'r, 'a> {
             if !device.holds_location(location) {
                 continue;
             }
+            debug_assert!(entry.key_hash != 0 && location.device() == device.slot);
             self.run.push(IndexEntry {
                 key_hash: entry.key_hash,
                 location: location.0,
                 checksum: entry.checksum,
             });
         }
+        // The run's bound (a log block holds at most a batch's entries).
+        assert!(self.run.len() <= REBUILD_RUN_ENTRIES_MAX);
         device
             .counters
             .rebuild_log_blks
@@ -256,6 +290,8 @@ impl<'r, 'a> Stager<'r, 'a> {
         }
         self.index
             .sort_run(&self.run, &mut self.sorted, &mut self.counts);
+        // The sort moves entries, never adds or drops one.
+        debug_assert_eq!(self.sorted.len(), self.run.len());
         self.run.clear();
         match &mut self.sink {
             RunSink::Channel { full, empty } => {
@@ -294,6 +330,7 @@ fn entries_estimate(device: &CacheDevice, pointer: LogPointer, lb: &LogBlockHead
         .saturating_sub(u64::from(lb.first_block))
         .max(1);
     let estimate = live_blocks * u64::from(lb.entry_count) / batch_blocks;
+    assert!(live_blocks <= device.data_blocks());
     estimate.min(live_blocks) as usize
 }
 
@@ -311,18 +348,32 @@ struct ReadAhead {
 
 /// The same block: a read for one serves the other (the walk checks the CRC).
 fn same_block(a: &LogPointer, b: &LogPointer) -> bool {
+    // Pointers from the log: aligned (`LogPointer::decode` checks it).
+    debug_assert!(a.offset_bytes.is_multiple_of(BLOCK_BYTES));
+    debug_assert!(b.offset_bytes.is_multiple_of(BLOCK_BYTES));
     a.offset_bytes == b.offset_bytes && a.size_bytes == b.size_bytes
 }
 
 fn read_block(device: &CacheDevice, p: LogPointer) -> io::Result<AlignedBuf> {
+    // Checked by `LogPointer::decode` and `walk_log_with` (or `want`):
+    // whole aligned blocks inside the device's data area, at most a batch.
+    assert!(p.offset_bytes.is_multiple_of(BLOCK_BYTES) && p.size_bytes > 0);
+    assert!(u64::from(p.size_bytes).is_multiple_of(BLOCK_BYTES));
+    assert!(u64::from(p.size_bytes) <= BATCH_BYTES_MAX);
+    debug_assert!(p.end_bytes() <= u64::from(device.end_block) * BLOCK_BYTES);
     let mut buf = AlignedBuf::for_overwrite(p.size_bytes as usize);
     device.io.read_at(p.offset_bytes, buf.as_mut_slice())?;
+    debug_assert_eq!(buf.len(), p.size_bytes as usize);
     Ok(buf)
 }
 
 impl ReadAhead {
     /// The block at `p`: read ahead, or read now.
     fn read(&mut self, device: &CacheDevice, p: LogPointer) -> io::Result<AlignedBuf> {
+        // Bounded: at most `REBUILD_READ_AHEAD_BLOCKS` blocks in flight, and
+        // kept only those the walk may reach next (its hints).
+        debug_assert!(self.pending.len() <= REBUILD_READ_AHEAD_BLOCKS);
+        debug_assert!(self.ready.len() <= REBUILD_READ_AHEAD_BLOCKS + LOG_READ_AHEAD_POINTERS + 1);
         if let Some(i) = self.ready.iter().position(|(q, _)| same_block(q, &p)) {
             return self.ready.swap_remove(i).1;
         }
@@ -367,6 +418,9 @@ impl ReadAhead {
             }
             self.pending.push(*w);
         }
+        assert!(self.pending.len() <= REBUILD_READ_AHEAD_BLOCKS);
+        debug_assert!(self.pending.iter().all(|q| q.end_bytes() <= self.end_bytes
+            && q.size_bytes as usize <= REBUILD_READ_AHEAD_BLOCK_BYTES_MAX));
     }
 }
 
@@ -380,6 +434,8 @@ fn read_ahead_thread(
     loop {
         let request = requests.lock().expect("read-ahead queue poisoned").recv();
         let Ok(p) = request else { return };
+        // `want` sends only small blocks inside the data area.
+        debug_assert!(p.size_bytes as usize <= REBUILD_READ_AHEAD_BLOCK_BYTES_MAX);
         if results.send((p, read_block(device, p))).is_err() {
             return;
         }
@@ -400,6 +456,8 @@ impl L2Arc {
             .newest_log;
         let mut restorer = Restorer::new(self, device);
         let walked = self.restore_log(device, newest_log, &mut restorer);
+        // Negative space: no good log block, nothing restored.
+        assert!(walked.newest_sequence != 0 || restorer.restored.entries == 0);
         // Sized for far more than came back (a misestimate): shrink the
         // shards left under half full.
         if (restorer.restored.entries as usize) < walked.estimate / 2 {
@@ -434,6 +492,7 @@ impl L2Arc {
         newest_log: Option<LogPointer>,
         restorer: &mut Restorer<'a>,
     ) -> Walked {
+        debug_assert!(newest_log.is_none_or(|p| p.size_bytes > 0));
         std::thread::scope(|scope| {
             let (full_tx, full_rx) = sync_channel::<Vec<IndexEntry>>(1);
             let (empty_tx, empty_rx) = sync_channel::<Vec<IndexEntry>>(REBUILD_SORTED_RUNS);
@@ -478,6 +537,9 @@ impl L2Arc {
             stager.stage(self, pointer, lb, &entries)
         });
         stager.flush();
+        // Every staged entry went on (or the restorer has gone).
+        debug_assert!(stager.run.is_empty());
+        debug_assert!(stager.newest_sequence != 0 || stager.estimate == 0);
         Walked {
             newest_sequence: stager.newest_sequence,
             older_logs: stager.older_logs,
@@ -510,6 +572,7 @@ impl L2Arc {
                 threads += usize::from(spawned.is_ok());
             }
             drop(result_tx);
+            assert!(threads <= REBUILD_READ_AHEAD_BLOCKS);
             let mut ahead = ReadAhead {
                 // Without I/O threads, the walk reads every block itself.
                 requests: (threads > 0).then_some(request_tx),
@@ -548,8 +611,11 @@ impl L2Arc {
             walked += 1;
             let block = (p.offset_bytes / BLOCK_BYTES) as u32;
             let blocks = p.size_bytes / BLOCK_BYTES as u32;
+            // No log block is larger than a batch: a larger pointer is
+            // corrupt, and would have the walk read that much at once.
             if p.size_bytes == 0
-                || u64::from(block) + u64::from(blocks) > u64::from(device.end_block)
+                || u64::from(p.size_bytes) > BATCH_BYTES_MAX
+                || p.offset_bytes / BLOCK_BYTES + u64::from(blocks) > u64::from(device.end_block)
             {
                 c.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
                 break;
@@ -589,6 +655,18 @@ impl L2Arc {
                 c.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
                 break;
             }
+            // The read side of the writer's pair (`verify_batch`): what
+            // `decode_log_block` accepted is as the writer made it.
+            assert!(lb.sequence >= 1 && buf.len() == p.size_bytes as usize);
+            debug_assert_eq!(entries.len(), lb.entry_count as usize);
+            if cfg!(feature = "invariants") {
+                for e in &entries {
+                    assert_ne!(e.key_hash, 0);
+                    assert!(e.location.asize_blocks() >= 1);
+                    assert_eq!(u32::from(e.location.lap_mod32()), lb.lap % 32);
+                    assert!(e.location.block() >= lb.first_block);
+                }
+            }
             // The log block itself must not have been overwritten.
             if !device.holds(block, lb.lap % 32) || !device.holds(block + blocks - 1, lb.lap % 32) {
                 break;
@@ -609,7 +687,9 @@ impl L2Arc {
 
     /// True while any device is still rebuilding its index.
     pub fn rebuilding(&self) -> bool {
-        self.all_devices()
+        let devices = self.all_devices();
+        debug_assert!(devices.len() <= DEVICES_MAX);
+        devices
             .iter()
             .any(|d| d.state.load(Ordering::SeqCst) == STATE_REBUILDING)
     }

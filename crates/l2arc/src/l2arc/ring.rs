@@ -52,6 +52,12 @@ pub enum IoEngine {
 impl IoEngine {
     /// fio's name for the engine ("io_uring", "psync").
     pub fn name(self) -> &'static str {
+        const {
+            assert!(
+                POLL_USER_DATA > u32::MAX as u64,
+                "read user_data are table indexes"
+            )
+        };
         match self {
             IoEngine::Auto => "auto",
             IoEngine::IoUring => "io_uring",
@@ -62,14 +68,20 @@ impl IoEngine {
     /// The engine to use here: `IoUring` or `Psync`, with the reason when
     /// `Auto` fell back. A forced `IoUring` that the kernel refuses is an error.
     pub fn resolve(self) -> io::Result<(IoEngine, Option<String>)> {
-        match self {
+        let resolved = match self {
             IoEngine::Psync => Ok((IoEngine::Psync, None)),
             IoEngine::IoUring => ReadRing::new(2).map(|_| (IoEngine::IoUring, None)),
             IoEngine::Auto => match ReadRing::new(2) {
                 Ok(_) => Ok((IoEngine::IoUring, None)),
                 Err(e) => Ok((IoEngine::Psync, Some(format!("io_uring unavailable: {e}")))),
             },
+        };
+        // Resolved is never `Auto`, and a fallback reason only from `Auto`.
+        if let Ok((engine, reason)) = &resolved {
+            assert_ne!(*engine, IoEngine::Auto);
+            assert!(reason.is_none() || self == IoEngine::Auto);
         }
+        resolved
     }
 }
 
@@ -77,14 +89,17 @@ impl std::str::FromStr for IoEngine {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
+        let engine = match s {
             "auto" => Ok(IoEngine::Auto),
             "io_uring" => Ok(IoEngine::IoUring),
             "psync" => Ok(IoEngine::Psync),
             _ => Err(format!(
                 "l2arc_ioengine must be auto, io_uring or psync, not {s:?}"
             )),
-        }
+        };
+        // Parsing and naming are inverses.
+        debug_assert!(engine.as_ref().is_err() || engine.as_ref().is_ok_and(|e| e.name() == s));
+        engine
     }
 }
 
@@ -92,6 +107,8 @@ impl std::str::FromStr for IoEngine {
 /// read, or a negative errno) as a read's outcome: a short read is an
 /// error (a cache device read never ends early; past its end it is gone).
 pub(crate) fn read_outcome(result: i32, len: usize) -> io::Result<()> {
+    // A read's length was a u32 for the ring and its result an i32.
+    debug_assert!(len <= i32::MAX as usize);
     if result < 0 {
         Err(io::Error::from_raw_os_error(-result))
     } else if result as usize != len {
@@ -133,6 +150,7 @@ impl ReadRing {
             .setup_defer_taskrun()
             .build(entries)
             .or_else(|_| IoUring::new(entries))?;
+        assert!(entries.is_power_of_two() && entries <= 4096);
         Ok(Self {
             ring,
             in_flight: 0,
@@ -147,6 +165,7 @@ impl ReadRing {
     /// completion queue instead of waiting in the kernel (`poll`).
     pub(crate) fn new_polled(entries: u32) -> io::Result<Self> {
         let entries = entries.clamp(1, 4096).next_power_of_two();
+        assert!(entries.is_power_of_two() && entries <= 4096);
         Ok(Self {
             ring: IoUring::new(entries)?,
             in_flight: 0,
@@ -158,14 +177,17 @@ impl ReadRing {
 
     /// Whether a completion waits to be reaped (no system call).
     pub(crate) fn completion_ready(&mut self) -> bool {
+        debug_assert!(self.in_flight <= self.entries);
         !self.ring.completion().is_empty()
     }
 
     pub(crate) fn in_flight(&self) -> usize {
+        debug_assert!(self.in_flight <= self.entries);
         self.in_flight
     }
 
     pub(crate) fn has_room(&self) -> bool {
+        debug_assert!(self.in_flight <= self.entries);
         self.in_flight < self.entries
     }
 
@@ -185,6 +207,11 @@ impl ReadRing {
         user_data: u64,
     ) -> io::Result<()> {
         assert!(self.has_room(), "ring full: the caller bounds its reads");
+        debug_assert!(!buf.is_null() && len > 0, "a read into a buffer");
+        debug_assert_ne!(
+            user_data, POLL_USER_DATA,
+            "a read's user_data is not the poll's"
+        );
         let entry = opcode::Read::new(types::Fd(fd), buf, len)
             .offset(offset)
             .build()
@@ -199,6 +226,7 @@ impl ReadRing {
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
         self.in_flight += 1;
+        assert!(self.in_flight <= self.entries);
         Ok(())
     }
 
@@ -206,6 +234,7 @@ impl ReadRing {
     /// returns when it has some, and [`Self::take_readable`] says so. Does
     /// nothing if a poll of `fd` is already armed. One descriptor at a time.
     pub(crate) fn arm_poll(&mut self, fd: RawFd) -> io::Result<()> {
+        debug_assert!(fd >= 0, "an open descriptor");
         match self.poll_armed {
             Some(armed) if armed == fd => return Ok(()),
             Some(armed) => panic!("a ring watches one descriptor: {armed} is armed, not {fd}"),
@@ -223,21 +252,26 @@ impl ReadRing {
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
         self.poll_armed = Some(fd);
+        // The poll is no read: it takes no room from them.
+        debug_assert!(self.in_flight <= self.entries);
         Ok(())
     }
 
     /// Whether the armed poll completed since the last call (and forgets it).
     pub(crate) fn take_readable(&mut self) -> bool {
+        debug_assert!(self.in_flight <= self.entries);
         std::mem::take(&mut self.readable)
     }
 
     /// Completions a wait may count on: reads in flight and an armed poll.
     fn completions_due(&self) -> usize {
+        debug_assert!(self.in_flight <= self.entries);
         self.in_flight + usize::from(self.poll_armed.is_some())
     }
 
     /// Sends queued entries without waiting, if any are queued.
     pub(crate) fn submit_queued(&mut self) -> io::Result<()> {
+        debug_assert!(self.in_flight <= self.entries);
         if self.ring.submission().is_empty() {
             return Ok(());
         }
@@ -250,6 +284,7 @@ impl ReadRing {
         if self.completions_due() == 0 {
             return Ok(false);
         }
+        debug_assert!(!timeout.is_zero() || self.completions_due() > 0);
         let timespec = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&timespec);
         loop {
@@ -274,6 +309,8 @@ impl ReadRing {
     /// ready (0: just send); an armed poll's completion counts.
     pub(crate) fn submit_and_wait(&mut self, want: usize) -> io::Result<()> {
         let want = want.min(self.completions_due());
+        // Never waits for more completions than can come: that would hang.
+        debug_assert!(want <= self.in_flight + 1);
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => return Ok(()),

@@ -53,6 +53,8 @@ struct AdmitAll;
 
 impl WriteGate for AdmitAll {
     fn admit(&mut self, records: usize, index: &mut dyn FnMut(&[bool])) {
+        // Only a batch with records on the device is admitted.
+        debug_assert!(records >= 1);
         index(&vec![true; records]);
     }
 }
@@ -86,7 +88,12 @@ impl L2Arc {
             .map(|d| u64::from(d.batch_blocks_max) * BLOCK_BYTES)
             .min()
             .unwrap_or(0);
-        self.capped_budget_bytes(batch_bytes)
+        let budget = self.capped_budget_bytes(batch_bytes);
+        assert!(
+            budget <= batch_bytes,
+            "a feed never exceeds the smallest batch"
+        );
+        budget
     }
 
     /// [`feed_budget_bytes`](Self::feed_budget_bytes) for one device (its
@@ -98,7 +105,10 @@ impl L2Arc {
         if !device.is_online() {
             return 0;
         }
-        self.capped_budget_bytes(u64::from(device.batch_blocks_max) * BLOCK_BYTES)
+        let batch_bytes = u64::from(device.batch_blocks_max) * BLOCK_BYTES;
+        let budget = self.capped_budget_bytes(batch_bytes);
+        assert!(budget <= batch_bytes);
+        budget
     }
 
     /// `batch_bytes` capped by `l2arc_write_max` and the endurance credit.
@@ -115,8 +125,11 @@ impl L2Arc {
             bucket.0 =
                 (bucket.0 + per_sec * (now - bucket.1).as_secs_f64()).min(batch_bytes as f64);
             bucket.1 = now;
+            // The bucket holds at most one batch of credit.
+            assert!(bucket.0 <= batch_bytes as f64);
             budget = budget.min(bucket.0 as u64);
         }
+        debug_assert!(budget <= batch_bytes);
         budget
     }
 
@@ -132,6 +145,7 @@ impl L2Arc {
             .filter(|d| d.is_online())
             .map(|d| d.data_blocks() * BLOCK_BYTES)
             .sum();
+        debug_assert!(online_bytes.is_multiple_of(BLOCK_BYTES));
         (self.config.l2arc_dwpd * online_bytes as f64) as u64
     }
 
@@ -142,10 +156,13 @@ impl L2Arc {
             return 0;
         }
         let bucket = self.budget_bytes.lock().expect("budget poisoned");
+        debug_assert!(!bucket.0.is_nan());
         bucket.0.max(0.0) as u64
     }
 
     pub(super) fn spend_budget(&self, bytes: u64) {
+        // A finished batch: at least its log block.
+        debug_assert!(bytes >= BLOCK_BYTES && bytes.is_multiple_of(BLOCK_BYTES));
         if self.config.l2arc_dwpd > 0.0 {
             let mut bucket = self.budget_bytes.lock().expect("budget poisoned");
             bucket.0 -= bytes as f64;
@@ -156,7 +173,11 @@ impl L2Arc {
     /// indexes them. Returns the bytes written and how many of `records`
     /// (a prefix) went in; `(0, 0)` when no device is usable.
     pub fn write_batch(&self, records: &[FeedRecord<'_>]) -> io::Result<(u64, usize)> {
-        self.write_batch_gated(records, &mut AdmitAll)
+        let written = self.write_batch_gated(records, &mut AdmitAll);
+        debug_assert!(
+            written.as_ref().is_err() || written.as_ref().is_ok_and(|w| w.1 <= records.len())
+        );
+        written
     }
 
     /// [`write_batch`](Self::write_batch), but once the batch is on the
@@ -175,6 +196,7 @@ impl L2Arc {
             return Ok((0, 0));
         }
         let turn = self.rotor.fetch_add(1, Ordering::Relaxed) as usize % online.len();
+        debug_assert!(turn < online.len());
         self.write_batch_gated_to(&online[turn], records, gate)
     }
 
@@ -189,7 +211,13 @@ impl L2Arc {
         if records.is_empty() {
             return Ok((0, 0));
         }
-        self.write_batch_to(device, records, gate)
+        let written = self.write_batch_to(device, records, gate);
+        // A prefix of the records, in whole blocks (its log block at least).
+        if let Ok((bytes, n)) = written {
+            assert!(n <= records.len() && bytes.is_multiple_of(BLOCK_BYTES));
+            assert!(n == 0 || bytes >= BLOCK_BYTES);
+        }
+        written
     }
 
     /// Writes one batch to `device` (see the module comment for the order
@@ -209,6 +237,7 @@ impl L2Arc {
                 return Err(e);
             }
         };
+        debug_assert!(prepared.records() <= records.len());
         let result = commit_batch(device, &prepared);
         self.finish_batch(device, prepared, result, gate)
     }
@@ -242,6 +271,7 @@ impl L2Arc {
             device.batch_blocks_max
         );
         let (lap, hand) = advance_hand(device, &mut writer, total_blocks)?;
+        debug_assert!(payloads.len() <= records.len());
         let position = BatchPosition {
             lap,
             hand,
@@ -259,6 +289,15 @@ impl L2Arc {
             &payloads,
             position,
         );
+        // The buffer is the batch, whole aligned blocks for O_DIRECT.
+        assert_eq!(buffer.len() as u64, u64::from(total_blocks) * BLOCK_BYTES);
+        debug_assert!(
+            buffer
+                .as_slice()
+                .as_ptr()
+                .addr()
+                .is_multiple_of(BLOCK_BYTES as usize)
+        );
         verify_batch(device, &buffer, &encoded, hand);
         let before = (state.header.clone(), state.log_sequence, state.older_logs);
         state.header.sequence += 1;
@@ -266,6 +305,12 @@ impl L2Arc {
         state.header.lap = lap;
         state.push_log(encoded.log_pointer);
         let header = state.header.clone();
+        // The header to write names this batch's log block, at its end.
+        assert_eq!(header.newest_log, Some(encoded.log_pointer));
+        assert_eq!(
+            encoded.log_pointer.end_bytes(),
+            u64::from(hand + total_blocks) * BLOCK_BYTES
+        );
         let mut compressed_bytes = (0u64, 0u64);
         for (entry, payload) in encoded.entries.iter().zip(&payloads) {
             if payload.compression != Compression::Off {
@@ -322,6 +367,7 @@ impl L2Arc {
         if device.is_removed() {
             return Ok((0, 0));
         }
+        assert!(!entries.is_empty() && position.total_blocks >= 1);
         self.index_batch(device, &entries, gate);
         let c = &device.counters;
         c.compressed_lsize_written
@@ -353,7 +399,8 @@ impl L2Arc {
 
     /// Counts a failed write to `device`, faulting it past the limit.
     pub(crate) fn note_write_error(&self, device: &CacheDevice) {
-        device.counters.writes_error.fetch_add(1, Ordering::Relaxed);
+        let before = device.counters.writes_error.fetch_add(1, Ordering::Relaxed);
+        debug_assert!(before < u64::MAX);
         if device.note_error() {
             self.forget_device(device);
         }
@@ -366,6 +413,11 @@ impl L2Arc {
             assert_eq!(flags.len(), entries.len(), "one flag per record");
             indexed += 1;
             for (entry, _) in entries.iter().zip(flags).filter(|(_, keep)| **keep) {
+                // The index side of the pair: an entry names blocks of this
+                // device's data area, as the batch placed them.
+                debug_assert_eq!(entry.location.device(), device.slot);
+                debug_assert!(entry.location.block() >= device.start_block);
+                debug_assert!(entry.location.end_block() <= u64::from(device.end_block));
                 let old = self.index.insert(IndexEntry {
                     key_hash: entry.key_hash,
                     location: entry.location.0,
@@ -402,6 +454,7 @@ fn lay_out_plain(records: &[LogOnlyRecord], max_blocks: u32) -> (Vec<(u32, bool)
         blocks_total += asize_blocks;
         asizes.push((asize_blocks, sectored));
     }
+    debug_assert!(blocks_total <= max_blocks);
     (asizes, blocks_total)
 }
 
@@ -478,6 +531,11 @@ impl L2Arc {
         let mut log = AlignedBuf::zeroed(log_bytes);
         let crc = format::encode_log_block(&log_header, &entries, log.as_mut_slice());
         let log_offset_bytes = u64::from(hand + at_block) * BLOCK_BYTES;
+        // The log block ends the batch, as `write_batch` lays it out.
+        assert_eq!(
+            log_offset_bytes + log_bytes as u64,
+            u64::from(hand + total_blocks) * BLOCK_BYTES
+        );
         device.io.write_at(log_offset_bytes, &log)?;
         let log_pointer = LogPointer {
             offset_bytes: log_offset_bytes,
@@ -498,7 +556,9 @@ impl L2Arc {
 
     /// Syncs every device (after [`write_log_only_batch`](Self::write_log_only_batch)).
     pub fn sync_devices(&self) -> io::Result<()> {
-        for device in self.all_devices() {
+        let devices = self.all_devices();
+        debug_assert!(devices.len() <= DEVICES_MAX);
+        for device in devices {
             device.io.sync()?;
         }
         Ok(())
@@ -519,10 +579,14 @@ struct Payload<'a> {
 
 impl Payload<'_> {
     fn payload_blocks(&self) -> u32 {
+        // A sector table only behind a plain payload (`lay_out`).
+        debug_assert!(!self.sectored || self.compression == Compression::Off);
         self.stored.len().div_ceil(BLOCK_BYTES as usize).max(1) as u32
     }
 
     fn asize_blocks(&self) -> u32 {
+        // A compressed payload is a frame: its 8-byte header at least.
+        debug_assert!(self.compression == Compression::Off || self.stored.len() >= 8);
         self.payload_blocks() + u32::from(self.sectored)
     }
 }
@@ -561,6 +625,13 @@ fn lay_out<'a>(records: &[FeedRecord<'a>], max_blocks: u32) -> Vec<Payload<'a>> 
         blocks_total += asize_blocks;
         payloads.push(payload);
     }
+    // The batch with its log block fits the device's largest batch.
+    debug_assert!(
+        payloads.is_empty()
+            || blocks_total
+                + format::log_block_size_bytes(payloads.len()) as u32 / BLOCK_BYTES as u32
+                <= max_blocks
+    );
     payloads
 }
 
@@ -568,6 +639,7 @@ fn lay_out<'a>(records: &[FeedRecord<'a>], max_blocks: u32) -> Vec<Payload<'a>> 
 /// `max_blocks` with one more record of `asize_blocks` and the log block
 /// for `entries` records.
 fn batch_fits(blocks_total: u32, asize_blocks: u32, entries: usize, max_blocks: u32) -> bool {
+    debug_assert!(entries >= 1 && asize_blocks >= 1);
     let log_blocks = format::log_block_size_bytes(entries) as u32 / BLOCK_BYTES as u32;
     blocks_total + asize_blocks + log_blocks <= max_blocks
         && asize_blocks <= u32::from(format::MAX_ASIZE_BLOCKS)
@@ -583,6 +655,8 @@ fn payload_location(
     let (block, lap, slot) = at;
     let payload_blocks = stored_bytes.div_ceil(BLOCK_BYTES as usize).max(1) as u16;
     let allocated = usize::from(payload_blocks) * BLOCK_BYTES as usize;
+    assert!(stored_bytes <= allocated && allocated - stored_bytes < BLOCK_BYTES as usize);
+    debug_assert!(!sectored || compression == Compression::Off);
     let tail_bytes = (allocated - stored_bytes) as u16;
     if sectored {
         Location::new_sectored(block, lap, slot, payload_blocks, tail_bytes)
@@ -599,6 +673,9 @@ fn advance_hand(
     writer: &mut WriterState,
     total_blocks: u32,
 ) -> io::Result<(u32, u32)> {
+    // A batch is at least its log block and at most the largest batch,
+    // which fits the data area (`CacheDevice::new`).
+    assert!(total_blocks >= 1 && total_blocks <= device.batch_blocks_max);
     let (mut lap, mut hand) = device.position();
     if hand + total_blocks > device.end_block {
         lap = lap.wrapping_add(1);
@@ -629,6 +706,12 @@ fn advance_hand(
 /// block if it has one, and returns its location at `(block, lap, slot)`.
 fn place_payload(payload: &Payload<'_>, out: &mut [u8], at: (u32, u32, u8)) -> Location {
     let allocated = payload.payload_blocks() as usize * BLOCK_BYTES as usize;
+    // `out` is exactly the payload's blocks (and its table block).
+    debug_assert_eq!(
+        out.len(),
+        payload.asize_blocks() as usize * BLOCK_BYTES as usize
+    );
+    assert!(payload.stored.len() <= allocated);
     let (blocks, table) = out.split_at_mut(allocated);
     blocks[..payload.stored.len()].copy_from_slice(&payload.stored);
     // The buffer is reused: padding must not carry an older batch.
@@ -680,11 +763,16 @@ pub(crate) struct PreparedBatch {
 impl PreparedBatch {
     /// Records in the batch.
     pub(crate) fn records(&self) -> usize {
+        debug_assert!(!self.entries.is_empty(), "a prepared batch has records");
         self.entries.len()
     }
 
     /// Bytes of device the batch takes.
     pub(crate) fn bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.buffer.len() as u64,
+            u64::from(self.position.total_blocks) * BLOCK_BYTES
+        );
         u64::from(self.position.total_blocks) * BLOCK_BYTES
     }
 }
@@ -696,11 +784,40 @@ impl PreparedBatch {
 /// `commit_order` from prepare to finish, so batches of one device are
 /// committed in the order they were prepared, one at a time.
 pub(crate) fn commit_batch(device: &CacheDevice, prepared: &PreparedBatch) -> io::Result<()> {
+    let BatchPosition {
+        hand, total_blocks, ..
+    } = prepared.position;
+    let offset = u64::from(hand) * BLOCK_BYTES;
+    let end = offset + u64::from(total_blocks) * BLOCK_BYTES;
+    // The write side of the pair: whole aligned blocks in the data area
+    // from an aligned buffer, and the header written after it names the
+    // log block that ends it, with the CRC of its bytes as written.
+    assert!(hand >= device.start_block && hand + total_blocks <= device.end_block);
+    assert_eq!(prepared.buffer.len() as u64, end - offset);
+    debug_assert!(
+        prepared
+            .buffer
+            .as_slice()
+            .as_ptr()
+            .addr()
+            .is_multiple_of(BLOCK_BYTES as usize)
+    );
+    let log = prepared
+        .header
+        .newest_log
+        .expect("a batch's header names its log block");
+    assert!(log.offset_bytes >= offset && log.end_bytes() == end);
+    if cfg!(feature = "invariants") {
+        let at = (log.offset_bytes - offset) as usize;
+        let bytes = &prepared.buffer[at..at + log.size_bytes as usize];
+        assert_eq!(format::log_block_content_crc(bytes), log.crc);
+        let (lb, entries) =
+            format::decode_log_block(bytes, device.guid).expect("the log block as written decodes");
+        assert_eq!(lb.first_block, hand);
+        assert_eq!(entries.len(), prepared.entries.len());
+    }
     device.counters.writes_sent.fetch_add(1, Ordering::Relaxed);
-    device.io.write_at_durable(
-        u64::from(prepared.position.hand) * BLOCK_BYTES,
-        &prepared.buffer,
-    )?;
+    device.io.write_at_durable(offset, &prepared.buffer)?;
     device.write_header(&prepared.header)
 }
 
@@ -733,6 +850,7 @@ fn encode_batch(
         total_blocks,
     } = position;
     let total_bytes = total_blocks as usize * BLOCK_BYTES as usize;
+    debug_assert!(!payloads.is_empty());
     if batch.capacity_bytes() < total_bytes {
         *batch = AlignedBuf::zeroed(total_bytes);
     }
