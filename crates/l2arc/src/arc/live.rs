@@ -397,6 +397,28 @@ struct Shard {
     stats: ArcStats,
 }
 
+/// After an insert: ARC bytes <= arc_max, since the shard holds at most its
+/// share (the shares sum to at most arc_max, `LiveArc::new`) whatever came
+/// of the insert; and a record inserted is resident.
+fn assert_inserted(shard: &Shard, key: &RecordKey, record: &Arc<Record>, outcome: &InsertOutcome) {
+    assert!(
+        shard.policy.resident_bytes() <= shard.policy.capacity_bytes(),
+        "shard holds {} bytes over its {}",
+        shard.policy.resident_bytes(),
+        shard.policy.capacity_bytes()
+    );
+    debug_assert!(
+        !matches!(outcome, InsertOutcome::Inserted { .. })
+            || shard
+                .policy
+                .peek(key)
+                .is_some_and(|r| Arc::ptr_eq(r, record))
+    );
+    if cfg!(feature = "invariants") {
+        shard.policy.assert_bounds();
+    }
+}
+
 /// Keeps each shard's lock on its own cache lines.
 #[repr(align(128))]
 struct PaddedShard(Mutex<Shard>);
@@ -661,25 +683,7 @@ impl LiveArc {
                     |_, buffer| Arc::strong_count(buffer) == 1,
                     &mut shard.evicted,
                 );
-                // ARC bytes <= arc_max: the shard holds at most its share
-                // (the shares sum to at most arc_max, `new`), whatever came
-                // of the insert, and a record inserted is resident.
-                assert!(
-                    shard.policy.resident_bytes() <= shard.policy.capacity_bytes(),
-                    "shard holds {} bytes over its {}",
-                    shard.policy.resident_bytes(),
-                    shard.policy.capacity_bytes()
-                );
-                debug_assert!(
-                    !matches!(outcome, InsertOutcome::Inserted { .. })
-                        || shard
-                            .policy
-                            .peek(&key)
-                            .is_some_and(|r| Arc::ptr_eq(r, record))
-                );
-                if cfg!(feature = "invariants") {
-                    shard.policy.assert_bounds();
-                }
+                assert_inserted(shard, &key, record, &outcome);
                 let stats = &mut shard.stats;
                 match outcome {
                     InsertOutcome::Inserted { ghost } | InsertOutcome::NoRoom { ghost } => {

@@ -334,6 +334,22 @@ fn entries_estimate(device: &CacheDevice, pointer: LogPointer, lb: &LogBlockHead
     estimate.min(live_blocks) as usize
 }
 
+/// The read side of the writer's pair (`verify_batch`): a log block
+/// `decode_log_block` accepted from `buf`, read at `p`, is as the writer
+/// made it. O(entries) behind `invariants`.
+fn assert_decoded(p: LogPointer, buf: &[u8], lb: &LogBlockHeader, entries: &[LogEntry]) {
+    assert!(lb.sequence >= 1 && buf.len() == p.size_bytes as usize);
+    debug_assert_eq!(entries.len(), lb.entry_count as usize);
+    if cfg!(feature = "invariants") {
+        for e in entries {
+            assert_ne!(e.key_hash, 0);
+            assert!(e.location.asize_blocks() >= 1);
+            assert_eq!(u32::from(e.location.lap_mod32()), lb.lap % 32);
+            assert!(e.location.block() >= lb.first_block);
+        }
+    }
+}
+
 /// Reads log blocks for the walk, some of them ahead of it on I/O threads.
 struct ReadAhead {
     /// To the I/O threads (none: every read is the walk's own).
@@ -609,6 +625,7 @@ impl L2Arc {
                 break;
             }
             walked += 1;
+            debug_assert!(walked <= walk_max, "the walk is bounded by the data area");
             let block = (p.offset_bytes / BLOCK_BYTES) as u32;
             let blocks = p.size_bytes / BLOCK_BYTES as u32;
             // No log block is larger than a batch: a larger pointer is
@@ -655,18 +672,7 @@ impl L2Arc {
                 c.rebuild_cksum_lb_errors.fetch_add(1, Ordering::Relaxed);
                 break;
             }
-            // The read side of the writer's pair (`verify_batch`): what
-            // `decode_log_block` accepted is as the writer made it.
-            assert!(lb.sequence >= 1 && buf.len() == p.size_bytes as usize);
-            debug_assert_eq!(entries.len(), lb.entry_count as usize);
-            if cfg!(feature = "invariants") {
-                for e in &entries {
-                    assert_ne!(e.key_hash, 0);
-                    assert!(e.location.asize_blocks() >= 1);
-                    assert_eq!(u32::from(e.location.lap_mod32()), lb.lap % 32);
-                    assert!(e.location.block() >= lb.first_block);
-                }
-            }
+            assert_decoded(p, &buf, &lb, &entries);
             // The log block itself must not have been overwritten.
             if !device.holds(block, lb.lap % 32) || !device.holds(block + blocks - 1, lb.lap % 32) {
                 break;

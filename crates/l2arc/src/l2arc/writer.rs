@@ -289,15 +289,6 @@ impl L2Arc {
             &payloads,
             position,
         );
-        // The buffer is the batch, whole aligned blocks for O_DIRECT.
-        assert_eq!(buffer.len() as u64, u64::from(total_blocks) * BLOCK_BYTES);
-        debug_assert!(
-            buffer
-                .as_slice()
-                .as_ptr()
-                .addr()
-                .is_multiple_of(BLOCK_BYTES as usize)
-        );
         verify_batch(device, &buffer, &encoded, hand);
         let before = (state.header.clone(), state.log_sequence, state.older_logs);
         state.header.sequence += 1;
@@ -913,6 +904,13 @@ fn encode_batch(
 /// bug in the writer, never bad input.
 fn verify_batch(device: &CacheDevice, batch: &[u8], encoded: &EncodedBatch, hand: u32) {
     let offset = encoded.log_block as usize * BLOCK_BYTES as usize;
+    // The buffer is the batch, whole aligned blocks for O_DIRECT, the log
+    // block last.
+    assert_eq!(
+        batch.len(),
+        offset + encoded.log_pointer.size_bytes as usize
+    );
+    debug_assert!(batch.as_ptr().addr().is_multiple_of(BLOCK_BYTES as usize));
     let log = &batch[offset..offset + encoded.log_pointer.size_bytes as usize];
     let (header, decoded) = format::decode_log_block(log, device.guid)
         .unwrap_or_else(|e| panic!("the writer encoded a log block that does not decode: {e}"));
