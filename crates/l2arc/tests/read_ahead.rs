@@ -219,18 +219,26 @@ fn concurrent_sequential_readers_of_a_dear_store_are_read_ahead_in_spans() {
             s.spawn(move || read_concurrently(cache, f, data, (half, len / 2), 16));
         }
     });
-    let stats = cache.stats();
+    let with_streams = cache.stats();
     // 1024 records of 64 KiB: two streams of five asks (8 MiB, then runs
     // of 6), a record or two each before its stream is seen, and a span
-    // split where a reader got to a record first: 18-21 reads measured
-    // (without streams, below: 420-480).
-    assert!(stats.primary_reads <= 32, "{stats:?}");
-    assert!(stats.zfetch_hits >= 2, "{stats:?}");
+    // split where a reader got to a record before its span claimed it:
+    // 18-21 reads on a quiet machine (without streams, below: 420-480).
+    // How often a reader outruns the claim is up to the scheduler (72-94
+    // reads seen at a load of 10 on 2 cores), so the bound is the
+    // design's: at most one split per reader thread per span (16 threads,
+    // 8 spans), and a third of the reads without streams.
+    assert!(with_streams.primary_reads <= 16 * 8, "{with_streams:?}");
+    assert!(with_streams.zfetch_hits >= 2, "{with_streams:?}");
     // The same readers through a handle that reads ahead itself: no spans.
     let (cache, ds) = cache_over_dear();
     let f = cache.open(ds, "f", false).unwrap().reads_ahead_itself();
     read_concurrently(&cache, &f, &data, (0, len), 16);
     let stats = cache.stats();
     assert!(stats.primary_reads > 100, "{stats:?}");
+    assert!(
+        with_streams.primary_reads * 3 <= stats.primary_reads,
+        "streams: {with_streams:?}\nno streams: {stats:?}"
+    );
     world.assert_primary_intact();
 }

@@ -26,12 +26,13 @@
 //! access already holds, so counting costs no shared atomic on the hit path.
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::policy::{AccessKind, ArcPolicy, DramPolicy, Evicted, InsertOutcome, ListId};
 use crate::buf::AlignedBuf;
 use crate::hash::{FastHashMap, hash_one};
+use crate::lock_order::{RankedCondvar, RankedMutex, RankedMutexGuard, rank};
 
 /// Identity of one record: the `record`-th `recordsize` block of an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,8 +108,8 @@ type FillResult = Result<Arc<Record>, FillError>;
 
 /// A read of one record in progress.
 pub struct Fill {
-    result: Mutex<Option<FillResult>>,
-    ready: Condvar,
+    result: RankedMutex<Option<FillResult>, { rank::LEAF }>,
+    ready: RankedCondvar,
     doomed: AtomicBool,
     /// Readers blocked in `wait`, changed only under `result`'s lock. Most
     /// fills have none, and `Condvar::notify_all` makes a futex system call
@@ -421,7 +422,7 @@ fn assert_inserted(shard: &Shard, key: &RecordKey, record: &Arc<Record>, outcome
 
 /// Keeps each shard's lock on its own cache lines.
 #[repr(align(128))]
-struct PaddedShard(Mutex<Shard>);
+struct PaddedShard(RankedMutex<Shard, { rank::LEAF }>);
 
 /// Takes the records the ARC lets go (the L2ARC's write-back): called with
 /// each batch of evictions outside the shard's lock.
@@ -455,7 +456,7 @@ impl LiveArc {
         assert!(shard_bytes >= 1 && shard_bytes * config.shards as u64 <= config.arc_max_bytes);
         let shards = (0..config.shards)
             .map(|_| {
-                PaddedShard(Mutex::new(Shard {
+                PaddedShard(RankedMutex::new(Shard {
                     policy: ArcPolicy::with_policy(shard_bytes, config.dram_policy),
                     fills: FastHashMap::default(),
                     evicted: Vec::with_capacity(16),
@@ -482,7 +483,7 @@ impl LiveArc {
         self.config
     }
 
-    fn shard(&self, key: &RecordKey) -> MutexGuard<'_, Shard> {
+    fn shard(&self, key: &RecordKey) -> RankedMutexGuard<'_, Shard, { rank::LEAF }> {
         let hash = hash_one(key);
         // Multiply-high maps the hash onto [0, shards) without a division.
         let index = (((hash >> 32) * self.shards.len() as u64) >> 32) as usize;
@@ -634,8 +635,8 @@ impl LiveArc {
             AccessKind::Prefetch => shard.stats.prefetch_data_misses += 1,
         }
         let fill = Arc::new(Fill {
-            result: Mutex::new(None),
-            ready: Condvar::new(),
+            result: RankedMutex::new(None),
+            ready: RankedCondvar::new(),
             doomed: AtomicBool::new(false),
             waiting: AtomicU32::new(0),
             prefetch: kind == AccessKind::Prefetch,

@@ -9,7 +9,6 @@
 //! sweep mark) lives under the device's writer mutex.
 
 use std::io;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use super::device::DeviceIo;
@@ -19,6 +18,7 @@ use super::format::{
 };
 use super::*;
 use crate::buf::AlignedBuf;
+use crate::lock_order::{RankedMutex, rank};
 
 /// Device states.
 pub(super) const STATE_REBUILDING: u8 = 0;
@@ -90,7 +90,7 @@ pub(crate) struct CacheDevice {
     pub(super) batch_blocks_max: u32,
     /// `lap << 32 | hand_block`, published before each batch is written.
     pub(super) position: AtomicU64,
-    pub(super) writer: Mutex<WriterState>,
+    pub(super) writer: RankedMutex<WriterState, { rank::DEVICE_WRITER }>,
     /// Held by whoever has a batch of this device prepared and not yet
     /// finished: a device feeder for its whole burst, any other feed for
     /// its one batch. Batches are then written in the order they were
@@ -98,7 +98,7 @@ pub(crate) struct CacheDevice {
     /// feed from another thread wrote its batch and header while the
     /// feeder's batch before it was still being written, and a crash then
     /// left a header whose chain broke one block back.
-    pub(super) commit_order: Mutex<()>,
+    pub(super) commit_order: RankedMutex<(), { rank::COMMIT_ORDER }>,
     pub(super) state: AtomicU8,
     pub(super) inflight_reads: AtomicU64,
     /// Batches handed to a feeder's writer thread and not yet written
@@ -161,14 +161,14 @@ impl CacheDevice {
             end_block: geometry.end_block,
             batch_blocks_max: geometry.batch_blocks_max,
             position: AtomicU64::new((u64::from(header.lap) << 32) | u64::from(header.hand_block)),
-            writer: Mutex::new(WriterState {
+            writer: RankedMutex::new(WriterState {
                 log_sequence: 0,
                 older_logs: [None; LOG_READ_AHEAD_POINTERS],
                 swept_at: 0,
                 header: header.clone(),
                 spare_batch: None,
             }),
-            commit_order: Mutex::new(()),
+            commit_order: RankedMutex::new(()),
             state: AtomicU8::new(STATE_REBUILDING),
             inflight_reads: AtomicU64::new(0),
             commits_in_flight: AtomicU64::new(0),

@@ -67,6 +67,7 @@ use super::format::{
 use super::index::{IndexEntry, L2Index};
 use super::*;
 use crate::buf::AlignedBuf;
+use crate::lock_order::{RankedMutex, rank};
 
 /// Most entries staged in one run before it is inserted: 2 Mi entries
 /// (48 MiB of `IndexEntry`).
@@ -444,7 +445,7 @@ impl ReadAhead {
 /// is over.
 fn read_ahead_thread(
     device: &CacheDevice,
-    requests: &std::sync::Mutex<Receiver<LogPointer>>,
+    requests: &RankedMutex<Receiver<LogPointer>, { rank::LEAF }>,
     results: Sender<(LogPointer, io::Result<AlignedBuf>)>,
 ) {
     loop {
@@ -575,7 +576,7 @@ impl L2Arc {
     ) {
         let (request_tx, request_rx) = sync_channel::<LogPointer>(REBUILD_READ_AHEAD_BLOCKS);
         let (result_tx, result_rx) = channel();
-        let request_rx = std::sync::Mutex::new(request_rx);
+        let request_rx = RankedMutex::new(request_rx);
         std::thread::scope(|scope| {
             let mut threads = 0;
             for i in 0..REBUILD_READ_AHEAD_BLOCKS {
