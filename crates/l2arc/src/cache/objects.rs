@@ -465,7 +465,10 @@ impl Cache {
         // Bounded: the states handles hold, and at most the bound more.
         debug_assert!(
             objects.len() <= OBJECT_STATES_MAX
-                || objects.values().filter(|s| Arc::strong_count(s) > 1).count()
+                || objects
+                    .values()
+                    .filter(|s| Arc::strong_count(s) > 1)
+                    .count()
                     + OBJECT_STATES_MAX
                     >= objects.len()
         );
@@ -481,7 +484,10 @@ impl Cache {
             objects.len()
                 <= OBJECT_STATES_MAX
                     + 1
-                    + objects.values().filter(|s| Arc::strong_count(s) > 1).count()
+                    + objects
+                        .values()
+                        .filter(|s| Arc::strong_count(s) > 1)
+                        .count()
         );
         objects.len()
     }
@@ -509,7 +515,8 @@ impl Cache {
     pub(super) fn adopt(&self, handle: &ObjectHandle, info: ObjectInfo, outside_change: bool) {
         let state = &handle.state;
         let mut generation = state.generation.lock().expect("object state poisoned");
-        let (token_before, of_token_before) = (state.token.load(Ordering::Acquire), generation.of_token);
+        let (token_before, of_token_before) =
+            (state.token.load(Ordering::Acquire), generation.of_token);
         if generation.current != info.generation {
             generation.current = info.generation;
             if outside_change {

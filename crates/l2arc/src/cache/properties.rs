@@ -114,6 +114,7 @@ impl LiveProperties {
         // What may change while running never makes a valid config invalid.
         debug_assert!(current.validate().is_ok() || config.validate().is_err());
         current
+    }
 
     /// Sets `property` to `value` (ZFS's names and values).
     pub(crate) fn set(&self, property: &str, value: &str) -> Result<(), PropertyError> {

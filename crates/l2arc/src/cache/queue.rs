@@ -298,7 +298,9 @@ impl<'c> ReadQueue<'c> {
             .extend(records.clone().map(|_| RecordSlot::Reading));
         // One slot per record under the range, all unresolved, and the
         // range within what was asked.
-        debug_assert!(request.slots.len() == request.unresolved && end - offset.min(end) <= len as u64);
+        debug_assert!(
+            request.slots.len() == request.unresolved && end - offset.min(end) <= len as u64
+        );
         debug_assert!(self.requests[index as usize].is_none(), "a free slot");
         self.requests[index as usize] = Some(request);
         // Timed as `Cache::read` times ARC hits: a request that completes
@@ -329,10 +331,7 @@ impl<'c> ReadQueue<'c> {
             .expect("live request");
         let record = request.first_record + u64::from(slot);
         // Resolved once: from `Reading`, the shape it starts in.
-        debug_assert!(matches!(
-            request.slots[slot as usize],
-            RecordSlot::Reading
-        ));
+        debug_assert!(matches!(request.slots[slot as usize], RecordSlot::Reading));
         let key = request.handle.record_key(record);
         let token = request.handle.token();
         let kind = request.kind;
@@ -616,7 +615,11 @@ impl<'c> ReadQueue<'c> {
         };
         let completed_any = ring.submit_and_wait_timeout(timeout)?;
         self.finish_completed();
-        debug_assert!(self.ring.as_ref().is_some_and(|r| r.in_flight() <= self.ops.len()));
+        debug_assert!(
+            self.ring
+                .as_ref()
+                .is_some_and(|r| r.in_flight() <= self.ops.len())
+        );
         Ok(completed_any)
     }
 
@@ -684,10 +687,11 @@ impl<'c> ReadQueue<'c> {
         claim: FillClaim<'c>,
         mut pending: PendingRead,
     ) {
-        debug_assert!(self.requests[index as usize].as_ref().is_some_and(|r| matches!(
-            r.slots[slot as usize],
-            RecordSlot::Reading
-        )));
+        debug_assert!(
+            self.requests[index as usize]
+                .as_ref()
+                .is_some_and(|r| matches!(r.slots[slot as usize], RecordSlot::Reading))
+        );
         let timer = self.cache.analytics.start();
         let io_result = pending.read_psync();
         self.finish_flash_read(
@@ -719,10 +723,7 @@ impl<'c> ReadQueue<'c> {
         let handle = request.handle.clone();
         let record = request.first_record + u64::from(slot);
         let recordsize = handle.recordsize_bytes() as usize;
-        debug_assert!(matches!(
-            request.slots[slot as usize],
-            RecordSlot::Reading
-        ));
+        debug_assert!(matches!(request.slots[slot as usize], RecordSlot::Reading));
         let result = match l2
             .finish_read(pending, io_result)
             .filter(|data| data.len() <= recordsize)
@@ -778,11 +779,9 @@ impl<'c> ReadQueue<'c> {
         }
         // Every request still listed has a record parked (O(parked)).
         debug_assert!(self.parked.iter().all(|&i| {
-            self.requests[i as usize].as_ref().is_some_and(|r| {
-                r.slots
-                    .iter()
-                    .any(|s| matches!(s, RecordSlot::Parked(_)))
-            })
+            self.requests[i as usize]
+                .as_ref()
+                .is_some_and(|r| r.slots.iter().any(|s| matches!(s, RecordSlot::Parked(_))))
         }));
         Ok(())
     }

@@ -315,7 +315,7 @@ impl Cache {
         let recordsize_bytes = handle.dataset.config.recordsize_bytes;
         self.tiers.iter().find_map(|tier| {
             let timer = self.analytics.start();
-            let data = tier.read(key_hash, recordsize_bytes)?;
+            let data = tier.checked_read(key_hash, recordsize_bytes)?;
             assert!(data.len() <= recordsize_bytes as usize);
             self.note_l2_hit(handle, timer, data.len() as u64);
             Some(data)
@@ -334,7 +334,7 @@ impl Cache {
         let key_hash = self.key_below(handle, index, token)?;
         self.tiers.iter().find_map(|tier| {
             let timer = self.analytics.start();
-            let (data, range, record_bytes) = tier.read_piece(key_hash, wanted.clone())?;
+            let (data, range, record_bytes) = tier.checked_read_piece(key_hash, wanted.clone())?;
             assert!(range.end <= data.len() && range.len() <= wanted.len());
             self.note_l2_hit(handle, timer, range.len() as u64);
             Some((data, range, record_bytes))
@@ -402,7 +402,7 @@ impl Cache {
             let Some((l2, key_hash)) = self.l2_source(handle, index, token) else {
                 return false;
             };
-            match Tier::holds(&**l2, key_hash) {
+            match <dyn Tier>::checked_holds(&**l2, key_hash) {
                 None => false,
                 Some(sectored) => {
                     !(sectored && piece.as_ref().is_some_and(|p| sector_read_fits(handle, p)))

@@ -217,12 +217,12 @@ impl Cache {
         let first = tiers.next();
         match (first, tiers.next()) {
             (None, _) => {}
-            (Some(only), None) => only.offer_evicted(&mut offered),
+            (Some(only), None) => only.checked_offer_evicted(&mut offered),
             (Some(first), Some(_)) => {
                 // More than one tier: each sees every record.
                 let all: Vec<EvictedRecord> = offered.collect();
                 for tier in std::iter::once(first).chain(self.tiers.iter().skip(1)) {
-                    tier.offer_evicted(&mut all.iter().cloned());
+                    tier.checked_offer_evicted(&mut all.iter().cloned());
                 }
             }
         }
@@ -230,9 +230,12 @@ impl Cache {
 
     /// Tells every tier that the ARC filled a record of `bytes`.
     pub(super) fn offer_fill(&self, bytes: u64) {
-        debug_assert!(bytes <= u64::from(super::RECORDSIZE_MAX_BYTES), "one record");
+        debug_assert!(
+            bytes <= u64::from(super::RECORDSIZE_MAX_BYTES),
+            "one record"
+        );
         for tier in self.tiers.iter() {
-            tier.offer_fill(bytes);
+            tier.checked_offer_fill(bytes);
         }
     }
 
@@ -240,7 +243,7 @@ impl Cache {
     pub(super) fn drop_below(&self, key_hash: u64) {
         debug_assert_ne!(key_hash, 0, "0 marks an empty slot below");
         for tier in self.tiers.iter() {
-            tier.drop_record(key_hash);
+            tier.checked_drop_record(key_hash);
         }
     }
 }
@@ -288,7 +291,8 @@ impl FeedSource for Cache {
         // Published under this lock: the atomic copy agrees.
         debug_assert_eq!(
             invalidations.sequence,
-            self.invalidation_sequence.load(std::sync::atomic::Ordering::Acquire)
+            self.invalidation_sequence
+                .load(std::sync::atomic::Ordering::Acquire)
         );
         invalidations.sequence
     }

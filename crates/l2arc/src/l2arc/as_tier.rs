@@ -48,7 +48,9 @@ impl Tier for L2Arc {
 
     fn offer_fill(&self, bytes: u64) {
         // One record: at most what one location can hold.
-        debug_assert!(bytes <= u64::from(super::format::MAX_ASIZE_BLOCKS) * super::format::BLOCK_BYTES);
+        debug_assert!(
+            bytes <= u64::from(super::format::MAX_ASIZE_BLOCKS) * super::format::BLOCK_BYTES
+        );
         if self.config.l2arc_feed_again {
             self.feed_wake.note_insert(bytes);
         }

@@ -228,7 +228,7 @@ impl WriteGate for StaleWriteGate<'_> {
     fn admit(&mut self, records: usize, index: &mut dyn FnMut(&[bool])) {
         assert!(records <= self.keys.len() && self.keys.len() == self.since.len());
         self.source
-            .admit_unwritten(self.keys, self.since, records, index);
+            .checked_admit_unwritten(self.keys, self.since, records, index);
     }
 }
 
@@ -246,7 +246,9 @@ struct FeedSelection<'a> {
 impl FeedSelection<'_> {
     fn batch(&self) -> Vec<FeedRecord<'_>> {
         // A key and a since per record; the bytes are the records'.
-        debug_assert!(self.keys.len() == self.selected.len() && self.since.len() == self.keys.len());
+        debug_assert!(
+            self.keys.len() == self.selected.len() && self.since.len() == self.keys.len()
+        );
         debug_assert_eq!(
             self.selected
                 .iter()
@@ -549,10 +551,12 @@ impl<'a> Feeder<'a> {
             return selected;
         }
         let scan_bytes = budget_bytes.saturating_mul(u64::from(config.l2arc_headroom.max(1)));
-        let per_shard = scan_bytes.div_ceil(self.source.arc_shards() as u64).max(1);
+        let per_shard = scan_bytes
+            .div_ceil(self.source.checked_arc_shards() as u64)
+            .max(1);
         let mut candidates = Vec::new();
         self.source
-            .cold_records(per_shard, config.l2arc_mfuonly, &mut candidates);
+            .checked_cold_records(per_shard, config.l2arc_mfuonly, &mut candidates);
         for ColdRecord {
             key,
             record,
@@ -690,7 +694,9 @@ fn device_feeder_loop(l2: &Weak<L2Arc>, device: &Weak<CacheDevice>) {
         } else {
             Duration::from_secs_f64(config.l2arc_feed_secs.clamp(0.001, 3600.0))
         };
-        debug_assert!(pause <= Duration::from_secs(3600).max(Duration::from_millis(config.l2arc_feed_min_ms)));
+        debug_assert!(
+            pause <= Duration::from_secs(3600).max(Duration::from_millis(config.l2arc_feed_min_ms))
+        );
     }
 }
 

@@ -261,14 +261,17 @@ impl L2Arc {
     fn feed_source(&self) -> Option<Arc<dyn FeedSource>> {
         let source = self.feed_source.get().and_then(Weak::upgrade);
         // An ARC has at least one shard: a feed's scan depth divides by it.
-        debug_assert!(source.as_ref().is_none_or(|s| s.arc_shards() >= 1));
+        debug_assert!(source.as_ref().is_none_or(|s| s.checked_arc_shards() >= 1));
         source
     }
 
     fn device(&self, slot: u8) -> Option<Arc<CacheDevice>> {
         let devices = self.devices.read().expect("device list poisoned");
         let device = devices.get(slot as usize).and_then(Clone::clone);
-        debug_assert!(device.as_ref().is_none_or(|d| d.slot == slot), "in its slot");
+        debug_assert!(
+            device.as_ref().is_none_or(|d| d.slot == slot),
+            "in its slot"
+        );
         device
     }
 
@@ -297,14 +300,20 @@ impl L2Arc {
         let len = self.index.len();
         // Every entry is a record in a 4 KiB block of a device: a count
         // this large is one that went below zero and wrapped.
-        debug_assert!((len as u64) < u64::MAX / format::BLOCK_BYTES, "entry count wrapped");
+        debug_assert!(
+            (len as u64) < u64::MAX / format::BLOCK_BYTES,
+            "entry count wrapped"
+        );
         len
     }
 
     /// Whether the index holds no record.
     pub fn is_empty(&self) -> bool {
         let len = self.index.len();
-        debug_assert!((len as u64) < u64::MAX / format::BLOCK_BYTES, "entry count wrapped");
+        debug_assert!(
+            (len as u64) < u64::MAX / format::BLOCK_BYTES,
+            "entry count wrapped"
+        );
         len == 0
     }
 

@@ -46,7 +46,10 @@ impl L2Stats {
 pub(super) fn device_kstats_names() -> Vec<&'static str> {
     let dummy = DeviceCounters::default();
     let names: Vec<&'static str> = kstats_of(&dummy).into_iter().map(|(n, _)| n).collect();
-    debug_assert!(names.iter().all(|n| n.starts_with("l2_")), "arcstats' names");
+    debug_assert!(
+        names.iter().all(|n| n.starts_with("l2_")),
+        "arcstats' names"
+    );
     names
 }
 

@@ -156,7 +156,14 @@ impl WriteBack {
             queue.push_front(queued);
         }
         debug_assert!(*held_bytes <= self.bytes_max);
-        debug_assert_eq!(*held_bytes, queue.iter().map(|q| q.record.data.len() as u64).sum::<u64>(), "held = the sum of its records");
+        debug_assert_eq!(
+            *held_bytes,
+            queue
+                .iter()
+                .map(|q| q.record.data.len() as u64)
+                .sum::<u64>(),
+            "held = the sum of its records"
+        );
         skipped
     }
 
@@ -165,7 +172,14 @@ impl WriteBack {
         let guard = self.queue.lock().expect("write-back queue poisoned");
         // The bound holds, and held bytes are its records' (O(records)).
         debug_assert!(guard.1 <= self.bytes_max);
-        debug_assert_eq!(guard.1, guard.0.iter().map(|q| q.record.data.len() as u64).sum::<u64>());
+        debug_assert_eq!(
+            guard.1,
+            guard
+                .0
+                .iter()
+                .map(|q| q.record.data.len() as u64)
+                .sum::<u64>()
+        );
         guard.1
     }
 }
