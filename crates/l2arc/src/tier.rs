@@ -164,7 +164,7 @@ const _: () = assert!(TIERS_MAX >= 1 && TIERS_MAX <= u8::MAX as usize);
 /// The contracts of [`Tier`], checked on both sides of the call: the read
 /// path calls tiers through these, so that every tier, whatever its kind,
 /// is held to them.
-impl dyn Tier {
+impl dyn Tier + '_ {
     /// [`Tier::read`]: at most `recordsize_bytes`.
     pub(crate) fn checked_read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf> {
         debug_assert_ne!(key_hash, 0, "0 marks an empty slot");
@@ -230,7 +230,7 @@ impl dyn Tier {
 }
 
 /// The contracts of [`FeedSource`], checked where a feed calls it.
-impl dyn FeedSource {
+impl dyn FeedSource + '_ {
     /// [`FeedSource::cold_records`]: appends (never removes), each record
     /// kept as a checked dataset wants.
     pub(crate) fn checked_cold_records(

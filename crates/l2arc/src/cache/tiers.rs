@@ -112,7 +112,7 @@ impl Cache {
     /// The L2ARC, made with the first cache device: attached to this
     /// cache's ARC as its feed source and appended to the tiers.
     fn l2_or_init(self: &Arc<Self>) -> &Arc<L2Arc> {
-        self.l2.get_or_init(|| {
+        let l2 = self.l2.get_or_init(|| {
             let expected_records =
                 (self.config.arc_max_bytes / u64::from(RECORDSIZE_MIN_BYTES)) as usize;
             let mut config = self.config.l2arc.clone();
