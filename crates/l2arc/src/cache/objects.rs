@@ -197,23 +197,21 @@ impl ObjectHandle {
     /// The object's size as last seen (at open, revalidate or our own write).
     pub fn size_bytes(&self) -> u64 {
         let size_bytes = self.state.size_bytes.load(Ordering::Acquire);
-        // Its last record's offset is representable.
-        debug_assert!(
-            size_bytes / u64::from(self.dataset.config.recordsize_bytes)
-                <= u64::MAX / u64::from(RECORDSIZE_MIN_BYTES)
-        );
+        // Records split the object by a power of two (`offset / recordsize`).
+        debug_assert!(self.dataset.config.recordsize_bytes.is_power_of_two());
         size_bytes
     }
 
     /// The object's identity within its dataset.
     pub fn object_id(&self) -> u64 {
-        debug_assert_eq!(self.record_key(0).object, self.state.id);
+        // Its state counts our writes in their window, one per thread.
+        debug_assert!(self.state.writes_in_flight.load(Ordering::Relaxed) < u64::from(u32::MAX));
         self.state.id
     }
 
     /// The dataset the object belongs to.
     pub fn dataset(&self) -> DatasetId {
-        debug_assert_eq!(self.record_key(0).dataset, self.dataset_id.0);
+        debug_assert!(self.dataset.config.validate().is_ok(), "added, so checked");
         self.dataset_id
     }
 
@@ -396,7 +394,10 @@ impl Cache {
     /// Names an object for the analytics' drill-down: for front ends that
     /// open by descriptor ([`Cache::open_file`]) and know a path.
     pub fn name_object(&self, handle: &ObjectHandle, name: &str) {
-        debug_assert_eq!(handle.record_key(0).object, handle.state.id);
+        debug_assert!(
+            handle.dataset.config.validate().is_ok(),
+            "added, so checked"
+        );
         self.analytics
             .name_object(handle.dataset_id.0, handle.state.id, name);
     }
