@@ -197,14 +197,20 @@ impl L2Arc {
         drop(device.writer.lock().expect("writer poisoned"));
         self.forget_device(&device);
         let mut devices = self.devices.write().expect("device list poisoned");
-        // The slot still holds this device: removals of a slot are one
-        // at a time (the caller's), and adds fill only empty slots.
+        // Only this device leaves its slot: a second removal of the slot
+        // that raced with this one may have freed it already, and an add
+        // may have filled it since with another device, which stays.
+        if devices[slot as usize]
+            .as_ref()
+            .is_some_and(|d| Arc::ptr_eq(d, &device))
+        {
+            devices[slot as usize] = None;
+        }
         debug_assert!(
             devices[slot as usize]
                 .as_ref()
-                .is_none_or(|d| Arc::ptr_eq(d, &device))
+                .is_none_or(|d| !Arc::ptr_eq(d, &device))
         );
-        devices[slot as usize] = None;
         Ok(())
     }
 
