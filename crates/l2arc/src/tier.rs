@@ -59,6 +59,11 @@ pub(crate) struct Keeping {
 impl Keeping {
     /// The identity below the ARC of the record `key` read under `token`.
     pub(crate) fn key_hash(&self, key: &RecordKey, token: u64) -> u64 {
+        // Checked when the dataset was added: a table covers 64 KiB or more.
+        debug_assert!(
+            self.sector_table_min_bytes as usize
+                >= crate::l2arc::format::SECTOR_TABLE_RECORD_BYTES_FLOOR
+        );
         record_key_hash(self.dataset_uid, key.object, key.record, token)
     }
 }
@@ -144,6 +149,132 @@ pub(crate) trait FeedSource: Send + Sync {
         records: usize,
         index: &mut dyn FnMut(&[bool]),
     );
+}
+
+/// A record a tier is offered or hands up is at most what one location
+/// on flash holds (511 blocks), and a recordsize is at most 1 MiB.
+const RECORD_BYTES_MAX: u64 =
+    crate::l2arc::format::MAX_ASIZE_BLOCKS as u64 * crate::l2arc::format::BLOCK_BYTES;
+const _: () = assert!(
+    RECORD_BYTES_MAX >= 1 << 20,
+    "a location holds a 1 MiB record"
+);
+const _: () = assert!(TIERS_MAX >= 1 && TIERS_MAX <= u8::MAX as usize);
+
+/// The contracts of [`Tier`], checked on both sides of the call: the read
+/// path calls tiers through these, so that every tier, whatever its kind,
+/// is held to them.
+impl dyn Tier + '_ {
+    /// [`Tier::read`]: at most `recordsize_bytes`.
+    pub(crate) fn checked_read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf> {
+        debug_assert_ne!(key_hash, 0, "0 marks an empty slot");
+        debug_assert!(recordsize_bytes.is_power_of_two());
+        let data = self.read(key_hash, recordsize_bytes);
+        // (The read path's hot side: the caller asserts it once more.)
+        debug_assert!(
+            data.as_ref()
+                .is_none_or(|data| data.len() <= recordsize_bytes as usize),
+            "a tier returns at most a record"
+        );
+        data
+    }
+
+    /// [`Tier::read_piece`]: a range of the buffer, no longer than wanted,
+    /// within the record.
+    pub(crate) fn checked_read_piece(
+        &self,
+        key_hash: u64,
+        wanted: Range<usize>,
+    ) -> Option<(AlignedBuf, Range<usize>, usize)> {
+        debug_assert!(key_hash != 0 && wanted.start <= wanted.end);
+        let piece = self.read_piece(key_hash, wanted.clone());
+        if let Some((data, range, record_bytes)) = &piece {
+            debug_assert!(
+                range.start <= range.end && range.end <= data.len(),
+                "a piece lies within its buffer"
+            );
+            debug_assert!(
+                range.len() <= wanted.len() && range.len() <= *record_bytes,
+                "a piece is no more than wanted, within its record"
+            );
+        }
+        piece
+    }
+
+    /// [`Tier::holds`] (no I/O).
+    pub(crate) fn checked_holds(&self, key_hash: u64) -> Option<bool> {
+        debug_assert_ne!(key_hash, 0, "0 marks an empty slot");
+        self.holds(key_hash)
+    }
+
+    /// [`Tier::offer_fill`]: one record's bytes.
+    pub(crate) fn checked_offer_fill(&self, bytes: u64) {
+        debug_assert!(bytes <= RECORD_BYTES_MAX, "one record");
+        self.offer_fill(bytes);
+    }
+
+    /// [`Tier::offer_evicted`]: records that left a resident list, each
+    /// kept as a checked dataset wants.
+    pub(crate) fn checked_offer_evicted(&self, evicted: &mut dyn Iterator<Item = EvictedRecord>) {
+        let mut checked = evicted.inspect(|e| {
+            debug_assert!(matches!(e.from, ListId::Mru | ListId::Mfu));
+            debug_assert!(e.record.data.len() as u64 <= RECORD_BYTES_MAX);
+        });
+        self.offer_evicted(&mut checked);
+    }
+
+    /// [`Tier::drop_record`].
+    pub(crate) fn checked_drop_record(&self, key_hash: u64) {
+        debug_assert_ne!(key_hash, 0, "0 marks an empty slot");
+        self.drop_record(key_hash);
+    }
+}
+
+/// The contracts of [`FeedSource`], checked where a feed calls it.
+impl dyn FeedSource + '_ {
+    /// [`FeedSource::cold_records`]: appends (never removes), each record
+    /// kept as a checked dataset wants.
+    pub(crate) fn checked_cold_records(
+        &self,
+        scan_bytes_per_shard: u64,
+        mfu_only: bool,
+        out: &mut Vec<ColdRecord>,
+    ) {
+        debug_assert!(scan_bytes_per_shard > 0);
+        let before = out.len();
+        self.cold_records(scan_bytes_per_shard, mfu_only, out);
+        debug_assert!(out.len() >= before);
+        debug_assert!(out[before..].iter().all(|c| {
+            c.keeping.sector_table_min_bytes as usize
+                >= crate::l2arc::format::SECTOR_TABLE_RECORD_BYTES_FLOOR
+        }));
+    }
+
+    /// [`FeedSource::arc_shards`]: 1 to 1024, as `Cache::new` checks.
+    pub(crate) fn checked_arc_shards(&self) -> usize {
+        let shards = self.arc_shards();
+        assert!((1..=1024).contains(&shards), "an ARC of 1 to 1024 shards");
+        shards
+    }
+
+    /// [`FeedSource::admit_unwritten`]: `index` is called exactly once,
+    /// with one flag per record.
+    pub(crate) fn checked_admit_unwritten(
+        &self,
+        keys: &[RecordKey],
+        since: &[u64],
+        records: usize,
+        index: &mut dyn FnMut(&[bool]),
+    ) {
+        assert!(records <= keys.len() && keys.len() == since.len());
+        let mut calls = 0usize;
+        self.admit_unwritten(keys, since, records, &mut |flags: &[bool]| {
+            assert_eq!(flags.len(), records, "a flag per record");
+            calls += 1;
+            index(flags);
+        });
+        assert_eq!(calls, 1, "indexed exactly once, under the lock");
+    }
 }
 
 #[cfg(test)]

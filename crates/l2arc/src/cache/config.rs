@@ -77,20 +77,23 @@ pub struct DatasetConfig {
 
 impl Default for DatasetConfig {
     fn default() -> Self {
-        Self {
+        let config = Self {
             recordsize_bytes: RECORDSIZE_DEFAULT_BYTES,
             primarycache: CacheMode::All,
             secondarycache: CacheMode::All,
             compression: Compression::Lz4,
             sector_table_min_bytes: SECTOR_TABLE_RECORD_BYTES_MIN as u32,
-        }
+        };
+        debug_assert!(config.validate().is_ok(), "the defaults are in range");
+        config
     }
 }
 
 impl DatasetConfig {
     /// Checks the recordsize and the sector table threshold.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        validate_recordsize(u64::from(self.recordsize_bytes))?;
+        let recordsize = validate_recordsize(u64::from(self.recordsize_bytes))?;
+        assert_eq!(recordsize, self.recordsize_bytes);
         if (self.sector_table_min_bytes as usize) < SECTOR_TABLE_RECORD_BYTES_FLOOR {
             return Err(ConfigError::SectorTableMin(self.sector_table_min_bytes));
         }
@@ -103,6 +106,7 @@ pub fn validate_recordsize(bytes: u64) -> Result<u32, ConfigError> {
     let ok = bytes.is_power_of_two()
         && (u64::from(RECORDSIZE_MIN_BYTES)..=u64::from(RECORDSIZE_MAX_BYTES)).contains(&bytes);
     if ok {
+        assert!(bytes.count_ones() == 1 && bytes <= u64::from(u32::MAX));
         Ok(bytes as u32)
     } else {
         Err(ConfigError::RecordSize(bytes))
@@ -131,13 +135,19 @@ pub struct CacheConfig {
 impl Default for CacheConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self {
+        let config = Self {
             arc_max_bytes: 1 << 30,
             arc_shards: (cores * 4).clamp(1, 1024),
             dram_policy: DramPolicy::Arc,
             l2arc: L2ArcConfig::default(),
             zfs_prefetch_disable: false,
             zfetch_max_distance_bytes: 8 << 20,
-        }
+        };
+        // What `Cache::new` checks: the defaults always pass.
+        debug_assert!((1..=1024).contains(&config.arc_shards));
+        debug_assert!(
+            config.arc_max_bytes >= u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64
+        );
+        config
     }
 }

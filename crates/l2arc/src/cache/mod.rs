@@ -125,6 +125,8 @@ pub struct Cache {
 
 impl Drop for Cache {
     fn drop(&mut self) {
+        // The L2ARC, once made, is the first tier: it is stopped here too.
+        debug_assert!(self.l2.get().is_none() || self.tiers.iter().next().is_some());
         for tier in self.tiers.iter() {
             tier.stop();
         }
@@ -145,6 +147,13 @@ impl Cache {
             .l2arc_ioengine
             .resolve()
             .map_err(|e| ConfigError::IoEngine(e.to_string()))?;
+        assert!(
+            (1..=1024).contains(&config.arc_shards)
+                && config.arc_max_bytes >= u64::from(RECORDSIZE_MIN_BYTES)
+        );
+        // Resolved: io_uring or psync, and a reason only for a fallback.
+        assert!(ioengine.0 != IoEngine::Auto);
+        assert!(ioengine.1.is_none() || ioengine.0 == IoEngine::Psync);
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
             span_pool: OnceLock::new(),
@@ -170,35 +179,44 @@ impl Cache {
 
     /// The span fillers of sequential streams, started on first use.
     pub(crate) fn span_pool(&self) -> Option<&crate::cache::zstream::SpanPool> {
-        self.span_pool
+        let pool = self
+            .span_pool
             .get_or_init(crate::cache::zstream::SpanPool::start)
-            .as_ref()
+            .as_ref();
+        debug_assert!(self.span_pool.get().is_some(), "started once, kept");
+        pool
     }
 
     /// How read queues read flash: `IoUring` or `Psync`.
     pub fn ioengine(&self) -> IoEngine {
+        debug_assert!(self.ioengine.0 != IoEngine::Auto, "resolved at start");
         self.ioengine.0
     }
 
     /// Why `l2arc_ioengine=auto` fell back to psync, if it did.
     pub fn ioengine_fallback_reason(&self) -> Option<&str> {
+        // Only `auto` falls back, and only to psync.
+        debug_assert!(self.ioengine.1.is_none() || self.ioengine.0 == IoEngine::Psync);
         self.ioengine.1.as_deref()
     }
 
     /// Latency histograms by tier and per-dataset counters (see `analytics`).
     pub fn analytics(&self) -> &crate::analytics::Analytics {
+        // The cache is only ever reached through the `Arc` `new` made.
+        debug_assert!(self.me.strong_count() > 0);
         &self.analytics
     }
 
     /// `arc_max`: the most DRAM record buffers may take.
     pub fn arc_max_bytes(&self) -> u64 {
+        debug_assert_eq!(self.config.arc_max_bytes, self.arc.config().arc_max_bytes);
         self.config.arc_max_bytes
     }
 
     /// A snapshot of every counter.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
-        CacheStats {
+        let stats = CacheStats {
             arc: self.arc.stats(),
             ioengine_uring: self.ioengine() == IoEngine::IoUring,
             arc_max: self.arc.config().arc_max_bytes,
@@ -213,11 +231,15 @@ impl Cache {
             zfetch_hits: c.zfetch_hits.get(),
             zfetch_io_issued: c.zfetch_io_issued.get(),
             l2: self.l2.get().map(|l2| l2.stats()),
-        }
+        };
+        assert_eq!(stats.arc_max, self.config.arc_max_bytes);
+        stats
     }
 
     /// Checks the ARC's invariants (tests; O(entries)).
     pub fn assert_consistent(&self) {
+        assert_eq!(self.arc.config().arc_max_bytes, self.config.arc_max_bytes);
+        assert_eq!(self.arc.config().shards, self.config.arc_shards);
         self.arc.assert_consistent();
     }
 }

@@ -64,7 +64,9 @@ pub(super) struct WriteInFlight<'a>(&'a ObjectState);
 
 impl<'a> WriteInFlight<'a> {
     pub(super) fn new(state: &'a ObjectState) -> Self {
-        state.writes_in_flight.fetch_add(1, Ordering::AcqRel);
+        let before = state.writes_in_flight.fetch_add(1, Ordering::AcqRel);
+        // One per writing thread: nowhere near wrapping.
+        debug_assert!(before < u64::from(u32::MAX), "writes in flight leak");
         Self(state)
     }
 }
@@ -93,30 +95,43 @@ impl ObjectState {
     /// token (`None`: the token moved on since the caller loaded it).
     pub(super) fn generation_of(&self, token: u64) -> Option<Generation> {
         let generation = self.generation.lock().expect("object state poisoned");
-        (self.token.load(Ordering::Acquire) == token).then_some(generation.of_token)
+        let current = self.token.load(Ordering::Acquire);
+        // Under the lock the token always stands for `of_token` at `epoch`.
+        debug_assert_eq!(
+            current,
+            generation_token(&generation.of_token, generation.epoch)
+        );
+        (current == token).then_some(generation.of_token)
     }
 }
 
 pub(super) fn generation_token(generation: &Generation, epoch: u64) -> u64 {
-    if generation.version_hash == 0 {
-        // Files: the token as it was before objects had versions, so that
-        // persistent caches written then keep matching.
-        return hash_one(&(
+    let file_token = || {
+        hash_one(&(
             generation.ino,
             generation.size_bytes,
             generation.mtime_ns,
             generation.ctime_ns,
             epoch,
-        ));
+        ))
+    };
+    if generation.version_hash == 0 {
+        // Files: the token as it was before objects had versions, so that
+        // persistent caches written then keep matching.
+        return file_token();
     }
-    hash_one(&(
+    let token = hash_one(&(
         generation.ino,
         generation.size_bytes,
         generation.mtime_ns,
         generation.ctime_ns,
         generation.version_hash,
         epoch,
-    ))
+    ));
+    // A versioned object's token is never a file's of the same stat (the
+    // version is in it; 64-bit hashes, a collision is not expected).
+    debug_assert_ne!(token, file_token());
+    token
 }
 
 /// How many times a read re-stats and tries again when the object changed
@@ -125,7 +140,10 @@ pub(super) fn generation_token(generation: &Generation, epoch: u64) -> u64 {
 pub(super) const STALE_RETRIES_MAX: u32 = 4;
 
 pub(super) fn is_stale(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::StaleNetworkFileHandle
+    let stale = e.kind() == io::ErrorKind::StaleNetworkFileHandle;
+    // A stale read is retried, and a retry must be able to end.
+    debug_assert!(!stale || STALE_RETRIES_MAX > 0);
+    stale
 }
 
 /// An open object, ready for reads and writes through the cache. Clones
@@ -148,40 +166,63 @@ impl ObjectHandle {
     #[must_use]
     pub fn reads_ahead_itself(mut self) -> Self {
         self.reads_ahead_itself = true;
+        debug_assert!(self.span_window_bytes().is_none(), "feeds no stream");
         self
     }
 
     /// The span a sequential reader of this object is read ahead in, if
     /// its dataset reads ahead in spans and this handle lets it.
     pub(crate) fn span_window_bytes(&self) -> Option<u64> {
-        self.dataset
+        let window = self
+            .dataset
             .span_window_bytes
-            .filter(|_| !self.reads_ahead_itself)
+            .filter(|_| !self.reads_ahead_itself);
+        // Whole records, at least one, at most a span (`add_dataset`).
+        debug_assert!(window.is_none_or(|w| {
+            let recordsize = u64::from(self.dataset.config.recordsize_bytes);
+            w >= recordsize
+                && w.is_multiple_of(recordsize)
+                && w <= crate::PREFETCH_SPAN_BYTES_MAX.max(recordsize)
+        }));
+        window
     }
 
     /// The object's sequential streams.
     pub(crate) fn streams(&self) -> &crate::cache::zstream::Streams {
-        self.state.streams.get_or_init(Box::default)
+        let streams = self.state.streams.get_or_init(Box::default);
+        debug_assert!(self.state.streams.get().is_some(), "made once, kept");
+        streams
     }
 
     /// The object's size as last seen (at open, revalidate or our own write).
     pub fn size_bytes(&self) -> u64 {
-        self.state.size_bytes.load(Ordering::Acquire)
+        let size_bytes = self.state.size_bytes.load(Ordering::Acquire);
+        // Records split the object by a power of two (`offset / recordsize`).
+        debug_assert!(self.dataset.config.recordsize_bytes.is_power_of_two());
+        size_bytes
     }
 
     /// The object's identity within its dataset.
     pub fn object_id(&self) -> u64 {
+        // Its state counts our writes in their window, one per thread.
+        debug_assert!(self.state.writes_in_flight.load(Ordering::Relaxed) < u64::from(u32::MAX));
         self.state.id
     }
 
     /// The dataset the object belongs to.
     pub fn dataset(&self) -> DatasetId {
+        debug_assert!(self.dataset.config.validate().is_ok(), "added, so checked");
         self.dataset_id
     }
 
     /// The dataset's recordsize when the object was opened.
     pub fn recordsize_bytes(&self) -> u32 {
-        self.dataset.config.recordsize_bytes
+        let recordsize = self.dataset.config.recordsize_bytes;
+        debug_assert!(
+            recordsize.is_power_of_two()
+                && (RECORDSIZE_MIN_BYTES..=RECORDSIZE_MAX_BYTES).contains(&recordsize)
+        );
+        recordsize
     }
 
     /// The object's generation token now: it changes exactly when the
@@ -189,16 +230,34 @@ impl ObjectHandle {
     /// it, an invalidation), so a front end can tell when pages it handed
     /// out belong to an older version.
     pub fn generation_token(&self) -> u64 {
+        #[cfg(debug_assertions)]
+        {
+            // Every store of the token is under the generation lock, and
+            // derives it from `of_token` at `epoch`.
+            let generation = self.state.generation.lock().expect("object state poisoned");
+            debug_assert_eq!(
+                self.token(),
+                generation_token(&generation.of_token, generation.epoch)
+            );
+        }
         self.token()
     }
 
     /// The object's current generation token (records must carry it).
     pub(crate) fn token(&self) -> u64 {
+        // Only writes and holes of ours hold it up, one per thread.
+        debug_assert!(self.state.writes_in_flight.load(Ordering::Relaxed) < u64::from(u32::MAX));
         self.state.token.load(Ordering::Acquire)
     }
 
     /// The ARC key of the object's `index`-th record.
     pub(crate) fn record_key(&self, index: u64) -> RecordKey {
+        // The record's offset does not overflow.
+        debug_assert!(
+            index
+                .checked_mul(u64::from(self.dataset.config.recordsize_bytes))
+                .is_some()
+        );
         RecordKey {
             dataset: self.dataset_id.0,
             object: self.state.id,
@@ -207,12 +266,15 @@ impl ObjectHandle {
     }
 
     pub(crate) fn caches_in_arc(&self) -> bool {
+        // Every dataset's configuration passed its checks (`add_dataset`).
+        debug_assert!(self.dataset.config.validate().is_ok());
         self.dataset.props.primarycache() == CacheMode::All
     }
 
     /// Whether the dataset caches nothing of its data (`primarycache=none`):
     /// read-ahead would only read for nothing.
     pub(crate) fn caches_nothing(&self) -> bool {
+        debug_assert!(self.dataset.config.validate().is_ok());
         self.dataset.props.primarycache() == CacheMode::None
     }
 }
@@ -225,10 +287,12 @@ impl Cache {
     /// The datasets, in the order they were added, with their names and properties.
     pub fn dataset_list(&self) -> Vec<(DatasetId, String, DatasetConfig)> {
         let datasets = self.datasets.read().expect("dataset lock poisoned");
-        (0u32..)
+        let list: Vec<_> = (0u32..)
             .zip(datasets.iter())
             .map(|(i, d)| (DatasetId(i), d.name.clone(), d.props.current(&d.config)))
-            .collect()
+            .collect();
+        assert_eq!(list.len(), datasets.len());
+        list
     }
 
     /// Sets `primarycache`, `secondarycache` or `compression` of the
@@ -244,7 +308,14 @@ impl Cache {
             .iter()
             .find(|d| d.name == name)
             .ok_or_else(|| crate::cache::properties::PropertyError::NoDataset(name.to_string()))?;
-        dataset.props.set(property, value)
+        let recordsize = dataset.props.current(&dataset.config).recordsize_bytes;
+        let set = dataset.props.set(property, value);
+        // Only the live properties change: never the recordsize.
+        debug_assert_eq!(
+            dataset.props.current(&dataset.config).recordsize_bytes,
+            recordsize
+        );
+        set
     }
 
     /// Adds a dataset: a primary store with its own properties.
@@ -273,15 +344,19 @@ impl Cache {
             props: crate::cache::properties::LiveProperties::new(&config),
             config,
         }));
+        // Ids are slots in the list, which only grows.
+        assert_eq!(datasets.len(), id.0 as usize + 1);
         Ok(id)
     }
 
     pub(super) fn dataset(&self, id: DatasetId) -> io::Result<Arc<Dataset>> {
         let datasets = self.datasets.read().expect("dataset lock poisoned");
-        datasets
+        let dataset = datasets
             .get(id.0 as usize)
             .cloned()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such dataset"))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such dataset"))?;
+        debug_assert!(dataset.config.validate().is_ok());
+        Ok(dataset)
     }
 
     /// Opens an object and revalidates what the cache knows of it.
@@ -294,6 +369,7 @@ impl Cache {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open(name, writable)?;
         let handle = self.open_object(dataset_id, dataset, object)?;
+        debug_assert_eq!(handle.dataset_id, dataset_id);
         self.analytics
             .name_object(dataset_id.0, handle.state.id, name);
         Ok(handle)
@@ -310,12 +386,18 @@ impl Cache {
     ) -> io::Result<ObjectHandle> {
         let dataset = self.dataset(dataset_id)?;
         let object = dataset.primary.open_file(file, writable)?;
-        self.open_object(dataset_id, dataset, object)
+        let handle = self.open_object(dataset_id, dataset, object)?;
+        debug_assert_eq!(handle.dataset_id, dataset_id);
+        Ok(handle)
     }
 
     /// Names an object for the analytics' drill-down: for front ends that
     /// open by descriptor ([`Cache::open_file`]) and know a path.
     pub fn name_object(&self, handle: &ObjectHandle, name: &str) {
+        debug_assert!(
+            handle.dataset.config.validate().is_ok(),
+            "added, so checked"
+        );
         self.analytics
             .name_object(handle.dataset_id.0, handle.state.id, name);
     }
@@ -328,6 +410,7 @@ impl Cache {
     ) -> io::Result<ObjectHandle> {
         let info = object.info()?;
         let state = self.object_state(dataset_id, &info);
+        assert_eq!(state.id, info.id, "the state of this object");
         let handle = ObjectHandle {
             dataset_id,
             dataset,
@@ -380,13 +463,25 @@ impl Cache {
             streams: OnceLock::new(),
         });
         objects.insert((dataset_id.0, info.id), Arc::clone(&state));
+        // Past the bound only once unheld states were dropped (a table of
+        // held states, and the one just made).
+        debug_assert!(
+            objects.len() <= OBJECT_STATES_MAX
+                || self.object_states_dropped.load(Ordering::Relaxed)
+        );
         state
     }
 
     /// Objects whose state the cache holds (bounded by `OBJECT_STATES_MAX`
     /// plus those open handles hold).
     pub fn object_states(&self) -> usize {
-        self.objects.lock().expect("object table poisoned").len()
+        let objects = self.objects.lock().expect("object table poisoned");
+        // Past the bound only after a drop of unheld states.
+        debug_assert!(
+            objects.len() <= OBJECT_STATES_MAX
+                || self.object_states_dropped.load(Ordering::Relaxed)
+        );
+        objects.len()
     }
 
     /// Re-reads the object's generation; if it changed behind the cache,
@@ -398,7 +493,10 @@ impl Cache {
     /// object for the cache's own writes.
     pub fn revalidate(&self, handle: &ObjectHandle) -> io::Result<ObjectInfo> {
         let info = handle.object.info()?;
-        if handle.state.writes_in_flight.load(Ordering::Acquire) == 0 {
+        let in_flight = handle.state.writes_in_flight.load(Ordering::Acquire);
+        // Writes in their window, one per writing thread.
+        debug_assert!(in_flight < u64::from(u32::MAX));
+        if in_flight == 0 {
             self.adopt(handle, info, true);
         }
         Ok(info)
@@ -409,6 +507,8 @@ impl Cache {
     pub(super) fn adopt(&self, handle: &ObjectHandle, info: ObjectInfo, outside_change: bool) {
         let state = &handle.state;
         let mut generation = state.generation.lock().expect("object state poisoned");
+        let (token_before, of_token_before) =
+            (state.token.load(Ordering::Acquire), generation.of_token);
         if generation.current != info.generation {
             generation.current = info.generation;
             if outside_change {
@@ -420,17 +520,41 @@ impl Cache {
             }
         }
         state.size_bytes.store(info.size_bytes(), Ordering::Release);
+        // The token moved exactly when an outside change was adopted, to
+        // the one of the generation it stands for; our own writes adopt
+        // their generation without a new token.
+        let token_now = state.token.load(Ordering::Acquire);
+        if generation.of_token == of_token_before {
+            debug_assert_eq!(token_now, token_before);
+        } else {
+            debug_assert!(outside_change);
+            debug_assert_eq!(
+                token_now,
+                generation_token(&generation.of_token, generation.epoch)
+            );
+        }
+        // Under the lock, the size is the generation's.
+        assert_eq!(
+            state.size_bytes.load(Ordering::Relaxed),
+            generation.current.size_bytes
+        );
     }
 
     /// Drops every cached record of the object (O(1): a new token).
     pub fn invalidate_object(&self, handle: &ObjectHandle) {
         let state = &handle.state;
         let mut generation = state.generation.lock().expect("object state poisoned");
+        let before = state.token.load(Ordering::Acquire);
         generation.epoch += 1;
+        // An object state owns 2^32 epochs (`object_state`): never one of
+        // the next state's.
+        debug_assert_ne!(generation.epoch & u64::from(u32::MAX), 0);
         generation.of_token = generation.current;
         state.token.store(
             generation_token(&generation.current, generation.epoch),
             Ordering::Release,
         );
+        // A new epoch is a new token (64-bit hashes).
+        debug_assert_ne!(state.token.load(Ordering::Acquire), before);
     }
 }

@@ -54,6 +54,8 @@ pub struct ClaimedSpan {
 
 impl std::fmt::Debug for ClaimedSpan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Claims in record order, each record once.
+        debug_assert!(self.claims.windows(2).all(|w| w[0].0 < w[1].0));
         f.debug_struct("ClaimedSpan")
             .field("records", &self.claims.len())
             .finish_non_exhaustive()
@@ -78,6 +80,7 @@ impl Cache {
         let mut at = offset;
         while at < end {
             let n = PREFETCH_SPAN_BYTES_MAX.min(end - at);
+            debug_assert!(n > 0 && at + n <= end, "spans tile the range");
             if let Some(span) = self.claim_span(handle, at, n) {
                 result = result.and(span.fill());
             }
@@ -113,6 +116,9 @@ impl Cache {
                 claims.push((index, claim.detach()));
             }
         }
+        // At most a claim per record of the span, in record order.
+        debug_assert!(claims.len() as u64 <= (end - 1) / recordsize - offset / recordsize + 1);
+        debug_assert!(claims.windows(2).all(|w| w[0].0 < w[1].0));
         (!claims.is_empty()).then(|| ClaimedSpan {
             cache: Arc::clone(self),
             handle: handle.clone(),
@@ -125,6 +131,9 @@ impl Cache {
 impl ClaimedSpan {
     /// Records claimed.
     pub fn records(&self) -> usize {
+        // A span is made only with claims, and gives them up only when
+        // it is filled (which takes it).
+        debug_assert!(!self.claims.is_empty());
         self.claims.len()
     }
 
@@ -132,6 +141,7 @@ impl ClaimedSpan {
     /// from primary storage, one read per run of consecutive records. The
     /// first error of a primary read is returned (its records are failed).
     pub fn fill(self) -> io::Result<()> {
+        debug_assert!(!self.claims.is_empty());
         self.fill_paced(&|_| true)
     }
 
@@ -142,6 +152,8 @@ impl ClaimedSpan {
     /// (its claims are dropped: their waiters look again).
     pub fn fill_paced(mut self, pace: &dyn Fn(u64) -> bool) -> io::Result<()> {
         let claims = std::mem::take(&mut self.claims);
+        // Filled here; none are left for `Drop` to give up.
+        debug_assert!(self.claims.is_empty() && !claims.is_empty());
         let cache = &*self.cache;
         let claims = claims
             .into_iter()
@@ -166,6 +178,14 @@ impl Cache {
         claims: Vec<(u64, FillClaim<'a>)>,
         pace: &dyn Fn(u64) -> bool,
     ) -> io::Result<()> {
+        // The run and then the claims, in record order; the run consecutive.
+        debug_assert!(run.windows(2).all(|w| w[0].0 + 1 == w[1].0));
+        debug_assert!(
+            run.iter()
+                .chain(&claims)
+                .map(|&(index, _)| index)
+                .is_sorted_by(|a, b| a < b)
+        );
         let mut result = Ok(());
         for (index, claim) in claims {
             let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
@@ -187,6 +207,7 @@ impl Cache {
 impl Drop for ClaimedSpan {
     fn drop(&mut self) {
         // Unfilled: attached and dropped, each claim fails as abandoned.
+        debug_assert!(self.claims.windows(2).all(|w| w[0].0 < w[1].0));
         for (_, claim) in self.claims.drain(..) {
             drop(claim.attach(&self.cache.arc));
         }
@@ -217,7 +238,9 @@ impl Cache {
         let mut current: Option<(FillClaim<'_>, AlignedBuf, usize)> = None;
         let mut next_index = first;
         let mut stopped = false;
+        let published = std::cell::Cell::new(0usize);
         let publish = |claim, data| {
+            published.set(published.get() + 1);
             let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
         };
         let result =
@@ -247,6 +270,11 @@ impl Cache {
                 }
                 true
             });
+        // Every claim taken is published, in progress, or still waiting.
+        debug_assert_eq!(
+            published.get() + usize::from(current.is_some()) + claims.len(),
+            records
+        );
         match &result {
             // Given up: the claims not filled are dropped (abandoned).
             Ok(_) if stopped => {}
@@ -257,9 +285,11 @@ impl Cache {
                     buf.set_len(filled);
                     publish(claim, buf);
                 }
-                for (_, claim) in claims {
+                for (_, claim) in claims.by_ref() {
                     publish(claim, AlignedBuf::zeroed(0));
                 }
+                // Read to its end: every claim taken was published.
+                debug_assert_eq!(published.get(), records);
             }
             Err(e) => {
                 // Never published in part: a record is whole or not at all.

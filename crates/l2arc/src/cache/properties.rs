@@ -49,13 +49,16 @@ pub enum PropertyError {
 }
 
 fn mode_bits(mode: CacheMode) -> u8 {
-    match mode {
+    let bits = match mode {
         CacheMode::All => 0,
         CacheMode::None => 1,
-    }
+    };
+    debug_assert!(bits <= 1);
+    bits
 }
 
 fn mode_of(bits: u8) -> CacheMode {
+    debug_assert!(bits <= 1, "only `mode_bits` are stored");
     if bits == 1 {
         CacheMode::None
     } else {
@@ -65,36 +68,52 @@ fn mode_of(bits: u8) -> CacheMode {
 
 impl LiveProperties {
     pub(crate) fn new(config: &DatasetConfig) -> Self {
-        Self {
+        let props = Self {
             primarycache: AtomicU8::new(mode_bits(config.primarycache)),
             secondarycache: AtomicU8::new(mode_bits(config.secondarycache)),
             compression: AtomicU8::new(config.compression as u8),
-        }
+        };
+        // They read back as configured.
+        debug_assert!(
+            props.primarycache() == config.primarycache
+                && props.secondarycache() == config.secondarycache
+                && props.compression() == config.compression
+        );
+        props
     }
 
     #[inline]
     pub(crate) fn primarycache(&self) -> CacheMode {
-        mode_of(self.primarycache.load(Ordering::Relaxed))
+        let bits = self.primarycache.load(Ordering::Relaxed);
+        debug_assert!(bits <= 1);
+        mode_of(bits)
     }
 
     #[inline]
     pub(crate) fn secondarycache(&self) -> CacheMode {
-        mode_of(self.secondarycache.load(Ordering::Relaxed))
+        let bits = self.secondarycache.load(Ordering::Relaxed);
+        debug_assert!(bits <= 1);
+        mode_of(bits)
     }
 
     pub(crate) fn compression(&self) -> Compression {
-        Compression::from_bits(self.compression.load(Ordering::Relaxed))
-            .expect("only valid values are stored")
+        let bits = self.compression.load(Ordering::Relaxed);
+        let compression = Compression::from_bits(bits).expect("only valid values are stored");
+        debug_assert_eq!(compression as u8, bits);
+        compression
     }
 
     /// `config` with the current values of the changeable properties.
     pub(crate) fn current(&self, config: &DatasetConfig) -> DatasetConfig {
-        DatasetConfig {
+        let current = DatasetConfig {
             primarycache: self.primarycache(),
             secondarycache: self.secondarycache(),
             compression: self.compression(),
             ..*config
-        }
+        };
+        // What may change while running never makes a valid config invalid.
+        debug_assert!(current.validate().is_ok() || config.validate().is_err());
+        current
     }
 
     /// Sets `property` to `value` (ZFS's names and values).
@@ -123,6 +142,8 @@ impl LiveProperties {
                     value: value.to_string(),
                     expected: "lz4, zstd or off",
                 })?;
+                // Only values `compression` can read back are stored.
+                debug_assert_eq!(Compression::from_bits(c as u8), Some(c));
                 self.compression.store(c as u8, Ordering::Relaxed);
             }
             other => return Err(PropertyError::Unknown(other.to_string())),

@@ -145,7 +145,7 @@ impl Cache {
         let ops_max = ring
             .as_ref()
             .map_or(0, |_| ring_entries.next_power_of_two());
-        Ok(ReadQueue {
+        let queue = ReadQueue {
             cache: self,
             ring,
             requests: (0..depth).map(|_| None).collect(),
@@ -156,13 +156,19 @@ impl Cache {
             outstanding: 0,
             done: VecDeque::with_capacity(depth),
             _one_thread: std::marker::PhantomData,
-        })
+        };
+        // A slot per request, and an op slot per ring entry (none without).
+        debug_assert_eq!(queue.free_requests.len(), depth);
+        debug_assert!(queue.ring.is_none() || queue.ops.len() >= ring_entries);
+        Ok(queue)
     }
 }
 
 impl<'c> ReadQueue<'c> {
     /// How this queue reads flash: `IoUring` or `Psync`.
     pub fn ioengine(&self) -> IoEngine {
+        // Op slots are the ring's: a psync queue has none.
+        debug_assert!(self.ring.is_some() || self.ops.is_empty());
         if self.ring.is_some() {
             IoEngine::IoUring
         } else {
@@ -172,11 +178,17 @@ impl<'c> ReadQueue<'c> {
 
     /// Requests submitted and not yet handed back by [`Self::wait`].
     pub fn pending(&self) -> usize {
+        debug_assert!(self.outstanding <= self.requests.len(), "at most depth");
         self.outstanding
     }
 
     /// Whether [`Self::submit`] would take another request.
     pub fn has_room(&self) -> bool {
+        // Outstanding: requests live in a slot, or done and not handed back.
+        debug_assert_eq!(
+            self.free_requests.len() + self.outstanding,
+            self.requests.len() + self.done.len()
+        );
         self.outstanding < self.requests.len()
     }
 
@@ -191,7 +203,12 @@ impl<'c> ReadQueue<'c> {
         len: usize,
         tag: u64,
     ) -> io::Result<()> {
-        self.submit_kind(handle, offset, len, tag, AccessKind::Demand)
+        let before = self.outstanding;
+        let submitted = self.submit_kind(handle, offset, len, tag, AccessKind::Demand);
+        // Taken (counted until handed back), or refused before anything.
+        debug_assert!(submitted.is_err() || self.outstanding == before + 1);
+        debug_assert!(self.outstanding <= self.requests.len());
+        submitted
     }
 
     /// As [`Self::submit`], for a caller that has another way to serve
@@ -212,10 +229,13 @@ impl<'c> ReadQueue<'c> {
         len: usize,
         tag: u64,
     ) -> io::Result<bool> {
+        let before = self.outstanding;
         if !self.cache.queue_takes(handle, offset, len) {
             return Ok(false);
         }
-        self.submit(handle, offset, len, tag).map(|()| true)
+        let taken = self.submit(handle, offset, len, tag).map(|()| true);
+        debug_assert!(!matches!(taken, Ok(true)) || self.outstanding == before + 1);
+        taken
     }
 
     fn submit_kind(
@@ -276,6 +296,12 @@ impl<'c> ReadQueue<'c> {
         request
             .slots
             .extend(records.clone().map(|_| RecordSlot::Reading));
+        // One slot per record under the range, all unresolved, and the
+        // range within what was asked.
+        debug_assert!(
+            request.slots.len() == request.unresolved && end - offset.min(end) <= len as u64
+        );
+        debug_assert!(self.requests[index as usize].is_none(), "a free slot");
         self.requests[index as usize] = Some(request);
         // Timed as `Cache::read` times ARC hits: a request that completes
         // here, without going below the ARC, was served from DRAM.
@@ -304,6 +330,8 @@ impl<'c> ReadQueue<'c> {
             .as_ref()
             .expect("live request");
         let record = request.first_record + u64::from(slot);
+        // Resolved once: from `Reading`, the shape it starts in.
+        debug_assert!(matches!(request.slots[slot as usize], RecordSlot::Reading));
         let key = request.handle.record_key(record);
         let token = request.handle.token();
         let kind = request.kind;
@@ -368,7 +396,13 @@ impl<'c> ReadQueue<'c> {
         while !self.ring.as_ref().expect("ring").has_room() {
             self.reap(1)?;
         }
+        // A live op per read in the ring, a free slot for every other.
+        debug_assert_eq!(
+            self.free_ops.len() + self.ring.as_ref().map_or(0, ReadRing::in_flight),
+            self.ops.len()
+        );
         let op_index = self.free_ops.pop().expect("one op slot per ring entry");
+        debug_assert!(self.ops[op_index as usize].is_none());
         let fd = pending
             .device_io()
             .ring_fd()
@@ -434,6 +468,7 @@ impl<'c> ReadQueue<'c> {
             Some(e) => Err(e),
             None => Ok(assemble(&request)),
         };
+        debug_assert!(self.done.len() < self.outstanding, "done ≤ outstanding");
         if let Ok(view) = &result
             && request.kind == AccessKind::Demand
         {
@@ -449,7 +484,11 @@ impl<'c> ReadQueue<'c> {
     /// Hands back at least `min` completions (fewer only if fewer are
     /// pending), appended to `out`; more if more are ready.
     pub fn wait(&mut self, min: usize, out: &mut Vec<ReadCompletion>) -> io::Result<()> {
-        self.wait_until(min, out, None)
+        let (given, pending) = (out.len(), self.outstanding);
+        self.wait_until(min, out, None)?;
+        // Without a timeout, at least `min` (or all pending) come back.
+        debug_assert!(out.len() - given >= min.min(pending));
+        Ok(())
     }
 
     /// As [`Self::wait`], but returns after `timeout` even with fewer than
@@ -462,7 +501,10 @@ impl<'c> ReadQueue<'c> {
         out: &mut Vec<ReadCompletion>,
         timeout: std::time::Duration,
     ) -> io::Result<()> {
-        self.wait_until(min, out, Some(timeout))
+        let (given, pending) = (out.len(), self.outstanding);
+        self.wait_until(min, out, Some(timeout))?;
+        debug_assert!(out.len() - given <= pending, "only what was pending");
+        Ok(())
     }
 
     /// As [`Self::wait`], but also returns, with `true`, as soon as `fd`
@@ -481,7 +523,10 @@ impl<'c> ReadQueue<'c> {
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> io::Result<bool> {
         use std::os::fd::AsRawFd;
-        self.wait_watching(min, out, None, Some(fd.as_raw_fd()))
+        let (given, pending) = (out.len(), self.outstanding);
+        let readable = self.wait_watching(min, out, None, Some(fd.as_raw_fd()))?;
+        debug_assert!(out.len() - given <= pending, "only what was pending");
+        Ok(readable)
     }
 
     fn wait_until(
@@ -490,7 +535,11 @@ impl<'c> ReadQueue<'c> {
         out: &mut Vec<ReadCompletion>,
         timeout: Option<std::time::Duration>,
     ) -> io::Result<()> {
-        self.wait_watching(min, out, timeout, None).map(|_| ())
+        let (given, pending) = (out.len(), self.outstanding);
+        let waited = self.wait_watching(min, out, timeout, None).map(|_| ());
+        // Each completion handed back is one request fewer outstanding.
+        debug_assert!(waited.is_err() || pending - self.outstanding == out.len() - given);
+        waited
     }
 
     /// The one wait loop: until `min` completions (fewer if fewer are
@@ -502,6 +551,7 @@ impl<'c> ReadQueue<'c> {
         timeout: Option<std::time::Duration>,
         watch: Option<std::os::fd::RawFd>,
     ) -> io::Result<bool> {
+        debug_assert!(self.outstanding <= self.requests.len());
         let want = min.min(self.outstanding);
         let mut timed_out = false;
         let mut given = 0;
@@ -551,6 +601,8 @@ impl<'c> ReadQueue<'c> {
         let Some(ring) = self.ring.as_mut() else {
             return Ok(());
         };
+        // Only ever waits for reads it has in flight.
+        debug_assert!(want <= ring.in_flight());
         ring.submit_and_wait(want)?;
         self.finish_completed();
         Ok(())
@@ -563,6 +615,11 @@ impl<'c> ReadQueue<'c> {
         };
         let completed_any = ring.submit_and_wait_timeout(timeout)?;
         self.finish_completed();
+        debug_assert!(
+            self.ring
+                .as_ref()
+                .is_some_and(|r| r.in_flight() <= self.ops.len())
+        );
         Ok(completed_any)
     }
 
@@ -576,12 +633,15 @@ impl<'c> ReadQueue<'c> {
         ring.reap(FINISH_PER_REAP_MAX, |user_data, result| {
             completed.push((user_data, result));
         });
+        debug_assert!(completed.len() <= FINISH_PER_REAP_MAX && !completed.spilled());
         for (user_data, result) in completed {
             self.complete_op(user_data as u32, result);
         }
     }
 
     fn complete_op(&mut self, op_index: u32, result: i32) {
+        // The user data of a read is its op slot (never the poll's).
+        debug_assert!((op_index as usize) < self.ops.len());
         let op = self.ops[op_index as usize]
             .take()
             .expect("a reaped op is live");
@@ -627,6 +687,11 @@ impl<'c> ReadQueue<'c> {
         claim: FillClaim<'c>,
         mut pending: PendingRead,
     ) {
+        debug_assert!(
+            self.requests[index as usize]
+                .as_ref()
+                .is_some_and(|r| matches!(r.slots[slot as usize], RecordSlot::Reading))
+        );
         let timer = self.cache.analytics.start();
         let io_result = pending.read_psync();
         self.finish_flash_read(
@@ -658,6 +723,7 @@ impl<'c> ReadQueue<'c> {
         let handle = request.handle.clone();
         let record = request.first_record + u64::from(slot);
         let recordsize = handle.recordsize_bytes() as usize;
+        debug_assert!(matches!(request.slots[slot as usize], RecordSlot::Reading));
         let result = match l2
             .finish_read(pending, io_result)
             .filter(|data| data.len() <= recordsize)
@@ -711,6 +777,12 @@ impl<'c> ReadQueue<'c> {
                 self.finish_if_resolved(index);
             }
         }
+        // Every request still listed has a record parked (O(parked)).
+        debug_assert!(self.parked.iter().all(|&i| {
+            self.requests[i as usize]
+                .as_ref()
+                .is_some_and(|r| r.slots.iter().any(|s| matches!(s, RecordSlot::Parked(_))))
+        }));
         Ok(())
     }
 
@@ -718,6 +790,10 @@ impl<'c> ReadQueue<'c> {
     fn look_again(&mut self, index: u32, slot: u32, still_parked: &mut bool) -> io::Result<()> {
         {
             let request = self.requests[index as usize].as_mut().expect("live");
+            debug_assert!(matches!(
+                request.slots[slot as usize],
+                RecordSlot::Parked(_)
+            ));
             request.slots[slot as usize] = RecordSlot::Reading;
         }
         self.resolve_again(index, slot)?;
@@ -734,11 +810,13 @@ impl<'c> ReadQueue<'c> {
         if self.parked.len() > before {
             self.parked.pop();
         }
+        debug_assert_eq!(self.parked.len(), before, "listed once");
         Ok(())
     }
 
     /// Blocks until one parked fill of request `index` completes.
     fn wait_parked(&self, index: u32) {
+        debug_assert!(self.parked.contains(&index));
         let request = self.requests[index as usize].as_ref().expect("live");
         if let Some(RecordSlot::Parked(fill)) = request
             .slots
@@ -768,6 +846,8 @@ fn assemble(request: &Request) -> ReadView {
             break; // end of object as the primary saw it
         }
     }
+    // No more than the request asked for (its end clipped at submit).
+    debug_assert!(view.len() as u64 <= request.end - request.offset.min(request.end));
     view
 }
 
@@ -781,5 +861,9 @@ impl Drop for ReadQueue<'_> {
                 std::process::abort();
             }
         }
+        debug_assert!(
+            std::thread::panicking() || self.ops.iter().all(Option::is_none),
+            "every read reaped"
+        );
     }
 }

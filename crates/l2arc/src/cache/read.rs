@@ -51,6 +51,8 @@ impl Cache {
                 None => self.get_piece(handle, index, AccessKind::Demand, from..to)?,
             };
             let n = range.len();
+            // A piece of one record, no more than was asked.
+            debug_assert!(n as u64 <= end - offset && n <= buf.len());
             buf[..n].copy_from_slice(&record.data[range]);
             self.counters.reads.add(1);
             self.counters.read_bytes.add(n as u64);
@@ -59,6 +61,7 @@ impl Cache {
             return Ok(n);
         }
         let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
+        debug_assert!(view.len() <= buf.len());
         Ok(view.copy_to(buf))
     }
 
@@ -69,7 +72,7 @@ impl Cache {
             return Ok(());
         }
         self.read_view(handle, offset, len, AccessKind::Prefetch)
-            .map(|_| ())
+            .map(|view| debug_assert!(view.len() <= len))
     }
 
     /// Reads a range as shared record buffers, without copying.
@@ -80,7 +83,9 @@ impl Cache {
         len: usize,
         kind: AccessKind,
     ) -> io::Result<ReadView> {
-        self.read_view_continuing(handle, offset, len, kind, None)
+        let view = self.read_view_continuing(handle, offset, len, kind, None)?;
+        debug_assert!(view.len() <= len, "a view is no longer than asked");
+        Ok(view)
     }
 
     /// As [`Self::read_view`], for a reader whose previous read ended in
@@ -115,6 +120,8 @@ impl Cache {
             let record_start = index * recordsize;
             let from = (offset.max(record_start) - record_start) as usize;
             let to = ((end - record_start) as usize).min(recordsize as usize);
+            // Every record under the range holds some of it.
+            debug_assert!(from < to && to <= recordsize as usize);
             let peeked = (kind == AccessKind::Demand && continues == Some(index))
                 .then(|| self.arc.peek_hit(handle.record_key(index), handle.token()))
                 .flatten();
@@ -129,15 +136,17 @@ impl Cache {
                 break; // end of object as the primary saw it
             }
         }
+        let view = ReadView { segments };
+        // Within the object as last seen (O(segments), as `len` is).
+        debug_assert!(view.len() as u64 <= end - offset);
         if kind == AccessKind::Demand {
-            let view = ReadView { segments };
             self.counters.reads.add(1);
             self.counters.read_bytes.add(view.len() as u64);
             self.analytics
                 .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(view);
         }
-        Ok(ReadView { segments })
+        Ok(view)
     }
 
     /// Bytes `wanted` of record `index` (cut at the record's end): a
@@ -183,7 +192,10 @@ impl Cache {
             }
         }
         let record = self.get_record(handle, index, kind)?;
-        Ok(piece_of(record, wanted, recordsize))
+        let piece = piece_of(record, wanted.clone(), recordsize);
+        // A piece read is within the record, and no more than wanted.
+        debug_assert!(piece.1.end <= piece.0.data.len() && piece.1.len() <= wanted.len());
+        Ok(piece)
     }
 
     pub(super) fn get_record(
@@ -197,7 +209,10 @@ impl Cache {
         loop {
             let token = handle.token();
             let result = match self.arc.lookup(key, token, kind) {
-                Lookup::Hit(record) => return Ok(record),
+                Lookup::Hit(record) => {
+                    debug_assert_eq!(record.generation_token, token, "a hit is current");
+                    return Ok(record);
+                }
                 Lookup::InFlight(fill) => {
                     self.analytics.note_below();
                     match fill.wait() {
@@ -246,6 +261,8 @@ impl Cache {
         token: u64,
         fill_sequence: u64,
     ) -> io::Result<Arc<Record>> {
+        // Noted before the read, from a sequence that only grows.
+        debug_assert!(fill_sequence <= self.invalidation_sequence.load(Ordering::Acquire));
         match result {
             Ok(data) => {
                 let record = Arc::new(Record {
@@ -280,7 +297,9 @@ impl Cache {
         if let Some(data) = self.read_below(handle, index, token) {
             return Ok(data);
         }
-        self.read_primary(handle, index, token)
+        let data = self.read_primary(handle, index, token)?;
+        debug_assert!(data.len() <= handle.dataset.config.recordsize_bytes as usize);
+        Ok(data)
     }
 
     /// A record's bytes from the first tier below the ARC that holds them
@@ -296,7 +315,7 @@ impl Cache {
         let recordsize_bytes = handle.dataset.config.recordsize_bytes;
         self.tiers.iter().find_map(|tier| {
             let timer = self.analytics.start();
-            let data = tier.read(key_hash, recordsize_bytes)?;
+            let data = tier.checked_read(key_hash, recordsize_bytes)?;
             assert!(data.len() <= recordsize_bytes as usize);
             self.note_l2_hit(handle, timer, data.len() as u64);
             Some(data)
@@ -315,7 +334,7 @@ impl Cache {
         let key_hash = self.key_below(handle, index, token)?;
         self.tiers.iter().find_map(|tier| {
             let timer = self.analytics.start();
-            let (data, range, record_bytes) = tier.read_piece(key_hash, wanted.clone())?;
+            let (data, range, record_bytes) = tier.checked_read_piece(key_hash, wanted.clone())?;
             assert!(range.end <= data.len() && range.len() <= wanted.len());
             self.note_l2_hit(handle, timer, range.len() as u64);
             Some((data, range, record_bytes))
@@ -325,8 +344,10 @@ impl Cache {
     /// The record's identity below the ARC, if its dataset lets tiers
     /// below the ARC keep it (`secondarycache=all`).
     fn key_below(&self, handle: &ObjectHandle, index: u64, token: u64) -> Option<u64> {
-        (handle.dataset.props.secondarycache() == CacheMode::All)
-            .then(|| record_key_hash(handle.dataset.uid, handle.state.id, index, token))
+        let key_hash = (handle.dataset.props.secondarycache() == CacheMode::All)
+            .then(|| record_key_hash(handle.dataset.uid, handle.state.id, index, token));
+        debug_assert_ne!(key_hash, Some(0), "0 marks an empty slot below");
+        key_hash
     }
 
     /// Counts a hit of `bytes` below the ARC for the analytics (latency
@@ -338,6 +359,8 @@ impl Cache {
         timer: crate::analytics::Timer,
         bytes: u64,
     ) {
+        // A hit below is at most one record.
+        debug_assert!(bytes <= u64::from(handle.dataset.config.recordsize_bytes));
         let dataset = handle.dataset_id.0 as usize;
         self.analytics
             .l2_hit_done(timer, dataset, handle.state.id, bytes);
@@ -367,6 +390,11 @@ impl Cache {
             let start = records.start() * recordsize;
             (offset - start) as usize..(end - start) as usize
         });
+        debug_assert!(
+            piece
+                .as_ref()
+                .is_none_or(|p| p.start < p.end && p.end as u64 <= recordsize)
+        );
         records.clone().all(|index| {
             if self.arc.holds(handle.record_key(index), token) {
                 return true;
@@ -374,7 +402,7 @@ impl Cache {
             let Some((l2, key_hash)) = self.l2_source(handle, index, token) else {
                 return false;
             };
-            match Tier::holds(&**l2, key_hash) {
+            match <dyn Tier>::checked_holds(&**l2, key_hash) {
                 None => false,
                 Some(sectored) => {
                     !(sectored && piece.as_ref().is_some_and(|p| sector_read_fits(handle, p)))
@@ -393,7 +421,9 @@ impl Cache {
         token: u64,
     ) -> Option<(&Arc<L2Arc>, u64)> {
         let l2 = self.l2.get()?;
-        Some((l2, self.key_below(handle, index, token)?))
+        let key_hash = self.key_below(handle, index, token)?;
+        debug_assert_ne!(key_hash, 0);
+        Some((l2, key_hash))
     }
 
     /// Reads a whole record from primary storage.
@@ -405,7 +435,9 @@ impl Cache {
         index: u64,
         token: u64,
     ) -> io::Result<AlignedBuf> {
-        self.read_primary_span(handle, index, 1, token)
+        let data = self.read_primary_span(handle, index, 1, token)?;
+        debug_assert!(data.len() <= handle.dataset.config.recordsize_bytes as usize);
+        Ok(data)
     }
 
     /// Reads `records` whole records from `first` on from primary storage
@@ -460,6 +492,14 @@ impl Cache {
         sink: &mut dyn FnMut(&[u8]) -> bool,
     ) -> io::Result<usize> {
         let recordsize = handle.dataset.config.recordsize_bytes as usize;
+        // A run of whole records, whose offsets do not overflow.
+        assert!(records > 0);
+        debug_assert!(
+            first
+                .checked_add(records as u64)
+                .and_then(|end| end.checked_mul(recordsize as u64))
+                .is_some()
+        );
         let expected = handle.state.generation_of(token);
         let timer = self.analytics.start();
         let result = handle.object.read_span_at_generation(
@@ -507,6 +547,8 @@ impl Cache {
             let mut bounce = AlignedBuf::zeroed((end - start) as usize);
             let got = handle.object.read_at(start, bounce.as_mut_slice())?;
             let skip = (offset - start) as usize;
+            // The bounce buffer covers the read, whole aligned blocks.
+            debug_assert!(skip < align as usize && (end - start) as usize >= skip + buf.len());
             let n = got.saturating_sub(skip).min(buf.len());
             buf[..n].copy_from_slice(&bounce[skip..skip + n]);
             n

@@ -63,6 +63,13 @@ impl Cache {
         } else {
             Vec::new()
         };
+        // Read ahead: the records right after this one, in order.
+        debug_assert!(
+            ahead
+                .iter()
+                .enumerate()
+                .all(|(i, &(ahead, _))| ahead == index + 1 + i as u64)
+        );
         if ahead.is_empty() {
             let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
             let result = self.read_primary(handle, index, token);
@@ -113,6 +120,8 @@ impl Cache {
             return Vec::new();
         }
         let last_record = handle.size_bytes().saturating_sub(1) / recordsize;
+        // As far ahead as the stream is behind, at most the distance.
+        debug_assert!(behind <= distance_records && distance_records <= READ_AHEAD_RECORDS_MAX);
         let mut claims = Vec::with_capacity(behind as usize);
         let held = |i: u64| self.arc.holds(handle.record_key(i), token);
         for ahead in index + 1..=(index + behind).min(last_record) {

@@ -33,16 +33,25 @@ pub(super) struct Tiers {
 
 impl Default for Tiers {
     fn default() -> Self {
-        Self {
+        let tiers = Self {
             slots: Default::default(),
             appending: RankedMutex::new(()),
-        }
+        };
+        debug_assert!(tiers.iter().next().is_none(), "no tier yet");
+        tiers
     }
 }
 
 impl Tiers {
     /// The tiers, in read order.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Arc<dyn Tier>> {
+        // Set slots are a prefix (appends fill the first free one): a set
+        // slot's predecessor is set, read in this order, race-free.
+        debug_assert!(
+            self.slots
+                .windows(2)
+                .all(|w| w[1].get().is_none() || w[0].get().is_some())
+        );
         self.slots.iter().map_while(OnceLock::get)
     }
 
@@ -62,6 +71,11 @@ impl Tiers {
 impl Dataset {
     /// How this dataset wants its records kept below the ARC, now.
     pub(super) fn keeping(&self) -> Keeping {
+        // Checked when the dataset was added.
+        debug_assert!(
+            self.config.sector_table_min_bytes as usize
+                >= crate::l2arc::format::SECTOR_TABLE_RECORD_BYTES_FLOOR
+        );
         Keeping {
             dataset_uid: self.uid,
             below_arc: self.props.secondarycache() == CacheMode::All,
@@ -78,7 +92,11 @@ struct TierEvictionSink(Weak<Cache>);
 impl EvictionSink for TierEvictionSink {
     fn evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
         if let Some(cache) = self.0.upgrade() {
-            cache.offer_evicted(records);
+            // What the ARC lets go leaves a resident list, not a ghost one.
+            let mut resident = records.inspect(|evicted| {
+                debug_assert!(matches!(evicted.from, ListId::Mru | ListId::Mfu));
+            });
+            cache.offer_evicted(&mut resident);
         }
     }
 }
@@ -87,13 +105,21 @@ impl Cache {
     /// The L2ARC, once a cache device has been added.
     #[cfg(feature = "internals")]
     pub fn l2arc(&self) -> Option<&Arc<L2Arc>> {
+        // The L2ARC, once made, is the first tier (appended before it is
+        // published: a reader that sees it sees the tier).
+        debug_assert!(self.l2.get().is_none_or(|l2| {
+            self.tiers
+                .iter()
+                .next()
+                .is_some_and(|first| std::ptr::addr_eq(Arc::as_ptr(l2), Arc::as_ptr(first)))
+        }));
         self.l2.get()
     }
 
     /// The L2ARC, made with the first cache device: attached to this
     /// cache's ARC as its feed source and appended to the tiers.
     fn l2_or_init(self: &Arc<Self>) -> &Arc<L2Arc> {
-        self.l2.get_or_init(|| {
+        let l2 = self.l2.get_or_init(|| {
             let expected_records =
                 (self.config.arc_max_bytes / u64::from(RECORDSIZE_MIN_BYTES)) as usize;
             let mut config = self.config.l2arc.clone();
@@ -111,7 +137,16 @@ impl Cache {
             self.arc
                 .set_eviction_sink(Box::new(TierEvictionSink(Arc::downgrade(self))));
             l2
-        })
+        });
+        // The L2ARC, once made, is the first tier (appended before it is
+        // published: a reader that sees it sees the tier).
+        debug_assert!(self.l2.get().is_none_or(|l2| {
+            self.tiers
+                .iter()
+                .next()
+                .is_some_and(|first| std::ptr::addr_eq(Arc::as_ptr(l2), Arc::as_ptr(first)))
+        }));
+        l2
     }
 
     /// Adds a cache device (L2ARC): reused and rebuilt if it holds an L2ARC
@@ -123,6 +158,7 @@ impl Cache {
     ) -> io::Result<(u8, DeviceOpen)> {
         let l2 = self.l2_or_init();
         let added = l2.add_device(io)?;
+        debug_assert!(usize::from(added.0) < crate::l2arc::DEVICES_MAX);
         crate::l2arc::feeder::spawn_device_feeder(l2, added.0)?;
         Ok(added)
     }
@@ -135,11 +171,21 @@ impl Cache {
         create_size_bytes: Option<u64>,
     ) -> io::Result<(u8, DeviceOpen)> {
         let device = FileDevice::open(path, create_size_bytes)?;
-        self.add_cache_device(Box::new(device))
+        let added = self.add_cache_device(Box::new(device))?;
+        debug_assert!(self.l2.get().is_some(), "made with the first device");
+        Ok(added)
     }
 
     /// Removes a cache device; waits for reads in flight on it.
     pub fn remove_cache_device(&self, slot: u8) -> io::Result<()> {
+        // The L2ARC, once made, is the first tier (appended before it is
+        // published: a reader that sees it sees the tier).
+        debug_assert!(self.l2.get().is_none_or(|l2| {
+            self.tiers
+                .iter()
+                .next()
+                .is_some_and(|first| std::ptr::addr_eq(Arc::as_ptr(l2), Arc::as_ptr(first)))
+        }));
         match self.l2.get() {
             Some(l2) => l2.remove_device(slot),
             None => Err(io::Error::new(io::ErrorKind::NotFound, "no cache devices")),
@@ -150,10 +196,13 @@ impl Cache {
     /// returns (each device's feeder thread does this by itself; tests
     /// call it to feed at a point of their choosing).
     pub fn feed_l2arc(&self) -> FeedOutcome {
-        match self.l2.get() {
+        let outcome = match self.l2.get() {
             Some(l2) => l2.feed_once(self),
             None => FeedOutcome::default(),
-        }
+        };
+        // Without an L2ARC nothing is fed.
+        debug_assert!(self.l2.get().is_some() || (outcome.records == 0 && outcome.bytes == 0));
+        outcome
     }
 
     /// Hands what the ARC let go to every tier, each record with how its
@@ -161,6 +210,8 @@ impl Cache {
     fn offer_evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
         let datasets = self.datasets.read().expect("dataset lock poisoned");
         let mut offered = records.filter_map(|evicted| {
+            // Datasets are never removed: every key's slot is in the list.
+            debug_assert!((evicted.key.dataset as usize) < datasets.len());
             let dataset = datasets.get(evicted.key.dataset as usize)?;
             Some(EvictedRecord {
                 key: evicted.key,
@@ -174,12 +225,12 @@ impl Cache {
         let first = tiers.next();
         match (first, tiers.next()) {
             (None, _) => {}
-            (Some(only), None) => only.offer_evicted(&mut offered),
+            (Some(only), None) => only.checked_offer_evicted(&mut offered),
             (Some(first), Some(_)) => {
                 // More than one tier: each sees every record.
                 let all: Vec<EvictedRecord> = offered.collect();
                 for tier in std::iter::once(first).chain(self.tiers.iter().skip(1)) {
-                    tier.offer_evicted(&mut all.iter().cloned());
+                    tier.checked_offer_evicted(&mut all.iter().cloned());
                 }
             }
         }
@@ -187,15 +238,20 @@ impl Cache {
 
     /// Tells every tier that the ARC filled a record of `bytes`.
     pub(super) fn offer_fill(&self, bytes: u64) {
+        debug_assert!(
+            bytes <= u64::from(super::RECORDSIZE_MAX_BYTES),
+            "one record"
+        );
         for tier in self.tiers.iter() {
-            tier.offer_fill(bytes);
+            tier.checked_offer_fill(bytes);
         }
     }
 
     /// Drops a record a write made stale from every tier.
     pub(super) fn drop_below(&self, key_hash: u64) {
+        debug_assert_ne!(key_hash, 0, "0 marks an empty slot below");
         for tier in self.tiers.iter() {
-            tier.drop_record(key_hash);
+            tier.checked_drop_record(key_hash);
         }
     }
 }
@@ -205,6 +261,7 @@ impl FeedSource for Cache {
         let datasets: Vec<Arc<Dataset>> =
             self.datasets.read().expect("dataset lock poisoned").clone();
         let mut candidates = Vec::new();
+        let before = out.len();
         self.arc
             .feed_candidates(ListId::Mfu, scan_bytes_per_shard, &mut candidates);
         if !mfu_only {
@@ -224,17 +281,28 @@ impl FeedSource for Cache {
                     })
                 }),
         );
+        // At most one cold record per candidate, none of an unknown dataset.
+        debug_assert!(
+            out[before..]
+                .iter()
+                .all(|c| (c.key.dataset as usize) < datasets.len())
+        );
     }
 
     fn arc_shards(&self) -> usize {
+        debug_assert_eq!(self.config.arc_shards, self.arc.config().shards);
         self.config.arc_shards
     }
 
     fn write_sequence(&self) -> u64 {
-        self.invalidations
-            .lock()
-            .expect("invalidations poisoned")
-            .sequence
+        let invalidations = self.invalidations.lock().expect("invalidations poisoned");
+        // Published under this lock: the atomic copy agrees.
+        debug_assert_eq!(
+            invalidations.sequence,
+            self.invalidation_sequence
+                .load(std::sync::atomic::Ordering::Acquire)
+        );
+        invalidations.sequence
     }
 
     fn admit_unwritten(
@@ -244,6 +312,8 @@ impl FeedSource for Cache {
         records: usize,
         index: &mut dyn FnMut(&[bool]),
     ) {
+        // A flag for each of the first `records` keys, each with its since.
+        assert!(records <= keys.len() && keys.len() == since.len());
         self.admit_unwritten_records(keys, since, records, index);
     }
 }

@@ -23,12 +23,16 @@ pub struct ReadView {
 
 impl ReadView {
     pub(crate) fn empty() -> Self {
-        ReadView {
+        let view = ReadView {
             segments: SmallVec::new(),
-        }
+        };
+        debug_assert!(!view.segments.spilled(), "an empty view allocates nothing");
+        view
     }
 
     pub(crate) fn push(&mut self, record: Arc<Record>, range: Range<usize>) {
+        // A segment is a non-empty piece of its record's buffer.
+        debug_assert!(range.start < range.end && range.end <= record.data.len());
         self.segments.push((record, range));
     }
 
@@ -44,21 +48,36 @@ impl ReadView {
         if len > 0 {
             view.push(Arc::new(record), 0..len);
         }
+        debug_assert_eq!(view.len(), len);
         view
     }
 
     /// Bytes in the view.
     pub fn len(&self) -> usize {
+        debug_assert!(
+            self.segments
+                .iter()
+                .all(|(record, r)| r.start <= r.end && r.end <= record.data.len()),
+            "every segment lies within its record"
+        );
         self.segments.iter().map(|(_, r)| r.len()).sum()
     }
 
     /// Whether the view is empty (at or past the end of the object).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        let empty = self.len() == 0;
+        // Segments are never empty: no bytes means no segments.
+        debug_assert_eq!(empty, self.segments.is_empty());
+        empty
     }
 
     /// The bytes of the view, one slice per record it spans, in order.
     pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        debug_assert!(
+            self.segments
+                .iter()
+                .all(|(record, range)| range.end <= record.data.len())
+        );
         self.segments
             .iter()
             .map(|(record, range)| &record.data[range.clone()])
@@ -68,19 +87,24 @@ impl ReadView {
     pub fn as_single_slice(&self) -> Option<&[u8]> {
         match self.segments.as_slice() {
             [] => Some(&[]),
-            [(record, range)] => Some(&record.data[range.clone()]),
+            [(record, range)] => {
+                debug_assert!(!range.is_empty() && range.end <= record.data.len());
+                Some(&record.data[range.clone()])
+            }
             _ => None,
         }
     }
 
     /// Copies the view into `out` (which must be at least `len()` long).
     pub fn copy_to(&self, out: &mut [u8]) -> usize {
+        debug_assert!(out.len() >= self.len(), "copy_to's buffer is short");
         let mut at = 0;
         for (record, range) in &self.segments {
             let n = range.len();
             out[at..at + n].copy_from_slice(&record.data[range.clone()]);
             at += n;
         }
+        debug_assert_eq!(at, self.len());
         at
     }
 }
@@ -101,6 +125,8 @@ pub(super) const SECTOR_READ_FRACTION: usize = 16;
 pub(super) fn sector_read_fits(handle: &ObjectHandle, piece: &Range<usize>) -> bool {
     let config = &handle.dataset.config;
     let recordsize = config.recordsize_bytes as usize;
+    // The piece lies within one record.
+    debug_assert!(piece.start <= piece.end && piece.end <= recordsize);
     recordsize >= config.sector_table_min_bytes as usize
         && piece.start > 0
         && piece.len() * SECTOR_READ_FRACTION <= recordsize
@@ -113,7 +139,11 @@ pub(super) fn piece_of(
     recordsize: usize,
 ) -> (Arc<Record>, Range<usize>, bool) {
     let len = record.data.len();
+    // What is wanted lies within one record, and so does what it holds.
+    debug_assert!(wanted.start <= wanted.end && wanted.end <= recordsize);
+    debug_assert!(len <= recordsize, "a record is at most its recordsize");
     let to = wanted.end.min(len);
     let from = wanted.start.min(to);
+    debug_assert!(from <= to && to <= len && to - from <= wanted.len());
     (record, from..to, len < recordsize)
 }

@@ -50,6 +50,7 @@ pub(super) fn note_invalidation(
     records: (u64, u64),
 ) {
     let object_hash = hash_one(&(handle.dataset_id.0, handle.state.id));
+    debug_assert!(records.0 <= records.1, "first and last, in order");
     invalidations.sequence += 1;
     let sequence = invalidations.sequence;
     if invalidations.recent.len() == INVALIDATIONS_KEPT {
@@ -61,6 +62,16 @@ pub(super) fn note_invalidation(
         records,
     });
     published.store(sequence, Ordering::Release);
+    // Bounded, and in sequence order, the newest last.
+    debug_assert!(invalidations.recent.len() <= INVALIDATIONS_KEPT);
+    debug_assert!(
+        invalidations
+            .recent
+            .iter()
+            .rev()
+            .nth(1)
+            .is_none_or(|previous| previous.sequence < sequence)
+    );
 }
 
 impl Cache {
@@ -72,6 +83,8 @@ impl Cache {
             return Ok(());
         }
         let _in_flight = WriteInFlight::new(&handle.state);
+        // While it lives, `revalidate` leaves a moved generation to us.
+        debug_assert!(handle.state.writes_in_flight.load(Ordering::Acquire) > 0);
         let old_size_bytes = handle.size_bytes();
         if let Err(e) = handle.object.write_at(offset, data) {
             // Part of it may have landed (ENOSPC, EIO, end of a device):
@@ -100,6 +113,7 @@ impl Cache {
             ));
         }
         let _in_flight = WriteInFlight::new(&handle.state);
+        debug_assert!(handle.state.writes_in_flight.load(Ordering::Acquire) > 0);
         let old_size_bytes = handle.size_bytes();
         if let Err(e) = handle.object.punch_hole(offset, len) {
             if e.kind() != io::ErrorKind::Unsupported {
@@ -126,6 +140,7 @@ impl Cache {
         let end = offset.saturating_add(len);
         let first = offset / recordsize;
         let last = (end - 1) / recordsize;
+        debug_assert!(first <= last);
         // A short old last record grows with a write past the old end: its
         // cached copies are wrong then. Records beyond the old end were
         // never cached.
@@ -147,6 +162,12 @@ impl Cache {
                 handle,
                 dropped,
             );
+            // Published under the lock: readers of either see the same.
+            debug_assert_eq!(
+                self.invalidation_sequence.load(Ordering::Acquire),
+                invalidations.sequence
+            );
+            debug_assert!(dropped.0 <= first && last <= dropped.1);
             for record in old_last.into_iter().chain(first..=last) {
                 self.drop_record(handle, record, token);
             }
@@ -160,6 +181,12 @@ impl Cache {
     /// that read the flash copy before it was dropped was claimed before
     /// the ARC invalidation, which dooms it, so it never enters the ARC.
     pub(super) fn drop_record(&self, handle: &ObjectHandle, record: u64, token: u64) {
+        // A record of the object: its offset does not overflow.
+        debug_assert!(
+            record
+                .checked_mul(u64::from(handle.dataset.config.recordsize_bytes))
+                .is_some()
+        );
         self.drop_below(record_key_hash(
             handle.dataset.uid,
             handle.state.id,
@@ -175,6 +202,9 @@ impl Cache {
 
     /// Makes written data durable on primary storage.
     pub fn sync(&self, handle: &ObjectHandle) -> io::Result<()> {
+        // What a sync makes durable was written through a handle whose
+        // dataset passed its checks.
+        debug_assert!(handle.dataset.config.validate().is_ok());
         handle.object.sync()
     }
 

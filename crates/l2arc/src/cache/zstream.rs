@@ -103,8 +103,11 @@ pub(crate) struct Streams {
 
 impl Default for Streams {
     fn default() -> Self {
+        let streams = Vec::new();
+        // An object that is never read sequentially costs no allocation.
+        debug_assert_eq!(streams.capacity(), 0);
         Self {
-            streams: RankedMutex::new(Vec::new()),
+            streams: RankedMutex::new(streams),
         }
     }
 }
@@ -134,6 +137,7 @@ impl SpanPool {
                 .spawn(move || fill_spans(&rx, &busy));
             started += usize::from(spawned.is_ok());
         }
+        debug_assert!(started <= SPAN_FILL_THREADS);
         (started > 0).then_some(Self { jobs, busy })
     }
 }
@@ -148,7 +152,9 @@ fn fill_spans(rx: &RankedMutex<Receiver<SpanJob>, { rank::LEAF }>, busy: &Atomic
         // A failed read-ahead is only a lost hint; the readers waiting on
         // its records get the error (a 412: they re-stat).
         let _ = span.fill_paced(&|offset| pace.wait_for(offset));
-        busy.fetch_sub(1, Ordering::AcqRel);
+        let before = busy.fetch_sub(1, Ordering::AcqRel);
+        // Counted before it was sent.
+        debug_assert!(before > 0, "a span filled that was never counted");
     }
 }
 
@@ -278,6 +284,7 @@ impl Streams {
         }
         if sequential.is_some() || inside {
             // In a window a stream claimed: that stream's, not a new one.
+            debug_assert!(sequential.is_none_or(|i| i < streams.len()));
             return (sequential, read_until);
         }
         if let Some(i) = streams
@@ -303,12 +310,14 @@ impl Streams {
         } else if let Some(lru) = streams.iter_mut().min_by_key(|s| s.last_used) {
             *lru = candidate;
         }
+        debug_assert!(streams.len() <= ZFETCH_MAX_STREAMS, "bounded");
         (None, 0)
     }
 
     /// What was asked from `offset` on was not taken (no thread free): the
     /// stream's next read asks again.
     fn not_asked_from(streams: &mut [Stream], pace: &Arc<Pace>, offset: u64) {
+        debug_assert!(streams.len() <= ZFETCH_MAX_STREAMS);
         if let Some(s) = streams
             .iter_mut()
             .find(|s| s.pace.as_ref().is_some_and(|p| Arc::ptr_eq(p, pace)))
@@ -353,7 +362,10 @@ impl Cache {
             ahead_bytes,
             size_bytes,
         };
+        debug_assert!(ahead_bytes >= recordsize && window_bytes >= recordsize);
         let noted = Streams::on_read(&mut list, (offset, len as u64), geometry);
+        // The record a read continues is the one it starts in.
+        debug_assert!(noted.continues.is_none_or(|r| r == offset / recordsize));
         if let Some(ask) = noted.ask {
             self.read_ahead_span(handle, &mut list, &ask);
         }
@@ -369,6 +381,8 @@ impl Cache {
         let Some(cache) = self.me.upgrade() else {
             return;
         };
+        // A span to read, whose end does not overflow.
+        debug_assert!(ask.len > 0 && ask.from.checked_add(ask.len).is_some());
         self.counters.zfetch_hits.add(1);
         let mut at = ask.from;
         while at < ask.from + ask.len {

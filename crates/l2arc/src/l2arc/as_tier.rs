@@ -20,6 +20,8 @@ use crate::tier::{EvictedRecord, Tier};
 
 impl Tier for L2Arc {
     fn read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf> {
+        // `record_key_hash` is never 0 (0 marks an empty slot).
+        debug_assert_ne!(key_hash, 0);
         let data = L2Arc::read(self, key_hash, recordsize_bytes)?;
         // The device format bounds a record's logical size by what the
         // reader asked for; a longer one would be another record's.
@@ -40,10 +42,15 @@ impl Tier for L2Arc {
     }
 
     fn holds(&self, key_hash: u64) -> Option<bool> {
+        debug_assert_ne!(key_hash, 0);
         self.sector_table_of(key_hash)
     }
 
     fn offer_fill(&self, bytes: u64) {
+        // One record: at most what one location can hold.
+        debug_assert!(
+            bytes <= u64::from(super::format::MAX_ASIZE_BLOCKS) * super::format::BLOCK_BYTES
+        );
         if self.config.l2arc_feed_again {
             self.feed_wake.note_insert(bytes);
         }
@@ -79,6 +86,8 @@ impl Tier for L2Arc {
                 continue;
             }
             counters.eligible.fetch_add(bytes, Ordering::Relaxed);
+            // Evicted from a resident list (a ghost holds no buffer).
+            debug_assert!(matches!(from, ListId::Mfu | ListId::Mru));
             match from {
                 ListId::Mfu => counters.eligible_mfu.fetch_add(bytes, Ordering::Relaxed),
                 _ => counters.eligible_mru.fetch_add(bytes, Ordering::Relaxed),
@@ -106,10 +115,12 @@ impl Tier for L2Arc {
     }
 
     fn drop_record(&self, key_hash: u64) {
+        debug_assert_ne!(key_hash, 0);
         self.invalidate(key_hash);
     }
 
     fn stop(&self) {
         L2Arc::stop(self);
+        debug_assert!(self.stopping.load(Ordering::Relaxed), "feeders see it");
     }
 }

@@ -88,6 +88,7 @@ impl FeedWake {
     pub(crate) fn note_insert(&self, bytes: u64) {
         let before = self.inserted_bytes.fetch_add(bytes, Ordering::Relaxed);
         let threshold_bytes = self.threshold_bytes.load(Ordering::Relaxed);
+        debug_assert!(threshold_bytes > 0, "set only to more than 0");
         if before < threshold_bytes && before + bytes >= threshold_bytes {
             self.wake_now();
         }
@@ -103,6 +104,7 @@ impl FeedWake {
 
     /// Wakes every feeder at once (the write-back queue has work).
     pub(crate) fn wake_now(&self) {
+        debug_assert!(self.threshold_bytes.load(Ordering::Relaxed) > 0);
         *self.wakeups.lock().expect("feed wake poisoned") += 1;
         self.wake.notify_all();
     }
@@ -111,6 +113,8 @@ impl FeedWake {
     /// starts counting anew. True if it was woken by eviction pressure.
     fn wait(&self, pause: Duration, seen: &mut u64) -> bool {
         let mut wakeups = self.wakeups.lock().expect("feed wake poisoned");
+        // Wake-ups only grow: none seen that did not happen.
+        debug_assert!(*seen <= *wakeups);
         if *wakeups == *seen && !pause.is_zero() {
             wakeups = self
                 .wake
@@ -148,6 +152,8 @@ impl FeedClaims<'_> {
         if claimed {
             self.key_hashes.push(key_hash);
         }
+        // Of a record's identity below the ARC, never 0.
+        debug_assert_ne!(key_hash, 0);
         claimed
     }
 }
@@ -163,12 +169,16 @@ impl FeedClaims<'_> {
                 feeding.remove(&key_hash);
             }
         }
+        // Ours are among every feed's claims.
+        debug_assert!(self.key_hashes.len() <= feeding.len());
     }
 }
 
 impl Drop for FeedClaims<'_> {
     fn drop(&mut self) {
         let mut feeding = self.l2.feeding.lock().expect("feed claims poisoned");
+        // Claims released equal claims taken: each of ours is still held.
+        debug_assert!(self.key_hashes.iter().all(|k| feeding.contains(k)));
         for key_hash in &self.key_hashes {
             feeding.remove(key_hash);
         }
@@ -192,10 +202,13 @@ enum SelectedBytes {
 
 impl SelectedBytes {
     fn as_slice(&self) -> &[u8] {
-        match self {
+        let bytes: &[u8] = match self {
             SelectedBytes::Copied(bytes) => bytes,
             SelectedBytes::Evicted(record) => &record.data,
-        }
+        };
+        // Empty records are never selected (nor queued for write-back).
+        debug_assert!(!bytes.is_empty());
+        bytes
     }
 }
 
@@ -215,7 +228,7 @@ impl WriteGate for StaleWriteGate<'_> {
     fn admit(&mut self, records: usize, index: &mut dyn FnMut(&[bool])) {
         assert!(records <= self.keys.len() && self.keys.len() == self.since.len());
         self.source
-            .admit_unwritten(self.keys, self.since, records, index);
+            .checked_admit_unwritten(self.keys, self.since, records, index);
     }
 }
 
@@ -232,6 +245,17 @@ struct FeedSelection<'a> {
 
 impl FeedSelection<'_> {
     fn batch(&self) -> Vec<FeedRecord<'_>> {
+        // A key and a since per record; the bytes are the records'.
+        debug_assert!(
+            self.keys.len() == self.selected.len() && self.since.len() == self.keys.len()
+        );
+        debug_assert_eq!(
+            self.selected
+                .iter()
+                .map(|s| s.data.as_slice().len() as u64)
+                .sum::<u64>(),
+            self.batch_bytes
+        );
         self.selected
             .iter()
             .map(|s| FeedRecord {
@@ -245,6 +269,7 @@ impl FeedSelection<'_> {
 
     /// The gate that indexes what of the batch no write made stale.
     fn gate<'g>(&'g self, source: &'g dyn FeedSource) -> StaleWriteGate<'g> {
+        debug_assert_eq!(self.keys.len(), self.since.len());
         StaleWriteGate {
             source,
             keys: &self.keys,
@@ -280,6 +305,7 @@ pub(crate) struct BatchWriter {
 
 impl BatchWriter {
     fn spawn(slot: u8) -> io::Result<Self> {
+        debug_assert!(usize::from(slot) < super::DEVICES_MAX);
         let (jobs, job_rx) = sync_channel::<(Arc<CacheDevice>, PreparedBatch)>(1);
         let (done_tx, done) = sync_channel(1);
         std::thread::Builder::new()
@@ -323,7 +349,10 @@ impl L2Arc {
     /// (Each device's own feeder thread feeds it alone, its writes
     /// overlapped.)
     pub(crate) fn feed_once(&self, source: &dyn FeedSource) -> FeedOutcome {
-        Feeder { l2: self, source }.feed_now(None)
+        let outcome = Feeder { l2: self, source }.feed_now(None);
+        // Records written take blocks of the device.
+        debug_assert!(outcome.records == 0 || outcome.bytes > 0);
+        outcome
     }
 }
 
@@ -350,6 +379,7 @@ impl<'a> Feeder<'a> {
             return FeedOutcome::default();
         };
         drop(batch);
+        debug_assert!(records <= selection.keys.len(), "written ≤ selected");
         let left_out = selection.settle(records);
         FeedOutcome {
             records,
@@ -401,6 +431,7 @@ impl<'a> Feeder<'a> {
             }
         };
         let (records, bytes) = (prepared.records(), prepared.bytes());
+        debug_assert!(records <= selection.keys.len(), "prepared ≤ selected");
         let left_out = selection.settle(records);
         if in_flight.is_some() {
             device
@@ -444,6 +475,8 @@ impl<'a> Feeder<'a> {
             return true;
         };
         let (result, prepared) = writer.done.recv().expect("the batch writer thread ended");
+        // The gate covers the records this batch was prepared from.
+        debug_assert!(prepared.records() <= selection.keys.len());
         let l2 = selection.claims.l2;
         l2.finish_batch(device, prepared, result, &mut selection.gate(self.source))
             .is_ok()
@@ -469,7 +502,17 @@ impl<'a> Feeder<'a> {
             .iter()
             .map(|s| s.data.as_slice().len() as u64)
             .sum();
-        let keys = selected.iter().map(|s| s.key).collect();
+        let keys: Vec<RecordKey> = selected.iter().map(|s| s.key).collect();
+        // A feed's batch: at most its budget plus one record (O(records)).
+        debug_assert!(
+            batch_bytes
+                <= budget_bytes
+                    + selected
+                        .iter()
+                        .map(|s| s.data.as_slice().len() as u64)
+                        .max()
+                        .unwrap_or(0)
+        );
         FeedSelection {
             claims,
             selected,
@@ -508,10 +551,12 @@ impl<'a> Feeder<'a> {
             return selected;
         }
         let scan_bytes = budget_bytes.saturating_mul(u64::from(config.l2arc_headroom.max(1)));
-        let per_shard = scan_bytes.div_ceil(self.source.arc_shards() as u64).max(1);
+        let per_shard = scan_bytes
+            .div_ceil(self.source.checked_arc_shards() as u64)
+            .max(1);
         let mut candidates = Vec::new();
         self.source
-            .cold_records(per_shard, config.l2arc_mfuonly, &mut candidates);
+            .checked_cold_records(per_shard, config.l2arc_mfuonly, &mut candidates);
         for ColdRecord {
             key,
             record,
@@ -546,6 +591,8 @@ impl<'a> Feeder<'a> {
                 break;
             }
         }
+        // One claim per record selected, none for the others.
+        debug_assert_eq!(claims.key_hashes.len(), selected.len());
         selected
     }
 }
@@ -579,6 +626,8 @@ fn requeue_left_out(
         .collect();
     let skipped = l2.writeback.requeue_front(requeue);
     l2.evict_counters.skip.fetch_add(skipped, Ordering::Relaxed);
+    // Claims kept only for the records written.
+    debug_assert_eq!(claims.key_hashes.len(), records);
 }
 
 /// Starts the feeder thread of the device in `slot`: it feeds that device
@@ -589,6 +638,7 @@ pub(crate) fn spawn_device_feeder(l2: &Arc<L2Arc>, slot: u8) -> std::io::Result<
     let Some(device) = l2.device(slot) else {
         return Ok(());
     };
+    debug_assert_eq!(device.slot, slot);
     let device = Arc::downgrade(&device);
     let l2 = Arc::downgrade(l2);
     std::thread::Builder::new()
@@ -644,6 +694,9 @@ fn device_feeder_loop(l2: &Weak<L2Arc>, device: &Weak<CacheDevice>) {
         } else {
             Duration::from_secs_f64(config.l2arc_feed_secs.clamp(0.001, 3600.0))
         };
+        debug_assert!(
+            pause <= Duration::from_secs(3600).max(Duration::from_millis(config.l2arc_feed_min_ms))
+        );
     }
 }
 
@@ -670,5 +723,7 @@ fn feed_while_full(
         }
     }
     feeder.finish_in_flight(device, writer, &mut in_flight);
+    // No batch is left in flight past a burst.
+    debug_assert!(in_flight.is_none());
     outcome
 }

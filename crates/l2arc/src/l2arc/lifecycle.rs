@@ -59,6 +59,7 @@ impl L2Arc {
         let (header, open) = self.choose_header(io.as_ref(), &counters)?;
         let mut devices = self.devices.write().expect("device list poisoned");
         let slot = free_slot(&mut devices)?;
+        debug_assert!(devices[usize::from(slot)].is_none(), "a free slot");
         let device = Arc::new(CacheDevice::new(slot, io, &header, counters));
         if open != DeviceOpen::Rebuilding {
             device.write_header(&header).map_err(|e| {
@@ -100,6 +101,7 @@ impl L2Arc {
                 ),
             ));
         }
+        debug_assert!(size_bytes >= DATA_START_BYTES + DEVICE_DATA_BYTES_MIN);
         let mut headers = AlignedBuf::zeroed(2 * BLOCK_BYTES as usize);
         io.read_at(0, headers.as_mut_slice()).map_err(|e| {
             io::Error::new(
@@ -160,6 +162,8 @@ impl L2Arc {
     pub(super) fn fresh_header(&self, size_bytes: u64, old_sequence: Option<u64>) -> DeviceHeader {
         let end = size_bytes / BLOCK_BYTES * BLOCK_BYTES;
         let data_blocks = (end.saturating_sub(DATA_START_BYTES) / BLOCK_BYTES) as u32;
+        // The data area is whole blocks within the device, after the headers.
+        debug_assert!(end <= size_bytes && end.is_multiple_of(BLOCK_BYTES));
         DeviceHeader {
             cache_guid: self.cache_guid,
             device_guid: random_u128(),
@@ -193,13 +197,29 @@ impl L2Arc {
         drop(device.writer.lock().expect("writer poisoned"));
         self.forget_device(&device);
         let mut devices = self.devices.write().expect("device list poisoned");
-        devices[slot as usize] = None;
+        // Only this device leaves its slot: a second removal of the slot
+        // that raced with this one may have freed it already, and an add
+        // may have filled it since with another device, which stays.
+        if devices[slot as usize]
+            .as_ref()
+            .is_some_and(|d| Arc::ptr_eq(d, &device))
+        {
+            devices[slot as usize] = None;
+        }
+        debug_assert!(
+            devices[slot as usize]
+                .as_ref()
+                .is_none_or(|d| !Arc::ptr_eq(d, &device))
+        );
         Ok(())
     }
 
     pub(super) fn forget_device(&self, device: &CacheDevice) {
         let slot = device.slot;
         self.index.retain(|e| Location(e.location).device() != slot);
+        // Forgotten only once it is out for good: faulted or removed
+        // (neither state is ever left).
+        debug_assert!(!device.is_online());
         let c = &device.counters;
         c.asize_plain.store(0, Ordering::Relaxed);
         c.asize_compressed.store(0, Ordering::Relaxed);

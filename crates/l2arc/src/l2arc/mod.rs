@@ -125,7 +125,7 @@ pub struct L2ArcConfig {
 
 impl Default for L2ArcConfig {
     fn default() -> Self {
-        Self {
+        let config = Self {
             l2arc_write_max_bytes: 0,
             l2arc_headroom: 8,
             l2arc_feed_secs: 1.0,
@@ -139,7 +139,10 @@ impl Default for L2ArcConfig {
             l2arc_ioengine: IoEngine::Auto,
             l2arc_read_poll_us: 100,
             l2arc_writeback_max_bytes: 2 * BATCH_BYTES_MAX,
-        }
+        };
+        // The write-back queue holds at least a batch.
+        debug_assert!(config.l2arc_writeback_max_bytes >= BATCH_BYTES_MAX);
+        config
     }
 }
 
@@ -186,7 +189,8 @@ pub(crate) struct InTransit<'a>(&'a std::sync::atomic::AtomicUsize);
 
 impl Drop for InTransit<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        let before = self.0.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(before > 0, "a transit ended that never began");
     }
 }
 
@@ -198,13 +202,16 @@ fn random_u128() -> u128 {
     let local = 0u8;
     let a = crate::hash::mix64(t as u64 ^ u64::from(std::process::id()) << 32);
     let b = crate::hash::mix64(a ^ (&local as *const u8 as u64) ^ (t >> 64) as u64);
-    (u128::from(a) << 64) | u128::from(b)
+    let guid = (u128::from(a) << 64) | u128::from(b);
+    // Never 0 (a 128-bit mix; 0 would read as no guid at all).
+    debug_assert_ne!(guid, 0);
+    guid
 }
 
 impl L2Arc {
     /// An L2ARC with no devices yet; `expected_records` pre-sizes the index.
     pub fn new(config: L2ArcConfig, expected_records: usize) -> Self {
-        Self {
+        let l2 = Self {
             cache_guid: random_u128(),
             devices: RankedRwLock::new(Vec::new()),
             index: L2Index::new(64, expected_records),
@@ -228,11 +235,14 @@ impl L2Arc {
             feeding: RankedMutex::new(std::collections::HashSet::default()),
             records_in_transit: std::sync::atomic::AtomicUsize::new(0),
             config,
-        }
+        };
+        debug_assert!(l2.is_empty() && l2.writeback.held_bytes() == 0);
+        l2
     }
 
     /// The tunables this L2ARC runs with.
     pub fn config(&self) -> &L2ArcConfig {
+        debug_assert_ne!(self.cache_guid, 0);
         &self.config
     }
 
@@ -249,46 +259,80 @@ impl L2Arc {
 
     /// The ARC this tier feeds from, while it lives.
     fn feed_source(&self) -> Option<Arc<dyn FeedSource>> {
-        self.feed_source.get().and_then(Weak::upgrade)
+        let source = self.feed_source.get().and_then(Weak::upgrade);
+        // An ARC has at least one shard: a feed's scan depth divides by it.
+        debug_assert!(source.as_ref().is_none_or(|s| s.checked_arc_shards() >= 1));
+        source
     }
 
     fn device(&self, slot: u8) -> Option<Arc<CacheDevice>> {
         let devices = self.devices.read().expect("device list poisoned");
-        devices.get(slot as usize).and_then(Clone::clone)
+        let device = devices.get(slot as usize).and_then(Clone::clone);
+        debug_assert!(
+            device.as_ref().is_none_or(|d| d.slot == slot),
+            "in its slot"
+        );
+        device
     }
 
     fn all_devices(&self) -> Vec<Arc<CacheDevice>> {
         let devices = self.devices.read().expect("device list poisoned");
+        // At most `DEVICES_MAX`, each in its own slot.
+        debug_assert!(devices.len() <= DEVICES_MAX);
+        debug_assert!(
+            devices
+                .iter()
+                .enumerate()
+                .all(|(i, d)| d.as_ref().is_none_or(|d| usize::from(d.slot) == i))
+        );
         devices.iter().flatten().cloned().collect()
     }
 
     /// Whether any device takes writes now (online).
     pub(crate) fn takes_writes(&self) -> bool {
         let devices = self.devices.read().expect("device list poisoned");
+        debug_assert!(devices.len() <= DEVICES_MAX);
         devices.iter().flatten().any(|d| d.is_online())
     }
 
     /// Number of records indexed.
     pub fn len(&self) -> usize {
-        self.index.len()
+        let len = self.index.len();
+        // Every entry is a record in a 4 KiB block of a device: a count
+        // this large is one that went below zero and wrapped.
+        debug_assert!(
+            (len as u64) < u64::MAX / format::BLOCK_BYTES,
+            "entry count wrapped"
+        );
+        len
     }
 
     /// Whether the index holds no record.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        let len = self.index.len();
+        debug_assert!(
+            (len as u64) < u64::MAX / format::BLOCK_BYTES,
+            "entry count wrapped"
+        );
+        len == 0
     }
 
     /// `key_hash` with the bits the index drops cleared: two keys equal
     /// here share one index entry (`index::L2Index::fingerprint`).
     #[cfg(feature = "internals")]
     pub fn index_fingerprint(&self, key_hash: u64) -> u64 {
-        self.index.fingerprint(key_hash)
+        let fingerprint = self.index.fingerprint(key_hash);
+        // The key's bits, less those the index drops.
+        debug_assert_eq!(fingerprint & !key_hash, 0);
+        fingerprint
     }
 
     /// Bits of `key_hash` the index keeps (`index::L2Index::fingerprint_bits`).
     #[cfg(feature = "internals")]
     pub fn index_fingerprint_bits(&self) -> u32 {
-        self.index.fingerprint_bits()
+        let bits = self.index.fingerprint_bits();
+        debug_assert!((32..=64).contains(&bits));
+        bits
     }
 
     /// Records some feed has chosen and not yet indexed or given up (a
@@ -300,18 +344,24 @@ impl L2Arc {
     pub fn records_being_fed(&self) -> usize {
         // In this order: a record claimed as the transit ends is seen.
         let in_transit = self.records_in_transit.load(Ordering::SeqCst);
-        in_transit + self.feeding.lock().expect("feed claims poisoned").len()
+        let feeding = self.feeding.lock().expect("feed claims poisoned");
+        // Claims are of record key hashes, never 0.
+        debug_assert!(!feeding.contains(&0));
+        in_transit + feeding.len()
     }
 
     /// Marks records in a feed's hands outside both the write-back queue
     /// and the claims, until the guard is dropped.
     pub(crate) fn begin_transit(&self) -> InTransit<'_> {
-        self.records_in_transit.fetch_add(1, Ordering::SeqCst);
+        let before = self.records_in_transit.fetch_add(1, Ordering::SeqCst);
+        // One per feed in its selection: bounded by threads.
+        debug_assert!(before < 1 << 20);
         InTransit(&self.records_in_transit)
     }
 
     /// Stops background work (rebuild threads check this).
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
+        debug_assert!(self.stopping.load(Ordering::Relaxed));
     }
 }

@@ -39,16 +39,20 @@ pub(super) struct SectorTables {
 
 impl SectorTables {
     pub(super) fn new() -> Self {
-        Self {
+        let tables = Self {
             slots: (0..SECTOR_TABLE_SLOTS)
                 .map(|_| RankedMutex::new(None))
                 .collect(),
-        }
+        };
+        // `slot` maps the high 32 bits onto the slots: fewer than 2^32.
+        debug_assert!(tables.slots.len() == SECTOR_TABLE_SLOTS && SECTOR_TABLE_SLOTS < 1 << 32);
+        tables
     }
 
     fn slot(&self, key_hash: u64) -> &RankedMutex<Option<Kept>, { rank::LEAF }> {
         // The key hash is already uniform; its high bits pick the slot.
         let index = ((key_hash >> 32) as usize * self.slots.len()) >> 32;
+        debug_assert!(index < self.slots.len());
         &self.slots[index]
     }
 
@@ -58,9 +62,13 @@ impl SectorTables {
             .slot(key_hash)
             .lock()
             .expect("sector table slot poisoned");
-        slot.as_ref()
+        let checksums = slot
+            .as_ref()
             .filter(|k| k.key_hash == key_hash && k.location == location)
-            .map(|k| Arc::clone(&k.checksums))
+            .map(|k| Arc::clone(&k.checksums));
+        // As kept: at most 510 entries.
+        debug_assert!(checksums.as_ref().is_none_or(|c| c.len() <= 4 * 510));
+        checksums
     }
 
     /// Keeps a table (the used part of the table block), replacing
@@ -87,6 +95,7 @@ impl SectorTables {
         if slot.as_ref().is_some_and(|k| k.key_hash == key_hash) {
             *slot = None;
         }
+        debug_assert!(slot.as_ref().is_none_or(|k| k.key_hash != key_hash));
     }
 }
 

@@ -34,6 +34,8 @@ pub struct L2Stats {
 impl L2Stats {
     /// One counter by name; 0 if there is none of that name.
     pub fn get(&self, name: &str) -> u64 {
+        // One counter per name.
+        debug_assert!(self.kstats.iter().filter(|(n, _)| *n == name).count() <= 1);
         self.kstats
             .iter()
             .find(|(n, _)| *n == name)
@@ -43,10 +45,16 @@ impl L2Stats {
 
 pub(super) fn device_kstats_names() -> Vec<&'static str> {
     let dummy = DeviceCounters::default();
-    kstats_of(&dummy).into_iter().map(|(n, _)| n).collect()
+    let names: Vec<&'static str> = kstats_of(&dummy).into_iter().map(|(n, _)| n).collect();
+    debug_assert!(
+        names.iter().all(|n| n.starts_with("l2_")),
+        "arcstats' names"
+    );
+    names
 }
 
 pub(super) fn device_kstats(device: &CacheDevice) -> Vec<(&'static str, u64)> {
+    debug_assert!(usize::from(device.slot) < DEVICES_MAX);
     kstats_of(&device.counters)
 }
 
@@ -59,6 +67,8 @@ pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
     } else {
         get(&c.compressed_lsize_written) as f64 / get(&c.compressed_asize_written) as f64
     };
+    // The written counters only grow: a second load is not 0 either.
+    debug_assert!(ratio.is_finite() && ratio >= 0.0);
     vec![
         ("l2_hits", get(&c.hits)),
         ("l2_sector_hits", get(&c.sector_hits)),
@@ -135,6 +145,14 @@ impl L2Arc {
         ];
         kstats.extend(self.evict_counters.kstats());
         kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));
+        // At most `DEVICES_MAX` devices; every name once.
+        debug_assert!(devices.len() <= DEVICES_MAX);
+        debug_assert!(
+            kstats
+                .iter()
+                .enumerate()
+                .all(|(i, (n, _))| kstats[..i].iter().all(|(m, _)| m != n))
+        );
         L2Stats { kstats, devices }
     }
 }

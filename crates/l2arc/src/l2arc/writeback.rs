@@ -54,7 +54,7 @@ pub(crate) struct EvictCounters {
 impl EvictCounters {
     pub(crate) fn kstats(&self) -> [(&'static str, u64); 7] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
+        let kstats = [
             ("evict_l2_cached", get(&self.cached)),
             ("evict_l2_eligible", get(&self.eligible)),
             ("evict_l2_eligible_mfu", get(&self.eligible_mfu)),
@@ -62,7 +62,10 @@ impl EvictCounters {
             ("evict_l2_ineligible", get(&self.ineligible)),
             ("evict_l2_skip", get(&self.skip)),
             ("evict_l2_queued", get(&self.queued)),
-        ]
+        ];
+        // Under ZFS's arcstats names.
+        debug_assert!(kstats.iter().all(|(name, _)| name.starts_with("evict_l2_")));
+        kstats
     }
 }
 
@@ -85,11 +88,13 @@ pub(crate) struct WriteBack {
 
 impl WriteBack {
     pub(crate) fn new(bytes_max: u64, wake_bytes: u64) -> Self {
-        Self {
+        let writeback = Self {
             queue: RankedMutex::new((VecDeque::new(), 0)),
             bytes_max,
             wake_bytes: wake_bytes.max(1),
-        }
+        };
+        debug_assert!(writeback.wake_bytes > 0);
+        writeback
     }
 
     /// Queues a record if there is room; returns whether it was queued and
@@ -104,6 +109,8 @@ impl WriteBack {
         let before = *held_bytes;
         *held_bytes += bytes;
         records.push_back(queued);
+        // Held bytes ≤ the bound (the sum check is in `held_bytes`).
+        debug_assert!(*held_bytes <= self.bytes_max);
         (
             true,
             before < self.wake_bytes && *held_bytes >= self.wake_bytes,
@@ -116,6 +123,7 @@ impl WriteBack {
         let mut guard = self.queue.lock().expect("write-back queue poisoned");
         let (records, held_bytes) = &mut *guard;
         let mut taken = 0u64;
+        let out_before = out.len();
         while let Some(front) = records.front() {
             let bytes = front.record.data.len() as u64;
             if taken > 0 && taken + bytes > budget_bytes {
@@ -125,6 +133,10 @@ impl WriteBack {
             *held_bytes -= bytes;
             out.push(records.pop_front().expect("front exists"));
         }
+        // Within the budget, or one record that is larger by itself; and
+        // an empty queue holds nothing.
+        debug_assert!(taken <= budget_bytes || out.len() - out_before == 1);
+        debug_assert!(!records.is_empty() || *held_bytes == 0);
     }
 
     /// Puts back, in front and in their order, evicted records a feed took
@@ -143,11 +155,31 @@ impl WriteBack {
             *held_bytes += bytes;
             queue.push_front(queued);
         }
+        debug_assert!(*held_bytes <= self.bytes_max);
+        debug_assert_eq!(
+            *held_bytes,
+            queue
+                .iter()
+                .map(|q| q.record.data.len() as u64)
+                .sum::<u64>(),
+            "held = the sum of its records"
+        );
         skipped
     }
 
     /// Bytes of buffers the queue holds.
     pub(crate) fn held_bytes(&self) -> u64 {
-        self.queue.lock().expect("write-back queue poisoned").1
+        let guard = self.queue.lock().expect("write-back queue poisoned");
+        // The bound holds, and held bytes are its records' (O(records)).
+        debug_assert!(guard.1 <= self.bytes_max);
+        debug_assert_eq!(
+            guard.1,
+            guard
+                .0
+                .iter()
+                .map(|q| q.record.data.len() as u64)
+                .sum::<u64>()
+        );
+        guard.1
     }
 }
