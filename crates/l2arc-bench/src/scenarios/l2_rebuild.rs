@@ -44,7 +44,7 @@ use l2arc::{DeviceIo, FileDevice};
 use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
-use super::BenchArgs;
+use crate::BenchArgs;
 
 const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
 const DEFAULT_RECORDS: u64 = 262_144;

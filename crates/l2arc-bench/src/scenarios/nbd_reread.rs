@@ -21,7 +21,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use l2arc::internals::AlignedBuf;
 
-use super::BenchArgs;
+use crate::BenchArgs;
 use super::nbd::{
     require_tools, scenario_image, server_stats, shell_words, spawn, wait_for_socket,
 };

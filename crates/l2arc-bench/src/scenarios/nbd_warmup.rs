@@ -36,7 +36,7 @@ use l2arc::primary::Primary;
 use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
 use l2arc::primary::image::ImagePrimary;
 
-use super::BenchArgs;
+use crate::BenchArgs;
 use super::nbd::{
     nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
 };

@@ -34,7 +34,7 @@ use l2arc::hash::mix64;
 use l2arc::internals::index::{IndexEntry, L2Index};
 use serde::{Deserialize, Serialize};
 
-use super::BenchArgs;
+use crate::BenchArgs;
 
 /// Shards, as `L2Arc::new` makes them.
 const SHARDS: usize = 64;

@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::report::{self, Series};
-use super::runner::{self, Until};
-use super::targets::{Bench, TargetKind, TargetSpec, build};
-use super::targets::{ReadTarget, TargetCounters};
-use super::workload::{self, PhaseRun, Sample, Setup};
+use crate::BenchArgs;
+use crate::report::{self, Series};
+use crate::runner::{self, Until};
+use crate::targets::{Bench, TargetKind, TargetSpec, build};
+use crate::targets::{ReadTarget, TargetCounters};
+use crate::workload::{self, PhaseRun, Sample, Setup};
 
 const CLIENTS: usize = 20;
 const READ_BYTES: u64 = 8 << 10;
@@ -174,7 +174,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         bytes_verified: verified,
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
-    super::emit_with_report(args, "latency", &report, &html(&report), print_tables)
+    crate::emit_with_report(args, "latency", &report, &html(&report), print_tables)
 }
 
 fn run_target(

@@ -29,8 +29,8 @@ use l2arc::primary::image::ImagePrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::runner::{self, Phase, Until};
+use crate::BenchArgs;
+use crate::runner::{self, Phase, Until};
 
 const PASSES: usize = 4;
 const READERS: usize = 4;
@@ -107,7 +107,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         let _ = std::fs::remove_file(&cache_path);
     }
     let _ = std::fs::remove_file(&image);
-    super::emit(args.json, &report, print_report)
+    crate::emit(args.json, &report, print_report)
 }
 
 impl Feeder {
@@ -198,7 +198,7 @@ fn write_random_image(path: &Path, bytes: u64, seed: u64) -> Result<()> {
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
     );
-    let mut rng = super::runner::Rng::new(seed);
+    let mut rng = crate::runner::Rng::new(seed);
     let mut chunk = vec![0u8; CHUNK_BYTES as usize];
     for _ in 0..bytes / CHUNK_BYTES {
         for word in chunk.chunks_exact_mut(8) {

@@ -25,7 +25,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use super::BenchArgs;
+use crate::BenchArgs;
 use super::l2_hit::median;
 use super::nbd::{
     ServerProcess, nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,

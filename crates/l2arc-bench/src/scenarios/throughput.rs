@@ -30,12 +30,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::report::{self, Series};
-use super::runner::{self, Phase, Until};
-use super::targets::{Bench, L2arcTarget, TargetKind, TargetSpec, build};
-use super::targets::{ReadTarget, TargetCounters};
-use super::workload::{self, PhaseRun, Sample};
+use crate::BenchArgs;
+use crate::report::{self, Series};
+use crate::runner::{self, Phase, Until};
+use crate::targets::{Bench, L2arcTarget, TargetKind, TargetSpec, build};
+use crate::targets::{ReadTarget, TargetCounters};
+use crate::workload::{self, PhaseRun, Sample};
 
 const THREADS: usize = 50;
 const IO_BYTES: u64 = 128 << 10;
@@ -144,7 +144,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     }
     report.ratios = ratios(&report);
     report.elapsed_secs = began.elapsed().as_secs_f64();
-    super::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
+    crate::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
 }
 
 /// The settings in report order: ours, then with `--peers` the peers.

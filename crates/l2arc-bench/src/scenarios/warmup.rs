@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::report::{self, Series};
-use super::runner::{Phase, Until};
-use super::targets::{Bench, TargetKind, TargetSpec, build};
-use super::workload::{self, Sample, Setup};
+use crate::BenchArgs;
+use crate::report::{self, Series};
+use crate::runner::{Phase, Until};
+use crate::targets::{Bench, TargetKind, TargetSpec, build};
+use crate::workload::{self, Sample, Setup};
 
 const QUEUE_DEPTH: usize = 32;
 const READ_BYTES: u64 = 4 << 10;
@@ -105,7 +105,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         bytes_verified: verified,
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
-    super::emit_with_report(args, "warmup", &report, &html(&report), print_tables)
+    crate::emit_with_report(args, "warmup", &report, &html(&report), print_tables)
 }
 
 /// One target from an empty cache for `duration_secs`: its curve, and the

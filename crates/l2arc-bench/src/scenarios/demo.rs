@@ -34,10 +34,10 @@ use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
 use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
-use super::dataset::{Content, DatasetSpec};
-use super::runner;
-use super::runner::{Phase, PhaseResult, Until};
-use super::{BenchArgs, OnOff};
+use crate::dataset::{Content, DatasetSpec};
+use crate::runner;
+use crate::runner::{Phase, PhaseResult, Until};
+use crate::{BenchArgs, OnOff};
 
 #[derive(Serialize)]
 struct PhaseReport {
@@ -166,7 +166,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         phases.push(measured.phase);
     }
     let report = demo.report(phases, bytes_verified, hdd, arcstats);
-    super::emit(args.json, &report, print_report)
+    crate::emit(args.json, &report, print_report)
 }
 
 /// The two settings measured, by name: no cache, then the ARC (and the

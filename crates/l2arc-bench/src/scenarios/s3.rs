@@ -30,8 +30,8 @@ use l2arc::{Cache, CacheConfig, DatasetConfig};
 use l2arc_fuse::{MountOptions, ObjectFs, ObjectFsOptions};
 use l2arc_testkit::s3::{ACCESS_KEY, FaultProxy, S3Server, SECRET_KEY};
 
-use super::BenchArgs;
-use super::fio::{FioJob, FioTarget};
+use crate::BenchArgs;
+use crate::fio::{FioJob, FioTarget};
 
 const BUCKET: &str = "bench";
 const DELAY_MS: (u64, u64) = (20, 50);
@@ -313,7 +313,7 @@ fn measure(
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    super::fio::version()?;
+    crate::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     let tmp = match &args.data {
         Some(dir) => {

@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::fio::{FioJob, FioTarget};
-use super::{BenchArgs, emit};
+use crate::fio::{FioJob, FioTarget};
+use crate::{BenchArgs, emit};
 
 const BLOCK_BYTES: u64 = 4096;
 const STRIPE_BYTES: u64 = 1 << 20;

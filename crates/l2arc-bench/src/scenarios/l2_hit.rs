@@ -58,10 +58,10 @@ use l2arc::{DeviceIo, FileDevice};
 use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::dataset::DatasetSpec;
-use super::fio::{FioJob, FioRead, FioTarget};
-use super::runner::{self, Phase, PhaseResult, Until, Worker};
+use crate::BenchArgs;
+use crate::dataset::DatasetSpec;
+use crate::fio::{FioJob, FioRead, FioTarget};
+use crate::runner::{self, Phase, PhaseResult, Until, Worker};
 
 const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
 const QUEUE_DEPTH: usize = 32;
@@ -219,7 +219,7 @@ impl From<FioRead> for Side {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    let fio_version = super::fio::version()?;
+    let fio_version = crate::fio::version()?;
     let place = Place::prepare(args)?;
     let mut rows = Vec::new();
     let mut records_written = Vec::new();
@@ -248,7 +248,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         io_uring_over_psync,
         queue_only: args.queue_only,
     };
-    super::emit(args.json, &report, print_report)
+    crate::emit(args.json, &report, print_report)
 }
 
 /// Where the scenario works: the dataset's directory, the cache file, the
@@ -337,7 +337,7 @@ fn dataset_spec(args: &BenchArgs) -> Result<DatasetSpec> {
         files: args.files,
         file_size_bytes: per_file,
         seed: args.seed,
-        content: super::dataset::Content::Random,
+        content: crate::dataset::Content::Random,
     })
 }
 
@@ -387,7 +387,7 @@ fn measure_record_size(
         .dir
         .join(format!("l2hit-verifiable-{}k.img", record_bytes >> 10));
     if !queue_only {
-        super::fio::write_verifiable(&verifiable, written, record_bytes)?;
+        crate::fio::write_verifiable(&verifiable, written, record_bytes)?;
     }
     let jobs = fio_jobs(place, record_bytes, written, &verifiable, queue_only);
     // rounds[round][job]

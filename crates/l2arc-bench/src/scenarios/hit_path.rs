@@ -28,9 +28,9 @@ use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::dataset::DatasetSpec;
-use super::runner::{self, Phase, PhaseResult, Until};
+use crate::BenchArgs;
+use crate::dataset::DatasetSpec;
+use crate::runner::{self, Phase, PhaseResult, Until};
 
 const RECORD_BYTES: u64 = 8 * 1024;
 const WORKING_SET_BYTES: u64 = 64 << 20;
@@ -76,7 +76,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         files: 1,
         file_size_bytes: WORKING_SET_BYTES,
         seed: args.seed,
-        content: super::dataset::Content::Random,
+        content: crate::dataset::Content::Random,
     };
     spec.materialise(temp.path())?;
     let hits = HitPath::new(args, &spec, temp.path())?;

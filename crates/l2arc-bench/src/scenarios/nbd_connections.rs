@@ -35,8 +35,8 @@ use std::process::Command;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::fio::write_verifiable;
+use crate::BenchArgs;
+use crate::fio::write_verifiable;
 use super::l2_hit::median;
 use super::nbd::{ServerProcess, nbd_randread, require_tools, spawn, wait_for_socket};
 
@@ -209,7 +209,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             .map(|(side, client)| side_report(side, client, &measured))
             .collect(),
     };
-    super::emit(args.json, &report, print_table)
+    crate::emit(args.json, &report, print_table)
 }
 
 impl Place {
@@ -331,7 +331,7 @@ impl Place {
                 )
             }
             Client::OneThread => {
-                let r = super::nbd_client::run(socket, connections, &self.bytes, self.secs, seed)?;
+                let r = crate::nbd_client::run(socket, connections, &self.bytes, self.secs, seed)?;
                 (
                     r.iops,
                     r.latency_us_p50,

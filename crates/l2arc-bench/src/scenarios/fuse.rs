@@ -28,8 +28,8 @@ use l2arc::{Cache, CacheConfig, DatasetConfig};
 use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 use serde::Serialize;
 
-use super::BenchArgs;
-use super::fio::{FioJob, FioTarget};
+use crate::BenchArgs;
+use crate::fio::{FioJob, FioTarget};
 
 /// Files and their size: 128 MiB in all, small enough to stay in the ARC.
 const FILES: usize = 4;
@@ -166,7 +166,7 @@ fn read_all(files: &[PathBuf]) -> Result<()> {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    let fio_version = super::fio::version()?;
+    let fio_version = crate::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     if !(secs > 0.0 && secs <= 3600.0) {
         bail!("--measure-secs must be from 0 to 3600, not {secs}");
@@ -219,7 +219,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         fio_version,
         rows,
     };
-    super::emit(args.json, &report, print_table)
+    crate::emit(args.json, &report, print_table)
 }
 
 /// `FILES` files of random bytes in `src` (made).
