@@ -39,6 +39,8 @@ use crate::runner;
 use crate::runner::{Phase, PhaseResult, Until};
 use crate::{BenchArgs, OnOff};
 
+use super::{Headline, Outcome, Scenario};
+
 #[derive(Serialize)]
 struct PhaseReport {
     setting: &'static str,
@@ -150,7 +152,7 @@ impl Warmup {
     }
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let demo = Demo::prepare(args)?;
     let mut phases = Vec::new();
     let mut bytes_verified = 0u64;
@@ -166,7 +168,28 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         phases.push(measured.phase);
     }
     let report = demo.report(phases, bytes_verified, hdd, arcstats);
-    crate::emit(args.json, &report, print_report)
+    let headline = headline(&report);
+    Outcome::new(report, headline, print_report)
+}
+
+/// The cache's IOPS against no cache's.
+fn headline(r: &DemoReport) -> Vec<Headline> {
+    let (Some(none), Some(cache)) = (r.phases.first(), r.phases.last()) else {
+        return Vec::new();
+    };
+    vec![Headline::versus(
+        "iops",
+        &format!(
+            "demo: random {} KiB reads, {} threads, {} MiB on an emulated HDD, ARC {} MiB + L2ARC",
+            r.read_size_bytes >> 10,
+            r.threads,
+            r.dataset_bytes >> 20,
+            r.arc_max_bytes >> 20
+        ),
+        "IOPS",
+        (cache.iops, "no cache", none.iops),
+        None,
+    )]
 }
 
 /// The two settings measured, by name: no cache, then the ARC (and the
@@ -593,5 +616,20 @@ fn print_warmup(r: &DemoReport) {
             "warm-up, IOPS per second with the cache: {}",
             curve.join(" ")
         );
+    }
+}
+
+/// `--scenario demo`.
+pub(crate) struct DemoScenario;
+
+impl Scenario for DemoScenario {
+    fn name(&self) -> &'static str {
+        "demo"
+    }
+    fn measures(&self) -> &'static str {
+        "Random reads from several threads over an emulated HDD: cache against no cache."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
     }
 }

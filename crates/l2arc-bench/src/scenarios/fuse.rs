@@ -29,6 +29,8 @@ use l2arc_fuse::{CachedFs, FsOptions, MountOptions};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::fio::{FioJob, FioTarget};
 
 /// Files and their size: 128 MiB in all, small enough to stay in the ARC.
@@ -165,7 +167,7 @@ fn read_all(files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let fio_version = crate::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     if !(secs > 0.0 && secs <= 3600.0) {
@@ -219,7 +221,21 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         fio_version,
         rows,
     };
-    crate::emit(args.json, &report, print_table)
+    let headline = report
+        .rows
+        .iter()
+        .filter(|r| r.path == "buffered")
+        .map(|r| {
+            Headline::versus(
+                &format!("{}_{}", r.workload.replace([' ', '-'], "_"), r.jobs),
+                &format!("FUSE mount, hot files, {} ({} reader{})", r.workload, r.jobs, if r.jobs == 1 { "" } else { "s" }),
+                "MiB/s",
+                (r.mount.mib_per_sec, "the source in the page cache", r.source.mib_per_sec),
+                Goal::ratio_at_least(0.8),
+            )
+        })
+        .collect();
+    Outcome::new(report, headline, print_table)
 }
 
 /// `FILES` files of random bytes in `src` (made).
@@ -373,5 +389,20 @@ fn print_table(r: &Report) {
             "{:<36} mount/source {:.2}x (min 1s {:.2}x), {daemon}",
             "", row.mount_over_source, row.mount_over_source_min_1s
         );
+    }
+}
+
+/// `--scenario fuse`.
+pub(crate) struct Fuse;
+
+impl Scenario for Fuse {
+    fn name(&self) -> &'static str {
+        "fuse"
+    }
+    fn measures(&self) -> &'static str {
+        "FUSE mount on hot files: fio through the mount vs the source in the page cache, and the daemon's hit path vs the uncached source."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
     }
 }

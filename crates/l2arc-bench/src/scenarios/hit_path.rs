@@ -29,6 +29,8 @@ use l2arc::{Cache, CacheConfig, DatasetConfig, ObjectHandle};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::dataset::DatasetSpec;
 use crate::runner::{self, Phase, PhaseResult, Until};
 
@@ -70,7 +72,7 @@ struct Row {
     analytics_cost_cpu: f64,
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let temp = tempfile::tempdir().context("cannot make a temporary directory")?;
     let spec = DatasetSpec {
         files: 1,
@@ -87,14 +89,42 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     hits.check_all_hits()?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
+    let headline = headline(&rows);
+    let (rounds, cache) = (args.rounds, Arc::clone(&hits.cache));
+    Outcome::new(rows, headline, move |rows: &Vec<Row>| {
+        print_hits(rows);
+        println!();
+        print_analytics_cost(rows, rounds, &cache);
+    })
+}
+
+/// Hits per second against the locked map at 2 threads, and what
+/// analytics cost.
+fn headline(rows: &[Row]) -> Vec<Headline> {
+    let mut h = Vec::new();
+    for row in rows.iter().filter(|r| r.threads == 2) {
+        let mode = match row.mode {
+            Mode::ZeroCopy => ("zero_copy", "shared buffer"),
+            Mode::Copy => ("copy", "copied out"),
+        };
+        h.push(Headline::versus(
+            &format!("{}_2_threads", mode.0),
+            &format!("ARC hit path, 8 KiB, 2 threads, {}", mode.1),
+            "hits/s",
+            (row.arc_hits_per_sec, "Mutex<HashMap> of the same buffers", row.mutex_hashmap_per_sec),
+            None,
+        ));
     }
-    print_hits(&rows);
-    println!();
-    print_analytics_cost(&rows, args.rounds, &hits.cache);
-    Ok(())
+    if let Some(row) = rows.iter().find(|r| r.threads == 2 && matches!(r.mode, Mode::Copy)) {
+        h.push(Headline::versus(
+            "analytics_on_over_off",
+            "analytics (latency histograms) on the ARC hit path, copy, 2 threads",
+            "hits/s",
+            (row.analytics_on_per_sec, "the same cells with analytics off", row.analytics_off_per_sec),
+            Goal::ratio_at_least(0.97),
+        ).ratio_is(1.0 + row.analytics_cost, "on / off, median of the rounds"));
+    }
+    h
 }
 
 /// A cache holding the whole working set, and a locked hash map of the very
@@ -396,4 +426,19 @@ fn process_cpu_secs() -> f64 {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// `--scenario arc-hit`.
+pub(crate) struct ArcHit;
+
+impl Scenario for ArcHit {
+    fn name(&self) -> &'static str {
+        "arc-hit"
+    }
+    fn measures(&self) -> &'static str {
+        "ARC hit path: 8 KiB hits per second, against a Mutex<HashMap> of the same buffers."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }

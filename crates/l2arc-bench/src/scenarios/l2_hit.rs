@@ -59,6 +59,8 @@ use l2arc::{DeviceOpen, L2ArcConfig};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::dataset::DatasetSpec;
 use crate::fio::{FioJob, FioRead, FioTarget};
 use crate::runner::{self, Phase, PhaseResult, Until, Worker};
@@ -98,6 +100,9 @@ struct Trio {
 
 #[derive(Clone, Debug, Serialize)]
 struct Row {
+    /// Which of ours against which fio job (the table's headline).
+    #[serde(skip)]
+    shape: Shape,
     record_bytes: u64,
     queue_depth: usize,
     ours: Ours,
@@ -218,7 +223,7 @@ impl From<FioRead> for Side {
     }
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let fio_version = crate::fio::version()?;
     let place = Place::prepare(args)?;
     let mut rows = Vec::new();
@@ -248,7 +253,28 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         io_uring_over_psync,
         queue_only: args.queue_only,
     };
-    crate::emit(args.json, &report, print_report)
+    let headline = report.rows.iter().map(headline).collect();
+    Outcome::new(report, headline, print_report)
+}
+
+/// A row's ratio to its fio job, with each round's.
+fn headline(row: &Row) -> Headline {
+    let kib = row.record_bytes >> 10;
+    let (key, what, baseline, goal) = match row.shape {
+        Shape::Blocking1 => ("qd1", "QD1, one thread of Cache::read", "fio psync, 1 job", Goal::ratio_at_least(0.95)),
+        Shape::Blocking32 => ("qd32_threads", "QD32, 32 threads of Cache::read", "fio psync, 32 jobs", None),
+        Shape::Queue32 => ("qd32_queue", "QD32, one thread's read queue (io_uring)", "fio io_uring QD32", Goal::ratio_at_least(0.95)),
+        Shape::Queue32Checked => ("qd32_queue_crc", "QD32, read queue, against a checking fio", "fio io_uring QD32 checking crc32c", None),
+    };
+    Headline::versus(
+        &format!("{key}_{kib}k"),
+        &format!("L2ARC hit, random {kib} KiB, {what}"),
+        "IOPS",
+        (row.ours.side.iops, &format!("{baseline}, same file"), row.fio.iops),
+        goal,
+    )
+    .ratio_is(row.ratio, "ours / baseline")
+    .rounds(row.round_figures.iter().map(RoundFigures::ratio).collect())
 }
 
 /// Where the scenario works: the dataset's directory, the cache file, the
@@ -401,7 +427,7 @@ fn measure_record_size(
         .enumerate()
         .map(|(i, (shape, job))| {
             let trios: Vec<&Trio> = rounds.iter().map(|r| &r[i]).collect();
-            summarise(record_bytes, shape.queue_depth(), job.describe(), &trios)
+            summarise(record_bytes, *shape, job.describe(), &trios)
         })
         .collect();
     let column = |wanted: Shape| jobs.iter().position(|(shape, _)| *shape == wanted);
@@ -771,7 +797,7 @@ pub(crate) fn median(values: &[f64]) -> f64 {
 /// Medians over the rounds: of each figure, and of the per-round ratios
 /// (each ours/fio pair was measured back to back, so its ratio is the least
 /// disturbed by whatever else the machine was doing).
-fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&Trio]) -> Row {
+fn summarise(record_bytes: u64, shape: Shape, fio_job: String, trios: &[&Trio]) -> Row {
     let med = |f: &dyn Fn(&Trio) -> f64| median(&trios.iter().map(|t| f(t)).collect::<Vec<_>>());
     let side = |sides: &[&Side]| {
         let med = |f: fn(&Side) -> f64| median(&sides.iter().map(|s| f(s)).collect::<Vec<_>>());
@@ -792,8 +818,9 @@ fn summarise(record_bytes: u64, queue_depth: usize, fio_job: String, trios: &[&T
     };
     let ratios = over(&ours, &fio);
     Row {
+        shape,
         record_bytes,
-        queue_depth,
+        queue_depth: shape.queue_depth(),
         ours: Ours {
             side: side(&ours),
             arc_hit_ratio: med(&|t| t.ours.arc_hit_ratio),
@@ -1190,6 +1217,22 @@ fn print_notes(r: &Report) {
                 ": within 10%, io_uring would not pay on this device"
             }
         );
+    }
+}
+
+
+/// `--scenario l2-hit`.
+pub(crate) struct L2Hit;
+
+impl Scenario for L2Hit {
+    fn name(&self) -> &'static str {
+        "l2-hit"
+    }
+    fn measures(&self) -> &'static str {
+        "Warm L2ARC hit path: random 4 KiB and 8 KiB reads at queue depth 1 and 32, against fio on the same cache file."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
     }
 }
 

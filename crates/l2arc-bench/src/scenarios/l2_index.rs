@@ -36,6 +36,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::BenchArgs;
 
+use super::{Goal, Headline, Outcome, Scenario};
+
 /// Shards, as `L2Arc::new` makes them.
 const SHARDS: usize = 64;
 /// `HDR_L2ONLY_SIZE` on 64-bit OpenZFS (see the module comment).
@@ -55,6 +57,11 @@ enum Build {
     PreSized,
     /// `L2Index::new(64, 0)`: every shard grows by 1.25x as it fills.
     GrownFromEmpty,
+    /// The baseline: a `HashMap` (hashbrown, the engine's hasher) of the
+    /// same keys to a location and a checksum, `with_capacity(records)`,
+    /// looked up behind a `Mutex` (the index is shared, so the fair
+    /// comparison takes a lock).
+    HashMap,
 }
 
 /// One build, measured in a child process.
@@ -102,11 +109,26 @@ struct Row {
     get_miss_found: u64,
 }
 
+/// The hash map baseline at one size.
+#[derive(Serialize)]
+struct HashMapRow {
+    records: u64,
+    /// hashbrown's allocation for the map's capacity, per record.
+    bytes_per_record: f64,
+    rss_delta_bytes_per_record: f64,
+    inserts_per_sec: f64,
+    /// Lookups behind a `Mutex`, one thread.
+    gets_hit_per_sec: f64,
+    gets_miss_per_sec: f64,
+}
+
 #[derive(Serialize)]
 struct Report {
     shards: usize,
     openzfs_l2only_header_bytes: f64,
     rows: Vec<Row>,
+    /// The same records in a locked `HashMap`: DRAM and throughput.
+    hash_map: Vec<HashMapRow>,
 }
 
 /// Resident bytes of this process (`/proc/self/statm`, 4 KiB pages).
@@ -145,8 +167,65 @@ fn entry(n: u64) -> IndexEntry {
     }
 }
 
+/// hashbrown's allocation for a map of this capacity: buckets of
+/// `bucket_bytes` and a control byte each, plus 16 trailing control bytes;
+/// a table of 8 or more buckets holds 7/8 of them.
+fn hash_map_bytes(capacity: usize, bucket_bytes: usize) -> usize {
+    let buckets = if capacity < 8 {
+        (capacity + 1).next_power_of_two()
+    } else {
+        (capacity / 7 * 8).next_power_of_two()
+    };
+    buckets * (bucket_bytes + 1) + 16
+}
+
+/// Builds the hash map baseline of `records` entries and measures it.
+fn measure_hash_map(records: u64) -> Result<Measured> {
+    type Map = l2arc::hash::FastHashMap<u64, (u64, u32)>;
+    let before = rss_bytes()?;
+    let started = Instant::now();
+    let mut map = Map::with_capacity_and_hasher(records as usize, Default::default());
+    for n in 1..=records {
+        let e = entry(n);
+        map.insert(e.key_hash, (e.location, e.checksum));
+    }
+    let insert_seconds = started.elapsed().as_secs_f64();
+    let after = rss_bytes()?;
+    let index_bytes = hash_map_bytes(map.capacity(), size_of::<(u64, (u64, u32))>()) as u64;
+    let len = map.len() as u64;
+    let map = std::sync::Mutex::new(map);
+    let get = |key: u64| map.lock().expect("not poisoned").contains_key(&key);
+    let started = Instant::now();
+    let found = (0..GETS)
+        .filter(|&i| get(entry(1 + mix64(i) % records).key_hash))
+        .count() as u64;
+    let get_hit_seconds = started.elapsed().as_secs_f64();
+    if found != GETS {
+        bail!("{} of {GETS} lookups of present keys missed", GETS - found);
+    }
+    let started = Instant::now();
+    let get_miss_found = (0..GETS)
+        .filter(|&i| get(entry(records + 1 + i).key_hash))
+        .count() as u64;
+    Ok(Measured {
+        records,
+        build: Build::HashMap,
+        index_bytes,
+        rss_delta_bytes: after.saturating_sub(before),
+        rss_peak_delta_bytes: None,
+        insert_seconds,
+        len,
+        get_hit_seconds,
+        get_miss_seconds: started.elapsed().as_secs_f64(),
+        get_miss_found,
+    })
+}
+
 /// Builds one index of `records` entries, in this process, and measures it.
 fn measure(records: u64, build: Build) -> Result<Measured> {
+    if build == Build::HashMap {
+        return measure_hash_map(records);
+    }
     let peak_ok = reset_rss_peak();
     let before = rss_bytes()?;
     let peak_before = rss_peak_bytes();
@@ -155,7 +234,7 @@ fn measure(records: u64, build: Build) -> Result<Measured> {
         SHARDS,
         match build {
             Build::PreSized => records as usize,
-            Build::GrownFromEmpty => 0,
+            Build::GrownFromEmpty | Build::HashMap => 0,
         },
     );
     for n in 1..=records {
@@ -254,13 +333,19 @@ fn measure_in_child(records: u64, build: Build) -> Result<Measured> {
     serde_json::from_slice(&out.stdout).context("child's measurement")
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
+/// In a child process this scenario started (one measurement, printed as
+/// JSON for the parent): runs it and returns `Some`; otherwise `None`.
+pub(crate) fn child() -> Option<Result<()>> {
+    let spec = std::env::var(CHILD_ENV).ok()?;
+    Some((|| {
         let (records, build): (u64, Build) =
             serde_json::from_str(&spec).context("bad child measurement spec")?;
         println!("{}", serde_json::to_string(&measure(records, build)?)?);
-        return Ok(());
-    }
+        Ok(())
+    })())
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let sizes = if args.records.is_empty() {
         DEFAULT_RECORDS.to_vec()
     } else {
@@ -278,6 +363,22 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             rows.push(Row::of(&measure_in_child(records, build)?));
         }
     }
+    let mut hash_map = Vec::new();
+    for &records in &sizes {
+        if !args.json {
+            eprint!("building a HashMap of {records} records...          \r");
+        }
+        let m = measure_in_child(records, Build::HashMap)?;
+        let per = |bytes: u64| bytes as f64 / records as f64;
+        hash_map.push(HashMapRow {
+            records,
+            bytes_per_record: per(m.index_bytes),
+            rss_delta_bytes_per_record: per(m.rss_delta_bytes),
+            inserts_per_sec: records as f64 / m.insert_seconds,
+            gets_hit_per_sec: GETS as f64 / m.get_hit_seconds,
+            gets_miss_per_sec: GETS as f64 / m.get_miss_seconds,
+        });
+    }
     if !args.json {
         eprint!("{:60}\r", "");
     }
@@ -285,13 +386,48 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         shards: SHARDS,
         openzfs_l2only_header_bytes: OPENZFS_L2ONLY_HDR_BYTES,
         rows,
+        hash_map,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let headline = headline(&report);
+    Outcome::new(report, headline, print_report)
+}
+
+/// At the largest size, pre-sized: DRAM per record against OpenZFS's
+/// header and the hash map's, and lookups against the locked hash map's.
+fn headline(r: &Report) -> Vec<Headline> {
+    let Some(row) = r
+        .rows
+        .iter()
+        .filter(|x| x.build == Build::PreSized)
+        .max_by_key(|x| x.records)
+    else {
+        return Vec::new();
+    };
+    let records = if row.records % 1_000_000 == 0 {
+        format!("{} M", row.records / 1_000_000)
     } else {
-        print_report(&report);
+        row.records.to_string()
+    };
+    let mut h = vec![
+        Headline::versus(
+            &format!("dram_{}", row.records),
+            &format!("L2ARC index: DRAM per record held only on flash, {records} records, pre-sized"),
+            "B",
+            (row.index_bytes_per_record, "OpenZFS's L2-only header (a constant)", row.openzfs_bytes_per_record),
+            Goal::ours(false, GOAL_BYTES_PER_RECORD),
+        )
+        .ratio_is(row.openzfs_over_ours, "OpenZFS / ours"),
+    ];
+    if let Some(map) = r.hash_map.iter().find(|m| m.records == row.records) {
+        h.push(Headline::versus(
+            &format!("gets_{}", row.records),
+            &format!("L2ARC index: lookups of present keys, {records} records, one thread"),
+            "gets/s",
+            (row.gets_hit_per_sec, "Mutex<HashMap> of the same keys", map.gets_hit_per_sec),
+            None,
+        ));
     }
-    Ok(())
+    h
 }
 
 impl Row {
@@ -367,6 +503,22 @@ fn print_report(report: &Report) {
             },
         );
     }
+    for m in &report.hash_map {
+        println!(
+            "{:>11} {:<17} {:>9.1} {:>10.1} {:>9} {:>8} {:>8} {:>14} {:>9.2}M {:>8.2}M {:>8.2}M   (behind a Mutex)",
+            m.records,
+            "Mutex<HashMap>",
+            m.bytes_per_record,
+            m.rss_delta_bytes_per_record,
+            "-",
+            "",
+            "",
+            "",
+            m.inserts_per_sec / 1e6,
+            m.gets_hit_per_sec / 1e6,
+            m.gets_miss_per_sec / 1e6,
+        );
+    }
     println!(
         "OpenZFS: {:.2} GiB per 100 GiB of 8 KiB records ({} records x {OPENZFS_L2ONLY_HDR_BYTES:.0} B, \
          HDR_L2ONLY_SIZE = offsetof(arc_buf_hdr_t, b_l1hdr), include/sys/arc_impl.h)",
@@ -380,6 +532,22 @@ fn print_report(report: &Report) {
          lost = records replaced by a later one with the same fingerprint; goal = index B <= \
          {GOAL_BYTES_PER_RECORD:.0} (issue 11: measured at 10 M and 100 M records)"
     );
+}
+
+
+/// `--scenario l2-index`.
+pub(crate) struct L2IndexScenario;
+
+impl Scenario for L2IndexScenario {
+    fn name(&self) -> &'static str {
+        "l2-index"
+    }
+    fn measures(&self) -> &'static str {
+        "DRAM per cached L2ARC record at 1 and 10 million records, and index inserts and lookups per second, against a Mutex<HashMap> of the same keys."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }
 
 #[cfg(test)]

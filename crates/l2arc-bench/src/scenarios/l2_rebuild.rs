@@ -46,6 +46,8 @@ use serde::Serialize;
 
 use crate::BenchArgs;
 
+use super::{Goal, Headline, Outcome, Scenario};
+
 const RECORD_SIZES: [u64; 2] = [4 << 10, 8 << 10];
 const DEFAULT_RECORDS: u64 = 262_144;
 /// Devices of more records are written log only, on a sparse file.
@@ -269,7 +271,7 @@ fn drop_page_cache() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let counts = if args.records.is_empty() {
         vec![DEFAULT_RECORDS]
     } else {
@@ -286,12 +288,28 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         goal_records_per_sec: GOAL_RECORDS_PER_SEC,
         rows,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    print_table(&report);
-    Ok(())
+    let headline = report
+        .rows
+        .iter()
+        .filter(|r| r.index == Index::PreSized)
+        .map(|r| Headline {
+            key: format!("rebuild_{}k", r.record_bytes >> 10),
+            what: format!(
+                "index rebuild at start, {} records of {} KiB, pre-sized index",
+                r.records_restored,
+                r.record_bytes >> 10
+            ),
+            unit: "records/s".to_string(),
+            ours: r.records_per_sec,
+            baseline_name: "—".to_string(),
+            baseline: None,
+            ratio: None,
+            ratio_is: String::new(),
+            round_ratios: Vec::new(),
+            goal: Goal::ours(true, GOAL_RECORDS_PER_SEC),
+        })
+        .collect();
+    Outcome::new(report, headline, print_table)
 }
 
 fn print_table(report: &Report) {
@@ -538,7 +556,7 @@ fn warm_device(
             // All, but records that share the index's fingerprint with a
             // later one (each replaced the other's entry).
             let bufs = l2.stats().get("l2_bufs");
-            let lost_max = crate::l2_index::records_lost_max(records, l2.index_fingerprint_bits());
+            let lost_max = super::l2_index::records_lost_max(records, l2.index_fingerprint_bits());
             if bufs > records || records - bufs > lost_max {
                 bail!("the warm device holds {bufs} records, not {records}");
             }
@@ -604,7 +622,7 @@ fn rebuild_once(
     // bits it keeps) with a newer one: the newest of them wins.
     let restored = stats.get("l2_rebuild_bufs");
     let lost = records.saturating_sub(restored);
-    let lost_max = crate::l2_index::records_lost_max(records, l2.index_fingerprint_bits());
+    let lost_max = super::l2_index::records_lost_max(records, l2.index_fingerprint_bits());
     if restored > records || lost > lost_max {
         bail!("the rebuild restored {restored} of {records} records");
     }
@@ -631,6 +649,22 @@ fn rebuild_once(
         stats.get("l2_hdr_size"),
         restored,
     ))
+}
+
+
+/// `--scenario l2-rebuild`.
+pub(crate) struct L2Rebuild;
+
+impl Scenario for L2Rebuild {
+    fn name(&self) -> &'static str {
+        "l2-rebuild"
+    }
+    fn measures(&self) -> &'static str {
+        "Index rebuild from a warm device: records restored per second."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }
 
 #[cfg(test)]

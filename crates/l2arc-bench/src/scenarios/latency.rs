@@ -20,9 +20,11 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::report::{self, Series};
 use crate::runner::{self, Until};
-use crate::targets::{Bench, TargetKind, TargetSpec, build};
+use crate::targets::{Bench, TargetKind, TargetSpec, each_target};
 use crate::targets::{ReadTarget, TargetCounters};
 use crate::workload::{self, PhaseRun, Sample, Setup};
 
@@ -112,7 +114,7 @@ fn phase(name: &str, run: &PhaseRun, before: &TargetCounters) -> Phase {
     }
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let began = Instant::now();
     let measure = Duration::from_secs_f64(args.measure_secs.unwrap_or(DEFAULT_MEASURE_SECS));
     let warm_max = Duration::from_secs_f64(args.warm_secs.unwrap_or(DEFAULT_WARM_SECS));
@@ -131,22 +133,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             args.cache_size >> 20
         );
     }
-    let kinds = TargetKind::in_run(args.peers);
-    let mut runs = Vec::new();
     let mut verified = 0u64;
-    for kind in kinds {
-        let target = build(kind, &spec)?;
+    let runs = each_target(&TargetKind::in_run(args.peers), &spec, |kind, target| {
         let name = target.name().to_string();
-        let (run, bytes) = run_target(
-            args,
-            &bench,
-            &spec,
-            target.as_ref(),
-            kind,
-            measure,
-            warm_max,
-        )
-        .with_context(|| format!("latency: {name}"))?;
+        let (run, bytes) = run_target(args, &bench, &spec, target, kind, measure, warm_max)
+            .with_context(|| format!("latency: {name}"))?;
         verified += bytes;
         if !args.json {
             eprintln!(
@@ -159,10 +150,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 ))
             );
         }
-        runs.push(run);
-        drop(target);
-        spec.remove_cache_file()?;
-    }
+        Ok(run)
+    })?;
     let report = LatencyReport {
         scenario: "latency",
         setup: Setup::new(args, &bench, &spec, READ_BYTES),
@@ -174,7 +163,46 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         bytes_verified: verified,
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
-    crate::emit_with_report(args, "latency", &report, &html(&report), print_tables)
+    let html = html(&report);
+    let headline = headline(&report);
+    Ok(Outcome::new(report, headline, print_tables)?.with_html(html))
+}
+
+/// Warm l2arc against foyer (with `--peers`), and warm over cold.
+fn headline(r: &LatencyReport) -> Vec<Headline> {
+    let warm = |name: &str| {
+        r.runs
+            .iter()
+            .find(|x| x.target == name)
+            .and_then(|x| x.warm.as_ref())
+    };
+    let mut h = Vec::new();
+    let what = format!(
+        "seed experiment 2: {} clients, random {} KiB reads, working set between ARC and L2ARC, warm",
+        r.clients,
+        r.setup.read_bytes >> 10
+    );
+    if let (Some(ours), Some(foyer)) = (warm("l2arc"), warm("foyer")) {
+        h.push(Headline::versus(
+            "warm_iops_vs_foyer",
+            &what,
+            "IOPS",
+            (ours.iops, "foyer HybridCache, same run", foyer.iops),
+            Goal::ratio_at_least(1.0),
+        ));
+    }
+    if let Some(run) = r.runs.iter().find(|x| x.target == "l2arc")
+        && let Some(w) = &run.warm
+    {
+        h.push(Headline::versus(
+            "warm_over_cold",
+            "seed experiment 2: warm over cold IOPS",
+            "IOPS",
+            (w.iops, "the same cache cold", run.cold.iops),
+            None,
+        ));
+    }
+    h
 }
 
 fn run_target(
@@ -187,27 +215,14 @@ fn run_target(
     warm_max: Duration,
 ) -> Result<(TargetRun, u64)> {
     let data = bench.dataset.spec();
-    let sizes = &spec.file_sizes_bytes;
-    // Uniform over the working set's bytes (not over files: a client of a
-    // database reads blocks, not files).
-    let blocks: Vec<u64> = sizes.iter().map(|s| s / READ_BYTES).collect();
-    let total_blocks: u64 = blocks.iter().sum();
-    let op = |reader: &mut workload::Reader| {
-        let mut block = reader.rng().below(total_blocks);
-        let mut file = 0usize;
-        while block >= blocks[file] {
-            block -= blocks[file];
-            file += 1;
-        }
-        reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
-    };
+    let op = workload::uniform_reads(&spec.file_sizes_bytes, READ_BYTES);
     let phase_for = |until, seed| {
         runner::Phase::new(target.name(), CLIENTS, Until::Elapsed(until))
             .interval(Duration::from_secs(1))
             .seed(seed)
     };
     let cold_run =
-        workload::read_phase(target, &data, &phase_for(measure, args.seed), |_| false, op)?;
+        workload::read_phase(target, &data, &phase_for(measure, args.seed), |_| false, &op)?;
     if !kind.has_flash() {
         let bytes = cold_run.phase.bytes;
         return Ok((TargetRun::cold_only(target.name(), cold_run), bytes));
@@ -218,14 +233,14 @@ fn run_target(
         &data,
         &phase_for(warm_max, args.seed ^ 1),
         settle,
-        op,
+        &op,
     )?;
     let warm_run = workload::read_phase(
         target,
         &data,
         &phase_for(measure, args.seed ^ 2),
         |_| false,
-        op,
+        &op,
     )?;
     let bytes = cold_run.phase.bytes + warming.phase.bytes + warm_run.phase.bytes;
     let run = TargetRun::warmed(target.name(), cold_run, warming, warm_run);
@@ -497,4 +512,19 @@ fn html_run_charts(r: &LatencyReport, run: &TargetRun) -> Vec<(String, String)> 
         ),
     ));
     sections
+}
+
+/// `--scenario latency`.
+pub(crate) struct Latency;
+
+impl Scenario for Latency {
+    fn name(&self) -> &'static str {
+        "latency"
+    }
+    fn measures(&self) -> &'static str {
+        "Seed experiment 2: 20 clients of random 8 KiB reads over a working set between ARC and L2ARC: cold vs warm."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }

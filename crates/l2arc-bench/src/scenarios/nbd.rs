@@ -49,7 +49,9 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::fio::{FioJob, FioTarget};
-use crate::{BenchArgs, emit};
+use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 
 const BLOCK_BYTES: u64 = 4096;
 const STRIPE_BYTES: u64 = 1 << 20;
@@ -306,7 +308,7 @@ pub(crate) fn shell_words(cmd: &Command) -> String {
         .join(" ")
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     require_tools("nbd", &["fio", "nbdkit"])?;
     let bench = NbdBench::prepare(args)?;
     let ours = bench.measure_ours(args)?;
@@ -340,7 +342,24 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         nbdkit_no_cache,
         ours_stats: ours.stats,
     };
-    emit(args.json, &report, print_report)
+    let headline = report
+        .rows
+        .iter()
+        .filter(|r| r.phase == "warm")
+        .map(|r| {
+            Headline::versus(
+                "warm_iops",
+                &format!(
+                    "NBD export over a delayed disk, warm, random 4 KiB QD{}",
+                    report.queue_depth
+                ),
+                "IOPS",
+                (r.ours.iops, "nbdkit cache filter, same delayed disk", r.nbdkit.iops),
+                Goal::ratio_at_least(1.0),
+            )
+        })
+        .collect();
+    Outcome::new(report, headline, print_report)
 }
 
 /// The run's set-up: the image, the emulated disk's delay, the fio job.
@@ -634,4 +653,19 @@ fn print_report(r: &Report) {
     println!("ours:   {}", r.ours_command);
     println!("nbdkit: {}", r.nbdkit_command);
     println!("fio:    {}", r.fio_command);
+}
+
+/// `--scenario nbd`.
+pub(crate) struct Nbd;
+
+impl Scenario for Nbd {
+    fn name(&self) -> &'static str {
+        "nbd"
+    }
+    fn measures(&self) -> &'static str {
+        "NBD export: l2arc serve-nbd against nbdkit's cache filter over the same delayed image (needs fio, nbdkit)."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }

@@ -36,6 +36,8 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::fio::write_verifiable;
 use super::l2_hit::median;
 use super::nbd::{ServerProcess, nbd_randread, require_tools, spawn, wait_for_socket};
@@ -144,7 +146,7 @@ struct Place {
     bytes: Vec<u8>,
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     require_tools("nbd-connections", &["fio", "nbdkit", "nbdcopy"])?;
     let connections = args.connections.clone();
     if connections.is_empty() || connections.iter().any(|&n| n == 0 || n > 1024) {
@@ -209,7 +211,46 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             .map(|(side, client)| side_report(side, client, &measured))
             .collect(),
     };
-    crate::emit(args.json, &report, print_table)
+    let headline = headline(&report);
+    Outcome::new(report, headline, print_table)
+}
+
+/// Each of ours, per client: IOPS at 128 connections over the best of
+/// 16–64 (and nbdkit's at 128 beside it).
+fn headline(r: &Report) -> Vec<Headline> {
+    let at_128 = |s: &SideReport| s.steps.iter().find(|x| x.connections == 128).map(|x| x.iops);
+    let best = |s: &SideReport| {
+        s.steps
+            .iter()
+            .filter(|x| [16, 32, 64].contains(&x.connections))
+            .map(|x| x.iops)
+            .fold(0.0, f64::max)
+    };
+    let mut h = Vec::new();
+    for s in r.sides.iter().filter(|s| s.side != Side::NbdkitPageCache) {
+        let (Some(iops), Some(ratio)) = (at_128(s), s.ratio_128_to_best_16_64) else {
+            continue;
+        };
+        let (side, what) = match s.side {
+            Side::OursArc => ("arc", "image in the ARC"),
+            _ => ("l2arc", "image on the L2ARC (ARC 1/16)"),
+        };
+        let (client, how) = match s.client {
+            Client::OneThread => ("one_thread", "one-thread client"),
+            Client::Fio => ("fio", "fio nbd engine, a thread per connection"),
+        };
+        h.push(
+            Headline::versus(
+                &format!("{side}_{client}"),
+                &format!("NBD export, 128 connections at QD1 random 4 KiB, {what}, {how}"),
+                "IOPS",
+                (iops, "the same run's best of 16–64 connections", best(s)),
+                Goal::ratio_at_least(0.9),
+            )
+            .ratio_is(ratio, "ours / baseline"),
+        );
+    }
+    h
 }
 
 impl Place {
@@ -464,6 +505,22 @@ fn print_table(report: &Report) {
     println!(
         "p99/mean: the p99 over the mean wait at that rate (connections / IOPS, Little's law): at queue depth 1 a client's wait grows with the number of clients by arithmetic; this ratio grows only when some are served less than others"
     );
+}
+
+
+/// `--scenario nbd-connections`.
+pub(crate) struct NbdConnections;
+
+impl Scenario for NbdConnections {
+    fn name(&self) -> &'static str {
+        "nbd-connections"
+    }
+    fn measures(&self) -> &'static str {
+        "Many clients on one export: 16 to 256 connections of fio's nbd engine at queue depth 1, random 4 KiB reads verified, IOPS, p99, slowest read and CPU per request per step, ours (ARC, L2ARC) against nbdkit's file plugin (needs fio, nbdkit, nbdcopy)."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ use std::process::Command;
 use anyhow::{Result, bail};
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use super::l2_hit::median;
 use super::nbd::{
     ServerProcess, nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
@@ -39,7 +41,8 @@ const PHASE_SECS_MAX: f64 = 8.0;
 const WARM_PASSES: usize = 3;
 
 /// One side of a round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 enum Side {
     OursReadQueue,
     OursWorkers,
@@ -65,6 +68,7 @@ impl Side {
     }
 }
 
+#[derive(serde::Serialize)]
 struct Measured {
     iops: f64,
     latency_us_p50: f64,
@@ -82,7 +86,7 @@ struct Place {
     secs: f64,
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     require_tools("nbd-l2-hit", &["fio", "nbdkit", "nbdcopy"])?;
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-nbd-l2")
@@ -106,10 +110,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         cache,
         secs: args.seconds.min(PHASE_SECS_MAX),
     };
-    println!(
-        "machine: {} CPUs, {:.1} GiB RAM, Linux {}, cache file on {fs}",
-        machine.cpus, machine.ram_gib, machine.kernel
-    );
+    if !args.json {
+        println!(
+            "machine: {} CPUs, {:.1} GiB RAM, Linux {}, cache file on {fs}",
+            machine.cpus, machine.ram_gib, machine.kernel
+        );
+    }
     let load_before = crate::load_average();
     let mut rounds: Vec<Vec<(Side, Measured)>> = Vec::new();
     let mut command = String::new();
@@ -131,9 +137,52 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
         rounds.push(measured);
     }
-    print_report(&place, &command, &load_before, &rounds);
     let _ = std::fs::remove_file(&place.cache);
-    Ok(())
+    let report = Report {
+        image_bytes: place.image_bytes,
+        secs: place.secs,
+        command,
+        load_before,
+        rounds,
+    };
+    let headline = headline(&report);
+    Outcome::new(report, headline, |r: &Report| {
+        print_report((r.image_bytes, r.secs), &r.command, &r.load_before, &r.rounds);
+    })
+}
+
+/// What a run measured: every side of every round.
+#[derive(serde::Serialize)]
+struct Report {
+    image_bytes: u64,
+    secs: f64,
+    command: String,
+    load_before: String,
+    rounds: Vec<Vec<(Side, Measured)>>,
+}
+
+/// Ours (read queue) against nbdkit on the same flash, round by round.
+fn headline(r: &Report) -> Vec<Headline> {
+    let of = |round: &[(Side, Measured)], side: Side| {
+        round.iter().find(|(s, _)| *s == side).map_or(0.0, |(_, m)| m.iops)
+    };
+    let ratios: Vec<f64> = r
+        .rounds
+        .iter()
+        .map(|round| of(round, Side::OursReadQueue) / of(round, Side::NbdkitFlash).max(1.0))
+        .collect();
+    let med = |side: Side| median(&r.rounds.iter().map(|round| of(round, side)).collect::<Vec<_>>());
+    vec![
+        Headline::versus(
+            "read_queue_vs_flash",
+            &format!("NBD export warm from the L2ARC, random 4 KiB QD{QUEUE_DEPTH}, read queue"),
+            "IOPS",
+            (med(Side::OursReadQueue), "nbdkit file plugin on the cache file, cache=none (flash)", med(Side::NbdkitFlash)),
+            Goal::ratio_at_least(1.0),
+        )
+        .ratio_is(median(&ratios), "ours / baseline")
+        .rounds(ratios),
+    ]
 }
 
 impl Place {
@@ -261,11 +310,16 @@ fn uri(socket: &Path) -> String {
     format!("nbd+unix:///?socket={}", socket.display())
 }
 
-fn print_report(place: &Place, command: &str, load_before: &str, rounds: &[Vec<(Side, Measured)>]) {
+fn print_report(
+    (image_bytes, secs): (u64, f64),
+    command: &str,
+    load_before: &str,
+    rounds: &[Vec<(Side, Measured)>],
+) {
     println!(
         "NBD export warm from the L2ARC: random 4 KiB reads, fio nbd engine, queue depth {QUEUE_DEPTH}, {} MiB image, {:.0} s per measurement, medians of {} rounds; load before {load_before}, after {}",
-        place.image_bytes >> 20,
-        place.secs.ceil(),
+        image_bytes >> 20,
+        secs.ceil(),
         rounds.len(),
         crate::load_average()
     );
@@ -339,5 +393,20 @@ fn print_rows(rounds: &[Vec<(Side, Measured)>]) {
             l2,
             per_round.join(" ")
         );
+    }
+}
+
+/// `--scenario nbd-l2-hit`.
+pub(crate) struct NbdL2Hit;
+
+impl Scenario for NbdL2Hit {
+    fn name(&self) -> &'static str {
+        "nbd-l2-hit"
+    }
+    fn measures(&self) -> &'static str {
+        "NBD export warm from the L2ARC: random 4 KiB reads at queue depth 32 with fio's nbd engine, read queue vs workers only, against nbdkit's file plugin on the cache file (flash and page cache), with the servers' CPU per request (needs fio, nbdkit, nbdcopy)."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
     }
 }

@@ -37,6 +37,8 @@ use l2arc::primary::emulated_hdd::{EmulatedHdd, HddConfig};
 use l2arc::primary::image::ImagePrimary;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use super::nbd::{
     nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
 };
@@ -45,7 +47,7 @@ const QUEUE_DEPTH: usize = 32;
 const RECORDSIZE_BYTES: u64 = 128 << 10;
 const ARC_MAX_BYTES: u64 = 128 << 20;
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     require_tools("nbd-warmup", &["fio"])?;
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-nbd-warmup")
@@ -91,20 +93,75 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     .run(Some(tmp.path()))?;
     let stopped = server.stop();
     let _ = std::fs::remove_file(&cache);
-    print_report(
-        (image_bytes, &hdd, &one_pass),
-        secs,
-        &command,
-        &load_before,
-        &read.iops_per_second,
-    )?;
-    if let Some(line) = stopped.iter().find(|l| l.contains("stopped:")) {
-        println!("{line}");
+    if read.iops_per_second.len() < 8 {
+        bail!(
+            "fio logged {} seconds of IOPS; too few",
+            read.iops_per_second.len()
+        );
     }
-    Ok(())
+    let (warm_iops, first_warm) = super::warmup::warm_level(&read.iops_per_second);
+    let report = Report {
+        image_bytes,
+        hdd,
+        secs,
+        command,
+        load_before,
+        one_pass,
+        warm_iops,
+        secs_to_90pct: first_warm.map(|i| i as f64 + 1.0),
+        iops_per_second: read.iops_per_second,
+        server_stopped: stopped.into_iter().find(|l| l.contains("stopped:")),
+    };
+    let headline = report
+        .secs_to_90pct
+        .map(|t| {
+            Headline::versus(
+                "secs_to_90pct",
+                &format!(
+                    "warm-up through the NBD export: seconds to 90% of the warm rate ({} MiB image, {} emulated spindles, fio nbd QD{QUEUE_DEPTH} random 4 KiB)",
+                    report.image_bytes >> 20,
+                    report.hdd.spindles
+                ),
+                "s",
+                (t, "one pass over the image from the same disks, measured", report.one_pass.measured_secs),
+                Goal::ratio_at_most(1.2),
+            )
+        })
+        .into_iter()
+        .collect();
+    Outcome::new(report, headline, |r: &Report| {
+        // Checked above: enough seconds were logged.
+        let _ = print_report(
+            (r.image_bytes, &r.hdd, &r.one_pass),
+            r.secs,
+            &r.command,
+            &r.load_before,
+            &r.iops_per_second,
+        );
+        if let Some(line) = &r.server_stopped {
+            println!("{line}");
+        }
+    })
+}
+
+/// What a run measured.
+#[derive(serde::Serialize)]
+struct Report {
+    image_bytes: u64,
+    #[serde(skip)]
+    hdd: HddConfig,
+    secs: f64,
+    command: String,
+    load_before: String,
+    one_pass: OnePass,
+    warm_iops: f64,
+    secs_to_90pct: Option<f64>,
+    iops_per_second: Vec<f64>,
+    server_stopped: Option<String>,
 }
 
 /// One pass over the image from the emulated disks, no cache.
+#[derive(serde::Serialize)]
 struct OnePass {
     /// Every spindle always busy: records times the mean service time,
     /// over the spindles.
@@ -214,4 +271,19 @@ fn print_report(
         None => println!("warm: {warm_iops:.0} IOPS; never at 90% of it"),
     }
     Ok(())
+}
+
+/// `--scenario nbd-warmup`.
+pub(crate) struct NbdWarmup;
+
+impl Scenario for NbdWarmup {
+    fn name(&self) -> &'static str {
+        "nbd-warmup"
+    }
+    fn measures(&self) -> &'static str {
+        "Warm-up through the NBD export: the seed workload (random 4 KiB, queue depth 32, 1 GiB on an emulated 4-spindle HDD) from an empty cache; seconds to 90% of the warm rate against one pass over the image from the disks (needs fio)."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }

@@ -31,6 +31,8 @@ use l2arc_fuse::{MountOptions, ObjectFs, ObjectFsOptions};
 use l2arc_testkit::s3::{ACCESS_KEY, FaultProxy, S3Server, SECRET_KEY};
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::fio::{FioJob, FioTarget};
 
 const BUCKET: &str = "bench";
@@ -40,6 +42,7 @@ const DEFAULT_RUN_SECS: f64 = 8.0;
 /// the cold pass, before the restart.
 const SETTLE_SECS: u64 = 3;
 
+#[derive(serde::Serialize)]
 struct Measured {
     system: String,
     cold_mib_per_sec: f64,
@@ -312,7 +315,7 @@ fn measure(
     })
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     crate::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
     let tmp = match &args.data {
@@ -345,16 +348,76 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             secs,
         )?);
     }
-    println!(
-        "S3 side by side: {} objects, {} MiB, versitygw behind a {}-{} ms delay proxy; load average before: {load_before}, after: {}",
-        files_n,
-        data_bytes >> 20,
-        DELAY_MS.0,
-        DELAY_MS.1,
-        crate::load_average()
-    );
-    print_results(&results);
-    Ok(())
+    let report = Report {
+        objects: files_n,
+        data_bytes,
+        delay_ms: DELAY_MS,
+        load_before,
+        load_after: crate::load_average(),
+        results,
+    };
+    let headline = headline(&report);
+    Outcome::new(report, headline, |r: &Report| {
+        println!(
+            "S3 side by side: {} objects, {} MiB, versitygw behind a {}-{} ms delay proxy; load average before: {}, after: {}",
+            r.objects,
+            r.data_bytes >> 20,
+            r.delay_ms.0,
+            r.delay_ms.1,
+            r.load_before,
+            r.load_after
+        );
+        print_results(&r.results);
+    })
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    objects: u64,
+    data_bytes: u64,
+    delay_ms: (u64, u64),
+    load_before: String,
+    load_after: String,
+    results: Vec<Measured>,
+}
+
+/// Ours against rclone: cold MiB/s, GETs per GiB, warm IOPS, restart.
+fn headline(r: &Report) -> Vec<Headline> {
+    let find = |prefix: &str| r.results.iter().find(|m| m.system.starts_with(prefix));
+    let (Some(ours), Some(rclone)) = (find("l2arc"), find("rclone")) else {
+        return Vec::new();
+    };
+    let peer = "rclone mount --vfs-cache-mode full";
+    vec![
+        Headline::versus(
+            "cold_mib_per_sec",
+            "S3 mount (versitygw + 20–50 ms delay), cold sequential",
+            "MiB/s",
+            (ours.cold_mib_per_sec, peer, rclone.cold_mib_per_sec),
+            Goal::ratio_at_least(1.0),
+        ),
+        Headline::versus(
+            "cold_gets_per_gib",
+            "S3 mount, GETs per GiB served, cold sequential",
+            "GETs/GiB",
+            (ours.cold_gets_per_gib, peer, rclone.cold_gets_per_gib),
+            Goal::ratio_at_most(1.0),
+        ),
+        Headline::versus(
+            "warm_iops",
+            "S3 mount, warm random 4 KiB O_DIRECT",
+            "IOPS",
+            (ours.warm_iops, peer, rclone.warm_iops),
+            Goal::ratio_at_least(1.0),
+        ),
+        Headline::versus(
+            "restart_secs",
+            "S3 mount, restart to the data read again",
+            "s",
+            (ours.restart_secs, peer, rclone.restart_secs),
+            Goal::ratio_at_most(1.0),
+        ),
+    ]
 }
 
 /// `files_n` objects `f0`.. of `file_bytes` pseudo-random bytes each
@@ -419,5 +482,20 @@ fn print_results(results: &[Measured]) {
             r.restart_secs,
             r.restart_gets
         );
+    }
+}
+
+/// `--scenario s3`.
+pub(crate) struct S3;
+
+impl Scenario for S3 {
+    fn name(&self) -> &'static str {
+        "s3"
+    }
+    fn measures(&self) -> &'static str {
+        "Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
     }
 }

@@ -31,6 +31,8 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::report::{self, Series};
 use crate::runner::{self, Phase, Until};
 use crate::targets::{Bench, L2arcTarget, TargetKind, TargetSpec, build};
@@ -113,7 +115,7 @@ impl ThroughputReport {
     }
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let began = Instant::now();
     if args.multiples.is_empty() || args.multiples.iter().any(|m| !(*m > 0.0 && *m <= 100.0)) {
         bail!(
@@ -144,7 +146,32 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     }
     report.ratios = ratios(&report);
     report.elapsed_secs = began.elapsed().as_secs_f64();
-    crate::emit_with_report(args, "throughput", &report, &html(&report), print_tables)
+    let html = html(&report);
+    let headline = headline(&report);
+    Ok(Outcome::new(report, headline, print_tables)?.with_html(html))
+}
+
+/// l2arc against foyer (with `--peers`) at each dataset size, without and
+/// with LZ4.
+fn headline(r: &ThroughputReport) -> Vec<Headline> {
+    let mut h = Vec::new();
+    for &m in &r.multiples {
+        for (ours, peer, lz4) in [("l2arc", "foyer", ""), ("l2arc_lz4", "foyer_lz4", ", LZ4 on both")] {
+            let (Some(a), Some(b)) = (r.cell(m, ours), r.cell(m, peer)) else {
+                continue;
+            };
+            h.push(Headline::versus(
+                &format!("{ours}_{m}x"),
+                &format!(
+                    "seed experiment 1: 50 threads of 8 sequential 128 KiB reads, dataset {m}x the L2ARC{lz4}"
+                ),
+                "MiB/s",
+                (a.mib_per_sec, &format!("foyer HybridCache{lz4}"), b.mib_per_sec),
+                Goal::ratio_at_least(1.0),
+            ));
+        }
+    }
+    h
 }
 
 /// The settings in report order: ours, then with `--peers` the peers.
@@ -659,4 +686,19 @@ fn html_warm_curves(r: &ThroughputReport) -> Vec<(String, String)> {
         }
     }
     sections
+}
+
+/// `--scenario throughput`.
+pub(crate) struct Throughput;
+
+impl Scenario for Throughput {
+    fn name(&self) -> &'static str {
+        "throughput"
+    }
+    fn measures(&self) -> &'static str {
+        "Seed experiment 1: 50 threads of eight 128 KiB reads, datasets 0.5x to 3x the L2ARC: no_l2arc, l2arc, l2arc_lz4."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }

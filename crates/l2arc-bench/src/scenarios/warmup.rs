@@ -18,9 +18,11 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::BenchArgs;
+
+use super::{Goal, Headline, Outcome, Scenario};
 use crate::report::{self, Series};
 use crate::runner::{Phase, Until};
-use crate::targets::{Bench, TargetKind, TargetSpec, build};
+use crate::targets::{Bench, ReadTarget, TargetKind, TargetSpec, each_target};
 use crate::workload::{self, Sample, Setup};
 
 const QUEUE_DEPTH: usize = 32;
@@ -62,7 +64,7 @@ pub(crate) struct WarmupReport {
     pub elapsed_secs: f64,
 }
 
-pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let began = Instant::now();
     let secs = args.measure_secs.unwrap_or(DEFAULT_SECS);
     let bench = Bench::prepare(args)?;
@@ -72,22 +74,21 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         recordsize_bytes: RECORDSIZE_BYTES,
         ..bench.spec(args, files, compression)
     };
-    let mut runs = Vec::new();
     let mut verified = 0u64;
     let mut no_cache_iops = 0.0;
-    for kind in TargetKind::in_run(args.peers) {
+    let runs = each_target(&TargetKind::in_run(args.peers), &spec, |kind, target| {
         let duration = if kind.has_flash() {
             secs
         } else {
             NO_CACHE_SECS.min(secs)
         };
-        let (result, bytes) = run_target(args, &bench, &spec, kind, duration)?;
+        let (result, bytes) = run_target(args, &bench, &spec, target, duration)?;
         verified += bytes;
         if !kind.has_flash() {
             no_cache_iops = result.iops;
         }
-        runs.push(result);
-    }
+        Ok(result)
+    })?;
     let records = spec
         .file_sizes_bytes
         .iter()
@@ -105,7 +106,40 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         bytes_verified: verified,
         elapsed_secs: began.elapsed().as_secs_f64(),
     };
-    crate::emit_with_report(args, "warmup", &report, &html(&report), print_tables)
+    let html = html(&report);
+    let headline = headline(&report);
+    Ok(Outcome::new(report, headline, print_tables)?.with_html(html))
+}
+
+/// l2arc's seconds to 90% of its final rate against one pass over the
+/// working set, and its final rate against no cache.
+fn headline(r: &WarmupReport) -> Vec<Headline> {
+    let Some(run) = r.runs.iter().find(|x| x.target == "l2arc") else {
+        return Vec::new();
+    };
+    let mut h = Vec::new();
+    if let Some(t) = run.secs_to_90pct {
+        h.push(Headline::versus(
+            "secs_to_90pct",
+            &format!(
+                "seed experiment 3, engine: seconds to 90% of the final rate (random {} KiB QD{}, {} MiB)",
+                r.setup.read_bytes >> 10,
+                r.queue_depth,
+                r.setup.working_set_bytes >> 20
+            ),
+            "s",
+            (t, "one pass over the working set from the disks", r.one_pass_secs),
+            Goal::ratio_at_most(1.2),
+        ));
+    }
+    h.push(Headline::versus(
+        "final_over_no_cache",
+        "seed experiment 3: final IOPS",
+        "IOPS",
+        (run.final_iops, "no cache", r.no_cache_iops),
+        None,
+    ));
+    h
 }
 
 /// One target from an empty cache for `duration_secs`: its curve, and the
@@ -114,26 +148,11 @@ fn run_target(
     args: &BenchArgs,
     bench: &Bench,
     spec: &TargetSpec,
-    kind: TargetKind,
+    target: &dyn ReadTarget,
     duration_secs: f64,
 ) -> Result<(WarmupRun, u64)> {
     let data = bench.dataset.spec();
-    let blocks: Vec<u64> = spec
-        .file_sizes_bytes
-        .iter()
-        .map(|s| s / READ_BYTES)
-        .collect();
-    let total_blocks: u64 = blocks.iter().sum();
-    let op = |reader: &mut workload::Reader| {
-        let mut block = reader.rng().below(total_blocks);
-        let mut file = 0usize;
-        while block >= blocks[file] {
-            block -= blocks[file];
-            file += 1;
-        }
-        reader.read(file as u32, block * READ_BYTES, READ_BYTES as usize)
-    };
-    let target = build(kind, spec)?;
+    let op = workload::uniform_reads(&spec.file_sizes_bytes, READ_BYTES);
     let name = target.name().to_string();
     let phase = Phase::new(
         &name,
@@ -142,7 +161,7 @@ fn run_target(
     )
     .interval(Duration::from_secs(1))
     .seed(args.seed);
-    let run = workload::read_phase(target.as_ref(), &data, &phase, |_| false, op)
+    let run = workload::read_phase(target, &data, &phase, |_| false, op)
         .with_context(|| format!("warmup: {name}"))?;
     let bytes = run.phase.bytes;
     let (final_iops, secs_to_90pct) = final_level(&run.samples);
@@ -162,8 +181,6 @@ fn run_target(
             result.final_flash_bytes >> 20
         );
     }
-    drop(target);
-    spec.remove_cache_file()?;
     Ok((result, bytes))
 }
 
@@ -353,4 +370,19 @@ fn html_heatmap(r: &WarmupReport, run: &WarmupRun) -> (String, String) {
             &[],
         ),
     )
+}
+
+/// `--scenario warmup`.
+pub(crate) struct Warmup;
+
+impl Scenario for Warmup {
+    fn name(&self) -> &'static str {
+        "warmup"
+    }
+    fn measures(&self) -> &'static str {
+        "Seed experiment 3: random 4 KiB reads at queue depth 32: IOPS and L2ARC fill per interval."
+    }
+    fn run(&self, args: &BenchArgs) -> Result<Outcome> {
+        run(args)
+    }
 }
