@@ -47,7 +47,11 @@ pub(crate) fn record_run(dir: &Path, scenario: &str, stamped: Value) -> Result<P
         }
     };
     if runs.scenario != scenario {
-        bail!("{} holds runs of {}, not {scenario}", path.display(), runs.scenario);
+        bail!(
+            "{} holds runs of {}, not {scenario}",
+            path.display(),
+            runs.scenario
+        );
     }
     runs.runs.push(stamped);
     std::fs::write(&path, serde_json::to_string_pretty(&runs)? + "\n")
@@ -64,9 +68,7 @@ fn read_runs(path: &Path) -> Result<Runs> {
 /// Every `<scenario>.json` in `dir`, in the scenarios' `--help` order.
 pub fn read_reports(dir: &Path) -> Result<Vec<Runs>> {
     let mut reports = Vec::new();
-    for entry in
-        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?
-    {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "json") {
             reports.push(read_runs(&path)?);
@@ -321,7 +323,10 @@ mod tests {
             runs: vec![run_with(0.93, vec![0.9, 0.93, 0.99])],
         };
         let t = render(&[report]).unwrap();
-        assert!(t.contains("0.93x [0.90–0.99, 3 rounds in 1 run] | ≥ 0.95x | ✗"), "{t}");
+        assert!(
+            t.contains("0.93x [0.90–0.99, 3 rounds in 1 run] | ≥ 0.95x | ✗"),
+            "{t}"
+        );
     }
 
     #[test]

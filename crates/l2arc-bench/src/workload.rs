@@ -223,7 +223,6 @@ pub(crate) fn misses_settled(
     }
 }
 
-
 /// Reads of `read_bytes` uniform over the bytes of files of `sizes` (not
 /// over files: a database's client reads blocks, not files): the one
 /// operation of the latency and warmup experiments.

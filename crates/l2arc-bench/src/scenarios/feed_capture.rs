@@ -135,14 +135,22 @@ fn headline(r: &Report) -> Vec<Headline> {
             "pass2_l2_hits",
             "feeder capture (engine): image read 4x through an ARC 1/8 of it, L2 hits of pass 2's misses",
             "%",
-            (100.0 * ours2.l2_hit_ratio, "timer-only feeder", 100.0 * timer2.l2_hit_ratio),
+            (
+                100.0 * ours2.l2_hit_ratio,
+                "timer-only feeder",
+                100.0 * timer2.l2_hit_ratio,
+            ),
             Goal::ours(true, 90.0),
         ),
         Headline::versus(
             "pass1_kept",
             "feeder capture (engine): eligible evicted bytes kept in pass 1",
             "%",
-            (100.0 * ours1.capture_ratio, "timer-only feeder", 100.0 * timer1.capture_ratio),
+            (
+                100.0 * ours1.capture_ratio,
+                "timer-only feeder",
+                100.0 * timer1.capture_ratio,
+            ),
             Goal::ours(true, 95.0),
         ),
     ];

@@ -228,9 +228,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
         .map(|r| {
             Headline::versus(
                 &format!("{}_{}", r.workload.replace([' ', '-'], "_"), r.jobs),
-                &format!("FUSE mount, hot files, {} ({} reader{})", r.workload, r.jobs, if r.jobs == 1 { "" } else { "s" }),
+                &format!(
+                    "FUSE mount, hot files, {} ({} reader{})",
+                    r.workload,
+                    r.jobs,
+                    if r.jobs == 1 { "" } else { "s" }
+                ),
                 "MiB/s",
-                (r.mount.mib_per_sec, "the source in the page cache", r.source.mib_per_sec),
+                (
+                    r.mount.mib_per_sec,
+                    "the source in the page cache",
+                    r.source.mib_per_sec,
+                ),
                 Goal::ratio_at_least(0.8),
             )
         })

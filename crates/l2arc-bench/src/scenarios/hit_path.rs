@@ -111,18 +111,32 @@ fn headline(rows: &[Row]) -> Vec<Headline> {
             &format!("{}_2_threads", mode.0),
             &format!("ARC hit path, 8 KiB, 2 threads, {}", mode.1),
             "hits/s",
-            (row.arc_hits_per_sec, "Mutex<HashMap> of the same buffers", row.mutex_hashmap_per_sec),
+            (
+                row.arc_hits_per_sec,
+                "Mutex<HashMap> of the same buffers",
+                row.mutex_hashmap_per_sec,
+            ),
             None,
         ));
     }
-    if let Some(row) = rows.iter().find(|r| r.threads == 2 && matches!(r.mode, Mode::Copy)) {
-        h.push(Headline::versus(
-            "analytics_on_over_off",
-            "analytics (latency histograms) on the ARC hit path, copy, 2 threads",
-            "hits/s",
-            (row.analytics_on_per_sec, "the same cells with analytics off", row.analytics_off_per_sec),
-            Goal::ratio_at_least(0.97),
-        ).ratio_is(1.0 + row.analytics_cost, "on / off, median of the rounds"));
+    if let Some(row) = rows
+        .iter()
+        .find(|r| r.threads == 2 && matches!(r.mode, Mode::Copy))
+    {
+        h.push(
+            Headline::versus(
+                "analytics_on_over_off",
+                "analytics (latency histograms) on the ARC hit path, copy, 2 threads",
+                "hits/s",
+                (
+                    row.analytics_on_per_sec,
+                    "the same cells with analytics off",
+                    row.analytics_off_per_sec,
+                ),
+                Goal::ratio_at_least(0.97),
+            )
+            .ratio_is(1.0 + row.analytics_cost, "on / off, median of the rounds"),
+        );
     }
     h
 }

@@ -261,16 +261,40 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
 fn headline(row: &Row) -> Headline {
     let kib = row.record_bytes >> 10;
     let (key, what, baseline, goal) = match row.shape {
-        Shape::Blocking1 => ("qd1", "QD1, one thread of Cache::read", "fio psync, 1 job", Goal::ratio_at_least(0.95)),
-        Shape::Blocking32 => ("qd32_threads", "QD32, 32 threads of Cache::read", "fio psync, 32 jobs", None),
-        Shape::Queue32 => ("qd32_queue", "QD32, one thread's read queue (io_uring)", "fio io_uring QD32", Goal::ratio_at_least(0.95)),
-        Shape::Queue32Checked => ("qd32_queue_crc", "QD32, read queue, against a checking fio", "fio io_uring QD32 checking crc32c", None),
+        Shape::Blocking1 => (
+            "qd1",
+            "QD1, one thread of Cache::read",
+            "fio psync, 1 job",
+            Goal::ratio_at_least(0.95),
+        ),
+        Shape::Blocking32 => (
+            "qd32_threads",
+            "QD32, 32 threads of Cache::read",
+            "fio psync, 32 jobs",
+            None,
+        ),
+        Shape::Queue32 => (
+            "qd32_queue",
+            "QD32, one thread's read queue (io_uring)",
+            "fio io_uring QD32",
+            Goal::ratio_at_least(0.95),
+        ),
+        Shape::Queue32Checked => (
+            "qd32_queue_crc",
+            "QD32, read queue, against a checking fio",
+            "fio io_uring QD32 checking crc32c",
+            None,
+        ),
     };
     Headline::versus(
         &format!("{key}_{kib}k"),
         &format!("L2ARC hit, random {kib} KiB, {what}"),
         "IOPS",
-        (row.ours.side.iops, &format!("{baseline}, same file"), row.fio.iops),
+        (
+            row.ours.side.iops,
+            &format!("{baseline}, same file"),
+            row.fio.iops,
+        ),
         goal,
     )
     .ratio_is(row.ratio, "ours / baseline")
@@ -1219,7 +1243,6 @@ fn print_notes(r: &Report) {
         );
     }
 }
-
 
 /// `--scenario l2-hit`.
 pub(crate) struct L2Hit;

@@ -411,9 +411,15 @@ fn headline(r: &Report) -> Vec<Headline> {
     let mut h = vec![
         Headline::versus(
             &format!("dram_{}", row.records),
-            &format!("L2ARC index: DRAM per record held only on flash, {records} records, pre-sized"),
+            &format!(
+                "L2ARC index: DRAM per record held only on flash, {records} records, pre-sized"
+            ),
             "B",
-            (row.index_bytes_per_record, "OpenZFS's L2-only header (a constant)", row.openzfs_bytes_per_record),
+            (
+                row.index_bytes_per_record,
+                "OpenZFS's L2-only header (a constant)",
+                row.openzfs_bytes_per_record,
+            ),
             Goal::ours(false, GOAL_BYTES_PER_RECORD),
         )
         .ratio_is(row.openzfs_over_ours, "OpenZFS / ours"),
@@ -423,7 +429,11 @@ fn headline(r: &Report) -> Vec<Headline> {
             &format!("gets_{}", row.records),
             &format!("L2ARC index: lookups of present keys, {records} records, one thread"),
             "gets/s",
-            (row.gets_hit_per_sec, "Mutex<HashMap> of the same keys", map.gets_hit_per_sec),
+            (
+                row.gets_hit_per_sec,
+                "Mutex<HashMap> of the same keys",
+                map.gets_hit_per_sec,
+            ),
             None,
         ));
     }
@@ -533,7 +543,6 @@ fn print_report(report: &Report) {
          {GOAL_BYTES_PER_RECORD:.0} (issue 11: measured at 10 M and 100 M records)"
     );
 }
-
 
 /// `--scenario l2-index`.
 pub(crate) struct L2IndexScenario;

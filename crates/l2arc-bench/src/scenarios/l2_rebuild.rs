@@ -651,7 +651,6 @@ fn rebuild_once(
     ))
 }
 
-
 /// `--scenario l2-rebuild`.
 pub(crate) struct L2Rebuild;
 

@@ -221,8 +221,13 @@ fn run_target(
             .interval(Duration::from_secs(1))
             .seed(seed)
     };
-    let cold_run =
-        workload::read_phase(target, &data, &phase_for(measure, args.seed), |_| false, &op)?;
+    let cold_run = workload::read_phase(
+        target,
+        &data,
+        &phase_for(measure, args.seed),
+        |_| false,
+        &op,
+    )?;
     if !kind.has_flash() {
         let bytes = cold_run.phase.bytes;
         return Ok((TargetRun::cold_only(target.name(), cold_run), bytes));

@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::fio::{FioJob, FioTarget};
 use crate::BenchArgs;
+use crate::fio::{FioJob, FioTarget};
 
 use super::{Goal, Headline, Outcome, Scenario};
 
@@ -354,7 +354,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
                     report.queue_depth
                 ),
                 "IOPS",
-                (r.ours.iops, "nbdkit cache filter, same delayed disk", r.nbdkit.iops),
+                (
+                    r.ours.iops,
+                    "nbdkit cache filter, same delayed disk",
+                    r.nbdkit.iops,
+                ),
                 Goal::ratio_at_least(1.0),
             )
         })

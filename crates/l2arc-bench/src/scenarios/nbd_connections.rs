@@ -37,10 +37,10 @@ use serde::Serialize;
 
 use crate::BenchArgs;
 
-use super::{Goal, Headline, Outcome, Scenario};
-use crate::fio::write_verifiable;
 use super::l2_hit::median;
 use super::nbd::{ServerProcess, nbd_randread, require_tools, spawn, wait_for_socket};
+use super::{Goal, Headline, Outcome, Scenario};
+use crate::fio::write_verifiable;
 
 /// Seconds per measurement at most (`--seconds` caps it lower).
 const STEP_SECS_MAX: f64 = 5.0;
@@ -218,7 +218,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
 /// Each of ours, per client: IOPS at 128 connections over the best of
 /// 16–64 (and nbdkit's at 128 beside it).
 fn headline(r: &Report) -> Vec<Headline> {
-    let at_128 = |s: &SideReport| s.steps.iter().find(|x| x.connections == 128).map(|x| x.iops);
+    let at_128 = |s: &SideReport| {
+        s.steps
+            .iter()
+            .find(|x| x.connections == 128)
+            .map(|x| x.iops)
+    };
     let best = |s: &SideReport| {
         s.steps
             .iter()
@@ -506,7 +511,6 @@ fn print_table(report: &Report) {
         "p99/mean: the p99 over the mean wait at that rate (connections / IOPS, Little's law): at queue depth 1 a client's wait grows with the number of clients by arithmetic; this ratio grows only when some are served less than others"
     );
 }
-
 
 /// `--scenario nbd-connections`.
 pub(crate) struct NbdConnections;

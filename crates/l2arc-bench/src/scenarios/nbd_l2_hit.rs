@@ -27,12 +27,12 @@ use anyhow::{Result, bail};
 
 use crate::BenchArgs;
 
-use super::{Goal, Headline, Outcome, Scenario};
 use super::l2_hit::median;
 use super::nbd::{
     ServerProcess, nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
 };
 use super::nbd_reread::{ctl_stats, get};
+use super::{Goal, Headline, Outcome, Scenario};
 
 const QUEUE_DEPTH: usize = 32;
 /// Seconds per measurement at most (`--seconds` caps it lower).
@@ -147,7 +147,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     };
     let headline = headline(&report);
     Outcome::new(report, headline, |r: &Report| {
-        print_report((r.image_bytes, r.secs), &r.command, &r.load_before, &r.rounds);
+        print_report(
+            (r.image_bytes, r.secs),
+            &r.command,
+            &r.load_before,
+            &r.rounds,
+        );
     })
 }
 
@@ -164,20 +169,34 @@ struct Report {
 /// Ours (read queue) against nbdkit on the same flash, round by round.
 fn headline(r: &Report) -> Vec<Headline> {
     let of = |round: &[(Side, Measured)], side: Side| {
-        round.iter().find(|(s, _)| *s == side).map_or(0.0, |(_, m)| m.iops)
+        round
+            .iter()
+            .find(|(s, _)| *s == side)
+            .map_or(0.0, |(_, m)| m.iops)
     };
     let ratios: Vec<f64> = r
         .rounds
         .iter()
         .map(|round| of(round, Side::OursReadQueue) / of(round, Side::NbdkitFlash).max(1.0))
         .collect();
-    let med = |side: Side| median(&r.rounds.iter().map(|round| of(round, side)).collect::<Vec<_>>());
+    let med = |side: Side| {
+        median(
+            &r.rounds
+                .iter()
+                .map(|round| of(round, side))
+                .collect::<Vec<_>>(),
+        )
+    };
     vec![
         Headline::versus(
             "read_queue_vs_flash",
             &format!("NBD export warm from the L2ARC, random 4 KiB QD{QUEUE_DEPTH}, read queue"),
             "IOPS",
-            (med(Side::OursReadQueue), "nbdkit file plugin on the cache file, cache=none (flash)", med(Side::NbdkitFlash)),
+            (
+                med(Side::OursReadQueue),
+                "nbdkit file plugin on the cache file, cache=none (flash)",
+                med(Side::NbdkitFlash),
+            ),
             Goal::ratio_at_least(1.0),
         )
         .ratio_is(median(&ratios), "ours / baseline")

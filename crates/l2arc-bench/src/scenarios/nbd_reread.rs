@@ -23,10 +23,10 @@ use l2arc::internals::AlignedBuf;
 
 use crate::BenchArgs;
 
-use super::{Goal, Headline, Outcome, Scenario};
 use super::nbd::{
     require_tools, scenario_image, server_stats, shell_words, spawn, wait_for_socket,
 };
+use super::{Goal, Headline, Outcome, Scenario};
 
 const PASSES: usize = 4;
 /// The device write measured: writes of a feed batch's size (the most a
@@ -133,7 +133,11 @@ fn headline(r: &Report) -> Vec<Headline> {
     let col = |name: &str| COUNTERS.iter().position(|c| *c == name).expect("a counter");
     let share = |row: &PassRow, a: &str, b: &str| {
         let (a, b) = (row.2[col(a)], row.2[col(b)]);
-        if b == 0 { 0.0 } else { 100.0 * a as f64 / b as f64 }
+        if b == 0 {
+            0.0
+        } else {
+            100.0 * a as f64 / b as f64
+        }
     };
     let mut h = Vec::new();
     if let Some(pass2) = r.passes.get(1) {

@@ -38,10 +38,10 @@ use l2arc::primary::image::ImagePrimary;
 
 use crate::BenchArgs;
 
-use super::{Goal, Headline, Outcome, Scenario};
 use super::nbd::{
     nbd_randread, require_tools, scenario_image, shell_words, spawn, wait_for_socket,
 };
+use super::{Goal, Headline, Outcome, Scenario};
 
 const QUEUE_DEPTH: usize = 32;
 const RECORDSIZE_BYTES: u64 = 128 << 10;

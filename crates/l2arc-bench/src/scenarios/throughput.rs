@@ -156,7 +156,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
 fn headline(r: &ThroughputReport) -> Vec<Headline> {
     let mut h = Vec::new();
     for &m in &r.multiples {
-        for (ours, peer, lz4) in [("l2arc", "foyer", ""), ("l2arc_lz4", "foyer_lz4", ", LZ4 on both")] {
+        for (ours, peer, lz4) in [
+            ("l2arc", "foyer", ""),
+            ("l2arc_lz4", "foyer_lz4", ", LZ4 on both"),
+        ] {
             let (Some(a), Some(b)) = (r.cell(m, ours), r.cell(m, peer)) else {
                 continue;
             };
