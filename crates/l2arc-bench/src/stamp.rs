@@ -2,8 +2,6 @@
 //! commit), when (UTC), how loaded the machine was before and after, and
 //! the scenario with its arguments.
 
-use std::process::Command;
-
 use anyhow::Result;
 use serde_json::{Value, json};
 
@@ -57,30 +55,14 @@ pub(crate) fn stamped(
     Ok(Value::Object(object))
 }
 
-/// The commit of the tree this binary was built from (`git rev-parse HEAD`
-/// in it, at run time), and whether the crates had uncommitted changes:
-/// ("unknown", false) outside a git tree.
+/// The commit this binary was built from and whether `crates/` had
+/// uncommitted changes then (`build.rs`): ("unknown", false) when it was
+/// not built in a git tree.
 fn commit() -> (String, bool) {
-    let tree = env!("CARGO_MANIFEST_DIR");
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(tree)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|out| out.status.success())
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    match git(&["rev-parse", "HEAD"]) {
-        Some(commit) if !commit.is_empty() => {
-            // The code: uncommitted changes under crates/ (not docs).
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no", "--", "../"])
-                .is_some_and(|s| !s.is_empty());
-            (commit, dirty)
-        }
-        _ => ("unknown".to_string(), false),
-    }
+    (
+        env!("L2ARC_BENCH_COMMIT").to_string(),
+        env!("L2ARC_BENCH_DIRTY") == "true",
+    )
 }
 
 /// Now, UTC, as `2026-11-27T13:54:00Z`.

@@ -139,51 +139,19 @@ fn rows(report: &Runs) -> Result<Vec<String>> {
         };
         let ratios: Vec<f64> = runs.iter().filter_map(|h| h.ratio).collect();
         let rounds: Vec<f64> = runs.iter().flat_map(|h| h.round_ratios.clone()).collect();
-        let ratio = median_of(&ratios);
-        let ratio_cell = if ratios.is_empty() {
-            "—".to_string()
+        // The ratio the goal is judged on: over the rounds where there are some.
+        let ratio = if rounds.is_empty() {
+            median_of(&ratios)
         } else {
-            let runs_n = ratios.len();
-            let runs_word = if runs_n == 1 { "run" } else { "runs" };
-            let (samples, count) = if rounds.is_empty() {
-                (ratios.clone(), format!("{runs_n} {runs_word}"))
-            } else {
-                (
-                    rounds.clone(),
-                    format!("{} rounds in {runs_n} {runs_word}", rounds.len()),
-                )
-            };
-            let median = if rounds.is_empty() {
-                ratio
-            } else {
-                median_of(&rounds)
-            };
-            let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
-            let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let range = if samples.len() == 1 {
-                ratio_text(min)
-            } else {
-                format!("{}–{}", ratio_text(min), ratio_text(max))
-            };
-            let how = if last.ratio_is == "ours / baseline" {
-                String::new()
-            } else {
-                format!(" ({})", last.ratio_is)
-            };
-            format!("{}x [{range}, {count}]{how}", ratio_text(median))
+            median_of(&rounds)
         };
+        let ratio_cell = ratio_cell(&ratios, &rounds, ratio, &last.ratio_is);
         let (goal, met) = match last.goal {
-            None => ("—".to_string(), "".to_string()),
+            None => ("—".to_string(), String::new()),
             Some(goal) => {
                 let op = if goal.at_least { "≥" } else { "≤" };
                 let (text, value) = match goal.on {
-                    GoalOn::Ratio => (format!("{op} {}x", ratio_text(goal.value)), {
-                        if rounds.is_empty() {
-                            ratio
-                        } else {
-                            median_of(&rounds)
-                        }
-                    }),
+                    GoalOn::Ratio => (format!("{op} {}x", ratio_text(goal.value)), ratio),
                     GoalOn::Ours => (format!("{op} {}", figure(goal.value, &last.unit)), ours),
                 };
                 (text, if goal.met_by(value) { "✔" } else { "✗" }.to_string())
@@ -201,6 +169,37 @@ fn rows(report: &Runs) -> Result<Vec<String>> {
         ));
     }
     Ok(rows)
+}
+
+/// The ratio's cell: its median, its range and what it is over (the runs'
+/// ratios, or the rounds' where the runs have rounds).
+fn ratio_cell(ratios: &[f64], rounds: &[f64], median: f64, how: &str) -> String {
+    if ratios.is_empty() {
+        return "—".to_string();
+    }
+    let runs = ratios.len();
+    let runs_word = if runs == 1 { "run" } else { "runs" };
+    let (samples, count) = if rounds.is_empty() {
+        (ratios, format!("{runs} {runs_word}"))
+    } else {
+        (
+            rounds,
+            format!("{} rounds in {runs} {runs_word}", rounds.len()),
+        )
+    };
+    let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let range = if samples.len() == 1 {
+        ratio_text(min)
+    } else {
+        format!("{}–{}", ratio_text(min), ratio_text(max))
+    };
+    let how = if how == "ours / baseline" {
+        String::new()
+    } else {
+        format!(" ({how})")
+    };
+    format!("{}x [{range}, {count}]{how}", ratio_text(median))
 }
 
 /// A ratio to two decimals.

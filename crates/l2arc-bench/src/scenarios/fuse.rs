@@ -221,7 +221,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
         fio_version,
         rows,
     };
-    let headline = report
+    let headline = headline(&report);
+    Outcome::new(report, headline, print_table)
+}
+
+/// The mount against the page cache, per buffered row.
+fn headline(report: &Report) -> Vec<Headline> {
+    report
         .rows
         .iter()
         .filter(|r| r.path == "buffered")
@@ -243,8 +249,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
                 Goal::ratio_at_least(0.8),
             )
         })
-        .collect();
-    Outcome::new(report, headline, print_table)
+        .collect()
 }
 
 /// `FILES` files of random bytes in `src` (made).

@@ -468,6 +468,26 @@ impl Row {
     }
 }
 
+/// The hash map baseline's rows, under the index's.
+fn print_hash_map(report: &Report) {
+    for m in &report.hash_map {
+        println!(
+            "{:>11} {:<17} {:>9.1} {:>10.1} {:>9} {:>8} {:>8} {:>14} {:>9.2}M {:>8.2}M {:>8.2}M   (behind a Mutex)",
+            m.records,
+            "Mutex<HashMap>",
+            m.bytes_per_record,
+            m.rss_delta_bytes_per_record,
+            "-",
+            "",
+            "",
+            "",
+            m.inserts_per_sec / 1e6,
+            m.gets_hit_per_sec / 1e6,
+            m.gets_miss_per_sec / 1e6,
+        );
+    }
+}
+
 fn print_report(report: &Report) {
     println!(
         "L2ARC index: DRAM per cached record ({SHARDS} shards), against OpenZFS's \
@@ -513,22 +533,7 @@ fn print_report(report: &Report) {
             },
         );
     }
-    for m in &report.hash_map {
-        println!(
-            "{:>11} {:<17} {:>9.1} {:>10.1} {:>9} {:>8} {:>8} {:>14} {:>9.2}M {:>8.2}M {:>8.2}M   (behind a Mutex)",
-            m.records,
-            "Mutex<HashMap>",
-            m.bytes_per_record,
-            m.rss_delta_bytes_per_record,
-            "-",
-            "",
-            "",
-            "",
-            m.inserts_per_sec / 1e6,
-            m.gets_hit_per_sec / 1e6,
-            m.gets_miss_per_sec / 1e6,
-        );
-    }
+    print_hash_map(report);
     println!(
         "OpenZFS: {:.2} GiB per 100 GiB of 8 KiB records ({} records x {OPENZFS_L2ONLY_HDR_BYTES:.0} B, \
          HDR_L2ONLY_SIZE = offsetof(arc_buf_hdr_t, b_l1hdr), include/sys/arc_impl.h)",

@@ -112,36 +112,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
         iops_per_second: read.iops_per_second,
         server_stopped: stopped.into_iter().find(|l| l.contains("stopped:")),
     };
-    let headline = report
-        .secs_to_90pct
-        .map(|t| {
-            Headline::versus(
-                "secs_to_90pct",
-                &format!(
-                    "warm-up through the NBD export: seconds to 90% of the warm rate ({} MiB image, {} emulated spindles, fio nbd QD{QUEUE_DEPTH} random 4 KiB)",
-                    report.image_bytes >> 20,
-                    report.hdd.spindles
-                ),
-                "s",
-                (t, "one pass over the image from the same disks, measured", report.one_pass.measured_secs),
-                Goal::ratio_at_most(1.2),
-            )
-        })
-        .into_iter()
-        .collect();
-    Outcome::new(report, headline, |r: &Report| {
-        // Checked above: enough seconds were logged.
-        let _ = print_report(
-            (r.image_bytes, &r.hdd, &r.one_pass),
-            r.secs,
-            &r.command,
-            &r.load_before,
-            &r.iops_per_second,
-        );
-        if let Some(line) = &r.server_stopped {
-            println!("{line}");
-        }
-    })
+    let headline = headline(&report);
+    Outcome::new(report, headline, print)
 }
 
 /// What a run measured.
@@ -158,6 +130,42 @@ struct Report {
     secs_to_90pct: Option<f64>,
     iops_per_second: Vec<f64>,
     server_stopped: Option<String>,
+}
+
+/// Seconds to 90% of the warm rate against the measured pass.
+fn headline(report: &Report) -> Vec<Headline> {
+    report
+        .secs_to_90pct
+        .map(|t| {
+            Headline::versus(
+                "secs_to_90pct",
+                &format!(
+                    "warm-up through the NBD export: seconds to 90% of the warm rate ({} MiB image, {} emulated spindles, fio nbd QD{QUEUE_DEPTH} random 4 KiB)",
+                    report.image_bytes >> 20,
+                    report.hdd.spindles
+                ),
+                "s",
+                (t, "one pass over the image from the same disks, measured", report.one_pass.measured_secs),
+                Goal::ratio_at_most(1.2),
+            )
+        })
+        .into_iter()
+        .collect()
+}
+
+/// The curve and the figures, as printed.
+fn print(r: &Report) {
+    // Checked above: enough seconds were logged.
+    let _ = print_report(
+        (r.image_bytes, &r.hdd, &r.one_pass),
+        r.secs,
+        &r.command,
+        &r.load_before,
+        &r.iops_per_second,
+    );
+    if let Some(line) = &r.server_stopped {
+        println!("{line}");
+    }
 }
 
 /// One pass over the image from the emulated disks, no cache.

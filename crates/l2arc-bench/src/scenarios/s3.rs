@@ -465,7 +465,7 @@ fn systems_under_test(
 
 fn print_results(results: &[Measured]) {
     println!(
-        "mountpoint-s3: not measured (not buildable here: docs/benchmarks.md says what was tried)"
+        "mountpoint-s3: not measured (not buildable here: docs/notes/s3.md says what was tried)"
     );
     println!(
         "{:<72} {:>10} {:>9} {:>10} {:>10} {:>11} {:>12}",
