@@ -170,12 +170,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
 
 /// Warm l2arc against foyer (with `--peers`), and warm over cold.
 fn headline(r: &LatencyReport) -> Vec<Headline> {
-    let warm = |name: &str| {
+    // Named with `_lz4` when the L2ARC compresses (the default).
+    let run_of = |name: &str| {
         r.runs
             .iter()
-            .find(|x| x.target == name)
-            .and_then(|x| x.warm.as_ref())
+            .find(|x| x.target == name || x.target == format!("{name}_lz4"))
     };
+    let warm = |name: &str| run_of(name).and_then(|x| x.warm.as_ref());
     let mut h = Vec::new();
     let what = format!(
         "seed experiment 2: {} clients, random {} KiB reads, working set between ARC and L2ARC, warm",
@@ -191,7 +192,7 @@ fn headline(r: &LatencyReport) -> Vec<Headline> {
             Goal::ratio_at_least(1.0),
         ));
     }
-    if let Some(run) = r.runs.iter().find(|x| x.target == "l2arc")
+    if let Some(run) = run_of("l2arc")
         && let Some(w) = &run.warm
     {
         h.push(Headline::versus(

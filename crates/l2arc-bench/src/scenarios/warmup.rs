@@ -114,7 +114,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
 /// l2arc's seconds to 90% of its final rate against one pass over the
 /// working set, and its final rate against no cache.
 fn headline(r: &WarmupReport) -> Vec<Headline> {
-    let Some(run) = r.runs.iter().find(|x| x.target == "l2arc") else {
+    // Named with `_lz4` when the L2ARC compresses (the default).
+    let Some(run) = r
+        .runs
+        .iter()
+        .find(|x| x.target == "l2arc" || x.target == "l2arc_lz4")
+    else {
         return Vec::new();
     };
     let mut h = Vec::new();
