@@ -189,7 +189,7 @@ fn ratio_cell(ratios: &[f64], rounds: &[f64], median: f64, how: &str) -> String 
     };
     let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
     let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let range = if samples.len() == 1 {
+    let range = if ratio_text(min) == ratio_text(max) {
         ratio_text(min)
     } else {
         format!("{}–{}", ratio_text(min), ratio_text(max))
