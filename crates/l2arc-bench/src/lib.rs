@@ -12,14 +12,15 @@
 //! shipped `l2arc` binary do not link them; `l2arc bench` execs the
 //! `l2arc-bench` binary installed beside it.
 //!
-//! Layout: `lib.rs` the flags and the dispatch; one module per scenario
-//! (`demo`, `hit_path`, `l2_hit`, `l2_index`, `l2_rebuild`, `fuse`, `nbd`,
-//! `throughput`, `latency`, `warmup`, `feed_capture`); the systems under
-//! test behind one trait (`targets`, with `targets/ours.rs` and
-//! `targets/peers.rs`); the one phase runner every timed phase goes
-//! through (`runner`) and the verified reads through a target on top of it
-//! (`workload`), the generated datasets (`dataset`), fio (`fio`) and the
-//! report writers (`report`).
+//! Layout: `lib.rs` the flags and the one table the scenarios are
+//! dispatched from (`SCENARIOS`), printing and stamping every report alike
+//! (`stamp`); the scenarios under `scenarios/`, one module each behind one
+//! trait (`scenarios::Scenario`); the systems under test behind one trait
+//! (`targets`, with `targets/ours.rs` and `targets/peers.rs`); the one
+//! phase runner every timed phase goes through (`runner`) and the verified
+//! reads through a target on top of it (`workload`), the generated
+//! datasets (`dataset`), fio (`fio`), the report writers (`report`) and
+//! the benchmarks table made from the committed reports (`table`).
 
 use std::path::PathBuf;
 
@@ -27,30 +28,17 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
 mod dataset;
-mod demo;
-mod feed_capture;
 mod fio;
-mod fuse;
-mod hit_path;
-mod l2_hit;
-mod l2_index;
-mod l2_rebuild;
-mod latency;
-mod nbd;
 mod nbd_client;
-mod nbd_connections;
-mod nbd_l2_hit;
-mod nbd_reread;
-mod nbd_warmup;
-
 mod report;
 mod runner;
-mod s3;
-
+pub mod scenarios;
+mod stamp;
+pub mod table;
 mod targets;
-mod throughput;
-mod warmup;
 mod workload;
+
+use scenarios::{Outcome, Scenario};
 
 /// A report page with one chart of each kind (bars, lines, heat map) over
 /// fixed data, drawn by the shared chart code: what the browser test of the
@@ -60,43 +48,66 @@ pub fn sample_report_html() -> String {
     report::sample_page()
 }
 
-/// What to measure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Scenario {
-    /// Random reads from several threads over an emulated HDD: cache against no cache.
-    Demo,
-    /// ARC hit path: 8 KiB hits per second, against a Mutex<HashMap> of the same buffers.
-    ArcHit,
-    /// Warm L2ARC hit path: random 4 KiB and 8 KiB reads at queue depth 1 and 32, against fio on the same cache file.
-    L2Hit,
-    /// DRAM per cached L2ARC record at 1 and 10 million records.
-    L2Index,
-    /// Index rebuild from a warm device: records restored per second.
-    L2Rebuild,
-    /// FUSE mount on hot files: fio through the mount vs the source in the page cache, and the daemon's hit path vs the uncached source.
-    Fuse,
-    /// NBD export: l2arc serve-nbd against nbdkit's cache filter over the same delayed image (needs fio, nbdkit).
-    Nbd,
-    /// Seed experiment 1: 50 threads of eight 128 KiB reads, datasets 0.5x to 3x the L2ARC: no_l2arc, l2arc, l2arc_lz4.
-    Throughput,
-    /// Seed experiment 2: 20 clients of random 8 KiB reads over a working set between ARC and L2ARC: cold vs warm.
-    Latency,
-    /// Seed experiment 3: random 4 KiB reads at queue depth 32: IOPS and L2ARC fill per interval.
-    Warmup,
-    /// The three seed experiments (throughput, latency, warmup) in one run.
-    All,
-    /// Feeder capture: an image read whole four times through an ARC an eighth its size; L2 hits per pass and the evict_l2_* counters, write-back vs intake wake vs timer.
-    FeedCapture,
-    /// Feeder capture over NBD: an image read whole four times with nbdcopy through `l2arc serve-nbd`, ARC an eighth of it; L2 hits per pass and the evict_l2_* counters (needs nbdcopy).
-    NbdReread,
-    /// NBD export warm from the L2ARC: random 4 KiB reads at queue depth 32 with fio's nbd engine, read queue vs workers only, against nbdkit's file plugin on the cache file (flash and page cache), with the servers' CPU per request (needs fio, nbdkit, nbdcopy).
-    NbdL2Hit,
-    /// Many clients on one export: 16 to 256 connections of fio's nbd engine at queue depth 1, random 4 KiB reads verified, IOPS, p99, slowest read and CPU per request per step, ours (ARC, L2ARC) against nbdkit's file plugin (needs fio, nbdkit, nbdcopy).
-    NbdConnections,
-    /// Warm-up through the NBD export: the seed workload (random 4 KiB, queue depth 32, 1 GiB on an emulated 4-spindle HDD) from an empty cache; seconds to 90% of the warm rate against one pass over the image from the disks (needs fio).
-    NbdWarmup,
-    /// Object storage: l2arc mount against rclone mount --vfs-cache-mode full over one versitygw bucket behind a 20-50 ms delay proxy: cold MiB/s, GETs per GiB, warm random 4 KiB IOPS and p99, restart warm-up.
-    S3,
+/// Every scenario, in `--help` order: the one table `--scenario NAME` is
+/// looked up in.
+static SCENARIOS: [&dyn Scenario; 17] = [
+    &scenarios::demo::DemoScenario,
+    &scenarios::hit_path::ArcHit,
+    &scenarios::l2_hit::L2Hit,
+    &scenarios::l2_index::L2IndexScenario,
+    &scenarios::l2_rebuild::L2Rebuild,
+    &scenarios::fuse::Fuse,
+    &scenarios::nbd::Nbd,
+    &scenarios::throughput::Throughput,
+    &scenarios::latency::Latency,
+    &scenarios::warmup::Warmup,
+    &scenarios::All,
+    &scenarios::feed_capture::FeedCapture,
+    &scenarios::nbd_reread::NbdReread,
+    &scenarios::nbd_l2_hit::NbdL2Hit,
+    &scenarios::nbd_connections::NbdConnections,
+    &scenarios::nbd_warmup::NbdWarmup,
+    &scenarios::s3::S3,
+];
+
+/// The scenarios' names, in table order (what `table` orders its rows by).
+pub fn scenario_names() -> Vec<&'static str> {
+    SCENARIOS.iter().map(|s| s.name()).collect()
+}
+
+/// What to measure: one of the scenarios, by its name.
+#[derive(Clone, Copy)]
+pub struct ScenarioName(&'static dyn Scenario);
+
+impl ScenarioName {
+    /// The `--scenario` value.
+    pub fn name(&self) -> &'static str {
+        self.0.name()
+    }
+}
+
+impl std::fmt::Debug for ScenarioName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl PartialEq for ScenarioName {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl ValueEnum for ScenarioName {
+    fn value_variants<'a>() -> &'a [Self] {
+        static NAMES: std::sync::LazyLock<Vec<ScenarioName>> =
+            std::sync::LazyLock::new(|| SCENARIOS.iter().map(|s| ScenarioName(*s)).collect());
+        &NAMES
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()).help(self.0.measures()))
+    }
 }
 
 /// `l2arc bench` (and `l2arc-bench`): the benchmark suite's options.
@@ -104,7 +115,7 @@ pub enum Scenario {
 pub struct BenchArgs {
     /// The benchmark to run.
     #[arg(long, value_enum, default_value = "demo")]
-    pub scenario: Scenario,
+    pub scenario: ScenarioName,
     /// Directory for the generated dataset (reused when it matches); default: a temporary directory.
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -180,9 +191,15 @@ pub struct BenchArgs {
     /// --scenario nbd-connections: the numbers of connections to step through, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
     pub connections: Vec<usize>,
-    /// Print JSON instead of tables.
+    /// Print JSON instead of tables: the report, stamped with the commit,
+    /// the date, the load average before and after, and the arguments.
     #[arg(long)]
     pub json: bool,
+    /// Also add the stamped report, as one more run, to DIR/<scenario>.json
+    /// (the committed reports the benchmarks table is made from:
+    /// docs/benchmarks/reports).
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
     /// Throughput scenario: dataset sizes as multiples of --cache-size, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0.5,1,1.5,2,3")]
     pub multiples: Vec<f64>,
@@ -242,34 +259,6 @@ fn parse_compression(s: &str) -> Result<l2arc::Compression, String> {
     s.parse().map_err(|e: l2arc::FormatError| e.to_string())
 }
 
-/// Prints a scenario's report: JSON with `--json`, otherwise the table.
-fn emit<T: serde::Serialize>(json: bool, report: &T, print_table: impl FnOnce(&T)) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    } else {
-        print_table(report);
-    }
-    Ok(())
-}
-
-/// Writes a scenario's JSON and HTML report into `--report-dir`, then
-/// prints it (JSON or table) and where the report went.
-fn emit_with_report<T: serde::Serialize>(
-    args: &BenchArgs,
-    name: &str,
-    report: &T,
-    html: &str,
-    print_table: impl FnOnce(&T),
-) -> Result<()> {
-    let json = serde_json::to_string_pretty(report)?;
-    let path = report::write_report(&args.report_dir, name, &json, html)?;
-    emit(args.json, report, print_table)?;
-    if !args.json {
-        println!("report: {}", path.display());
-    }
-    Ok(())
-}
-
 /// `/proc/loadavg`, trimmed, for reports (empty where there is none).
 pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -320,6 +309,9 @@ pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
 
 /// Runs the chosen scenario and prints its report.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(result) = scenarios::l2_index::child() {
+        return result;
+    }
     l2arc::validate_recordsize(args.recordsize)?;
     if args.threads == 0 || args.threads > 4096 {
         bail!("--threads must be from 1 to 4096, not {}", args.threads);
@@ -336,7 +328,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.files == 0 {
         bail!("--files must be at least 1");
     }
-    if args.queue_only && args.scenario != Scenario::L2Hit {
+    if args.queue_only && args.scenario.name() != "l2-hit" {
         bail!("--queue-only belongs to --scenario l2-hit");
     }
     if args.read_size == 0 || args.read_size > 16 << 20 {
@@ -356,27 +348,51 @@ pub fn run(args: BenchArgs) -> Result<()> {
     {
         bail!("--data {}: not a directory", dir.display());
     }
-    match args.scenario {
-        Scenario::Demo => demo::run(&args),
-        Scenario::ArcHit => hit_path::run(&args),
-        Scenario::L2Hit => l2_hit::run(&args),
-        Scenario::L2Index => l2_index::run(&args),
-        Scenario::L2Rebuild => l2_rebuild::run(&args),
-        Scenario::Fuse => fuse::run(&args),
-        Scenario::Nbd => nbd::run(&args),
-        Scenario::Throughput => throughput::run(&args),
-        Scenario::Latency => latency::run(&args),
-        Scenario::Warmup => warmup::run(&args),
-        Scenario::FeedCapture => feed_capture::run(&args),
-        Scenario::S3 => s3::run(&args),
-        Scenario::NbdReread => nbd_reread::run(&args),
-        Scenario::NbdL2Hit => nbd_l2_hit::run(&args),
-        Scenario::NbdConnections => nbd_connections::run(&args),
-        Scenario::NbdWarmup => nbd_warmup::run(&args),
-        Scenario::All => {
-            throughput::run(&args)?;
-            latency::run(&args)?;
-            warmup::run(&args)
+    let parts = args.scenario.0.parts();
+    if parts.is_empty() {
+        return run_one(args.scenario.0, &args);
+    }
+    for part in parts {
+        run_one(*part, &args)?;
+    }
+    Ok(())
+}
+
+/// Runs one scenario and prints what it found: the table, or with
+/// `--json` its report stamped (commit, date, load average, arguments) with
+/// its headline figures; with `--record DIR` the stamped report is also
+/// added to `DIR/<scenario>.json` as one more run. Scenarios with an HTML
+/// page write it and the JSON into `--report-dir`.
+fn run_one(scenario: &dyn Scenario, args: &BenchArgs) -> Result<()> {
+    let before = stamp::Before::now();
+    let Outcome {
+        report,
+        headline,
+        print,
+        html,
+    } = scenario.run(args)?;
+    let stamped = stamp::stamped(scenario.name(), &before, report, &headline)?;
+    let json = serde_json::to_string_pretty(&stamped)?;
+    let html_path = match &html {
+        Some(html) => Some(report::write_report(
+            &args.report_dir,
+            scenario.name(),
+            &json,
+            html,
+        )?),
+        None => None,
+    };
+    if let Some(dir) = &args.record {
+        let path = table::record_run(dir, scenario.name(), stamped)?;
+        eprintln!("recorded in {}", path.display());
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print();
+        if let Some(path) = html_path {
+            println!("report: {}", path.display());
         }
     }
+    Ok(())
 }

@@ -223,6 +223,26 @@ pub(crate) fn misses_settled(
     }
 }
 
+/// Reads of `read_bytes` uniform over the bytes of files of `sizes` (not
+/// over files: a database's client reads blocks, not files): the one
+/// operation of the latency and warmup experiments.
+pub(crate) fn uniform_reads(
+    sizes: &[u64],
+    read_bytes: u64,
+) -> impl Fn(&mut Reader) -> Result<()> + Sync {
+    let blocks: Vec<u64> = sizes.iter().map(|s| s / read_bytes).collect();
+    let total_blocks: u64 = blocks.iter().sum();
+    move |reader: &mut Reader| {
+        let mut block = reader.rng().below(total_blocks);
+        let mut file = 0usize;
+        while block >= blocks[file] {
+            block -= blocks[file];
+            file += 1;
+        }
+        reader.read(file as u32, block * read_bytes, read_bytes as usize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

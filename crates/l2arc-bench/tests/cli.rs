@@ -105,8 +105,10 @@ fn bench_demo_runs_and_checks_every_byte() {
 
 #[test]
 fn bench_arc_hit_reports_both_sides() {
-    let rows = bench_json(&["--scenario", "arc-hit", "--seconds", "0.3", "--json"]);
-    let rows = rows.as_array().unwrap();
+    let report = bench_json(&["--scenario", "arc-hit", "--seconds", "0.3", "--json"]);
+    // Stamped like every report, the rows under "rows".
+    assert_eq!(report["stamp"]["scenario"], "arc-hit");
+    let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
     for row in rows {
         assert!(row["arc_hits_per_sec"].as_f64().unwrap() > 1000.0, "{row}");

@@ -331,3 +331,20 @@ impl Bench {
         }
     }
 }
+
+/// Each of `kinds` in turn: built over `spec`, measured by `measure`, then
+/// dropped and its cache file removed (the seed experiments' loop).
+pub(crate) fn each_target<T>(
+    kinds: &[TargetKind],
+    spec: &TargetSpec,
+    mut measure: impl FnMut(TargetKind, &dyn ReadTarget) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut measured = Vec::new();
+    for &kind in kinds {
+        let target = build(kind, spec)?;
+        measured.push(measure(kind, target.as_ref())?);
+        drop(target);
+        spec.remove_cache_file()?;
+    }
+    Ok(measured)
+}
