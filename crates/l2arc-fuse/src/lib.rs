@@ -33,7 +33,9 @@
 //!   (inotify: at once; a periodic check: within half a second), with no
 //!   request needed, so a reader of a shared mapping sees it too. The
 //!   generation that decides it includes ctime, so a rewrite whose mtime
-//!   was set back is caught too.
+//!   was set back is caught too. Files open for writing are direct
+//!   (FOPEN_DIRECT_IO): no written byte is in the kernel's pages before it
+//!   is in the source (`namespace/dir/open.rs`).
 //!
 //! - **TTLs.** Attributes and names are returned with a short, documented
 //!   timeout (`FsOptions::attr_timeout`, `--attr-timeout`, default 1 s).

@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -51,9 +51,13 @@ fn reply_xattr(reply: ReplyXattr, result: Result<Xattr, Errno>) {
 
 impl<N: Namespace> Filesystem for FuseAdapter<N> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let mut granted = InitFlags::empty();
         for &flag in N::KERNEL_CAPABILITIES {
-            let _ = config.add_capabilities(flag);
+            if config.add_capabilities(flag).is_ok() {
+                granted |= flag;
+            }
         }
+        self.namespace.kernel_granted(granted);
         // Refused: the kernel keeps its own.
         let _ = config.set_max_background(self.max_background);
         Ok(())
@@ -387,9 +391,10 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
                 reply,
             );
         };
+        let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let written = self
             .file(fh)
-            .and_then(|file| tree.write(&file, offset, data));
+            .and_then(|file| tree.write(&file, offset, data, from_page_cache));
         match written {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),

@@ -193,6 +193,9 @@ pub(crate) trait Namespace: Send + Sync + 'static {
 
     /// FUSE capabilities asked for at init.
     const KERNEL_CAPABILITIES: &'static [InitFlags];
+    /// At init, before any other request: which of `KERNEL_CAPABILITIES`
+    /// the kernel granted.
+    fn kernel_granted(&self, _granted: InitFlags) {}
     fn serving(&self) -> &Serving;
 
     /// The node of `name` in `parent` (one kernel reference), with its
@@ -304,7 +307,16 @@ pub(crate) trait Passthrough<S>: Send + Sync {
         umask: u32,
         flags: i32,
     ) -> Result<(FileAttr, Opened<S>), Errno>;
-    fn write(&self, file: &OpenFile<S>, offset: u64, data: &[u8]) -> Result<(), Errno>;
+    /// Writes `data` at `offset` through `file`; `from_page_cache`: the
+    /// kernel's writeback of pages a shared mapping dirtied
+    /// (FUSE_WRITE_CACHE), not a write(2) in flight.
+    fn write(
+        &self,
+        file: &OpenFile<S>,
+        offset: u64,
+        data: &[u8],
+        from_page_cache: bool,
+    ) -> Result<(), Errno>;
     /// A close of `ino` by `lock_owner`.
     fn flush(&self, ino: INodeNo, lock_owner: LockOwner);
     fn fsync(&self, file: &OpenFile<S>) -> Result<(), Errno>;

@@ -63,8 +63,8 @@ const INVALIDATE_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// Work for the notification thread, done in order.
 pub(super) enum KernelJob {
-    /// Drop an inode's pages and attributes; then say so.
-    Invalidate(u64, SyncSender<()>),
+    /// Drop an inode's attributes and its pages in a range; then say so.
+    Invalidate(u64, PageRange, SyncSender<()>),
     /// Say so once every job before this one is done.
     Barrier(SyncSender<()>),
     /// Hand a whole record to the kernel's pages (`stores.rs`).
@@ -74,10 +74,10 @@ pub(super) enum KernelJob {
 /// Does one job of the notification thread.
 pub(super) fn do_kernel_job(notifier: Option<&fuser::Notifier>, job: KernelJob) {
     match job {
-        KernelJob::Invalidate(ino, done) => {
+        KernelJob::Invalidate(ino, range, done) => {
             if let Some(notifier) = notifier {
                 // ENOENT: the kernel already forgot the inode.
-                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                let _ = notifier.inval_inode(INodeNo(ino), range.offset, range.len);
             }
             let _ = done.try_send(());
         }
@@ -92,12 +92,37 @@ pub(super) fn do_kernel_job(notifier: Option<&fuser::Notifier>, job: KernelJob) 
     }
 }
 
-/// Asks the notification thread to drop the kernel's pages and attributes
-/// of `ino`, and waits a bounded time for it to have done so. False when
-/// the queue is full (nothing was sent).
-fn invalidate_kernel(queue: &SyncSender<KernelJob>, ino: u64) -> bool {
+/// Pages of a file to drop from the kernel's page cache, as
+/// `notify_inval_inode` takes them: a length of 0 runs to the end.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PageRange {
+    offset: i64,
+    len: i64,
+}
+
+impl PageRange {
+    /// Every page of the file.
+    const ALL: Self = Self { offset: 0, len: 0 };
+
+    /// The pages under `len` bytes at `offset` (`len` > 0).
+    pub(super) fn of(offset: u64, len: usize) -> Self {
+        assert!(len > 0, "an empty range would mean the whole file");
+        Self {
+            offset: i64::try_from(offset).unwrap_or(i64::MAX),
+            len: i64::try_from(len).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// Asks the notification thread to drop the kernel's attributes of `ino`
+/// and its pages in `range`, and waits a bounded time for it to have done
+/// so. False when the queue is full (nothing was sent).
+fn invalidate_kernel(queue: &SyncSender<KernelJob>, ino: u64, range: PageRange) -> bool {
     let (done, wait) = sync_channel(1);
-    if queue.try_send(KernelJob::Invalidate(ino, done)).is_err() {
+    if queue
+        .try_send(KernelJob::Invalidate(ino, range, done))
+        .is_err()
+    {
         return false;
     }
     let _ = wait.recv_timeout(INVALIDATE_WAIT_MAX);
@@ -140,7 +165,7 @@ fn check_open_inode(
     let foreign = handle.generation_token() != token;
     // Stores taken before are of the old content (`stores.rs`).
     inode.store_epoch.fetch_add(1, Ordering::SeqCst);
-    if invalidate_kernel(queue, inode.id) {
+    if invalidate_kernel(queue, inode.id, PageRange::ALL) {
         Checked::Dropped { foreign }
     } else {
         Checked::Busy
@@ -235,7 +260,14 @@ impl DirTree {
     /// Tells the kernel to drop its pages and attributes of `ino`, waiting
     /// a bounded time for it to have done so.
     fn invalidate_kernel(&self, ino: u64) {
-        invalidate_kernel(&self.kernel_jobs, ino);
+        invalidate_kernel(&self.kernel_jobs, ino, PageRange::ALL);
+    }
+
+    /// Tells the kernel to drop its attributes of `ino` and its pages
+    /// under `range`, waiting a bounded time for it to have done so
+    /// (after a direct write: `passthrough.rs`).
+    pub(super) fn invalidate_kernel_range(&self, ino: u64, range: PageRange) {
+        invalidate_kernel(&self.kernel_jobs, ino, range);
     }
 
     /// After a change to `inode` that its kernel pages must not outlive:

@@ -23,7 +23,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,6 +137,10 @@ pub(crate) struct DirTree {
     dir_listing_bytes: Arc<AtomicUsize>,
     /// Opens lately refused as stale, awaiting their retry.
     stale_opens: StaleOpens,
+    /// Whether opens for writing are answered with FOPEN_DIRECT_IO: set at
+    /// init when the kernel lets such files be mapped shared
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6); see `open.rs`.
+    direct_io_writers: AtomicBool,
     /// Checks open files against the source (`crate::watch`); dropped
     /// last: its thread is joined.
     watcher: Watcher,
@@ -217,6 +221,7 @@ impl DirTree {
             source_root,
             dir_listing_bytes: Arc::new(AtomicUsize::new(0)),
             stale_opens: StaleOpens::default(),
+            direct_io_writers: AtomicBool::new(false),
             watcher,
             options,
         })
@@ -286,12 +291,21 @@ impl Namespace for DirTree {
     type AfterAttr = ();
     type AfterRead = StoreAfterRead;
 
-    // Page-cache coherence (`coherence.rs`) and locks on the source.
+    // Page-cache coherence (`coherence.rs`; direct writes: `open.rs`) and
+    // locks on the source.
     const KERNEL_CAPABILITIES: &'static [InitFlags] = &[
         InitFlags::FUSE_AUTO_INVAL_DATA,
         InitFlags::FUSE_POSIX_LOCKS,
         InitFlags::FUSE_PARALLEL_DIROPS,
+        InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
     ];
+
+    fn kernel_granted(&self, granted: InitFlags) {
+        self.direct_io_writers.store(
+            granted.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP),
+            Ordering::SeqCst,
+        );
+    }
 
     fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<FileAttr, Errno> {
         let parent = self.inode(parent)?;

@@ -8,6 +8,36 @@
 //! counted on the inode (`Inode::writers`): stores into the kernel's pages
 //! and the watcher's checks stand aside while one is open.
 //!
+//! An open for writing is answered with FOPEN_DIRECT_IO, so that no byte
+//! written through the mount is in the kernel's pages before it is in the
+//! source. Without it (and without a writeback cache) the kernel copies a
+//! write(2) of a whole page into its page cache, marks the page up to date
+//! and unlocks it *before* it sends us FUSE_WRITE (`fuse_fill_write_pages`
+//! in fs/fuse/file.c, since 2020, against a deadlock with page
+//! faults). Until we have written the source, that page is the only copy
+//! of the new bytes: a reader reads them from it; the page is dropped (an
+//! attribute reply with a new mtime under FUSE_AUTO_INVAL_DATA, one of our
+//! invalidations, an open without KEEP_CACHE, reclaim); the reader's next
+//! read misses, and we answer it from the source, which still holds the
+//! old bytes. The reader has gone back in time, which no local file system
+//! allows. Under load (the write's request waits for a thread) this
+//! happened within seconds in every run of the CLI's test
+//! `readers_never_go_back_in_time_while_a_writer_rewrites_pages`, and a
+//! 60-line libfuse pass-through with no cache at all did the same; with
+//! direct writes neither ever did. A direct write drops its range from the
+//! kernel's pages before it is sent, and a read racing it may bring the old
+//! bytes back into them, so the write drops its range again once the
+//! source and the cache have the new bytes, before it answers
+//! (`Passthrough::write` in `passthrough.rs`): no page older than a
+//! finished write outlives it.
+//!
+//! The price: reads through a handle open for writing (O_RDWR) bypass the
+//! kernel's pages too (each is a request, answered from the ARC), and a
+//! page just written is read from us, not from the copy the kernel kept.
+//! Only where the kernel still lets such a file be mapped shared
+//! (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6); on an older kernel writes go
+//! through its pages, with the race above.
+//!
 //! A new open of a name that the source replaced (`mv new f`) or removed
 //! reaches the old inode: the kernel caches names for the entry timeout,
 //! and an open does not look the name up again before. That inode then
@@ -40,6 +70,8 @@ pub(crate) struct TreeOpen {
     /// The file's node (its store epoch and writer count).
     pub(super) inode: Arc<Inode>,
     pub(super) writable: bool,
+    /// Answered with FOPEN_DIRECT_IO (see the module comment).
+    pub(super) direct_io: bool,
     /// The source watcher, which counts this open (`crate::watch`).
     watch: Watch,
 }
@@ -179,9 +211,13 @@ impl DirTree {
         // Likewise: its drop closes it.
         let watch = self.watcher.watch().clone();
         watch.opened(&inode, &handle);
+        // Writes must not reach the kernel's pages before the source (see
+        // the module comment).
+        let direct_io = writable && self.direct_io_writers.load(Ordering::SeqCst);
         let state = TreeOpen {
             inode: Arc::clone(&inode),
             writable,
+            direct_io,
             watch,
         };
         let readahead = ReadAhead::new(self.options.readahead_max_records);
@@ -192,11 +228,14 @@ impl DirTree {
             // must not meet a store taken before.
             self.fence_stores(&inode);
         }
-        let flags = if keep {
+        let mut flags = if keep {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
         };
+        if direct_io {
+            flags |= FopenFlags::FOPEN_DIRECT_IO;
+        }
         Ok((file, flags))
     }
 }

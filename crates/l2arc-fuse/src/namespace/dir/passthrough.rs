@@ -19,6 +19,7 @@ use std::path::Path;
 use fuser::{Errno, FileAttr, INodeNo, LockOwner, RenameFlags, ReplyEmpty, Request};
 
 use super::attr::{err, errno, leaf, time, to_attr};
+use super::coherence::PageRange;
 use super::{DirTree, TreeFile, TreeOpen};
 use crate::creds;
 use crate::inodes::{Inode, Kind};
@@ -238,7 +239,13 @@ impl Passthrough<TreeOpen> for DirTree {
         }
     }
 
-    fn write(&self, file: &TreeFile, offset: u64, data: &[u8]) -> Result<(), Errno> {
+    fn write(
+        &self,
+        file: &TreeFile,
+        offset: u64,
+        data: &[u8],
+        from_page_cache: bool,
+    ) -> Result<(), Errno> {
         if !file.state.writable {
             return Err(Errno::EBADF);
         }
@@ -246,7 +253,17 @@ impl Passthrough<TreeOpen> for DirTree {
         self.serving
             .cache
             .write(&file.handle, offset, data)
-            .map_err(|e| errno(&e))
+            .map_err(|e| errno(&e))?;
+        if file.state.direct_io && !from_page_cache && !data.is_empty() {
+            // The kernel dropped this range from its pages before it sent
+            // the direct write, and a read answered since, from the old
+            // bytes, may have put them back: drop them again before the
+            // write returns (`open.rs`). Not for the writeback of a shared
+            // mapping: its pages hold the new bytes, and they stay under
+            // writeback until we answer, so a drop would wait for us.
+            self.invalidate_kernel_range(file.state.inode.id, PageRange::of(offset, data.len()));
+        }
+        Ok(())
     }
 
     fn flush(&self, ino: INodeNo, lock_owner: LockOwner) {
