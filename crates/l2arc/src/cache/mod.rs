@@ -217,6 +217,7 @@ impl Cache {
     }
 
     /// Checks the ARC's invariants (tests; O(entries)).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn assert_consistent(&self) {
         self.arc.assert_consistent();
     }

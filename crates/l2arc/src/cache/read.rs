@@ -58,7 +58,7 @@ impl Cache {
                 .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(n);
         }
-        let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
+        let view = self.read_view_as(handle, offset, buf.len(), AccessKind::Demand, None)?;
         Ok(view.copy_to(buf))
     }
 
@@ -68,7 +68,7 @@ impl Cache {
         if handle.caches_nothing() {
             return Ok(());
         }
-        self.read_view(handle, offset, len, AccessKind::Prefetch)
+        self.read_view_as(handle, offset, len, AccessKind::Prefetch, None)
             .map(|_| ())
     }
 
@@ -78,9 +78,8 @@ impl Cache {
         handle: &ObjectHandle,
         offset: u64,
         len: usize,
-        kind: AccessKind,
     ) -> io::Result<ReadView> {
-        self.read_view_continuing(handle, offset, len, kind, None)
+        self.read_view_as(handle, offset, len, AccessKind::Demand, None)
     }
 
     /// As [`Self::read_view`], for a reader whose previous read ended in
@@ -90,6 +89,18 @@ impl Cache {
     /// 128 KiB) would promote every record it reads to MFU, as if it were
     /// reused, and the records read ahead of it would be evicted first.
     pub fn read_view_continuing(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        continues: Option<u64>,
+    ) -> io::Result<ReadView> {
+        self.read_view_as(handle, offset, len, AccessKind::Demand, continues)
+    }
+
+    /// A read of `kind`: demand reads count as reads and as accesses for
+    /// the ARC's policy; read-ahead (`prefetch`) flags what it brings in.
+    pub(crate) fn read_view_as(
         &self,
         handle: &ObjectHandle,
         offset: u64,

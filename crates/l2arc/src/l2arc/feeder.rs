@@ -299,6 +299,7 @@ impl BatchWriter {
 
 /// What one feed did.
 #[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
 pub struct FeedOutcome {
     /// Records written to cache devices.
     pub records: usize,
@@ -322,6 +323,7 @@ impl L2Arc {
     /// cache device of the rotor, written and indexed before it returns.
     /// (Each device's own feeder thread feeds it alone, its writes
     /// overlapped.)
+    #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn feed_once(&self, source: &dyn FeedSource) -> FeedOutcome {
         Feeder { l2: self, source }.feed_now(None)
     }
