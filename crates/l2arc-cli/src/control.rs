@@ -381,12 +381,7 @@ mod tests {
     use l2arc::CacheConfig;
 
     fn cache() -> Arc<Cache> {
-        Cache::new(CacheConfig {
-            arc_max_bytes: 16 << 20,
-            arc_shards: 2,
-            ..CacheConfig::default()
-        })
-        .unwrap()
+        Cache::new(CacheConfig::default().arc_max_bytes(16 << 20).arc_shards(2)).unwrap()
     }
 
     #[test]

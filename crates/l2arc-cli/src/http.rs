@@ -403,12 +403,8 @@ mod tests {
 
     #[test]
     fn serves_routes_refuses_abuse_and_keeps_serving() {
-        let cache = Cache::new(CacheConfig {
-            arc_max_bytes: 16 << 20,
-            arc_shards: 2,
-            ..CacheConfig::default()
-        })
-        .unwrap();
+        let cache =
+            Cache::new(CacheConfig::default().arc_max_bytes(16 << 20).arc_shards(2)).unwrap();
         let server = HttpServer::start(cache, None, "127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = server.local_addr();
         let page = get(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -449,12 +445,8 @@ mod tests {
 
     #[test]
     fn remote_addresses_need_allow_remote() {
-        let cache = Cache::new(CacheConfig {
-            arc_max_bytes: 16 << 20,
-            arc_shards: 2,
-            ..CacheConfig::default()
-        })
-        .unwrap();
+        let cache =
+            Cache::new(CacheConfig::default().arc_max_bytes(16 << 20).arc_shards(2)).unwrap();
         let e = HttpServer::start(cache, None, "0.0.0.0:0".parse().unwrap(), false)
             .err()
             .unwrap();

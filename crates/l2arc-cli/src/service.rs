@@ -417,13 +417,16 @@ impl CacheOptions {
         )?
         .map_or(Ok(defaults.sector_table_min_bytes), u32::try_from)
         .map_err(|_| anyhow::anyhow!("sector_table_min: too large"))?;
-        let config = DatasetConfig {
-            recordsize_bytes: l2arc::validate_recordsize(recordsize)?,
-            primarycache: mode(self.primarycache, "primarycache", &file.primarycache)?,
-            secondarycache: mode(self.secondarycache, "secondarycache", &file.secondarycache)?,
-            compression,
-            sector_table_min_bytes: sector_table_min,
-        };
+        let config = DatasetConfig::default()
+            .recordsize_bytes(l2arc::validate_recordsize(recordsize)?)
+            .primarycache(mode(self.primarycache, "primarycache", &file.primarycache)?)
+            .secondarycache(mode(
+                self.secondarycache,
+                "secondarycache",
+                &file.secondarycache,
+            )?)
+            .compression(compression)
+            .sector_table_min_bytes(sector_table_min);
         config.validate()?;
         Ok(config)
     }

@@ -12,7 +12,13 @@
 //!   block device, an emulated HDD array), or your own [`primary::Primary`];
 //! - [`CacheStats`] under ZFS's arcstats names, and [`analytics`] /
 //!   [`latency`]: latency histograms by the tier that served a read;
-//! - [`arc`]: the pure ARC policy, for simulators; [`hash`]: the key hash.
+//! - [`arc`]: the pure ARC policy, for simulators; [`hash`]: the key hash;
+//! - [`prelude`]: the names a program needs, in one `use`.
+//!
+//! The API is closed: configs, stats and errors are `#[non_exhaustive]`
+//! (configs are built from `default()` with a setter per field), test
+//! hooks are behind the `test-utils` feature, and the device format and
+//! index behind `internals`.
 //!
 //! Inside (private): `cache/` is the read path that ties the tiers
 //! together, `arc::live` holds the DRAM buffers, `tier` is the interface
@@ -42,6 +48,7 @@ pub mod latency;
 mod lock_order;
 mod pace;
 pub mod primary;
+mod settings;
 mod stats;
 mod tier;
 mod top_objects;
@@ -59,6 +66,43 @@ pub use l2arc::format::{Compression, FormatError};
 pub use l2arc::{DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats};
 pub use pace::Pace;
 pub use stats::{ArcStats, CacheStats};
+
+/// What a program that puts a cache in front of its storage uses:
+/// `use l2arc::prelude::*;`.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use l2arc::prelude::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let cache = Cache::new(CacheConfig::default().arc_max_bytes(4 << 30))?;
+/// let data = cache.add_dataset(
+///     "data",
+///     Arc::new(DirPrimary::new("/srv/data")?),
+///     DatasetConfig::default().recordsize_bytes(64 << 10),
+/// )?;
+/// cache.add_cache_path("/var/cache/l2arc.img", Some(64 << 30))?;
+/// let file = cache.open(data, "images/disk0.raw", false)?;
+/// let mut buf = vec![0u8; 8192];
+/// let n = cache.read(&file, 1 << 20, &mut buf)?; // pread semantics
+/// let view: ReadView = cache.read_view(&file, 0, 1 << 20)?; // no copy
+/// assert!(n <= buf.len() && view.len() <= 1 << 20);
+/// for (name, value) in cache.stats().kstats() {
+///     println!("{name} {value}");
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub mod prelude {
+    pub use crate::primary::dir::DirPrimary;
+    pub use crate::primary::image::ImagePrimary;
+    pub use crate::primary::{Primary, PrimaryObject};
+    pub use crate::{
+        Cache, CacheConfig, CacheMode, CacheStats, Compression, ConfigError, DatasetConfig,
+        DatasetId, DeviceIo, FileDevice, L2ArcConfig, ObjectHandle, ReadCompletion, ReadQueue,
+        ReadView,
+    };
+}
 
 /// Engine internals for the workspace's benchmarks, fuzzers and tests: the
 /// device format, the L2ARC index and log, aligned buffers, the live ARC's

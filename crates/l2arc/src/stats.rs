@@ -33,6 +33,7 @@ pub(crate) struct ReadPathCounters {
 
 /// A snapshot of every statistic, under ZFS's names where one exists.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// The ARC's counters and sizes.
     pub arc: ArcStats,

@@ -120,34 +120,26 @@ fn open_cache(dir: &Path, passive: bool) -> (Arc<Cache>, l2arc::DatasetId) {
     let l2arc = if passive {
         // The checker must not write: an endurance budget of nothing, and
         // only MFU records (it reads each record once, so it has none).
-        L2ArcConfig {
-            l2arc_dwpd: 1e-12,
-            l2arc_mfuonly: true,
-            ..L2ArcConfig::default()
-        }
+        L2ArcConfig::default().l2arc_dwpd(1e-12).l2arc_mfuonly(true)
     } else {
-        L2ArcConfig {
-            l2arc_feed_min_ms: 5,
-            l2arc_feed_secs: 0.05,
-            ..L2ArcConfig::default()
-        }
+        L2ArcConfig::default()
+            .l2arc_feed_min_ms(5)
+            .l2arc_feed_secs(0.05)
     };
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: ARC_BYTES,
-        arc_shards: 2,
-        l2arc,
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(ARC_BYTES)
+            .arc_shards(2)
+            .l2arc(l2arc),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "data",
             Arc::new(DirPrimary::new(dir.join("src")).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: RECORD_BYTES as u32,
-                compression: Compression::Lz4,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(RECORD_BYTES as u32)
+                .compression(Compression::Lz4),
         )
         .unwrap();
     (cache, ds)

@@ -14,25 +14,21 @@ use l2arc::L2ArcConfig;
 use l2arc_util::*;
 
 fn timer_off(feed_again: bool) -> L2ArcConfig {
-    L2ArcConfig {
-        l2arc_feed_secs: 3600.0,
-        l2arc_feed_min_ms: 3_600_000,
-        l2arc_feed_again: feed_again,
+    L2ArcConfig::default()
+        .l2arc_feed_secs(3600.0)
+        .l2arc_feed_min_ms(3_600_000)
+        .l2arc_feed_again(feed_again)
         // The intake wake alone: the write-back has tests of its own.
-        l2arc_writeback_max_bytes: 0,
-        ..L2ArcConfig::default()
-    }
+        .l2arc_writeback_max_bytes(0)
 }
 
 /// Timer off, intake wake off: only the write-back feeds.
 fn write_back_only(writeback_max_bytes: u64) -> L2ArcConfig {
-    L2ArcConfig {
-        l2arc_feed_secs: 3600.0,
-        l2arc_feed_min_ms: 3_600_000,
-        l2arc_feed_again: false,
-        l2arc_writeback_max_bytes: writeback_max_bytes,
-        ..L2ArcConfig::default()
-    }
+    L2ArcConfig::default()
+        .l2arc_feed_secs(3600.0)
+        .l2arc_feed_min_ms(3_600_000)
+        .l2arc_feed_again(false)
+        .l2arc_writeback_max_bytes(writeback_max_bytes)
 }
 
 /// Feeds until the write-back queue is empty (what is left below the
@@ -166,11 +162,9 @@ fn ineligible_and_skipped_evictions_are_counted() {
         .add_dataset(
             "no-l2",
             std::sync::Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap()),
-            l2arc::DatasetConfig {
-                recordsize_bytes: RS as u32,
-                secondarycache: l2arc::CacheMode::None,
-                ..l2arc::DatasetConfig::default()
-            },
+            l2arc::DatasetConfig::default()
+                .recordsize_bytes(RS as u32)
+                .secondarycache(l2arc::CacheMode::None),
         )
         .unwrap();
     let (slot, _) = add_path(&cache, &world.device_path("cache.dev"), Some(DEVICE_BYTES)).unwrap();
@@ -256,25 +250,23 @@ fn write_back_cache(
     recordsize: usize,
     (arc_max_bytes, arc_shards): (u64, usize),
 ) -> (std::sync::Arc<l2arc::Cache>, l2arc::DatasetId) {
-    let cache = l2arc::Cache::new(l2arc::CacheConfig {
-        arc_max_bytes,
-        arc_shards,
-        l2arc: write_back_only(32 << 20),
-        // The tests count hits per record read: a read-ahead would take
-        // records off flash before their demand read.
-        zfs_prefetch_disable: true,
-        ..l2arc::CacheConfig::default()
-    })
+    let cache = l2arc::Cache::new(
+        l2arc::CacheConfig::default()
+            .arc_max_bytes(arc_max_bytes)
+            .arc_shards(arc_shards)
+            .l2arc(write_back_only(32 << 20))
+            // The tests count hits per record read: a read-ahead would take
+            // records off flash before their demand read.
+            .zfs_prefetch_disable(true),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "data",
             std::sync::Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap()),
-            l2arc::DatasetConfig {
-                recordsize_bytes: recordsize as u32,
-                compression: Compression::Off,
-                ..l2arc::DatasetConfig::default()
-            },
+            l2arc::DatasetConfig::default()
+                .recordsize_bytes(recordsize as u32)
+                .compression(Compression::Off),
         )
         .unwrap();
     (cache, ds)
@@ -293,11 +285,7 @@ fn records_the_arc_turns_away_still_reach_flash() {
     let f = cache.open(ds, "f", false).unwrap();
     // Hold every record of the first 16 (the whole ARC) while reading on.
     let held: Vec<l2arc::ReadView> = (0..16)
-        .map(|i| {
-            cache
-                .read_view(&f, (i * RS) as u64, RS, l2arc::arc::AccessKind::Demand)
-                .unwrap()
-        })
+        .map(|i| cache.read_view(&f, (i * RS) as u64, RS).unwrap())
         .collect();
     let mut turned_away = Vec::new();
     for i in 16..32 {
@@ -389,12 +377,10 @@ fn evicted_records_a_full_batch_leaves_out_are_queued_again() {
 
 /// Feeding timers short enough that the devices' own feeders do the work.
 fn feeding_l2() -> L2ArcConfig {
-    L2ArcConfig {
-        l2arc_feed_secs: 0.02,
-        l2arc_feed_min_ms: 5,
-        l2arc_ioengine: test_ioengine(),
-        ..L2ArcConfig::default()
-    }
+    L2ArcConfig::default()
+        .l2arc_feed_secs(0.02)
+        .l2arc_feed_min_ms(5)
+        .l2arc_ioengine(test_ioengine())
 }
 
 /// Each device has its own feeder: while one device's writes hang (a

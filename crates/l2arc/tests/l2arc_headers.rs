@@ -251,10 +251,7 @@ fn foreign_device_is_refused_unless_forced() {
     drop(f);
     shutdown(cache);
 
-    let forced = L2ArcConfig {
-        force_init_foreign: true,
-        ..quiet_l2()
-    };
+    let forced = quiet_l2().force_init_foreign(true);
     let (cache, ds) = new_cache(&world.src, Compression::Lz4, forced);
     let (_, open) = add_path(&cache, &device, None).unwrap();
     assert_eq!(open, DeviceOpen::Initialised);

@@ -624,10 +624,7 @@ fn concurrent_writes_and_feeds_never_resurrect_old_bytes() {
 /// and evicted around it must never reach the index.
 #[test]
 fn concurrent_writes_and_write_back_never_resurrect_old_bytes() {
-    writes_racing_feeds(l2arc::L2ArcConfig {
-        l2arc_writeback_max_bytes: 2 << 20,
-        ..quiet_l2()
-    });
+    writes_racing_feeds(quiet_l2().l2arc_writeback_max_bytes(2 << 20));
 }
 
 #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
@@ -776,22 +773,20 @@ fn small_reads_of_large_records_take_sectors_from_flash() {
         // Eight whole records and a short ninth.
         let data = world.add_file("f", 8 * RECORD + 100_000, 77);
         let new_cache = || {
-            let cache = l2arc::Cache::new(l2arc::CacheConfig {
-                arc_max_bytes: 2 << 20,
-                arc_shards: 2,
-                l2arc: quiet_l2(),
-                ..l2arc::CacheConfig::default()
-            })
+            let cache = l2arc::Cache::new(
+                l2arc::CacheConfig::default()
+                    .arc_max_bytes(2 << 20)
+                    .arc_shards(2)
+                    .l2arc(quiet_l2()),
+            )
             .unwrap();
             let ds = cache
                 .add_dataset(
                     "data",
                     Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap()),
-                    l2arc::DatasetConfig {
-                        recordsize_bytes: RECORD as u32,
-                        compression,
-                        ..l2arc::DatasetConfig::default()
-                    },
+                    l2arc::DatasetConfig::default()
+                        .recordsize_bytes(RECORD as u32)
+                        .compression(compression),
                 )
                 .unwrap();
             (cache, ds)
@@ -833,9 +828,7 @@ fn small_reads_of_large_records_take_sectors_from_flash() {
             let n = if i % 2 == 0 {
                 cache.read(&f, offset, &mut buf).unwrap()
             } else {
-                let view = cache
-                    .read_view(&f, offset, len, l2arc::arc::AccessKind::Demand)
-                    .unwrap();
+                let view = cache.read_view(&f, offset, len).unwrap();
                 view.copy_to(&mut buf)
             };
             let start = (offset as usize).min(data.len());
@@ -950,24 +943,19 @@ fn a_dataset_may_ask_sector_tables_of_smaller_records() {
         let mut world = World::new();
         let data = world.add_file("f", RECORDS * RECORD, 91);
         // The ARC holds two records at most: the rest only flash holds.
-        let cache = l2arc::Cache::new(l2arc::CacheConfig {
-            arc_max_bytes: 2 * RECORD as u64,
-            arc_shards: 1,
-            l2arc: quiet_l2(),
-            ..l2arc::CacheConfig::default()
-        })
+        let cache = l2arc::Cache::new(
+            l2arc::CacheConfig::default()
+                .arc_max_bytes(2 * RECORD as u64)
+                .arc_shards(1)
+                .l2arc(quiet_l2()),
+        )
         .unwrap();
-        let config = l2arc::DatasetConfig {
-            recordsize_bytes: RECORD as u32,
-            compression: Compression::Off,
-            sector_table_min_bytes: sector_table_min,
-            ..l2arc::DatasetConfig::default()
-        };
+        let config = l2arc::DatasetConfig::default()
+            .recordsize_bytes(RECORD as u32)
+            .compression(Compression::Off)
+            .sector_table_min_bytes(sector_table_min);
         let primary = Arc::new(l2arc::primary::dir::DirPrimary::new(&world.src).unwrap());
-        let too_small = l2arc::DatasetConfig {
-            sector_table_min_bytes: 32 << 10,
-            ..config
-        };
+        let too_small = config.sector_table_min_bytes(32 << 10);
         let e = cache.add_dataset("small", primary.clone(), too_small);
         assert!(e.unwrap_err().to_string().contains("sector_table_min"));
         let ds = cache.add_dataset("data", primary, config).unwrap();

@@ -38,22 +38,20 @@ fn rewrite_keeping_mtime(path: &Path, bytes: &[u8]) {
 }
 
 fn cache_over(primary: Arc<dyn Primary>) -> (Arc<Cache>, DatasetId) {
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 1 << 20,
-        arc_shards: 2,
-        l2arc: quiet_l2(),
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(1 << 20)
+            .arc_shards(2)
+            .l2arc(quiet_l2()),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "data",
             primary,
-            DatasetConfig {
-                recordsize_bytes: RS as u32,
-                compression: Compression::Lz4,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(RS as u32)
+                .compression(Compression::Lz4),
         )
         .unwrap();
     (cache, ds)

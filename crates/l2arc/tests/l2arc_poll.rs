@@ -38,11 +38,9 @@ fn warm_reads(cache: &l2arc::Cache, f: &l2arc::ObjectHandle, data: &[u8]) -> (u6
 }
 
 fn config(engine: IoEngine, poll_us: u64) -> L2ArcConfig {
-    L2ArcConfig {
-        l2arc_ioengine: engine,
-        l2arc_read_poll_us: poll_us,
-        ..quiet_l2()
-    }
+    quiet_l2()
+        .l2arc_ioengine(engine)
+        .l2arc_read_poll_us(poll_us)
 }
 
 #[test]

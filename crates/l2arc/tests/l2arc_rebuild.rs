@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use l2arc::internals::format::{self, BLOCK_BYTES, DATA_START_BYTES, Location};
 use l2arc::internals::{L2Arc, LogOnlyRecord};
-use l2arc::{DeviceOpen, FileDevice, L2ArcConfig};
+use l2arc::{DeviceOpen, FileDevice};
 use l2arc_util::*;
 
 const RECORD_BYTES: usize = 4096;
@@ -180,10 +180,7 @@ fn bulk_rebuild_newest_wins_overwritten_stay_out_reads_never_wrong() {
     let world = World::new();
     let path = world.device_path("bulk.dev");
     let logs = {
-        let config = L2ArcConfig {
-            l2arc_rebuild_enabled: false,
-            ..quiet_l2()
-        };
+        let config = quiet_l2().l2arc_rebuild_enabled(false);
         let l2 = Arc::new(L2Arc::new(config, 0));
         let device = FileDevice::open(&path, Some(DATA_START_BYTES + DATA_BYTES)).unwrap();
         l2.add_device(Box::new(device)).unwrap();

@@ -10,21 +10,14 @@ use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, DatasetConfig};
 
 fn setup(dir: &std::path::Path, compression: Compression) -> (Arc<Cache>, l2arc::DatasetId) {
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 1 << 20,
-        arc_shards: 2,
-        ..CacheConfig::default()
-    })
-    .unwrap();
+    let cache = Cache::new(CacheConfig::default().arc_max_bytes(1 << 20).arc_shards(2)).unwrap();
     let ds = cache
         .add_dataset(
             "data",
             Arc::new(DirPrimary::new(dir.join("src")).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: 64 << 10,
-                compression,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(64 << 10)
+                .compression(compression),
         )
         .unwrap();
     (cache, ds)

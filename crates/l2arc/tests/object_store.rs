@@ -49,23 +49,21 @@ fn primary(endpoint: &str, ttl_ms: u64) -> Arc<ObjectStorePrimary> {
 /// No read-ahead: these tests count GETs record by record and say which
 /// records were fetched when.
 fn cache_over(primary: Arc<dyn Primary>) -> (Arc<Cache>, DatasetId) {
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 4 << 20,
-        arc_shards: 2,
-        l2arc: quiet_l2(),
-        zfs_prefetch_disable: true,
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(4 << 20)
+            .arc_shards(2)
+            .l2arc(quiet_l2())
+            .zfs_prefetch_disable(true),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "s3",
             primary,
-            DatasetConfig {
-                recordsize_bytes: RS as u32,
-                compression: Compression::Lz4,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(RS as u32)
+                .compression(Compression::Lz4),
         )
         .unwrap();
     (cache, ds)

@@ -15,22 +15,20 @@ use l2arc_util::{Rng, World, content};
 const RS: usize = 64 << 10;
 
 fn cache_over(world: &World, arc_max_bytes: u64, prefetch: bool) -> (Arc<Cache>, DatasetId) {
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes,
-        arc_shards: 2,
-        zfs_prefetch_disable: !prefetch,
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(arc_max_bytes)
+            .arc_shards(2)
+            .zfs_prefetch_disable(!prefetch),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "data",
             Arc::new(DirPrimary::new(&world.src).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: RS as u32,
-                compression: Compression::Off,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(RS as u32)
+                .compression(Compression::Off),
         )
         .unwrap();
     (cache, ds)
@@ -196,18 +194,16 @@ fn concurrent_sequential_readers_of_a_dear_store_are_read_ahead_in_spans() {
     let len = 64 << 20;
     let data = world.add_file("f", len, 13);
     let cache_over_dear = || {
-        let cache = Cache::new(CacheConfig {
-            arc_max_bytes: 256 << 20,
-            arc_shards: 2,
-            ..CacheConfig::default()
-        })
+        let cache = Cache::new(
+            CacheConfig::default()
+                .arc_max_bytes(256 << 20)
+                .arc_shards(2),
+        )
         .unwrap();
         let primary = Arc::new(DearDir(DirPrimary::new(&world.src).unwrap()));
-        let dataset = DatasetConfig {
-            recordsize_bytes: RS as u32,
-            compression: Compression::Off,
-            ..DatasetConfig::default()
-        };
+        let dataset = DatasetConfig::default()
+            .recordsize_bytes(RS as u32)
+            .compression(Compression::Off);
         let ds = cache.add_dataset("dear", primary, dataset).unwrap();
         (cache, ds)
     };

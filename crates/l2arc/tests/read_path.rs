@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, RwLock, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
-use l2arc::arc::AccessKind;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::primary::image::ImagePrimary;
 use l2arc::primary::{ObjectInfo, Primary, PrimaryObject};
@@ -38,12 +37,12 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// No read-ahead: these tests count primary reads record by record
 /// (read-ahead has its own, `read_ahead.rs`).
 fn cache(arc_max_bytes: u64, arc_shards: usize) -> Arc<Cache> {
-    Cache::new(CacheConfig {
-        arc_max_bytes,
-        arc_shards,
-        zfs_prefetch_disable: true,
-        ..CacheConfig::default()
-    })
+    Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(arc_max_bytes)
+            .arc_shards(arc_shards)
+            .zfs_prefetch_disable(true),
+    )
     .expect("valid cache config")
 }
 
@@ -57,13 +56,11 @@ fn dataset(
         .add_dataset(
             "ds",
             primary,
-            DatasetConfig {
-                recordsize_bytes: recordsize,
-                primarycache: mode,
-                secondarycache: CacheMode::All,
-                compression: l2arc::Compression::Off,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(recordsize)
+                .primarycache(mode)
+                .secondarycache(CacheMode::All)
+                .compression(l2arc::Compression::Off),
         )
         .expect("valid dataset config")
 }
@@ -99,7 +96,7 @@ fn check_read(cache: &Cache, h: &ObjectHandle, file: &[u8], offset: u64, len: us
     );
 
     let view = cache
-        .read_view(h, offset, len, AccessKind::Demand)
+        .read_view(h, offset, len)
         .unwrap_or_else(|e| panic!("{what}: read_view {offset}+{len}: {e}"));
     assert_eq!(
         view.len(),
@@ -274,10 +271,7 @@ fn recordsize_is_validated() {
     let tmp = tempfile::tempdir().unwrap();
     let c = cache(1 << 20, 1);
     for bad in [0u32, 512, 3000, 2 * MIB, 6 * KIB, 4095, MIB + 4096] {
-        let config = DatasetConfig {
-            recordsize_bytes: bad,
-            ..DatasetConfig::default()
-        };
+        let config = DatasetConfig::default().recordsize_bytes(bad);
         let e = c
             .add_dataset(&format!("bad{bad}"), dir(tmp.path()), config)
             .expect_err(&format!("recordsize {bad} must be refused"));
@@ -291,10 +285,7 @@ fn recordsize_is_validated() {
     }
     for shift in 12..=20 {
         let rs = 1u32 << shift;
-        let config = DatasetConfig {
-            recordsize_bytes: rs,
-            ..DatasetConfig::default()
-        };
+        let config = DatasetConfig::default().recordsize_bytes(rs);
         c.add_dataset(&format!("ok{rs}"), dir(tmp.path()), config)
             .unwrap_or_else(|e| panic!("recordsize {rs} refused: {e}"));
         assert_eq!(validate_recordsize(u64::from(rs)).unwrap(), rs);
@@ -307,19 +298,11 @@ fn recordsize_is_validated() {
         .unwrap_err();
     assert!(e.to_string().contains("ok4096"), "{e}");
     assert!(matches!(
-        Cache::new(CacheConfig {
-            arc_max_bytes: 1 << 20,
-            arc_shards: 0,
-            ..CacheConfig::default()
-        }),
+        Cache::new(CacheConfig::default().arc_max_bytes(1 << 20).arc_shards(0)),
         Err(ConfigError::Shards(0))
     ));
     assert!(matches!(
-        Cache::new(CacheConfig {
-            arc_max_bytes: 4096 * 3,
-            arc_shards: 4,
-            ..CacheConfig::default()
-        }),
+        Cache::new(CacheConfig::default().arc_max_bytes(4096 * 3).arc_shards(4)),
         Err(ConfigError::ArcMax(_))
     ));
 }
@@ -827,10 +810,7 @@ fn failed_primary_reads_are_reported_and_not_cached() {
     for _ in 0..2 {
         let e = c.read(&h, 100, &mut buf).expect_err("the primary fails");
         assert!(e.to_string().contains("injected failure"), "{e}");
-        let e = c
-            .read_view(&h, 0, 9000, AccessKind::Demand)
-            .err()
-            .expect("read_view fails too");
+        let e = c.read_view(&h, 0, 9000).err().expect("read_view fails too");
         assert!(e.to_string().contains("injected failure"), "{e}");
         assert!(c.prefetch(&h, 0, 4096).is_err());
     }
@@ -1127,20 +1107,13 @@ fn writes_at_impossible_offsets_fail_cleanly() {
 fn object_states_are_bounded_and_a_dropped_state_never_revives_stale_records() {
     use l2arc::internals::OBJECT_STATES_MAX;
     let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 64 << 20,
-        ..CacheConfig::default()
-    })
-    .unwrap();
+    let cache = Cache::new(CacheConfig::default().arc_max_bytes(64 << 20)).unwrap();
     std::fs::write(dir.path().join("victim"), vec![1u8; 8192]).unwrap();
     let ds = cache
         .add_dataset(
             "t",
             Arc::new(DirPrimary::new(dir.path()).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: 4096,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default().recordsize_bytes(4096),
         )
         .unwrap();
     // Cache the victim's records, then invalidate them without changing the

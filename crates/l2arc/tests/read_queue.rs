@@ -14,10 +14,7 @@ use l2arc::{Cache, IoEngine, ObjectHandle, ReadCompletion};
 use l2arc_util::*;
 
 fn config(engine: IoEngine) -> L2ArcConfig {
-    L2ArcConfig {
-        l2arc_ioengine: engine,
-        ..quiet_l2()
-    }
+    quiet_l2().l2arc_ioengine(engine)
 }
 
 /// Submits every `(offset, len)` with up to `depth` in flight and returns

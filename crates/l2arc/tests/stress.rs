@@ -28,7 +28,6 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use l2arc::arc::AccessKind;
 use l2arc::primary::dir::DirPrimary;
 use l2arc::primary::{ObjectInfo, Primary, PrimaryObject};
 use l2arc::{Cache, CacheConfig, CacheMode, DatasetConfig, ObjectHandle};
@@ -209,7 +208,7 @@ impl Run<'_> {
             let got = if iteration.is_multiple_of(3) {
                 // Zero-copy view, copied out for checking.
                 self.cache
-                    .read_view(self.handle, offset, len, AccessKind::Demand)
+                    .read_view(self.handle, offset, len)
                     .map(|view| view.copy_to(&mut buf[..len]))
             } else {
                 self.cache.read(self.handle, offset, &mut buf[..len])
@@ -286,23 +285,21 @@ fn stress(recordsize: u32, arc_max_bytes: u64, arc_shards: usize) {
         inner: DirPrimary::new(tmp.path()).unwrap(),
         lock: Arc::new(RwLock::new(())),
     };
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes,
-        arc_shards,
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(arc_max_bytes)
+            .arc_shards(arc_shards),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "stress",
             Arc::new(primary),
-            DatasetConfig {
-                recordsize_bytes: recordsize,
-                primarycache: CacheMode::All,
-                secondarycache: CacheMode::All,
-                compression: l2arc::Compression::Off,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(recordsize)
+                .primarycache(CacheMode::All)
+                .secondarycache(CacheMode::All)
+                .compression(l2arc::Compression::Off),
         )
         .unwrap();
     let handle = cache.open(ds, "data", true).unwrap();

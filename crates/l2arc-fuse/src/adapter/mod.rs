@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{Errno, FileHandle, ReplyData};
-use l2arc::arc::AccessKind;
 
 use crate::handles::HandleTable;
 use crate::namespace::{Namespace, OpenFile};
@@ -94,7 +93,6 @@ impl<N: Namespace> FuseAdapter<N> {
             &file.handle,
             plan.read_at,
             plan.read_len,
-            AccessKind::Demand,
             plan.continues,
         ) {
             Ok(v) => v,

@@ -266,6 +266,7 @@ impl Drop for FillClaim<'_> {
 /// Counters of one shard, summed by `LiveArc::stats`. Names follow ZFS's
 /// arcstats.
 #[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
 pub struct ArcStats {
     /// Reads served from DRAM (`hits` in arcstats).
     pub hits: u64,

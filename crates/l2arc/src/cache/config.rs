@@ -21,6 +21,7 @@ pub const RECORDSIZE_DEFAULT_BYTES: u32 = 128 * 1024;
 
 /// Errors in configuration: always a one-line message naming the setting.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error(
         "recordsize {0} is out of range: it must be a power of two from 4K to 1M (4096 to 1048576 bytes)"
@@ -54,6 +55,7 @@ pub enum CacheMode {
     None,
 }
 
+crate::settings::settings! {
 /// Per-dataset properties.
 #[derive(Clone, Copy, Debug)]
 pub struct DatasetConfig {
@@ -73,6 +75,7 @@ pub struct DatasetConfig {
     /// 3.1% at 128 KiB, 1.6% at 256 KiB (the default). At least
     /// `SECTOR_TABLE_RECORD_BYTES_FLOOR` (64 KiB).
     pub sector_table_min_bytes: u32,
+}
 }
 
 impl Default for DatasetConfig {
@@ -113,6 +116,7 @@ pub fn validate_recordsize(bytes: u64) -> Result<u32, ConfigError> {
     }
 }
 
+crate::settings::settings! {
 /// Whole-cache settings.
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
@@ -130,6 +134,7 @@ pub struct CacheConfig {
     /// `zfetch_max_distance`: most bytes one read-ahead reads beyond the
     /// record asked for.
     pub zfetch_max_distance_bytes: u64,
+}
 }
 
 impl Default for CacheConfig {

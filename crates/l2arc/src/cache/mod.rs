@@ -237,6 +237,7 @@ impl Cache {
     }
 
     /// Checks the ARC's invariants (tests; O(entries)).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn assert_consistent(&self) {
         assert_eq!(self.arc.config().arc_max_bytes, self.config.arc_max_bytes);
         assert_eq!(self.arc.config().shards, self.config.arc_shards);

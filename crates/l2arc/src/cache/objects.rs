@@ -474,6 +474,7 @@ impl Cache {
 
     /// Objects whose state the cache holds (bounded by `OBJECT_STATES_MAX`
     /// plus those open handles hold).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn object_states(&self) -> usize {
         let objects = self.objects.lock().expect("object table poisoned");
         // Past the bound only after a drop of unheld states.

@@ -29,6 +29,7 @@ pub(crate) struct LiveProperties {
 
 /// A property change that was refused: a one-line reason.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PropertyError {
     #[error("no dataset named {0:?}")]
     /// No dataset of that name.

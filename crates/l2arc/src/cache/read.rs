@@ -60,7 +60,7 @@ impl Cache {
                 .finish_read(timer, handle.dataset_id.0, handle.state.id);
             return Ok(n);
         }
-        let view = self.read_view(handle, offset, buf.len(), AccessKind::Demand)?;
+        let view = self.read_view_as(handle, offset, buf.len(), AccessKind::Demand, None)?;
         debug_assert!(view.len() <= buf.len());
         Ok(view.copy_to(buf))
     }
@@ -71,7 +71,7 @@ impl Cache {
         if handle.caches_nothing() {
             return Ok(());
         }
-        self.read_view(handle, offset, len, AccessKind::Prefetch)
+        self.read_view_as(handle, offset, len, AccessKind::Prefetch, None)
             .map(|view| debug_assert!(view.len() <= len))
     }
 
@@ -81,9 +81,8 @@ impl Cache {
         handle: &ObjectHandle,
         offset: u64,
         len: usize,
-        kind: AccessKind,
     ) -> io::Result<ReadView> {
-        let view = self.read_view_continuing(handle, offset, len, kind, None)?;
+        let view = self.read_view_as(handle, offset, len, AccessKind::Demand, None)?;
         debug_assert!(view.len() <= len, "a view is no longer than asked");
         Ok(view)
     }
@@ -95,6 +94,18 @@ impl Cache {
     /// 128 KiB) would promote every record it reads to MFU, as if it were
     /// reused, and the records read ahead of it would be evicted first.
     pub fn read_view_continuing(
+        &self,
+        handle: &ObjectHandle,
+        offset: u64,
+        len: usize,
+        continues: Option<u64>,
+    ) -> io::Result<ReadView> {
+        self.read_view_as(handle, offset, len, AccessKind::Demand, continues)
+    }
+
+    /// A read of `kind`: demand reads count as reads and as accesses for
+    /// the ARC's policy; read-ahead (`prefetch`) flags what it brings in.
+    pub(crate) fn read_view_as(
         &self,
         handle: &ObjectHandle,
         offset: u64,

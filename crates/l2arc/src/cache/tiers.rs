@@ -20,7 +20,7 @@ use crate::arc::live::{EvictionSink, Record, RecordKey};
 use crate::arc::policy::{Evicted, ListId};
 use crate::l2arc::device::{DeviceIo, FileDevice};
 use crate::l2arc::ring::IoEngine;
-use crate::l2arc::{DeviceOpen, FeedOutcome, L2Arc};
+use crate::l2arc::{DeviceOpen, L2Arc};
 use crate::lock_order::{RankedMutex, rank};
 use crate::tier::{ColdRecord, EvictedRecord, FeedSource, Keeping, TIERS_MAX, Tier};
 
@@ -195,10 +195,11 @@ impl Cache {
     /// One pass of the L2ARC feeder, written and indexed before it
     /// returns (each device's feeder thread does this by itself; tests
     /// call it to feed at a point of their choosing).
-    pub fn feed_l2arc(&self) -> FeedOutcome {
+    #[cfg(any(test, feature = "test-utils"))]
+    pub fn feed_l2arc(&self) -> crate::l2arc::FeedOutcome {
         let outcome = match self.l2.get() {
             Some(l2) => l2.feed_once(self),
-            None => FeedOutcome::default(),
+            None => crate::l2arc::FeedOutcome::default(),
         };
         // Without an L2ARC nothing is fed.
         debug_assert!(self.l2.get().is_some() || (outcome.records == 0 && outcome.bytes == 0));

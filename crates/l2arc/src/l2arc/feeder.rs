@@ -325,6 +325,7 @@ impl BatchWriter {
 
 /// What one feed did.
 #[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
 pub struct FeedOutcome {
     /// Records written to cache devices.
     pub records: usize,
@@ -348,6 +349,7 @@ impl L2Arc {
     /// cache device of the rotor, written and indexed before it returns.
     /// (Each device's own feeder thread feeds it alone, its writes
     /// overlapped.)
+    #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn feed_once(&self, source: &dyn FeedSource) -> FeedOutcome {
         let outcome = Feeder { l2: self, source }.feed_now(None);
         // Records written take blocks of the device.

@@ -122,6 +122,7 @@ const CRC_FIELD: usize = 124;
 
 /// Everything that can be wrong with bytes read from a cache device.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FormatError {
     /// Fewer bytes than the structure needs.
     #[error("truncated: need {needed} bytes, got {got}")]

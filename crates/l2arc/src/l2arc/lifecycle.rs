@@ -20,6 +20,7 @@ use crate::buf::AlignedBuf;
 
 /// What happened when a device was opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeviceOpen {
     /// The header was valid: the index is being rebuilt from the log.
     Rebuilding,

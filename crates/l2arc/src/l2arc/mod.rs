@@ -85,6 +85,7 @@ pub const DEVICE_ERRORS_MAX: u32 = 8;
 /// Sweeps of overwritten index entries per lap of the write hand.
 const SWEEPS_PER_LAP: u32 = 16;
 
+crate::settings::settings! {
 /// The L2ARC tunables, named as ZFS names them.
 #[derive(Clone, Debug)]
 pub struct L2ArcConfig {
@@ -121,6 +122,7 @@ pub struct L2ArcConfig {
     /// Most bytes of evicted records held for the feeder (`writeback`):
     /// DRAM beyond `arc_max`; 0 turns the write-back off.
     pub l2arc_writeback_max_bytes: u64,
+}
 }
 
 impl Default for L2ArcConfig {

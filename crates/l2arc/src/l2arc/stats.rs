@@ -9,6 +9,7 @@ use super::*;
 
 /// A snapshot of one device's statistics.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DeviceStats {
     /// The device's slot (0..16).
     pub slot: u8,
@@ -24,6 +25,7 @@ pub struct DeviceStats {
 
 /// L2ARC statistics, summed over devices, with ZFS's names.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct L2Stats {
     /// Counters of the whole L2ARC, under arcstats' `l2_*` names.
     pub kstats: Vec<(&'static str, u64)>,

@@ -68,15 +68,13 @@ impl Rng {
 /// once shortly after each device is added, then sleeps for an hour.
 /// The tests feed explicitly with `Cache::feed_l2arc`.
 pub(crate) fn quiet_l2() -> L2ArcConfig {
-    L2ArcConfig {
-        l2arc_feed_secs: 3600.0,
-        l2arc_feed_min_ms: 3_600_000,
-        l2arc_feed_again: false,
+    L2ArcConfig::default()
+        .l2arc_feed_secs(3600.0)
+        .l2arc_feed_min_ms(3_600_000)
+        .l2arc_feed_again(false)
         // Evictions would wake the feeder too: the tests feed themselves.
-        l2arc_writeback_max_bytes: 0,
-        l2arc_ioengine: test_ioengine(),
-        ..L2ArcConfig::default()
-    }
+        .l2arc_writeback_max_bytes(0)
+        .l2arc_ioengine(test_ioengine())
 }
 
 /// The suite runs once per read path (`scripts/test.sh`): the blocking
@@ -158,22 +156,20 @@ pub(crate) fn new_cache(
     compression: Compression,
     l2: L2ArcConfig,
 ) -> (Arc<Cache>, DatasetId) {
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 1 << 20,
-        arc_shards: 2,
-        l2arc: l2,
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(1 << 20)
+            .arc_shards(2)
+            .l2arc(l2),
+    )
     .unwrap();
     let ds = cache
         .add_dataset(
             "data",
             Arc::new(DirPrimary::new(src).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: RS as u32,
-                compression,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(RS as u32)
+                .compression(compression),
         )
         .unwrap();
     (cache, ds)
