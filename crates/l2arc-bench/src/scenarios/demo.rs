@@ -254,10 +254,7 @@ impl<'a> Demo<'a> {
             ..HddConfig::default()
         };
         hdd_config.validate()?;
-        let mut cache_config = CacheConfig {
-            arc_max_bytes: args.arc_max,
-            ..CacheConfig::default()
-        };
+        let mut cache_config = CacheConfig::default().arc_max_bytes(args.arc_max);
         if let Some(shards) = args.arc_shards {
             cache_config.arc_shards = shards;
         }
@@ -304,12 +301,10 @@ impl<'a> Demo<'a> {
         let dataset = cache.add_dataset(
             "bench",
             Arc::clone(&hdd) as Arc<dyn Primary>,
-            DatasetConfig {
-                recordsize_bytes: args.recordsize as u32,
-                primarycache,
-                compression: args.compression,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(args.recordsize as u32)
+                .primarycache(primarycache)
+                .compression(args.compression),
         )?;
         if with_l2arc {
             if args.cache.is_empty() {

@@ -172,29 +172,27 @@ impl Feeder {
         write_back: bool,
         feed_again: bool,
     ) -> Result<Self> {
-        let cache = Cache::new(CacheConfig {
-            arc_max_bytes: sizes.arc_max_bytes,
-            l2arc: L2ArcConfig {
-                l2arc_feed_again: feed_again,
-                l2arc_writeback_max_bytes: if write_back {
-                    L2ArcConfig::default().l2arc_writeback_max_bytes
-                } else {
-                    0
-                },
-                l2arc_rebuild_enabled: false,
-                ..L2ArcConfig::default()
-            },
-            ..CacheConfig::default()
-        })?;
+        let cache = Cache::new(
+            CacheConfig::default()
+                .arc_max_bytes(sizes.arc_max_bytes)
+                .l2arc(
+                    L2ArcConfig::default()
+                        .l2arc_feed_again(feed_again)
+                        .l2arc_writeback_max_bytes(if write_back {
+                            L2ArcConfig::default().l2arc_writeback_max_bytes
+                        } else {
+                            0
+                        })
+                        .l2arc_rebuild_enabled(false),
+                ),
+        )?;
         let primary: Arc<dyn Primary> = Arc::new(ImagePrimary::open(image, false)?);
         let dataset = cache.add_dataset(
             "image",
             primary,
-            DatasetConfig {
-                recordsize_bytes: sizes.recordsize_bytes as u32,
-                compression: Compression::Lz4,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default()
+                .recordsize_bytes(sizes.recordsize_bytes as u32)
+                .compression(Compression::Lz4),
         )?;
         cache.add_cache_path(cache_path, Some(sizes.cache_file_bytes))?;
         let handle = cache.open(dataset, "", false)?;

@@ -276,18 +276,13 @@ fn mount(
     mnt: &Path,
     recordsize_bytes: u32,
 ) -> Result<(Arc<Cache>, l2arc_fuse::MountGuard)> {
-    let cache: Arc<Cache> = Cache::new(CacheConfig {
-        arc_max_bytes: 2 * FILES as u64 * FILE_BYTES,
-        ..CacheConfig::default()
-    })?;
+    let cache: Arc<Cache> =
+        Cache::new(CacheConfig::default().arc_max_bytes(2 * FILES as u64 * FILE_BYTES))?;
     let primary = Arc::new(DirPrimary::new(src)?);
     let dataset = cache.add_dataset(
         "bench-fuse",
         Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>,
-        DatasetConfig {
-            recordsize_bytes,
-            ..DatasetConfig::default()
-        },
+        DatasetConfig::default().recordsize_bytes(recordsize_bytes),
     )?;
     let fs = CachedFs::new(Arc::clone(&cache), dataset, primary, FsOptions::default())?;
     let mounted = l2arc_fuse::MountGuard::mount(fs, mnt, &MountOptions::default())

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use l2arc::arc::AccessKind;
 use l2arc::internals::AlignedBuf;
 use l2arc::internals::Record;
 use l2arc::primary::Primary;
@@ -156,10 +155,7 @@ struct HitPath<'a> {
 
 impl<'a> HitPath<'a> {
     fn new(args: &'a BenchArgs, spec: &'a DatasetSpec, dir: &Path) -> Result<Self> {
-        let mut config = CacheConfig {
-            arc_max_bytes: 4 * WORKING_SET_BYTES,
-            ..CacheConfig::default()
-        };
+        let mut config = CacheConfig::default().arc_max_bytes(4 * WORKING_SET_BYTES);
         if let Some(shards) = args.arc_shards {
             config.arc_shards = shards;
         }
@@ -168,20 +164,12 @@ impl<'a> HitPath<'a> {
         let dataset = cache.add_dataset(
             "hit",
             primary,
-            DatasetConfig {
-                recordsize_bytes: RECORD_BYTES as u32,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default().recordsize_bytes(RECORD_BYTES as u32),
         )?;
         let handle = cache.open(dataset, &DatasetSpec::file_name(0), false)?;
         let mut baseline: HashMap<u64, Arc<Record>> = HashMap::new();
         for r in 0..RECORDS {
-            let view = cache.read_view(
-                &handle,
-                r * RECORD_BYTES,
-                RECORD_BYTES as usize,
-                AccessKind::Demand,
-            )?;
+            let view = cache.read_view(&handle, r * RECORD_BYTES, RECORD_BYTES as usize)?;
             let (record, _) = view.segments.into_iter().next().context("empty record")?;
             baseline.insert(r, record);
         }
@@ -228,7 +216,6 @@ impl<'a> HitPath<'a> {
                         &self.handle,
                         r * RECORD_BYTES,
                         RECORD_BYTES as usize,
-                        AccessKind::Demand,
                     )?;
                     let (record, range) = &view.segments[0];
                     self.expect(r, &record.data[range.clone()])

@@ -478,22 +478,20 @@ fn open_cache(
     place: &Place,
     record_bytes: u64,
 ) -> Result<(Arc<Cache>, Vec<ObjectHandle>)> {
-    let mut config = CacheConfig {
-        arc_max_bytes: args.arc_max,
+    let mut config = CacheConfig::default()
+        .arc_max_bytes(args.arc_max)
         // The fill feeds the L2ARC itself, between its reads: a feed in
         // the background holds references to every record it scans, so
         // an insert meanwhile can find nothing to evict and the record is
         // never cached (`insert_no_room`). The feeder thread's first pass
         // finds an empty ARC; then it sleeps for an hour.
-        l2arc: L2ArcConfig {
-            l2arc_rebuild_enabled: false,
-            l2arc_feed_secs: 3600.0,
-            l2arc_feed_min_ms: 3_600_000,
-            l2arc_feed_again: false,
-            ..L2ArcConfig::default()
-        },
-        ..CacheConfig::default()
-    };
+        .l2arc(
+            L2ArcConfig::default()
+                .l2arc_rebuild_enabled(false)
+                .l2arc_feed_secs(3600.0)
+                .l2arc_feed_min_ms(3_600_000)
+                .l2arc_feed_again(false),
+        );
     if let Some(shards) = args.arc_shards {
         config.arc_shards = shards;
     }
@@ -502,11 +500,9 @@ fn open_cache(
     let dataset = cache.add_dataset(
         "l2hit",
         primary,
-        DatasetConfig {
-            recordsize_bytes: record_bytes as u32,
-            compression: Compression::Off,
-            ..DatasetConfig::default()
-        },
+        DatasetConfig::default()
+            .recordsize_bytes(record_bytes as u32)
+            .compression(Compression::Off),
     )?;
     let device = FileDevice::open(&place.cache_path, Some(args.cache_size))?;
     if !device.is_direct() {

@@ -544,10 +544,7 @@ fn warm_device(
     let direct = device.is_direct();
     // Start empty: an l2arc log left by an earlier run is reused, not
     // rebuilt (anything else on the device is refused).
-    let fill_config = L2ArcConfig {
-        l2arc_rebuild_enabled: false,
-        ..config.clone()
-    };
+    let fill_config = config.clone().l2arc_rebuild_enabled(false);
     let (log_blocks, log_bytes, fill_secs) = match warm {
         Warm::Filled => {
             let l2 = Arc::new(L2Arc::new(fill_config, records as usize));

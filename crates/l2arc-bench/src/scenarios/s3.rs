@@ -96,10 +96,7 @@ impl System for L2arcSystem {
         );
         let store = Arc::new(ObjectStorePrimary::new(config)?);
         store.check()?;
-        let mut cache_config = CacheConfig {
-            arc_max_bytes: self.arc_max_bytes,
-            ..CacheConfig::default()
-        };
+        let mut cache_config = CacheConfig::default().arc_max_bytes(self.arc_max_bytes);
         // As `l2arc mount s3://` does: read-ahead records go to flash too.
         cache_config.l2arc.l2arc_noprefetch = false;
         let cache = Cache::new(cache_config)?;
@@ -107,10 +104,7 @@ impl System for L2arcSystem {
         let dataset = cache.add_dataset(
             "s3",
             Arc::clone(&store) as Arc<dyn l2arc::primary::Primary>,
-            DatasetConfig {
-                recordsize_bytes: self.recordsize_bytes,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default().recordsize_bytes(self.recordsize_bytes),
         )?;
         let fs = ObjectFs::new(
             Arc::clone(&cache),

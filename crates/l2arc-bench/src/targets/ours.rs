@@ -73,11 +73,9 @@ impl L2arcTarget {
     pub(crate) fn with_name(spec: &TargetSpec, name: &'static str) -> Result<Self> {
         spec.check()?;
         let hdd = spec.hdd_primary()?;
-        let mut config = CacheConfig {
-            arc_max_bytes: spec.dram_budget_bytes,
-            dram_policy: spec.dram_policy,
-            ..CacheConfig::default()
-        };
+        let mut config = CacheConfig::default()
+            .arc_max_bytes(spec.dram_budget_bytes)
+            .dram_policy(spec.dram_policy);
         if let Some(shards) = spec.arc_shards {
             config.arc_shards = shards;
         }
@@ -85,17 +83,15 @@ impl L2arcTarget {
         let dataset = cache.add_dataset(
             "bench",
             Arc::clone(&hdd) as Arc<dyn Primary>,
-            DatasetConfig {
-                recordsize_bytes: spec.recordsize_bytes,
-                primarycache: CacheMode::All,
-                secondarycache: CacheMode::All,
-                compression: if spec.compression {
+            DatasetConfig::default()
+                .recordsize_bytes(spec.recordsize_bytes)
+                .primarycache(CacheMode::All)
+                .secondarycache(CacheMode::All)
+                .compression(if spec.compression {
                     Compression::Lz4
                 } else {
                     Compression::Off
-                },
-                ..DatasetConfig::default()
-            },
+                }),
         )?;
         // A cache size of 0 is the ARC alone (the `no_l2arc` setting).
         if spec.cache_size_bytes > 0 {
