@@ -1112,16 +1112,16 @@ pub struct SimpleReply {
     pub error: u32,
 }
 
-impl SimpleReply {
-    /// Decodes the 16 bytes on the wire.
-    pub fn decode(header: &[u8; SIMPLE_REPLY_BYTES]) -> Result<Self, ProtocolError> {
-        match be_u32(&header[0..4]) {
-            SIMPLE_REPLY_MAGIC => Ok(Self {
-                error: be_u32(&header[4..8]),
-                cookie: be_u64(&header[8..16]),
-            }),
-            magic => Err(ProtocolError::BadReplyMagic(magic)),
-        }
+/// Decodes a simple reply header (what [`simple_reply`] encodes).
+pub fn decode_simple_reply(
+    header: &[u8; SIMPLE_REPLY_BYTES],
+) -> Result<SimpleReply, ProtocolError> {
+    match be_u32(&header[0..4]) {
+        SIMPLE_REPLY_MAGIC => Ok(SimpleReply {
+            error: be_u32(&header[4..8]),
+            cookie: be_u64(&header[8..16]),
+        }),
+        magic => Err(ProtocolError::BadReplyMagic(magic)),
     }
 }
 

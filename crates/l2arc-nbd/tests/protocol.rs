@@ -546,7 +546,7 @@ fn replies_decode_to_what_the_server_encoded() {
 
     // Simple replies.
     assert_eq!(
-        SimpleReply::decode(&simple_reply(0x1234, NBD_ENOSPC)),
+        decode_simple_reply(&simple_reply(0x1234, NBD_ENOSPC)),
         Ok(SimpleReply {
             cookie: 0x1234,
             error: NBD_ENOSPC
@@ -555,7 +555,7 @@ fn replies_decode_to_what_the_server_encoded() {
     let mut bad = simple_reply(1, 0);
     bad[3] ^= 1;
     assert!(matches!(
-        SimpleReply::decode(&bad),
+        decode_simple_reply(&bad),
         Err(ProtocolError::BadReplyMagic(_))
     ));
 }

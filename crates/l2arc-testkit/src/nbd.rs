@@ -289,7 +289,7 @@ impl NbdClient {
     pub fn reply(&mut self) -> Result<SimpleReply, NbdError> {
         let mut header = [0u8; SIMPLE_REPLY_BYTES];
         self.stream.read_exact(&mut header)?;
-        Ok(SimpleReply::decode(&header)?)
+        Ok(protocol::decode_simple_reply(&header)?)
     }
 
     /// Reads `buf.len()` bytes of a read's reply data.
