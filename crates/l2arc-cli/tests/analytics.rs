@@ -7,8 +7,10 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use l2arc_testkit::service::{Running, Service};
 use std::time::{Duration, Instant};
 
 const IMAGE_BYTES: usize = 32 << 20;
@@ -32,7 +34,7 @@ struct Served {
     socket: PathBuf,
     control: PathBuf,
     http: SocketAddr,
-    child: Child,
+    _service: Running,
 }
 
 impl Served {
@@ -43,11 +45,8 @@ impl Served {
         std::fs::write(&image, bytes).unwrap();
         let socket = dir.path().join("nbd.sock");
         let control = dir.path().join("ctl.sock");
-        let mut child = l2arc()
-            .arg("serve-nbd")
-            .arg(&image)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
+        let service = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
+            .listen_unix(&socket)
             .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
             // The tests count a primary read (a miss) per record read.
             .args(["--zfs-prefetch-disable", "true"])
@@ -56,17 +55,15 @@ impl Served {
             .arg("--cache")
             .arg(dir.path().join("l2.img"))
             .args(["--cache-size", "64MiB"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let rx = l2arc_testkit::stderr_lines(&mut child);
-        let http = l2arc_testkit::wait_ready(&rx, "l2arc: serving ");
+            .start();
         Served {
             _dir: dir,
             socket,
             control,
-            http: http.expect("no `l2arc: http on` line before the ready line"),
-            child,
+            http: service
+                .http()
+                .expect("no `l2arc: http on` line before the ready line"),
+            _service: service,
         }
     }
 
@@ -99,13 +96,6 @@ impl Served {
             }
         }
         run(&mut cmd);
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

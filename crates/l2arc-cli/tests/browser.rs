@@ -11,11 +11,11 @@
 //! a pointer to the script, never a skip. `L2ARC_SCREENSHOT=PATH` keeps the
 //! screenshot (docs/img/analytics.png was taken so).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
+
+use l2arc_testkit::service::Service;
 
 /// Larger than the ARC and the L2ARC together, so that every tier serves reads.
 const IMAGE_BYTES: usize = 192 << 20;
@@ -57,44 +57,20 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
         .collect();
     std::fs::write(&image, bytes).unwrap();
     let socket = dir.path().join("nbd.sock");
-    let mut served = Killed(
-        Command::new(env!("CARGO_BIN_EXE_l2arc"))
-            .arg("serve-nbd")
-            .arg(&image)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
-            .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
-            .arg("--cache")
-            .arg(dir.path().join("l2.img"))
-            .args(["--cache-size", "64MiB"])
-            .arg("--history")
-            .arg(dir.path().join("history.bin"))
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let (tx, rx) = mpsc::channel();
-    let stderr = served.0.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut url = None;
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("serve-nbd did not get ready within 20 s");
-        if let Some(rest) = line.strip_prefix("l2arc: http on ") {
-            url = Some(rest.to_string());
-        }
-        if line.starts_with("l2arc: serving ") {
-            break;
-        }
-    }
-    let url = url.expect("no `l2arc: http on` line");
+    let mut served = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
+        .listen_unix(&socket)
+        .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
+        .arg("--cache")
+        .arg(dir.path().join("l2.img"))
+        .args(["--cache-size", "64MiB"])
+        .arg("--history")
+        .arg(dir.path().join("history.bin"))
+        .start();
+    let url = served
+        .line_before_ready("l2arc: http on ")
+        .expect("no `l2arc: http on` line")
+        .trim_start_matches("l2arc: http on ")
+        .to_string();
 
     // Random 4 KiB reads, 80% of them to the first quarter of the image:
     // ARC hits, L2ARC hits and disk reads all at once.
@@ -138,5 +114,5 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
     );
     let size = std::fs::metadata(&screenshot).unwrap().len();
     assert!(size > 10_000, "screenshot of {size} bytes");
-    assert!(served.0.try_wait().unwrap().is_none(), "serve-nbd died");
+    assert!(served.child.try_wait().unwrap().is_none(), "serve-nbd died");
 }

@@ -9,11 +9,12 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use l2arc_testkit::mapping::SharedMapping;
+use l2arc_testkit::service::{Running, Service};
 use l2arc_testkit::within;
 
 const ATTR_TIMEOUT_SECS: f64 = 0.2;
@@ -38,7 +39,9 @@ fn is_mounted(mnt: &Path) -> bool {
 
 /// A running `l2arc mount`, unmounted and reaped on drop.
 struct Mount {
-    child: Option<Child>,
+    service: Running,
+    /// The process has exited and was reaped.
+    exited: bool,
     mnt: PathBuf,
     stderr: Arc<Mutex<String>>,
 }
@@ -46,42 +49,28 @@ struct Mount {
 impl Mount {
     fn start(src: &Path, mnt: &Path, extra: &[&str]) -> Mount {
         need("fusermount3");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_l2arc"));
-        cmd.arg("mount")
-            .arg(src)
-            .arg(mnt)
+        let mut service = Service::mount(Path::new(env!("CARGO_BIN_EXE_l2arc")), src, mnt)
             .args(["--arc-max", "64MiB"]);
         if !extra.contains(&"--attr-timeout") {
-            cmd.args(["--attr-timeout", &ATTR_TIMEOUT_SECS.to_string()]);
+            service = service.args(["--attr-timeout", &ATTR_TIMEOUT_SECS.to_string()]);
         }
-        let mut child = cmd
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn l2arc mount");
-        let (stderr, rx) = l2arc_testkit::stderr_log(&mut child, "l2arc: mounted ");
-        let mut mount = Mount {
-            child: Some(child),
-            mnt: mnt.to_path_buf(),
-            stderr,
-        };
-        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
-            let status = mount.child.as_mut().unwrap().try_wait();
-            panic!(
-                "no `l2arc: mounted` line within 20 s (exit: {status:?}); stderr:\n{}",
-                mount.stderr.lock().unwrap()
-            );
-        }
+        let mut service = service.args(extra).start();
+        let stderr = service.gather_stderr();
         assert!(
             is_mounted(mnt),
             "ready line printed but {mnt:?} is not mounted"
         );
-        mount
+        Mount {
+            service,
+            exited: false,
+            mnt: mnt.to_path_buf(),
+            stderr,
+        }
     }
 
     fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+        assert!(!self.exited, "running");
+        self.service.pid()
     }
 
     fn signal(&self, signal: &str) {
@@ -90,11 +79,11 @@ impl Mount {
 
     /// Waits for the process to exit (at most `limit`).
     fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let child = self.child.as_mut().expect("running");
+        assert!(!self.exited, "running");
         let start = Instant::now();
         loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                self.child = None;
+            if let Some(status) = self.service.child.try_wait().expect("try_wait") {
+                self.exited = true;
                 return status;
             }
             assert!(
@@ -118,7 +107,8 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
+        if !self.exited {
+            let child = &mut self.service.child;
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .stderr(Stdio::null())

@@ -15,7 +15,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use l2arc_testkit::service::{Running, Service};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
@@ -126,25 +128,26 @@ fn populate(src: &Path) {
 
 /// A running `l2arc mount` with the test's bounds, unmounted on drop.
 struct Mount {
-    child: Child,
+    service: Running,
     mnt: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Drop for Mount {
     fn drop(&mut self) {
+        let child = &mut self.service.child;
         let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &child.id().to_string()])
             .status();
         for _ in 0..300 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
+            if matches!(child.try_wait(), Ok(Some(_))) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
@@ -163,10 +166,7 @@ fn mount() -> Mount {
     std::fs::create_dir(&src).unwrap();
     std::fs::create_dir(&mnt).unwrap();
     populate(&src);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-        .arg("mount")
-        .arg(&src)
-        .arg(&mnt)
+    let service = Service::mount(Path::new(env!("CARGO_BIN_EXE_l2arc")), &src, &mnt)
         .args(["--arc-max", &format!("{}MiB", ARC_MAX_BYTES >> 20)])
         .args([
             "--l2arc-writeback-max",
@@ -181,26 +181,23 @@ fn mount() -> Mount {
         ])
         // Long enough that the kernel keeps every node it looked up.
         .args(["--attr-timeout", "60"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let rx = l2arc_testkit::stderr_lines(&mut child);
+        .ready_within(Duration::from_secs(30))
+        .start();
+    let memory = service
+        .line_before_ready("l2arc: memory:")
+        .expect("a memory line before the ready line")
+        .to_string();
     let mount = Mount {
-        child,
+        service,
         mnt,
         _dir: dir,
     };
-    let memory = rx.recv_timeout(Duration::from_secs(30)).unwrap();
     assert!(
         memory.starts_with("l2arc: memory: arc_max 64 MiB")
             && memory.contains("listings 16 MiB")
             && memory.contains(&format!("{MAX_NODES} nodes + {MAX_OPEN_HANDLES} handles")),
         "the bounds the test set are in force: {memory}"
     );
-    l2arc_testkit::wait_ready(&rx, "l2arc: mounted ");
-    // Keep draining the daemon's stderr.
-    std::thread::spawn(move || rx.iter().for_each(drop));
     mount
 }
 
@@ -314,7 +311,7 @@ fn hostile_clients_get_clean_errors_and_the_mount_stays_within_its_memory_formul
         );
     }
     let m = mount();
-    let pid = m.child.id();
+    let pid = m.service.pid();
     let mnt = m.mnt.clone();
     // docs/mount.md's formula; l2_hdr_size is 0: no cache device.
     let budget_bytes = ARC_MAX_BYTES

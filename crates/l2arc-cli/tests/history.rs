@@ -6,8 +6,10 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
+
+use l2arc_testkit::service::{Running, Service};
 use std::time::{Duration, Instant};
 
 fn l2arc() -> Command {
@@ -16,49 +18,28 @@ fn l2arc() -> Command {
 
 /// A mount with `--http` and `--history`, unmounted on drop.
 struct Mounted {
-    mnt: PathBuf,
     http: SocketAddr,
-    child: Child,
+    service: Running,
 }
 
 impl Mounted {
     fn start(src: &Path, mnt: &Path, history: &Path) -> Mounted {
-        let mut child = l2arc()
-            .arg("mount")
-            .arg(src)
-            .arg(mnt)
+        let service = Service::mount(Path::new(env!("CARGO_BIN_EXE_l2arc")), src, mnt)
             .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
             .arg("--history")
             .arg(history)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let rx = l2arc_testkit::stderr_lines(&mut child);
-        let http = l2arc_testkit::wait_ready(&rx, "l2arc: mounted");
+            .start();
         Mounted {
-            mnt: mnt.to_path_buf(),
-            http: http.expect("no `l2arc: http on` line before the ready line"),
-            child,
+            http: service
+                .http()
+                .expect("no `l2arc: http on` line before the ready line"),
+            service,
         }
     }
 
+    /// SIGTERM: the mount unmounts itself.
     fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.service.stop();
     }
 }
 

@@ -2,13 +2,12 @@
 //! qemu-img, nbdcopy and nbdinfo. Every tool is required: a missing one
 //! fails the test with a pointer to `scripts/setup.sh`, never a skip.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use l2arc_testkit::nbd::{LoopDevice, pattern};
+use l2arc_testkit::service::{Running, Service};
 
 const IMAGE_BYTES: usize = 64 << 20;
 
@@ -24,8 +23,7 @@ struct Served {
     dir: tempfile::TempDir,
     image: PathBuf,
     socket: PathBuf,
-    child: Option<Child>,
-    stderr: mpsc::Receiver<String>,
+    service: Running,
 }
 
 impl Served {
@@ -34,23 +32,14 @@ impl Served {
         let image = dir.path().join("disk.img");
         std::fs::write(&image, pattern(IMAGE_BYTES, 1)).unwrap();
         let socket = dir.path().join("nbd.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-            .arg("serve-nbd")
-            .arg(&image)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
+        let service = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
+            .listen_unix(&socket)
             .args(["--arc-max", "16MiB"])
             .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let rx = l2arc_testkit::stderr_lines(&mut child);
+            .start();
         // Lines about cache devices come first when there are some.
-        let line = std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(20)).ok())
-            .find(|line| !line.starts_with("l2arc: cache devices read with"))
-            .expect("serve-nbd printed nothing within 20 s");
         assert_eq!(
-            line,
+            service.ready_line,
             format!(
                 "l2arc: serving {} on unix:{}",
                 image.display(),
@@ -61,41 +50,18 @@ impl Served {
             dir,
             image,
             socket,
-            child: Some(child),
-            stderr: rx,
+            service,
         }
     }
 
     fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.socket.display())
+        self.service.uri()
     }
 
     /// SIGTERM; the exit status and the rest of stderr.
     fn stop(&mut self) -> (std::process::ExitStatus, String) {
-        let mut child = self.child.take().unwrap();
-        run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "serve-nbd did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let rest: Vec<String> = self.stderr.try_iter().collect();
+        let (status, rest) = self.service.stop();
         (status, rest.join("\n"))
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -289,15 +255,10 @@ fn tcp_on_loopback() {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("tcp.img");
     std::fs::write(&image, pattern(1 << 20, 3)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-        .arg("serve-nbd")
-        .arg(&image)
+    let mut served = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
         .args(["--listen", "127.0.0.1:0", "--export-name", "tcp"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
+        .start();
+    let line = &served.ready_line;
     let prefix = format!("l2arc: serving {} on ", image.display());
     let addr = line
         .strip_prefix(&prefix)
@@ -312,8 +273,7 @@ fn tcp_on_loopback() {
         String::from_utf8_lossy(&out.stdout).trim(),
         (1 << 20).to_string()
     );
-    run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
-    assert!(child.wait().unwrap().success());
+    assert!(served.stop().0.success());
 }
 
 fn ctl(socket: &std::path::Path, args: &[&str]) -> String {
@@ -400,30 +360,20 @@ fn a_block_device_export_states_its_generation_limit() {
     let device = LoopDevice::attach(&backing);
     for (image, block) in [(device.0.clone(), true), (backing.clone(), false)] {
         let socket = dir.path().join("nbd.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-            .arg("serve-nbd")
-            .arg(&image)
-            .arg("--listen")
-            .arg(format!("unix:{}", socket.display()))
+        let mut served = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
+            .listen_unix(&socket)
             .args(["--arc-max", "16MiB", "--read-only"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut next = || lines.next().unwrap().unwrap();
-        assert!(next().starts_with("l2arc: serving "));
-        let memory = next();
+            .start();
+        assert!(served.before_ready.is_empty(), "{:?}", served.before_ready);
+        let memory = served.stderr.recv_timeout(Duration::from_secs(20)).unwrap();
         assert!(
             memory.starts_with("l2arc: memory: arc_max 16 MiB + L2 index"),
             "{memory}"
         );
-        run(tool("nbdinfo")
-            .arg("--size")
-            .arg(format!("nbd+unix:///?socket={}", socket.display())));
-        run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
-        let status = child.wait().unwrap();
+        run(tool("nbdinfo").arg("--size").arg(served.uri()));
+        let (status, rest) = served.stop();
         assert!(status.success());
-        let third = next();
+        let third = rest.first().cloned().unwrap_or_default();
         assert_eq!(
             third.contains("is a block device: writes made to it by anything but this export"),
             block,

@@ -3,18 +3,17 @@
 //! every slot, and a client turned away is told why, in an NBD error reply
 //! and in the server's log.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use l2arc_nbd::protocol::{
-    IHAVEOPT, NBD_CMD_READ, NBD_OPT_GO, NBD_REP_ACK, OPTION_REPLY_MAGIC, REQUEST_BYTES, Request,
-};
+use l2arc_nbd::protocol::NBD_CMD_READ;
 
-use l2arc_testkit::nbd::ServeNbd;
+use l2arc_testkit::nbd::NbdClient;
+use l2arc_testkit::service::{Running, Service};
 
 const IMAGE_BYTES: usize = 64 << 20;
 /// serve-nbd's default `--max-connections`.
@@ -24,7 +23,7 @@ const GET_IN_WITHIN: Duration = Duration::from_secs(3);
 
 struct Served {
     _dir: tempfile::TempDir,
-    nbd: ServeNbd,
+    nbd: Running,
 }
 
 impl Served {
@@ -32,19 +31,16 @@ impl Served {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk.img");
         std::fs::write(&image, vec![7u8; IMAGE_BYTES]).unwrap();
-        let mut args = vec!["--arc-max", "16MiB"];
-        args.extend_from_slice(extra);
-        let nbd = ServeNbd::start(
-            Path::new(env!("CARGO_BIN_EXE_l2arc")),
-            &image,
-            &dir.path().join("nbd.sock"),
-            &args,
-        );
+        let nbd = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
+            .listen_unix(&dir.path().join("nbd.sock"))
+            .args(["--arc-max", "16MiB"])
+            .args(extra)
+            .start();
         Served { _dir: dir, nbd }
     }
 
     fn socket(&self) -> &Path {
-        &self.nbd.socket
+        self.nbd.socket()
     }
 
     /// Runs nbdinfo until it answers, for at most `GET_IN_WITHIN`; how long
@@ -71,63 +67,6 @@ impl Served {
     }
 }
 
-/// Connects and takes the 18-byte greeting; says nothing more.
-fn take_greeting(socket: &Path) -> UnixStream {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).unwrap();
-    assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
-    s
-}
-
-/// A client in transmission: fixed newstyle, NBD_OPT_GO of the default
-/// export, every option reply read up to the ACK.
-fn open_session(socket: &Path) -> UnixStream {
-    try_open_session(socket).unwrap()
-}
-
-/// As `open_session`; `Err` with the server's message if GO is refused,
-/// or the error if the connection is closed.
-fn try_open_session(socket: &Path) -> Result<UnixStream, String> {
-    let mut s = UnixStream::connect(socket).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).map_err(|e| e.to_string())?;
-    let mut go = 3u32.to_be_bytes().to_vec(); // fixed newstyle, no zeroes
-    go.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    go.extend_from_slice(&NBD_OPT_GO.to_be_bytes());
-    go.extend_from_slice(&6u32.to_be_bytes());
-    go.extend_from_slice(&[0u8; 6]); // empty name, no info requests
-    s.write_all(&go).map_err(|e| e.to_string())?;
-    loop {
-        let mut header = [0u8; 20];
-        s.read_exact(&mut header).map_err(|e| e.to_string())?;
-        assert_eq!(header[..8], OPTION_REPLY_MAGIC.to_be_bytes());
-        let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-        let mut data = vec![0u8; len];
-        s.read_exact(&mut data).map_err(|e| e.to_string())?;
-        if reply_type == NBD_REP_ACK {
-            return Ok(s);
-        }
-        if reply_type >= 1 << 31 {
-            return Err(String::from_utf8_lossy(&data).into_owned());
-        }
-    }
-}
-
-fn read_request(cookie: u64, offset_bytes: u64, length_bytes: u32) -> [u8; REQUEST_BYTES] {
-    Request {
-        flags: 0,
-        command: NBD_CMD_READ,
-        cookie,
-        offset_bytes,
-        length_bytes,
-    }
-    .encode()
-}
-
 /// 64 clients that take the greeting and never answer hold every slot:
 /// held for good, and renewed (each closed and opened again) every 9.5 s
 /// and every second. A good client gets in within 3 s each time.
@@ -145,7 +84,8 @@ fn clients_that_never_answer_the_greeting_cannot_lock_others_out() {
                 let (socket, stop) = (served.socket().to_path_buf(), Arc::clone(&stop));
                 std::thread::spawn(move || {
                     let Some(period) = renew_every else {
-                        let held = take_greeting(&socket);
+                        // Takes the greeting, says nothing more.
+                        let held = NbdClient::greeted(&socket).unwrap();
                         while !stop.load(Ordering::Relaxed) {
                             std::thread::sleep(Duration::from_millis(20));
                         }
@@ -185,10 +125,10 @@ fn clients_that_never_answer_the_greeting_cannot_lock_others_out() {
 #[test]
 fn clients_that_leave_replies_unread_cannot_lock_others_out() {
     let served = Served::start(&[]);
-    let mut hostile: Vec<UnixStream> = (0..SLOTS)
+    let mut hostile: Vec<NbdClient> = (0..SLOTS)
         .map(|i| {
-            let mut s = open_session(served.socket());
-            s.write_all(&read_request(i as u64, (i as u64) << 20, 1 << 20))
+            let mut s = NbdClient::open(served.socket()).unwrap();
+            s.send(NBD_CMD_READ, 0, i as u64, (i as u64) << 20, 1 << 20, &[])
                 .unwrap();
             s
         })
@@ -203,7 +143,7 @@ fn clients_that_leave_replies_unread_cannot_lock_others_out() {
         assert!(took < GET_IN_WITHIN, "{took:?}");
         let started = Instant::now();
         let mut session = loop {
-            match try_open_session(served.socket()) {
+            match NbdClient::open(served.socket()) {
                 Ok(s) => break s,
                 Err(e) if started.elapsed() >= GET_IN_WITHIN => {
                     panic!("attempt {attempt}: a session was locked out: {e}")
@@ -211,21 +151,17 @@ fn clients_that_leave_replies_unread_cannot_lock_others_out() {
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         };
-        session.write_all(&read_request(1, 0, 4096)).unwrap();
-        let mut reply = [0u8; 16 + 4096];
-        session.read_exact(&mut reply).unwrap();
-        assert_eq!(reply[16..], [7u8; 4096]);
+        assert_eq!(session.read(0, 4096).unwrap(), [7u8; 4096]);
         good.push(session);
     }
     // The hostile ones that lost their slots were told by a closed socket.
     let mut closed = 0;
     for s in &mut hostile {
-        s.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
+        s.set_timeout(Some(Duration::from_millis(200))).unwrap();
         let mut sink = vec![0u8; 2 << 20];
         let mut total = 0;
         loop {
-            match s.read(&mut sink) {
+            match s.stream().read(&mut sink) {
                 Ok(0) => {
                     closed += 1;
                     break;
@@ -248,15 +184,11 @@ fn a_client_turned_away_is_told_why_and_the_refusal_is_logged() {
     let stop = Arc::new(AtomicBool::new(false));
     let busy: Vec<_> = (0..2)
         .map(|_| {
-            let mut s = open_session(served.socket());
+            let mut s = NbdClient::open(served.socket()).unwrap();
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
-                let mut reply = [0u8; 16 + 4096];
-                let mut cookie = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    cookie += 1;
-                    s.write_all(&read_request(cookie, 0, 4096)).unwrap();
-                    s.read_exact(&mut reply).unwrap();
+                    s.read(0, 4096).unwrap();
                     std::thread::sleep(Duration::from_millis(100));
                 }
             })

@@ -6,12 +6,12 @@
 //! test's memory is counted; it sits alone in this file so that the other
 //! NBD tests do not compete with its clients for the two cores.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use l2arc_nbd::protocol::{NBD_CMD_READ, NBD_CMD_WRITE};
+use l2arc_testkit::nbd::NbdClient;
+use l2arc_testkit::service::{Running, Service};
 
 const IMAGE_BYTES: usize = 64 << 20;
 const ARC_MAX_BYTES: u64 = 32 << 20;
@@ -22,13 +22,6 @@ const MAX_CONNECTIONS: u64 = 64;
 const FIXED_BYTES: u64 = 64 << 20;
 const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
 const HOSTILE_CLIENTS: usize = 32;
-
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const NBD_OPT_GO: u32 = 7;
-const NBD_REP_ACK: u32 = 1;
-const NBD_CMD_READ: u16 = 0;
-const NBD_CMD_WRITE: u16 = 1;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
@@ -44,88 +37,35 @@ fn threads_and_fds(pid: u32) -> (usize, usize) {
     )
 }
 
-/// Connects and enters transmission with NBD_OPT_GO on the default export.
-fn open(socket: &Path) -> UnixStream {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).unwrap();
-    assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
-    let mut hello = 3u32.to_be_bytes().to_vec(); // fixed newstyle, no zeroes
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&NBD_OPT_GO.to_be_bytes());
-    hello.extend_from_slice(&6u32.to_be_bytes());
-    hello.extend_from_slice(&[0u8; 6]); // empty name, no info requests
-    s.write_all(&hello).unwrap();
-    loop {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).unwrap();
-        let reply_type = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
-        let mut data = vec![0u8; len];
-        s.read_exact(&mut data).unwrap();
-        if reply_type == NBD_REP_ACK {
-            return s;
-        }
-        assert!(reply_type < 1 << 31, "GO refused: {reply_type:#x}");
-    }
+/// Connects and enters transmission on the default export, with a
+/// minute's timeouts (the bomb makes the server slow on purpose).
+fn open(socket: &Path) -> NbdClient {
+    let c = NbdClient::open(socket).unwrap();
+    c.set_timeout(Some(Duration::from_secs(60))).unwrap();
+    c
 }
 
-fn request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
-    let mut v = REQUEST_MAGIC.to_be_bytes().to_vec();
-    v.extend_from_slice(&0u16.to_be_bytes());
-    v.extend_from_slice(&command.to_be_bytes());
-    v.extend_from_slice(&cookie.to_be_bytes());
-    v.extend_from_slice(&offset.to_be_bytes());
-    v.extend_from_slice(&length.to_be_bytes());
-    v
-}
-
-struct Server {
-    child: Child,
-    stderr: mpsc::Receiver<String>,
-    _dir: tempfile::TempDir,
-    socket: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
+/// `serve-nbd` with the bounds the budget is computed from; it has said
+/// them in its memory line.
+fn serve(dir: &Path) -> Running {
+    let image = dir.join("disk.img");
     std::fs::write(&image, pattern(IMAGE_BYTES)).unwrap();
-    let socket = dir.path().join("nbd.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_l2arc"))
-        .arg("serve-nbd")
-        .arg(&image)
-        .arg("--listen")
-        .arg(format!("unix:{}", socket.display()))
+    let served = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), &image)
+        .listen_unix(&dir.join("nbd.sock"))
         .args(["--arc-max", &format!("{}MiB", ARC_MAX_BYTES >> 20)])
         .args(["--nbd-buffer-max", &format!("{}MiB", POOL_BYTES >> 20)])
         .args(["--max-connections", &MAX_CONNECTIONS.to_string()])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let rx = l2arc_testkit::stderr_lines(&mut child);
-    let ready = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-    assert!(ready.starts_with("l2arc: serving "), "{ready}");
-    let memory = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        .ready_within(Duration::from_secs(30))
+        .start();
+    let memory = served
+        .next_line("l2arc: memory:", Duration::from_secs(5))
+        .expect("a memory line after the ready line");
     assert!(
         memory.starts_with("l2arc: memory: arc_max 32 MiB"),
         "{memory}"
     );
     assert!(memory.contains("NBD buffers 128 MiB"), "{memory}");
-    Server {
-        child,
-        stderr: rx,
-        _dir: dir,
-        socket,
-    }
+    served
 }
 
 /// 32 connections that never read their replies: half ask for two 32 MiB
@@ -138,8 +78,9 @@ fn serve() -> Server {
 #[test]
 #[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
-    let server = serve();
-    let pid = server.child.id();
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let pid = server.pid();
     let (threads_before, fds_before) = threads_and_fds(pid);
     let (rss_before_bytes, _) = l2arc_testkit::rss_and_peak_bytes(pid);
     let budget_bytes = ARC_MAX_BYTES
@@ -149,8 +90,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
 
     let mut hostile = Vec::new();
     for i in 0..HOSTILE_CLIENTS {
-        let mut s = open(&server.socket);
-        s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut s = open(server.socket());
         let keep = s.try_clone().unwrap();
         let t = std::thread::spawn(move || {
             if i % 2 == 0 {
@@ -158,15 +98,13 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
                 // pool that large charges may use, so the good client's
                 // large reads find it full.
                 let len = (POOL_BYTES * 7 / 8 / 4) as u32 - 16;
-                let mut v = request(NBD_CMD_READ, 1, 0, len);
-                v.extend(request(NBD_CMD_READ, 2, 32 << 20, len));
-                let _ = s.write_all(&v);
+                let _ = s.send(NBD_CMD_READ, 0, 1, 0, len, &[]);
+                let _ = s.send(NBD_CMD_READ, 0, 2, 32 << 20, len, &[]);
             } else {
-                let mut v = request(NBD_CMD_WRITE, 3, 0, PAYLOAD_MAX_BYTES);
-                v.resize(v.len() + PAYLOAD_MAX_BYTES as usize - 1, 0x5a);
+                let short = vec![0x5a; PAYLOAD_MAX_BYTES as usize - 1];
                 // Blocks while the server makes this client wait; the write
                 // times out or fails when the connection is reclaimed.
-                let _ = s.write_all(&v);
+                let _ = s.send(NBD_CMD_WRITE, 0, 3, 0, PAYLOAD_MAX_BYTES, &short);
             }
         });
         hostile.push((keep, t));
@@ -190,17 +128,10 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     // A good client is served meanwhile, every byte right.
     let image = pattern(IMAGE_BYTES);
     let started = Instant::now();
-    let mut good = open(&server.socket);
+    let mut good = open(server.socket());
     for i in 0..32u64 {
         let offset = (i * 1_987_654) % (IMAGE_BYTES as u64 - 65536);
-        good.write_all(&request(NBD_CMD_READ, 100 + i, offset, 65536))
-            .unwrap();
-        let mut h = [0u8; 16];
-        good.read_exact(&mut h).unwrap();
-        assert_eq!(u32::from_be_bytes(h[4..8].try_into().unwrap()), 0);
-        assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), 100 + i);
-        let mut data = vec![0u8; 65536];
-        good.read_exact(&mut data).unwrap();
+        let data = good.read(offset, 65536).unwrap();
         assert_eq!(data, image[offset as usize..offset as usize + 65536]);
     }
     let good_secs = started.elapsed().as_secs_f64();
@@ -213,13 +144,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     let started = Instant::now();
     for i in 0..2u64 {
         let (offset, len) = (i * (8 << 20), 8u32 << 20);
-        good.write_all(&request(NBD_CMD_READ, 200 + i, offset, len))
-            .unwrap();
-        let mut h = [0u8; 16];
-        good.read_exact(&mut h).unwrap();
-        assert_eq!(u32::from_be_bytes(h[4..8].try_into().unwrap()), 0);
-        let mut data = vec![0u8; len as usize];
-        good.read_exact(&mut data).unwrap();
+        let data = good.read(offset, len).unwrap();
         assert!(data == image[offset as usize..offset as usize + len as usize]);
     }
     let large_secs = started.elapsed().as_secs_f64();
@@ -247,7 +172,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
 
     // The hostile clients leave: their threads and descriptors go.
     for (s, _) in &hostile {
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        s.shutdown();
     }
     for (_, t) in hostile {
         t.join().unwrap();
@@ -283,17 +208,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     );
     // The stop line counts the connections reclaimed for the good client.
     let mut server = server;
-    let status = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(server.child.wait().unwrap().success());
-    let stopped = server
-        .stderr
-        .iter()
-        .find(|l| l.starts_with("l2arc: stopped:"))
-        .expect("a stop line");
+    let stopped = server.stop_line();
     eprintln!("{stopped}");
     let reclaimed: u64 = stopped
         .split(", ")

@@ -10,25 +10,23 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use l2arc_testkit::mapping::SharedMapping;
-use l2arc_testkit::nbd::{LoopDevice, ServeNbd, pattern};
+use l2arc_testkit::nbd::{LoopDevice, pattern};
+use l2arc_testkit::service::{Running, Service};
 
 const IMAGE_BYTES: usize = 16 << 20;
 const BLOCK_BYTES: usize = 4096;
 
 /// serve-nbd on `image` in `dir` with `extra` flags.
-fn serve(image: &Path, dir: &Path, extra: &[&str]) -> ServeNbd {
-    let mut args = vec!["--arc-max", "8MiB"];
-    args.extend_from_slice(extra);
-    ServeNbd::start(
-        Path::new(env!("CARGO_BIN_EXE_l2arc")),
-        image,
-        &dir.join("nbd.sock"),
-        &args,
-    )
+fn serve(image: &Path, dir: &Path, extra: &[&str]) -> Running {
+    Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), image)
+        .listen_unix(&dir.join("nbd.sock"))
+        .args(["--arc-max", "8MiB"])
+        .args(extra)
+        .start()
 }
 
 /// The whole export, read by nbdcopy.
-fn read_all(served: &ServeNbd, dir: &Path) -> Vec<u8> {
+fn read_all(served: &Running, dir: &Path) -> Vec<u8> {
     let out = dir.join("copy.raw");
     l2arc_testkit::run(
         l2arc_testkit::tool("nbdcopy", "libnbd-bin")
@@ -51,7 +49,7 @@ fn write_behind(image: &Path, blocks: &[usize], seed: u64) -> Vec<u8> {
 }
 
 /// Reads the export until it matches `want`, for at most `within`.
-fn served_within(served: &ServeNbd, dir: &Path, want: &[u8], within: Duration) -> Duration {
+fn served_within(served: &Running, dir: &Path, want: &[u8], within: Duration) -> Duration {
     let started = Instant::now();
     loop {
         let got = read_all(served, dir);

@@ -8,11 +8,12 @@
 //! qemu-img.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use l2arc_testkit::s3::S3Server;
+use l2arc_testkit::service::{Running, Service};
 use l2arc_testkit::{run, tool};
 
 const BUCKET: &str = "bkt";
@@ -22,55 +23,52 @@ fn is_mounted(mnt: &Path) -> bool {
     l2arc_fuse::is_mounted(mnt).expect("read /proc/mounts")
 }
 
-/// A running `l2arc mount s3://...` or `serve-nbd s3://...`.
-struct Service {
-    child: Option<Child>,
+/// A running `l2arc mount s3://...` or `serve-nbd s3://...`, its whole
+/// stderr gathered in `log`.
+struct S3Service {
+    running: Running,
     log: Arc<Mutex<String>>,
 }
 
-impl Service {
-    fn start(server: &S3Server, args: &[&str], ready: &str) -> Service {
-        Service::start_at(server, &server.endpoint(), args, ready)
+impl S3Service {
+    /// `serve-nbd OBJECT --listen unix:SOCKET EXTRA...` of an `s3://` object.
+    fn serve_nbd(
+        server: &S3Server,
+        endpoint: &str,
+        object: &str,
+        socket: &Path,
+        extra: &[&str],
+    ) -> S3Service {
+        let service = Service::serve_nbd(Path::new(env!("CARGO_BIN_EXE_l2arc")), object)
+            .listen_unix(socket)
+            .args(extra);
+        S3Service::start_at(server, endpoint, service)
     }
 
-    /// As `start`, reaching the server at `endpoint` (a fault proxy in
-    /// front of it).
-    fn start_at(server: &S3Server, endpoint: &str, args: &[&str], ready: &str) -> Service {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_l2arc"));
-        cmd.args(args)
+    /// Starts `service` against the server at `endpoint` (the server's own,
+    /// or a fault proxy in front of it) with its credentials, a small ARC
+    /// and, unless the test set one, a short metadata TTL.
+    fn start_at(server: &S3Server, endpoint: &str, service: Service) -> S3Service {
+        let mut service = service
             .args(["--s3-endpoint", endpoint])
             .args(["--arc-max", "64MiB"])
             .env_remove("AWS_PROFILE")
             .env("HOME", "/nonexistent-l2arc-test-home");
         for (k, v) in server.aws_env() {
-            cmd.env(k, v);
+            service = service.env(k, v);
         }
-        if !args.contains(&"--metadata-ttl") {
-            cmd.args(["--metadata-ttl", &TTL_SECS.to_string()]);
+        let ttl_set = service
+            .command_mut()
+            .get_args()
+            .any(|a| a == "--metadata-ttl");
+        if !ttl_set {
+            service = service.args(["--metadata-ttl", &TTL_SECS.to_string()]);
         }
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn l2arc");
-        let (log, rx) = l2arc_testkit::stderr_log(&mut child, ready);
-        let mut service = Service {
-            child: Some(child),
-            log,
-        };
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let status = service.child.as_mut().unwrap().try_wait();
-            panic!(
-                "no `{}` line within 30 s (exit: {status:?}); stderr:\n{}",
-                args[0],
-                service.log.lock().unwrap()
-            );
-        }
-        service
+        spawn_until(service).unwrap_or_else(|why| panic!("{why}"))
     }
 
-    fn mount(server: &S3Server, uri: &str, mnt: &Path, extra: &[&str]) -> Service {
-        Service::mount_at(server, &server.endpoint(), uri, mnt, extra)
+    fn mount(server: &S3Server, uri: &str, mnt: &Path, extra: &[&str]) -> S3Service {
+        S3Service::mount_at(server, &server.endpoint(), uri, mnt, extra)
     }
 
     fn mount_at(
@@ -79,42 +77,24 @@ impl Service {
         uri: &str,
         mnt: &Path,
         extra: &[&str],
-    ) -> Service {
-        let mut args = vec!["mount", uri, mnt.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let s = Service::start_at(server, endpoint, &args, "l2arc: mounted ");
+    ) -> S3Service {
+        let service = Service::mount(Path::new(env!("CARGO_BIN_EXE_l2arc")), uri, mnt).args(extra);
+        let s = S3Service::start_at(server, endpoint, service);
         assert!(is_mounted(mnt), "{mnt:?} is not mounted");
         s
     }
 
     /// SIGTERM, wait, and return the log (with the closing statistics).
     fn stop(mut self) -> String {
-        let mut child = self.child.take().expect("running");
-        run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "exit {status}: {}",
-                    self.log.lock().unwrap()
-                );
-                break;
-            }
-            assert!(Instant::now() < deadline, "l2arc did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (status, _) = self.running.stop();
+        assert!(
+            status.success(),
+            "exit {status}: {}",
+            self.log.lock().unwrap()
+        );
+        // Let the gathering thread take the last lines.
         std::thread::sleep(Duration::from_millis(100));
         self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
@@ -190,7 +170,7 @@ fn s3_mount_serves_the_bucket_read_only() {
     let local = mkdir(&dir, "local");
     populate(&server, &local);
     let mnt = mkdir(&dir, "mnt");
-    let mount = Service::mount(&server, &format!("s3://{BUCKET}"), &mnt, &[]);
+    let mount = S3Service::mount(&server, &format!("s3://{BUCKET}"), &mnt, &[]);
     // The whole tree, copied and compared.
     let copy = dir.path().join("copy");
     run(Command::new("cp").arg("-r").arg(&mnt).arg(&copy));
@@ -256,7 +236,7 @@ fn s3_sequential_read_ahead_fetches_spans_of_records_per_get() {
     let data = pattern(OBJECT_BYTES, 7);
     server.put(BUCKET, "big", &data);
     let mnt = mkdir(&dir, "mnt");
-    let mount = Service::mount(&server, &format!("s3://{BUCKET}"), &mnt, &[]);
+    let mount = S3Service::mount(&server, &format!("s3://{BUCKET}"), &mnt, &[]);
     assert!(std::fs::read(mnt.join("big")).unwrap() == data);
     let log = mount.stop();
     // 48 records of 1 MiB: one GET each before read-ahead went in spans,
@@ -280,7 +260,7 @@ fn s3_many_names_pass_through_a_small_node_table() {
         server.put(BUCKET, &format!("n/{i}"), i.to_string().as_bytes());
     }
     let mnt = mkdir(&dir, "mnt");
-    let mount = Service::mount(
+    let mount = S3Service::mount(
         &server,
         &format!("s3://{BUCKET}"),
         &mnt,
@@ -369,8 +349,8 @@ fn s3_two_mounts_serve_only_new_bytes_after_an_overwrite() {
     let (mnt1, mnt2) = (mkdir(&dir, "m1"), mkdir(&dir, "m2"));
     let uri = format!("s3://{BUCKET}");
     // Small records so that a read spans several: a mix would show.
-    let m1 = Service::mount(&server, &uri, &mnt1, &["--recordsize", "64K"]);
-    let m2 = Service::mount(&server, &uri, &mnt2, &["--recordsize", "64K"]);
+    let m1 = S3Service::mount(&server, &uri, &mnt1, &["--recordsize", "64K"]);
+    let m2 = S3Service::mount(&server, &uri, &mnt2, &["--recordsize", "64K"]);
     assert_eq!(std::fs::read(mnt1.join("obj")).unwrap(), old);
     assert_eq!(std::fs::read(mnt2.join("obj")).unwrap(), old);
     let new = versioned(len, 2);
@@ -437,7 +417,7 @@ fn s3_mount_is_warm_after_a_restart() {
         "60",
     ];
     let uri = format!("s3://{BUCKET}");
-    let mount = Service::mount(&server, &uri, &mnt, &args);
+    let mount = S3Service::mount(&server, &uri, &mnt, &args);
     run(Command::new("diff").arg("-r").arg(&local).arg(&mnt));
     // The feeder copies the records to flash within a feed interval.
     std::thread::sleep(Duration::from_secs(3));
@@ -446,7 +426,7 @@ fn s3_mount_is_warm_after_a_restart() {
     assert!(cold_gets >= files.len() as u64 - 1, "{log}");
     assert!(kstat(&log, "l2_write_bytes") > 0, "{log}");
 
-    let mount = Service::mount(&server, &uri, &mnt, &args);
+    let mount = S3Service::mount(&server, &uri, &mnt, &args);
     // Small direct reads of 1 MiB records first: each takes 4 KiB and the
     // record's sector table from flash, not the whole record.
     let (_, big) = &files[2];
@@ -498,20 +478,17 @@ fn s3_nbd_export_of_an_image_object_reads_like_the_object() {
     std::fs::write(&image, &data).unwrap();
     server.put(BUCKET, "images/disk.img", &data);
     let socket = dir.path().join("nbd.sock");
-    let listen = format!("unix:{}", socket.display());
-    let nbd = Service::start(
+    let nbd = S3Service::serve_nbd(
         &server,
+        &server.endpoint(),
+        &format!("s3://{BUCKET}/images/disk.img"),
+        &socket,
         &[
-            "serve-nbd",
-            &format!("s3://{BUCKET}/images/disk.img"),
             "--read-only",
             // One GET per record, counted below: no read-ahead spans.
             "--zfs-prefetch-disable",
             "true",
-            "--listen",
-            &listen,
         ],
-        "l2arc: serving ",
     );
     let uri = format!("nbd+unix:///?socket={}", socket.display());
     run(tool("qemu-img", "qemu-utils")
@@ -563,7 +540,7 @@ fn s3_mount_read_against_a_hung_server_fails_with_eio_within_one_retry_sequence(
     let mnt = mkdir(&dir, "mnt");
     // The issue's settings: three tries of 2 s, so about 6 s for the one
     // sequence a read may make (the read deadline, 30 s, is not reached).
-    let mount = Service::mount_at(
+    let mount = S3Service::mount_at(
         &server,
         &proxy.endpoint(),
         &format!("s3://{BUCKET}"),
@@ -625,22 +602,19 @@ fn s3_nbd_read_against_a_hung_server_is_an_nbd_eio_by_the_read_deadline() {
     let data = pattern(8 << 20, 52);
     server.put(BUCKET, "disk.img", &data);
     let socket = dir.path().join("nbd.sock");
-    let listen = format!("unix:{}", socket.display());
-    let nbd = Service::start(
+    let nbd = S3Service::serve_nbd(
         &server,
+        &server.endpoint(),
+        &format!("s3://{BUCKET}/disk.img"),
+        &socket,
         &[
-            "serve-nbd",
-            &format!("s3://{BUCKET}/disk.img"),
             "--read-only",
-            "--listen",
-            &listen,
             // A request timeout beyond the deadline: the deadline ends it.
             "--s3-timeout",
             "20",
             "--s3-read-deadline",
             "3",
         ],
-        "l2arc: serving ",
     );
     server.pause();
     let uri = format!("nbd+unix:///?socket={}", socket.display());
@@ -665,20 +639,12 @@ fn s3_nbd_read_against_a_hung_server_is_an_nbd_eio_by_the_read_deadline() {
 
 /// Spawns `cmd` (stderr piped) as a service and waits for its `ready`
 /// line; its log if it never came (the process ended or 30 s went by).
-fn spawn_until(cmd: &mut Command, ready: &str) -> Result<Service, String> {
-    let mut child = cmd.spawn().expect("spawn l2arc");
-    let (log, rx) = l2arc_testkit::stderr_log(&mut child, ready);
-    let came = rx.recv_timeout(Duration::from_secs(30)).is_ok();
-    let mut service = Service {
-        child: Some(child),
-        log,
-    };
-    if came {
-        return Ok(service);
-    }
-    let status = service.child.as_mut().expect("running").try_wait();
-    let log = service.log.lock().unwrap().clone();
-    Err(format!("exit {status:?}: {log}"))
+/// Starts `service` (30 s for its ready line) and gathers its log; `Err`
+/// says how it ended and what it printed.
+fn spawn_until(service: Service) -> Result<S3Service, String> {
+    let mut running = service.ready_within(Duration::from_secs(30)).try_start()?;
+    let log = running.gather_stderr();
+    Ok(S3Service { running, log })
 }
 
 /// A HOME whose ~/.aws names the server in profile "other" (endpoint_url,
@@ -708,8 +674,8 @@ fn s3_endpoint_url_comes_from_the_aws_config_in_aws_precedence() {
     let home = aws_home(&server, &dir);
     let mnt = mkdir(&dir, "mnt");
     let l2arc = |env: &[(&str, &str)], flags: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_l2arc"));
-        cmd.args(["mount", &format!("s3://{BUCKET}"), mnt.to_str().unwrap()])
+        let bin = Path::new(env!("CARGO_BIN_EXE_l2arc"));
+        let mut service = Service::mount(bin, format!("s3://{BUCKET}"), &mnt)
             .args(flags)
             .env("HOME", &home);
         for name in [
@@ -721,16 +687,15 @@ fn s3_endpoint_url_comes_from_the_aws_config_in_aws_precedence() {
             "AWS_CONFIG_FILE",
             "AWS_SHARED_CREDENTIALS_FILE",
         ] {
-            cmd.env_remove(name);
+            service = service.env_remove(name);
         }
-        cmd.envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd
+        for (k, v) in env {
+            service = service.env(k, v);
+        }
+        service
     };
     // The profile's endpoint_url, no flag, no AWS_ENDPOINT_URL: mounted.
-    let mut cmd = l2arc(&[("AWS_PROFILE", "other")], &[]);
-    let service = spawn_until(&mut cmd, "l2arc: mounted ")
+    let service = spawn_until(l2arc(&[("AWS_PROFILE", "other")], &[]))
         .unwrap_or_else(|log| panic!("not mounted through the profile's endpoint_url: {log}"));
     assert_eq!(
         std::fs::read(mnt.join("f")).unwrap(),
@@ -742,11 +707,10 @@ fn s3_endpoint_url_comes_from_the_aws_config_in_aws_precedence() {
         ("AWS_PROFILE", "other"),
         ("AWS_ENDPOINT_URL", "http://127.0.0.1:1"),
     ];
-    let out = l2arc(&env, &[]).output().unwrap();
+    let out = l2arc(&env, &[]).into_command().output().unwrap();
     l2arc_testkit::assert_one_line_error(&out, "l2arc", "http://127.0.0.1:1");
     // The flag wins over both.
-    let mut cmd = l2arc(&env, &["--s3-endpoint", &server.endpoint()]);
-    let service = spawn_until(&mut cmd, "l2arc: mounted ")
+    let service = spawn_until(l2arc(&env, &["--s3-endpoint", &server.endpoint()]))
         .unwrap_or_else(|log| panic!("not mounted through the flag's endpoint: {log}"));
     service.stop();
 }
@@ -821,7 +785,7 @@ fn s3_mount_stale_if_error_serves_cached_files_while_the_server_is_down() {
     let data = pattern(3 << 20, 53);
     server.put(BUCKET, "obj", &data);
     let mnt = mkdir(&dir, "mnt");
-    let mount = Service::mount(
+    let mount = S3Service::mount(
         &server,
         &format!("s3://{BUCKET}"),
         &mnt,
@@ -869,18 +833,12 @@ fn s3_nbd_sequential_read_gets_read_ahead_spans() {
     server.put(BUCKET, "vm.raw", &data);
     let proxy = l2arc_testkit::s3::FaultProxy::start(server.addr());
     let socket = dir.path().join("nbd.sock");
-    let listen = format!("unix:{}", socket.display());
-    let nbd = Service::start_at(
+    let nbd = S3Service::serve_nbd(
         &server,
         &proxy.endpoint(),
-        &[
-            "serve-nbd",
-            &format!("s3://{BUCKET}/vm.raw"),
-            "--read-only",
-            "--listen",
-            &listen,
-        ],
-        "l2arc: serving ",
+        &format!("s3://{BUCKET}/vm.raw"),
+        &socket,
+        &["--read-only"],
     );
     let gets = proxy.counts().gets;
     let copy = dir.path().join("copy.raw");

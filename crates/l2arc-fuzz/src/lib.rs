@@ -366,21 +366,18 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
 }
 
 fn option(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut v = protocol::IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&option.to_be_bytes());
-    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    v.extend_from_slice(data);
+    let mut v = Vec::new();
+    protocol::encode_option(&mut v, option, data);
     v
 }
 
 fn seeds_handshake() -> Vec<Vec<u8>> {
-    let go = {
-        let mut d = 0u32.to_be_bytes().to_vec();
-        d.extend_from_slice(&2u16.to_be_bytes());
-        d.extend_from_slice(&protocol::NBD_INFO_BLOCK_SIZE.to_be_bytes());
-        d.extend_from_slice(&protocol::NBD_INFO_NAME.to_be_bytes());
-        d
-    };
+    let mut go = Vec::new();
+    protocol::encode_info_request(
+        &mut go,
+        "",
+        &[protocol::NBD_INFO_BLOCK_SIZE, protocol::NBD_INFO_NAME],
+    );
     let mut all = Vec::new();
     let mut s = vec![0u8]; // one piece
     s.extend_from_slice(&3u32.to_be_bytes());

@@ -101,13 +101,7 @@ impl BufferPool {
     /// The largest charge that can ever be granted: large charges may use
     /// seven eighths of the pool.
     pub fn largest_charge_bytes(&self) -> u64 {
-        self.max_bytes - self.max_bytes / 8
-    }
-
-    /// Charges up to this size may use the whole pool (the last eighth is
-    /// theirs alone).
-    fn small_charge_max_bytes(&self) -> u64 {
-        self.max_bytes / 128
+        limit_bytes_for(self.max_bytes, u64::MAX)
     }
 
     /// Bytes charged now.
@@ -218,20 +212,22 @@ impl BufferPool {
     ) -> Option<Charge> {
         assert!(bytes <= self.largest_charge_bytes());
         let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
-        if account.closed.load(Ordering::SeqCst) || (*held > 0 && *held + bytes > account_max_bytes)
+        if account.closed.load(Ordering::SeqCst)
+            || !account_has_room(*held, bytes, account_max_bytes)
         {
             return None;
         }
         {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            let large = bytes > self.small_charge_max_bytes();
-            let limit_bytes = if large {
-                self.largest_charge_bytes()
-            } else {
-                self.max_bytes
-            };
-            let others_first = large && state.waiting.iter().any(|&(b, _)| b <= bytes);
-            if others_first || state.used_bytes + bytes > limit_bytes {
+            // A ticket later than any: every large charge waiting no
+            // larger than this one goes first.
+            if !may_grant(
+                self.max_bytes,
+                state.used_bytes,
+                bytes,
+                &state.waiting,
+                u64::MAX,
+            ) {
                 return None;
             }
             state.used_bytes += bytes;
@@ -245,30 +241,21 @@ impl BufferPool {
     /// here does not count as holding: a connection is a reclaim victim only
     /// for what it already holds. False if the account closed meanwhile.
     fn wait_for_pool_room(&self, account: &Account, bytes: u64, reclaim: &dyn Fn()) -> bool {
-        // Large charges leave the last eighth to small ones, so that
-        // clients asking for a few KiB are served at once even while large
-        // requests (hostile or not) fill the rest.
-        let limit_bytes = if bytes > self.small_charge_max_bytes() {
-            self.max_bytes - self.max_bytes / 8
-        } else {
-            self.max_bytes
-        };
-        let large = bytes > self.small_charge_max_bytes();
+        let limit_bytes = limit_bytes_for(self.max_bytes, bytes);
+        let large = is_large(self.max_bytes, bytes);
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         let mut waited_since = Instant::now();
         let mut waiting = false;
         loop {
-            // Among large charges, the smallest waiting one goes first (the
-            // earliest of equal ones): a client asking for a few MiB is not
-            // starved by hostile ones that take every 32 MiB freed.
-            let first = !large
-                || !state
-                    .waiting
-                    .iter()
-                    .any(|&(b, t)| b < bytes || (b == bytes && t < ticket));
-            if first && state.used_bytes + bytes <= limit_bytes {
+            if may_grant(
+                self.max_bytes,
+                state.used_bytes,
+                bytes,
+                &state.waiting,
+                ticket,
+            ) {
                 break;
             }
             if account.closed.load(Ordering::SeqCst) {
@@ -313,7 +300,7 @@ fn wait_for_account_room(account: &Account, bytes: u64, account_max_bytes: u64) 
     // Only the connection's reader charges its account, so room seen here
     // is still there once the pool grants the bytes.
     let mut held = account.held.lock().unwrap_or_else(|p| p.into_inner());
-    while *held > 0 && *held + bytes > account_max_bytes {
+    while !account_has_room(*held, bytes, account_max_bytes) {
         if account.closed.load(Ordering::SeqCst) {
             return false;
         }
@@ -374,24 +361,15 @@ impl Account {
     /// spends on the cache does not count: under load, a slow disk must
     /// not make a good client look hostile.
     pub fn is_stalled(&self, pool: &BufferPool, stall_ms: u64) -> bool {
-        if self.held_bytes() == 0 {
-            return false;
-        }
-        let now = pool.now_ms() + 1;
-        let since = |t: &AtomicU64| match t.load(Ordering::Relaxed) {
-            0 => 0,
-            at => now.saturating_sub(at),
+        let progress = Progress {
+            held_bytes: self.held_bytes(),
+            now_ms: pool.now_ms() + 1,
+            writing_since_ms: self.writing_since_ms.load(Ordering::Relaxed),
+            receiving_started_ms: self.receiving_started_ms.load(Ordering::Relaxed),
+            receiving_last_ms: self.receiving_last_ms.load(Ordering::Relaxed),
+            receiving_bytes: self.receiving_bytes.load(Ordering::Relaxed),
         };
-        if since(&self.writing_since_ms) >= stall_ms {
-            return true;
-        }
-        let started = self.receiving_started_ms.load(Ordering::Relaxed);
-        if started == 0 {
-            return false;
-        }
-        let allowed_ms = stall_ms
-            + self.receiving_bytes.load(Ordering::Relaxed) * 1000 / PAYLOAD_RATE_MIN_BYTES_PER_SEC;
-        since(&self.receiving_last_ms) >= stall_ms || now.saturating_sub(started) >= allowed_ms
+        stalled(&progress, stall_ms)
     }
 
     /// How long the reply piece being written has waited for the client to
@@ -481,5 +459,211 @@ impl Drop for Charge {
         if self.account.sleepers.load(Ordering::Relaxed) > 0 {
             self.account.freed.notify_all();
         }
+    }
+}
+
+/// Whether an account holding `held_bytes` may take `bytes` more: within
+/// `account_max_bytes`, or anything when it holds nothing (one request of
+/// any size must be able to go).
+fn account_has_room(held_bytes: u64, bytes: u64, account_max_bytes: u64) -> bool {
+    held_bytes == 0 || held_bytes + bytes <= account_max_bytes
+}
+
+/// Whether a charge of `bytes` is large: over 1/128 of the pool.
+fn is_large(max_bytes: u64, bytes: u64) -> bool {
+    bytes > max_bytes / 128
+}
+
+/// How full the pool may be after a charge of `bytes`: large charges
+/// leave the last eighth to small ones, so that clients asking for a few
+/// KiB are served at once even while large requests (hostile or not) fill
+/// the rest.
+fn limit_bytes_for(max_bytes: u64, bytes: u64) -> u64 {
+    if is_large(max_bytes, bytes) {
+        max_bytes - max_bytes / 8
+    } else {
+        max_bytes
+    }
+}
+
+/// Whether a charge of `bytes` holding `ticket` may be granted now, with
+/// `used_bytes` of a pool of `max_bytes` lent and `waiting` the large
+/// charges waiting (bytes, ticket). Among large charges, the smallest
+/// waiting one goes first (the earliest of equal ones): a client asking
+/// for a few MiB is not starved by hostile ones that take every 32 MiB
+/// freed. A charge that never waited passes `u64::MAX`.
+fn may_grant(
+    max_bytes: u64,
+    used_bytes: u64,
+    bytes: u64,
+    waiting: &[(u64, u64)],
+    ticket: u64,
+) -> bool {
+    let first = !is_large(max_bytes, bytes)
+        || !waiting
+            .iter()
+            .any(|&(b, t)| b < bytes || (b == bytes && t < ticket));
+    first && used_bytes + bytes <= limit_bytes_for(max_bytes, bytes)
+}
+
+/// A connection's progress as [`stalled`] judges it: times are the pool's
+/// ms + 1, 0 for "none under way".
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    held_bytes: u64,
+    now_ms: u64,
+    writing_since_ms: u64,
+    receiving_started_ms: u64,
+    receiving_last_ms: u64,
+    receiving_bytes: u64,
+}
+
+/// [`Account::is_stalled`] on a snapshot: memory held while a reply write
+/// has waited `stall_ms`, or a payload has had no byte for `stall_ms` or
+/// has taken longer than `stall_ms` plus its length at
+/// [`PAYLOAD_RATE_MIN_BYTES_PER_SEC`].
+fn stalled(p: &Progress, stall_ms: u64) -> bool {
+    if p.held_bytes == 0 {
+        return false;
+    }
+    let since = |at_ms: u64| match at_ms {
+        0 => 0,
+        at => p.now_ms.saturating_sub(at),
+    };
+    if since(p.writing_since_ms) >= stall_ms {
+        return true;
+    }
+    if p.receiving_started_ms == 0 {
+        return false;
+    }
+    let allowed_ms = stall_ms + p.receiving_bytes * 1000 / PAYLOAD_RATE_MIN_BYTES_PER_SEC;
+    since(p.receiving_last_ms) >= stall_ms
+        || p.now_ms.saturating_sub(p.receiving_started_ms) >= allowed_ms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POOL_BYTES: u64 = 128 << 20;
+
+    #[test]
+    fn an_account_holding_nothing_takes_any_size() {
+        assert!(account_has_room(0, 1 << 30, 1 << 20));
+        assert!(account_has_room(1 << 19, 1 << 19, 1 << 20));
+        assert!(!account_has_room(1 << 19, (1 << 19) + 1, 1 << 20));
+    }
+
+    #[test]
+    fn small_charges_may_use_the_last_eighth_and_large_ones_may_not() {
+        let small = POOL_BYTES / 128;
+        let large = small + 1;
+        let seven_eighths = POOL_BYTES - POOL_BYTES / 8;
+        assert!(may_grant(
+            POOL_BYTES,
+            POOL_BYTES - small,
+            small,
+            &[],
+            u64::MAX
+        ));
+        assert!(!may_grant(
+            POOL_BYTES,
+            POOL_BYTES - small + 1,
+            small,
+            &[],
+            u64::MAX
+        ));
+        assert!(may_grant(
+            POOL_BYTES,
+            seven_eighths - large,
+            large,
+            &[],
+            u64::MAX
+        ));
+        assert!(!may_grant(
+            POOL_BYTES,
+            seven_eighths - large + 1,
+            large,
+            &[],
+            u64::MAX
+        ));
+        assert_eq!(
+            BufferPool::new(POOL_BYTES).largest_charge_bytes(),
+            seven_eighths
+        );
+    }
+
+    #[test]
+    fn the_smallest_waiting_large_charge_goes_first_then_the_earliest() {
+        let (mib, empty) = (1u64 << 20, 0);
+        let waiting = [(8 * mib, 5), (32 * mib, 1)];
+        // Room for all: order alone decides.
+        assert!(may_grant(POOL_BYTES, empty, 8 * mib, &waiting, 5));
+        assert!(
+            !may_grant(POOL_BYTES, empty, 8 * mib, &waiting, 6),
+            "a later equal one"
+        );
+        assert!(
+            may_grant(POOL_BYTES, empty, 8 * mib, &waiting, 4),
+            "an earlier equal one"
+        );
+        assert!(
+            !may_grant(POOL_BYTES, empty, 32 * mib, &waiting, 1),
+            "a smaller one waits"
+        );
+        assert!(
+            !may_grant(POOL_BYTES, empty, 8 * mib, &waiting, u64::MAX),
+            "never waited"
+        );
+        assert!(
+            may_grant(POOL_BYTES, empty, 4 * mib, &waiting, u64::MAX),
+            "smaller than all"
+        );
+        // Small charges never queue behind large ones.
+        assert!(may_grant(POOL_BYTES, empty, 4096, &waiting, u64::MAX));
+    }
+
+    #[test]
+    fn only_the_clients_doing_makes_a_holder_stalled() {
+        let stall_ms = 5000;
+        let base = Progress {
+            held_bytes: 1 << 20,
+            now_ms: 100_000,
+            ..Progress::default()
+        };
+        assert!(
+            !stalled(&base, stall_ms),
+            "holding, nothing waits on the client"
+        );
+        let writing = |since| Progress {
+            writing_since_ms: base.now_ms - since,
+            ..base
+        };
+        assert!(!stalled(&writing(4999), stall_ms));
+        assert!(stalled(&writing(5000), stall_ms));
+        assert!(
+            !stalled(
+                &Progress {
+                    held_bytes: 0,
+                    ..writing(60_000)
+                },
+                stall_ms
+            ),
+            "holding nothing is never stalled"
+        );
+        // A 16 MiB payload: 5 s + 16 s at 1 MiB/s in all, 5 s between bytes.
+        let receiving = |started_ago, last_ago| Progress {
+            receiving_started_ms: base.now_ms - started_ago,
+            receiving_last_ms: base.now_ms - last_ago,
+            receiving_bytes: 16 << 20,
+            ..base
+        };
+        assert!(!stalled(&receiving(20_999, 10), stall_ms));
+        assert!(stalled(&receiving(21_000, 10), stall_ms), "too slow");
+        assert!(
+            stalled(&receiving(6000, 5000), stall_ms),
+            "no byte for the stall time"
+        );
+        assert!(!stalled(&receiving(6000, 4999), stall_ms));
     }
 }

@@ -167,6 +167,13 @@ pub const GREETING_BYTES: usize = 18;
 pub const REQUEST_BYTES: usize = 28;
 /// Bytes of a simple reply header.
 pub const SIMPLE_REPLY_BYTES: usize = 16;
+/// Bytes of an option header: `IHAVEOPT`, the option, the data's length.
+pub const OPTION_HEADER_BYTES: usize = 16;
+/// Bytes of an option reply header: magic, option, reply type, length.
+pub const OPTION_REPLY_HEADER_BYTES: usize = 20;
+/// Bytes of the export data that answers `NBD_OPT_EXPORT_NAME` (size and
+/// transmission flags), before the 124 zeroes a client may ask to skip.
+pub const EXPORT_NAME_REPLY_BYTES: usize = 10;
 /// Default largest request (read length or write payload).
 pub const PAYLOAD_MAX_BYTES_DEFAULT: u32 = 32 << 20;
 
@@ -197,6 +204,15 @@ pub enum ProtocolError {
     #[error("the session has already ended")]
     /// Input after the session ended.
     Finished,
+    #[error("greeting {0:#018x} is not NBDMAGIC with IHAVEOPT")]
+    /// A greeting that is not fixed newstyle (seen by a client).
+    BadGreeting(u64),
+    #[error("option reply magic {0:#018x} is not the option reply magic")]
+    /// An option reply without its magic (seen by a client).
+    BadOptionReplyMagic(u64),
+    #[error("reply magic {0:#010x} is not NBD_SIMPLE_REPLY_MAGIC")]
+    /// A reply without the simple reply magic (seen by a client).
+    BadReplyMagic(u32),
 }
 
 /// What the server exports, as the handshake announces it.
@@ -326,7 +342,7 @@ impl Handshake {
     fn wanted_bytes(&self) -> usize {
         match self.state {
             HandshakeState::ClientFlags => 4 - self.pending.len(),
-            HandshakeState::OptionHeader => 16 - self.pending.len(),
+            HandshakeState::OptionHeader => OPTION_HEADER_BYTES - self.pending.len(),
             HandshakeState::OptionData { length_bytes, .. } => {
                 length_bytes as usize - self.pending.len()
             }
@@ -996,6 +1012,117 @@ pub fn simple_reply(cookie: u64, error: u32) -> [u8; SIMPLE_REPLY_BYTES] {
     r[4..8].copy_from_slice(&error.to_be_bytes());
     r[8..16].copy_from_slice(&cookie.to_be_bytes());
     r
+}
+
+// The client's side: what a client sends and how it reads the answers
+// (for the test kit's client, fuzzers and seeds; the server never calls
+// these). Each is the inverse of the server's code above, and the tests
+// check them against it.
+
+/// An option header announcing `length_bytes` of data (a hostile client
+/// may announce a length it does not send).
+pub fn option_header(option: u32, length_bytes: u32) -> [u8; OPTION_HEADER_BYTES] {
+    let mut h = [0u8; OPTION_HEADER_BYTES];
+    h[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
+    h[8..12].copy_from_slice(&option.to_be_bytes());
+    h[12..16].copy_from_slice(&length_bytes.to_be_bytes());
+    h
+}
+
+/// Appends one option with its data.
+pub fn encode_option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+    let length_bytes = u32::try_from(data.len()).expect("option data fits a u32 length");
+    out.extend_from_slice(&option_header(option, length_bytes));
+    out.extend_from_slice(data);
+}
+
+/// Appends the data of `NBD_OPT_INFO` or `NBD_OPT_GO`: the export's name
+/// and the `NBD_INFO_*` items asked for.
+pub fn encode_info_request(out: &mut Vec<u8>, name: &str, infos: &[u16]) {
+    assert!(name.len() <= NAME_MAX_BYTES && infos.len() <= INFO_REQUESTS_MAX);
+    out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for info in infos {
+        out.extend_from_slice(&info.to_be_bytes());
+    }
+}
+
+/// The handshake flags of a server's greeting, if it is a newstyle one.
+pub fn decode_greeting(greeting: &[u8; GREETING_BYTES]) -> Result<u16, ProtocolError> {
+    let (magic, option_magic) = (be_u64(&greeting[0..8]), be_u64(&greeting[8..16]));
+    if magic != NBD_MAGIC || option_magic != IHAVEOPT {
+        return Err(ProtocolError::BadGreeting(magic));
+    }
+    Ok(u16::from_be_bytes([greeting[16], greeting[17]]))
+}
+
+/// The header of an option reply; its data follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionReplyHeader {
+    /// The option answered.
+    pub option: u32,
+    /// `NBD_REP_*`; errors have bit 31 set.
+    pub reply_type: u32,
+    /// Bytes of data that follow.
+    pub length_bytes: u32,
+}
+
+impl OptionReplyHeader {
+    /// Decodes the 20 bytes on the wire.
+    pub fn decode(header: &[u8; OPTION_REPLY_HEADER_BYTES]) -> Result<Self, ProtocolError> {
+        match be_u64(&header[0..8]) {
+            OPTION_REPLY_MAGIC => Ok(Self {
+                option: be_u32(&header[8..12]),
+                reply_type: be_u32(&header[12..16]),
+                length_bytes: be_u32(&header[16..20]),
+            }),
+            magic => Err(ProtocolError::BadOptionReplyMagic(magic)),
+        }
+    }
+
+    /// Whether the reply is an error (`NBD_REP_ERR_*`).
+    pub fn is_error(&self) -> bool {
+        self.reply_type & NBD_REP_FLAG_ERROR != 0
+    }
+}
+
+/// The size and transmission flags in the data of an `NBD_REP_INFO` reply,
+/// if it is `NBD_INFO_EXPORT`.
+pub fn decode_info_export(data: &[u8]) -> Option<(u64, u16)> {
+    if data.len() != 2 + EXPORT_NAME_REPLY_BYTES
+        || u16::from_be_bytes([data[0], data[1]]) != NBD_INFO_EXPORT
+    {
+        return None;
+    }
+    Some(decode_export_name_reply(data[2..].try_into().ok()?))
+}
+
+/// The size and transmission flags that answer `NBD_OPT_EXPORT_NAME`.
+pub fn decode_export_name_reply(data: &[u8; EXPORT_NAME_REPLY_BYTES]) -> (u64, u16) {
+    (be_u64(&data[0..8]), u16::from_be_bytes([data[8], data[9]]))
+}
+
+/// A simple reply header; a successful read's data follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimpleReply {
+    /// The request's cookie.
+    pub cookie: u64,
+    /// 0, or an `NBD_E*` errno.
+    pub error: u32,
+}
+
+/// Decodes a simple reply header (what [`simple_reply`] encodes).
+pub fn decode_simple_reply(
+    header: &[u8; SIMPLE_REPLY_BYTES],
+) -> Result<SimpleReply, ProtocolError> {
+    match be_u32(&header[0..4]) {
+        SIMPLE_REPLY_MAGIC => Ok(SimpleReply {
+            error: be_u32(&header[4..8]),
+            cookie: be_u64(&header[8..16]),
+        }),
+        magic => Err(ProtocolError::BadReplyMagic(magic)),
+    }
 }
 
 /// What a valid request asks the server to do.

@@ -85,9 +85,9 @@ fn option_stream() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![Just(None), any::<u32>().prop_map(Some)],
     )
         .prop_map(|(option, data, length)| {
-            let mut v = IHAVEOPT.to_be_bytes().to_vec();
-            v.extend_from_slice(&option.to_be_bytes());
-            v.extend_from_slice(&length.unwrap_or(data.len() as u32).to_be_bytes());
+            // The announced length may lie: the header is well formed,
+            // what follows it need not be.
+            let mut v = option_header(option, length.unwrap_or(data.len() as u32)).to_vec();
             v.extend_from_slice(&data);
             v
         });

@@ -15,21 +15,17 @@ fn export(name: &str) -> ExportInfo {
     }
 }
 
+/// One option with its data, as a client sends it.
 fn option(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut v = IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&option.to_be_bytes());
-    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    v.extend_from_slice(data);
+    let mut v = Vec::new();
+    encode_option(&mut v, option, data);
     v
 }
 
+/// The data of `NBD_OPT_INFO` / `NBD_OPT_GO`.
 fn info_data(name: &str, requests: &[u16]) -> Vec<u8> {
-    let mut v = (name.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(name.as_bytes());
-    v.extend_from_slice(&(requests.len() as u16).to_be_bytes());
-    for r in requests {
-        v.extend_from_slice(&r.to_be_bytes());
-    }
+    let mut v = Vec::new();
+    encode_info_request(&mut v, name, requests);
     v
 }
 
@@ -37,15 +33,12 @@ fn info_data(name: &str, requests: &[u16]) -> Vec<u8> {
 fn replies(mut out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
     let mut all = Vec::new();
     while !out.is_empty() {
-        assert_eq!(
-            u64::from_be_bytes(out[0..8].try_into().unwrap()),
-            OPTION_REPLY_MAGIC
-        );
-        let opt = u32::from_be_bytes(out[8..12].try_into().unwrap());
-        let ty = u32::from_be_bytes(out[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
-        all.push((opt, ty, out[20..20 + len].to_vec()));
-        out = &out[20 + len..];
+        let header =
+            OptionReplyHeader::decode(out[..OPTION_REPLY_HEADER_BYTES].try_into().unwrap())
+                .unwrap();
+        let data = &out[OPTION_REPLY_HEADER_BYTES..][..header.length_bytes as usize];
+        all.push((header.option, header.reply_type, data.to_vec()));
+        out = &out[OPTION_REPLY_HEADER_BYTES + data.len()..];
     }
     all
 }
@@ -239,9 +232,7 @@ fn huge_options_are_skipped_without_buffering() {
     let mut out = Vec::new();
     let mut input = FLAGS.to_vec();
     let length = 100 * OPTION_DATA_MAX_BYTES;
-    input.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    input.extend_from_slice(&NBD_OPT_GO.to_be_bytes());
-    input.extend_from_slice(&length.to_be_bytes());
+    input.extend_from_slice(&option_header(NBD_OPT_GO, length));
     hs.push(&input, &mut out).unwrap();
     let chunk = vec![0x55u8; 1 << 20];
     let mut sent = 0u64;
@@ -477,4 +468,94 @@ fn a_refusing_handshake_says_why_and_never_transmits() {
     let (r, out) = run(&mut hs, &input);
     assert_eq!(r.unwrap_err(), ProtocolError::Refused);
     assert!(out.is_empty(), "no export data for a refused client");
+}
+
+/// The client's encoders and decoders are the inverses of the server's:
+/// options a client encodes drive the handshake, and what the server
+/// sends decodes to what it said.
+#[test]
+fn the_clients_side_round_trips_through_the_servers() {
+    let hs = Handshake::new(export("disk"));
+    let greeting = hs.greeting();
+    assert_eq!(
+        decode_greeting(&greeting),
+        Ok(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES)
+    );
+    let mut bad = greeting;
+    bad[0] ^= 1;
+    assert!(matches!(
+        decode_greeting(&bad),
+        Err(ProtocolError::BadGreeting(_))
+    ));
+
+    // GO of an export: its size and flags come back in NBD_INFO_EXPORT.
+    let mut hs = Handshake::new(export("disk"));
+    let mut input = FLAGS.to_vec();
+    let mut go = Vec::new();
+    encode_info_request(&mut go, "disk", &[NBD_INFO_BLOCK_SIZE]);
+    encode_option(&mut input, NBD_OPT_GO, &go);
+    assert_eq!(
+        &input[4..][..OPTION_HEADER_BYTES],
+        &option_header(NBD_OPT_GO, go.len() as u32)
+    );
+    let (r, out) = run(&mut hs, &input);
+    assert_eq!(r.unwrap(), (input.len(), HandshakeStatus::Transmission));
+    let rs = replies(&out);
+    assert_eq!(
+        decode_info_export(&rs[0].2),
+        Some((1 << 20, ExportInfo::flags_for(false)))
+    );
+    assert_eq!(
+        decode_info_export(&rs[1].2),
+        None,
+        "block sizes are no export info"
+    );
+    assert_eq!(rs.last().unwrap().1, NBD_REP_ACK);
+    let header =
+        OptionReplyHeader::decode(out[..OPTION_REPLY_HEADER_BYTES].try_into().unwrap()).unwrap();
+    assert!(!header.is_error());
+    let mut bad: [u8; OPTION_REPLY_HEADER_BYTES] =
+        out[..OPTION_REPLY_HEADER_BYTES].try_into().unwrap();
+    bad[0] ^= 1;
+    assert!(matches!(
+        OptionReplyHeader::decode(&bad),
+        Err(ProtocolError::BadOptionReplyMagic(_))
+    ));
+    let mut refused = Vec::new();
+    option_reply(&mut refused, NBD_OPT_GO, NBD_REP_ERR_POLICY, b"busy");
+    let header =
+        OptionReplyHeader::decode(refused[..OPTION_REPLY_HEADER_BYTES].try_into().unwrap())
+            .unwrap();
+    assert!(header.is_error());
+    assert_eq!((header.option, header.length_bytes), (NBD_OPT_GO, 4));
+}
+
+/// What a server sends decodes to what it said: the export data of
+/// EXPORT_NAME, option reply headers (errors flagged) and simple replies.
+#[test]
+fn replies_decode_to_what_the_server_encoded() {
+    // EXPORT_NAME: size and flags, no zeroes.
+    let mut hs = Handshake::new(export("img"));
+    let mut input = FLAGS.to_vec();
+    encode_option(&mut input, NBD_OPT_EXPORT_NAME, b"img");
+    let (_, out) = run(&mut hs, &input);
+    assert_eq!(
+        decode_export_name_reply(out[..EXPORT_NAME_REPLY_BYTES].try_into().unwrap()),
+        (1 << 20, ExportInfo::flags_for(false))
+    );
+
+    // Simple replies.
+    assert_eq!(
+        decode_simple_reply(&simple_reply(0x1234, NBD_ENOSPC)),
+        Ok(SimpleReply {
+            cookie: 0x1234,
+            error: NBD_ENOSPC
+        })
+    );
+    let mut bad = simple_reply(1, 0);
+    bad[3] ^= 1;
+    assert!(matches!(
+        decode_simple_reply(&bad),
+        Err(ProtocolError::BadReplyMagic(_))
+    ));
 }

@@ -4,6 +4,8 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+
+use l2arc_testkit::nbd::{NbdClient, NbdError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -116,156 +118,47 @@ fn serve(
     }
 }
 
-struct Client {
-    s: UnixStream,
+/// A client in transmission on the default export, whose size it checks.
+fn open(socket: &Path) -> NbdClient {
+    let mut c = NbdClient::connect(socket).unwrap();
+    assert_eq!(c.go("").unwrap().size_bytes, IMAGE_BYTES as u64);
+    c
 }
 
-fn opt(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut v = IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&option.to_be_bytes());
-    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    v.extend_from_slice(data);
-    v
-}
-
+/// The data of `NBD_OPT_INFO` for export `name`, asking for block sizes.
 fn info(name: &str) -> Vec<u8> {
-    let mut v = (name.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(name.as_bytes());
-    v.extend_from_slice(&1u16.to_be_bytes());
-    v.extend_from_slice(&NBD_INFO_BLOCK_SIZE.to_be_bytes());
-    v
+    let mut data = Vec::new();
+    encode_info_request(&mut data, name, &[NBD_INFO_BLOCK_SIZE]);
+    data
 }
 
-impl Client {
-    fn connect(path: &Path) -> Client {
-        let s = UnixStream::connect(path).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut c = Client { s };
-        let mut greeting = [0u8; 18];
-        c.s.read_exact(&mut greeting).unwrap();
-        assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
-        c.s.write_all(&3u32.to_be_bytes()).unwrap();
-        c
+/// 0 if the request succeeded, else the errno it was answered with.
+fn errno(result: Result<(), NbdError>) -> u32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => e.errno().unwrap_or_else(|| panic!("no errno reply: {e}")),
     }
+}
 
-    /// One option reply: (type, data).
-    fn option_reply(&mut self, option: u32) -> (u32, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(
-            u64::from_be_bytes(h[0..8].try_into().unwrap()),
-            OPTION_REPLY_MAGIC
-        );
-        assert_eq!(u32::from_be_bytes(h[8..12].try_into().unwrap()), option);
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
-        let mut data = vec![0u8; len];
-        self.s.read_exact(&mut data).unwrap();
-        (u32::from_be_bytes(h[12..16].try_into().unwrap()), data)
-    }
-
-    /// GO with `name`: returns (size, flags) or the error reply type.
-    fn go(&mut self, name: &str) -> Result<(u64, u16), u32> {
-        self.s.write_all(&opt(NBD_OPT_GO, &info(name))).unwrap();
-        let mut export = None;
-        loop {
-            let (ty, data) = self.option_reply(NBD_OPT_GO);
-            match ty {
-                NBD_REP_INFO if data[0..2] == NBD_INFO_EXPORT.to_be_bytes() => {
-                    export = Some((
-                        u64::from_be_bytes(data[2..10].try_into().unwrap()),
-                        u16::from_be_bytes([data[10], data[11]]),
-                    ));
-                }
-                NBD_REP_INFO => {}
-                NBD_REP_ACK => return Ok(export.expect("NBD_INFO_EXPORT before ACK")),
-                e => return Err(e),
-            }
-        }
-    }
-
-    fn open(path: &Path) -> Client {
-        let mut c = Client::connect(path);
-        let (size, _) = c.go("").unwrap();
-        assert_eq!(size, IMAGE_BYTES as u64);
-        c
-    }
-
-    fn send(
-        &mut self,
-        command: u16,
-        flags: u16,
-        cookie: u64,
-        offset: u64,
-        length: u32,
-        payload: &[u8],
-    ) {
-        let r = Request {
-            flags,
-            command,
-            cookie,
-            offset_bytes: offset,
-            length_bytes: length,
-        };
-        let mut v = r.encode().to_vec();
-        v.extend_from_slice(payload);
-        self.s.write_all(&v).unwrap();
-    }
-
-    /// A simple reply: (cookie, error).
-    fn reply(&mut self) -> (u64, u32) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        assert_eq!(
-            u32::from_be_bytes(h[0..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC
-        );
-        (
-            u64::from_be_bytes(h[8..16].try_into().unwrap()),
-            u32::from_be_bytes(h[4..8].try_into().unwrap()),
-        )
-    }
-
-    /// One reply to a read, in any order: checks it succeeded with the
-    /// bytes of `image` at what `requested(cookie)` says the read asked
-    /// for (offset, length); returns the cookie.
-    fn check_read_reply(&mut self, image: &[u8], requested: impl FnOnce(u64) -> (u64, u32)) -> u64 {
-        let (cookie, error) = self.reply();
-        assert_eq!(error, 0, "cookie {cookie}");
-        let (offset, len) = requested(cookie);
-        let mut data = vec![0u8; len as usize];
-        self.s.read_exact(&mut data).unwrap();
-        assert_eq!(
-            data,
-            image[offset as usize..][..len as usize],
-            "{offset}+{len}"
-        );
-        cookie
-    }
-
-    fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
-        self.send(NBD_CMD_READ, 0, 7, offset, len, &[]);
-        let (cookie, error) = self.reply();
-        assert_eq!(cookie, 7);
-        if error != 0 {
-            return Err(error);
-        }
-        let mut data = vec![0u8; len as usize];
-        self.s.read_exact(&mut data).unwrap();
-        Ok(data)
-    }
-
-    fn command(&mut self, command: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) -> u32 {
-        self.send(command, flags, 9, offset, len, payload);
-        let (cookie, error) = self.reply();
-        assert_eq!(cookie, 9);
-        error
-    }
-
-    /// True if the server closed the connection.
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
-    }
+/// One reply to a read, in any order: checks it succeeded with the
+/// bytes of `image` at what `requested(cookie)` says the read asked
+/// for (offset, length); returns the cookie.
+fn check_read_reply(
+    c: &mut NbdClient,
+    image: &[u8],
+    requested: impl FnOnce(u64) -> (u64, u32),
+) -> u64 {
+    let SimpleReply { cookie, error } = c.reply().unwrap();
+    assert_eq!(error, 0, "cookie {cookie}");
+    let (offset, len) = requested(cookie);
+    let mut data = vec![0u8; len as usize];
+    c.read_data(&mut data).unwrap();
+    assert_eq!(
+        data,
+        image[offset as usize..][..len as usize],
+        "{offset}+{len}"
+    );
+    cookie
 }
 
 #[test]
@@ -275,20 +168,20 @@ fn handshake_variants() {
         ..ServerConfig::default()
     });
     // LIST names the export; unknown options are refused and haggling goes on.
-    let mut c = Client::connect(&srv.socket);
-    c.s.write_all(&opt(NBD_OPT_LIST, &[])).unwrap();
-    let (ty, data) = c.option_reply(NBD_OPT_LIST);
+    let mut c = NbdClient::connect(&srv.socket).unwrap();
+    c.send_option(NBD_OPT_LIST, &[]).unwrap();
+    let (ty, data) = c.option_reply(NBD_OPT_LIST).unwrap();
     assert_eq!((ty, &data[4..]), (NBD_REP_SERVER, &b"disk"[..]));
-    assert_eq!(c.option_reply(NBD_OPT_LIST).0, NBD_REP_ACK);
-    c.s.write_all(&opt(NBD_OPT_STRUCTURED_REPLY, &[])).unwrap();
+    assert_eq!(c.option_reply(NBD_OPT_LIST).unwrap().0, NBD_REP_ACK);
+    c.send_option(NBD_OPT_STRUCTURED_REPLY, &[]).unwrap();
     assert_eq!(
-        c.option_reply(NBD_OPT_STRUCTURED_REPLY).0,
+        c.option_reply(NBD_OPT_STRUCTURED_REPLY).unwrap().0,
         NBD_REP_ERR_UNSUP
     );
-    c.s.write_all(&opt(NBD_OPT_INFO, &info("disk"))).unwrap();
+    c.send_option(NBD_OPT_INFO, &info("disk")).unwrap();
     let mut saw_block_size = false;
     loop {
-        let (ty, data) = c.option_reply(NBD_OPT_INFO);
+        let (ty, data) = c.option_reply(NBD_OPT_INFO).unwrap();
         if ty == NBD_REP_ACK {
             break;
         }
@@ -302,49 +195,50 @@ fn handshake_variants() {
         }
     }
     assert!(saw_block_size);
-    assert_eq!(c.go("other"), Err(NBD_REP_ERR_UNKNOWN));
-    let (size, flags) = c.go("disk").unwrap();
-    assert_eq!(size, IMAGE_BYTES as u64);
+    assert_eq!(
+        c.go("other").unwrap_err().refusal(),
+        Some(NBD_REP_ERR_UNKNOWN)
+    );
+    let export = c.go("disk").unwrap();
+    let flags = export.transmission_flags;
+    assert_eq!(export.size_bytes, IMAGE_BYTES as u64);
     assert_ne!(flags & NBD_FLAG_CAN_MULTI_CONN, 0);
     assert_eq!(flags & NBD_FLAG_READ_ONLY, 0);
     assert_eq!(c.read(0, 4096).unwrap(), pattern(4096));
 
     // EXPORT_NAME (old style entry), without zeroes.
-    let mut c = Client::connect(&srv.socket);
-    c.s.write_all(&opt(NBD_OPT_EXPORT_NAME, b"disk")).unwrap();
-    let mut reply = [0u8; 10];
-    c.s.read_exact(&mut reply).unwrap();
+    let mut c = NbdClient::connect(&srv.socket).unwrap();
     assert_eq!(
-        u64::from_be_bytes(reply[0..8].try_into().unwrap()),
+        c.export_name("disk").unwrap().size_bytes,
         IMAGE_BYTES as u64
     );
     assert_eq!(c.read(4096, 100).unwrap(), pattern(4196)[4096..]);
     // EXPORT_NAME of an unknown export: the session ends.
-    let mut c = Client::connect(&srv.socket);
-    c.s.write_all(&opt(NBD_OPT_EXPORT_NAME, b"nope")).unwrap();
+    let mut c = NbdClient::connect(&srv.socket).unwrap();
+    c.send_option(NBD_OPT_EXPORT_NAME, b"nope").unwrap();
     assert!(c.closed());
     // ABORT is acknowledged, then the connection closes.
-    let mut c = Client::connect(&srv.socket);
-    c.s.write_all(&opt(NBD_OPT_ABORT, &[])).unwrap();
-    assert_eq!(c.option_reply(NBD_OPT_ABORT).0, NBD_REP_ACK);
+    let mut c = NbdClient::connect(&srv.socket).unwrap();
+    c.send_option(NBD_OPT_ABORT, &[]).unwrap();
+    assert_eq!(c.option_reply(NBD_OPT_ABORT).unwrap().0, NBD_REP_ACK);
     assert!(c.closed());
 }
 
 #[test]
 fn reads_writes_trim_and_zeroes_go_through_the_cache() {
     let srv = start(ServerConfig::default());
-    let mut a = Client::open(&srv.socket);
-    let mut b = Client::open(&srv.socket);
+    let mut a = open(&srv.socket);
+    let mut b = open(&srv.socket);
     let image = pattern(IMAGE_BYTES);
     assert_eq!(a.read(100_000, 200_000).unwrap(), image[100_000..300_000]);
     // A write on one connection is seen by a read on another (multi-conn).
     let data = vec![0xabu8; 10_000];
     assert_eq!(
-        a.command(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 123_456, 10_000, &data),
+        errno(a.command(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 123_456, 10_000, &data)),
         0
     );
     assert_eq!(b.read(123_456, 10_000).unwrap(), data);
-    assert_eq!(b.command(NBD_CMD_FLUSH, 0, 0, 0, &[]), 0);
+    assert_eq!(errno(b.command(NBD_CMD_FLUSH, 0, 0, 0, &[])), 0);
     let on_disk = std::fs::read(&srv.image).unwrap();
     assert_eq!(on_disk[123_456..133_456], data[..]);
     // TRIM then reads zeros (the image file is on a file system that punches holes).
@@ -352,7 +246,7 @@ fn reads_writes_trim_and_zeroes_go_through_the_cache() {
         a.read(1 << 20, 65536).unwrap(),
         image[1 << 20..(1 << 20) + 65536]
     );
-    assert_eq!(a.command(NBD_CMD_TRIM, 0, 1 << 20, 65536, &[]), 0);
+    assert_eq!(errno(a.command(NBD_CMD_TRIM, 0, 1 << 20, 65536, &[])), 0);
     assert_eq!(b.read(1 << 20, 65536).unwrap(), vec![0u8; 65536]);
     // WRITE_ZEROES with and without NO_HOLE.
     for (flags, at) in [(0, 2 << 20), (NBD_CMD_FLAG_NO_HOLE, 3 << 20)] {
@@ -360,30 +254,34 @@ fn reads_writes_trim_and_zeroes_go_through_the_cache() {
             a.read(at, 5000).unwrap(),
             image[at as usize..at as usize + 5000]
         );
-        assert_eq!(a.command(NBD_CMD_WRITE_ZEROES, flags, at, 5000, &[]), 0);
+        assert_eq!(
+            errno(a.command(NBD_CMD_WRITE_ZEROES, flags, at, 5000, &[])),
+            0
+        );
         assert_eq!(
             b.read(at - 10, 5020).unwrap()[10..5010],
             vec![0u8; 5000][..]
         );
     }
     // CACHE (prefetch) is accepted.
-    assert_eq!(a.command(NBD_CMD_CACHE, 0, 0, 1 << 20, &[]), 0);
+    assert_eq!(errno(a.command(NBD_CMD_CACHE, 0, 0, 1 << 20, &[])), 0);
     // Pipelined requests come back, each whole, matched by cookie.
     for i in 0..32u64 {
-        a.send(NBD_CMD_READ, 0, 1000 + i, i * 65536, 4096, &[]);
+        a.send(NBD_CMD_READ, 0, 1000 + i, i * 65536, 4096, &[])
+            .unwrap();
     }
     let mut seen = std::collections::HashSet::new();
     for _ in 0..32 {
-        let (cookie, error) = a.reply();
+        let SimpleReply { cookie, error } = a.reply().unwrap();
         assert_eq!(error, 0);
         let mut d = vec![0u8; 4096];
-        a.s.read_exact(&mut d).unwrap();
+        a.read_data(&mut d).unwrap();
         let i = (cookie - 1000) as usize;
         assert!(seen.insert(i));
         let now = std::fs::read(&srv.image).unwrap();
         assert_eq!(d, now[i * 65536..i * 65536 + 4096]);
     }
-    a.send(NBD_CMD_DISC, 0, 0, 0, 0, &[]);
+    a.disconnect().unwrap();
     assert!(a.closed());
 }
 
@@ -394,26 +292,38 @@ fn out_of_range_requests_get_errors_and_others_keep_working() {
         max_in_flight_bytes: 4 << 20,
         ..ServerConfig::default()
     });
-    let mut bad = Client::open(&srv.socket);
-    let mut good = Client::open(&srv.socket);
+    let mut bad = open(&srv.socket);
+    let mut good = open(&srv.socket);
     let size = IMAGE_BYTES as u64;
-    assert_eq!(bad.read(size - 10, 20), Err(NBD_EINVAL));
-    assert_eq!(bad.read(u64::MAX - 5, 20), Err(NBD_EINVAL));
     assert_eq!(
-        bad.command(NBD_CMD_WRITE, 0, size - 1, 2, b"xy"),
+        bad.read(size - 10, 20).unwrap_err().errno(),
+        Some(NBD_EINVAL)
+    );
+    assert_eq!(
+        bad.read(u64::MAX - 5, 20).unwrap_err().errno(),
+        Some(NBD_EINVAL)
+    );
+    assert_eq!(
+        errno(bad.command(NBD_CMD_WRITE, 0, size - 1, 2, b"xy")),
         NBD_ENOSPC
     );
-    assert_eq!(bad.command(NBD_CMD_TRIM, 0, size, 1, &[]), NBD_ENOSPC);
     assert_eq!(
-        bad.command(NBD_CMD_WRITE_ZEROES, 0, 1, u32::MAX, &[]),
+        errno(bad.command(NBD_CMD_TRIM, 0, size, 1, &[])),
         NBD_ENOSPC
     );
-    assert_eq!(bad.command(77, 0, 0, 0, &[]), NBD_EINVAL);
-    assert_eq!(bad.command(NBD_CMD_READ, 0xff00, 0, 1, &[]), NBD_EINVAL);
+    assert_eq!(
+        errno(bad.command(NBD_CMD_WRITE_ZEROES, 0, 1, u32::MAX, &[])),
+        NBD_ENOSPC
+    );
+    assert_eq!(errno(bad.command(77, 0, 0, 0, &[])), NBD_EINVAL);
+    assert_eq!(
+        errno(bad.command(NBD_CMD_READ, 0xff00, 0, 1, &[])),
+        NBD_EINVAL
+    );
     // A write past the end: its payload is skipped, the stream stays in step.
     let big = vec![1u8; (1 << 20) + 4096];
     assert_eq!(
-        bad.command(NBD_CMD_WRITE, 0, size - 4096, big.len() as u32, &big),
+        errno(bad.command(NBD_CMD_WRITE, 0, size - 4096, big.len() as u32, &big)),
         NBD_ENOSPC
     );
     assert_eq!(good.read(0, 4096).unwrap(), pattern(4096));
@@ -431,16 +341,16 @@ fn out_of_range_requests_get_errors_and_others_keep_working() {
 #[test]
 fn garbage_disconnects_only_that_client() {
     let srv = start(ServerConfig::default());
-    let mut good = Client::open(&srv.socket);
-    let mut bad = Client::open(&srv.socket);
-    bad.s
+    let mut good = open(&srv.socket);
+    let mut bad = open(&srv.socket);
+    bad.stream()
         .write_all(b"this is not an NBD request, not at all")
         .unwrap();
     assert!(bad.closed());
     assert_eq!(good.read(8192, 4096).unwrap(), pattern(12288)[8192..]);
     // A client that connects and says nothing does not hold up anyone.
     let _silent = UnixStream::connect(&srv.socket).unwrap();
-    let mut late = Client::open(&srv.socket);
+    let mut late = open(&srv.socket);
     assert_eq!(late.read(0, 10).unwrap(), pattern(10));
     assert!(srv.server.stats().protocol_errors >= 1);
 }
@@ -451,14 +361,17 @@ fn read_only_refuses_changes() {
         read_only: true,
         ..ServerConfig::default()
     });
-    let mut c = Client::connect(&srv.socket);
-    let (_, flags) = c.go("").unwrap();
+    let mut c = NbdClient::connect(&srv.socket).unwrap();
+    let flags = c.go("").unwrap().transmission_flags;
     assert_ne!(flags & NBD_FLAG_READ_ONLY, 0);
     assert_eq!(flags & NBD_FLAG_SEND_TRIM, 0);
-    assert_eq!(c.command(NBD_CMD_WRITE, 0, 0, 3, b"abc"), NBD_EPERM);
-    assert_eq!(c.command(NBD_CMD_TRIM, 0, 0, 4096, &[]), NBD_EPERM);
-    assert_eq!(c.command(NBD_CMD_WRITE_ZEROES, 0, 0, 4096, &[]), NBD_EPERM);
-    assert_eq!(c.command(NBD_CMD_FLUSH, 0, 0, 0, &[]), 0);
+    assert_eq!(errno(c.command(NBD_CMD_WRITE, 0, 0, 3, b"abc")), NBD_EPERM);
+    assert_eq!(errno(c.command(NBD_CMD_TRIM, 0, 0, 4096, &[])), NBD_EPERM);
+    assert_eq!(
+        errno(c.command(NBD_CMD_WRITE_ZEROES, 0, 0, 4096, &[])),
+        NBD_EPERM
+    );
+    assert_eq!(errno(c.command(NBD_CMD_FLUSH, 0, 0, 0, &[])), 0);
     assert_eq!(c.read(0, 3).unwrap(), pattern(3));
     assert_eq!(std::fs::read(&srv.image).unwrap(), pattern(IMAGE_BYTES));
 }
@@ -469,15 +382,19 @@ fn connection_limit_holds() {
         max_connections: 2,
         ..ServerConfig::default()
     });
-    let mut a = Client::open(&srv.socket);
-    let _b = Client::open(&srv.socket);
+    let mut a = open(&srv.socket);
+    let _b = open(&srv.socket);
     // A third is told why it is turned away, in an error reply to its
     // option (both others are busy: they just finished their handshakes).
-    let mut third = Client::connect(&srv.socket);
-    third.s.write_all(&opt(NBD_OPT_GO, &info(""))).unwrap();
-    let (ty, message) = third.option_reply(NBD_OPT_GO);
-    assert_eq!(ty, NBD_REP_ERR_POLICY);
-    let message = String::from_utf8(message).unwrap();
+    let mut third = NbdClient::connect(&srv.socket).unwrap();
+    let NbdError::Refused {
+        reply_type,
+        message,
+    } = third.go("").unwrap_err()
+    else {
+        panic!("the third client was not refused");
+    };
+    assert_eq!(reply_type, NBD_REP_ERR_POLICY);
     assert!(
         message.contains("all 2 connections are in use"),
         "{message}"
@@ -488,10 +405,7 @@ fn connection_limit_holds() {
     // A slot frees once a client leaves.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let s = UnixStream::connect(&srv.socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut g = [0u8; 18];
-        if (&s).read_exact(&mut g).is_ok() {
+        if NbdClient::greeted(&srv.socket).is_ok() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "slot never freed");
@@ -514,17 +428,15 @@ fn corpus_against_a_live_server() {
     assert!(files.len() >= 10);
     for path in files {
         let bytes = std::fs::read(&path).unwrap();
-        let mut s = UnixStream::connect(&srv.socket).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut greeting = [0u8; 18];
-        s.read_exact(&mut greeting).unwrap();
+        let mut greeted = NbdClient::greeted(&srv.socket).unwrap();
+        let s = greeted.stream();
         let _ = s.write_all(&bytes);
         let _ = s.shutdown(std::net::Shutdown::Write);
         // Whatever the server answers, it ends the connection (EOF from us,
         // a protocol error, or the handshake deadline).
         let mut sink = Vec::new();
         let _ = s.read_to_end(&mut sink);
-        let mut c = Client::open(&srv.socket);
+        let mut c = open(&srv.socket);
         assert_eq!(
             c.read(0, 64).unwrap(),
             pattern(64),
@@ -535,22 +447,10 @@ fn corpus_against_a_live_server() {
     assert_eq!(std::fs::read(&srv.image).unwrap().len(), IMAGE_BYTES);
 }
 
-/// Whether the server has closed `c` (a short read timeout: an open but
-/// quiet connection reads nothing and times out).
-fn is_closed(c: &mut Client) -> bool {
-    c.s.set_read_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
-    let mut b = [0u8; 1];
-    let closed = match c.s.read(&mut b) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => !matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ),
-    };
-    c.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    closed
+/// Whether the server has closed `c` (an open but quiet connection reads
+/// nothing for 300 ms).
+fn is_closed(c: &mut NbdClient) -> bool {
+    c.closed_within(Duration::from_millis(300))
 }
 
 #[test]
@@ -559,10 +459,10 @@ fn idle_holders_cannot_lock_out_a_new_client() {
         max_connections: 4,
         ..ServerConfig::default()
     });
-    let mut holders: Vec<Client> = (0..4).map(|_| Client::open(&srv.socket)).collect();
+    let mut holders: Vec<NbdClient> = (0..4).map(|_| open(&srv.socket)).collect();
     // Past the quiet time after which an idle holder gives up its slot.
     std::thread::sleep(Duration::from_millis(2500));
-    let mut newcomer = Client::open(&srv.socket);
+    let mut newcomer = open(&srv.socket);
     assert_eq!(newcomer.read(0, 4096).unwrap(), pattern(4096));
     let closed: Vec<bool> = holders.iter_mut().map(is_closed).collect();
     assert_eq!(
@@ -583,8 +483,8 @@ fn quiet_clients_are_disconnected_after_the_idle_timeout() {
         idle_timeout: Duration::from_secs(1),
         ..ServerConfig::default()
     });
-    let mut quiet = Client::open(&srv.socket);
-    let mut busy = Client::open(&srv.socket);
+    let mut quiet = open(&srv.socket);
+    let mut busy = open(&srv.socket);
     for i in 0..6u64 {
         assert_eq!(
             busy.read(i * 512, 512).unwrap(),
@@ -604,16 +504,17 @@ fn quiet_clients_are_disconnected_after_the_idle_timeout() {
 #[test]
 fn a_burst_of_too_many_options_gets_every_reply_due_before_the_close() {
     let srv = start(ServerConfig::default());
-    let mut c = Client::connect(&srv.socket);
-    let burst: Vec<u8> = (0..=l2arc_nbd::protocol::OPTIONS_MAX)
-        .flat_map(|_| opt(NBD_OPT_LIST, &[]))
-        .collect();
-    c.s.write_all(&burst).unwrap();
-    for i in 0..l2arc_nbd::protocol::OPTIONS_MAX {
+    let mut c = NbdClient::connect(&srv.socket).unwrap();
+    let mut burst = Vec::new();
+    for _ in 0..=OPTIONS_MAX {
+        encode_option(&mut burst, NBD_OPT_LIST, &[]);
+    }
+    c.stream().write_all(&burst).unwrap();
+    for i in 0..OPTIONS_MAX {
         // NBD_OPT_LIST: one NBD_REP_SERVER for the export, then the ACK.
-        let (first, _) = c.option_reply(NBD_OPT_LIST);
+        let (first, _) = c.option_reply(NBD_OPT_LIST).unwrap();
         assert_ne!(first, NBD_REP_ACK, "option {i}: the export is listed first");
-        let (ack, _) = c.option_reply(NBD_OPT_LIST);
+        let (ack, _) = c.option_reply(NBD_OPT_LIST).unwrap();
         assert_eq!(ack, NBD_REP_ACK, "option {i}");
     }
     assert!(
@@ -636,7 +537,7 @@ fn oversized_requests_are_served_by_splitting_and_the_connection_stays_usable() 
         buffer_max_bytes: 2 << 20,
         ..ServerConfig::default()
     });
-    let mut c = Client::open(&srv.socket);
+    let mut c = open(&srv.socket);
     let image = pattern(IMAGE_BYTES);
     // A read of 3.5 pieces, unaligned, then a small one behind it.
     let (at, len) = (12_345usize, 3 * (1 << 20) + (1 << 19));
@@ -651,15 +552,17 @@ fn oversized_requests_are_served_by_splitting_and_the_connection_stays_usable() 
         100,
         data.len() as u32,
         &data,
-    );
-    c.send(NBD_CMD_READ, 0, 2, IMAGE_BYTES as u64 - 4096, 4096, &[]);
+    )
+    .unwrap();
+    c.send(NBD_CMD_READ, 0, 2, IMAGE_BYTES as u64 - 4096, 4096, &[])
+        .unwrap();
     let mut replies = std::collections::HashMap::new();
     for _ in 0..2 {
-        let (cookie, error) = c.reply();
+        let SimpleReply { cookie, error } = c.reply().unwrap();
         assert_eq!(error, 0);
         if cookie == 2 {
             let mut d = vec![0u8; 4096];
-            c.s.read_exact(&mut d).unwrap();
+            c.read_data(&mut d).unwrap();
             assert_eq!(d, image[IMAGE_BYTES - 4096..]);
         }
         replies.insert(cookie, error);
@@ -667,7 +570,7 @@ fn oversized_requests_are_served_by_splitting_and_the_connection_stays_usable() 
     assert_eq!(replies.len(), 2);
     let on_disk = std::fs::read(&srv.image).unwrap();
     assert_eq!(on_disk[100..100 + data.len()], data[..]);
-    let mut other = Client::open(&srv.socket);
+    let mut other = open(&srv.socket);
     assert_eq!(
         other.read(100, data.len() as u32).unwrap(),
         data,
@@ -676,18 +579,20 @@ fn oversized_requests_are_served_by_splitting_and_the_connection_stays_usable() 
     // Oversized and outside the export: errors, the stream stays in step.
     let big = vec![9u8; 3 << 20];
     assert_eq!(
-        c.command(
+        errno(c.command(
             NBD_CMD_WRITE,
             0,
             (IMAGE_BYTES - (1 << 20)) as u64,
             big.len() as u32,
             &big
-        ),
+        )),
         NBD_ENOSPC
     );
     assert_eq!(
-        c.read((IMAGE_BYTES - (1 << 20)) as u64, 3 << 20),
-        Err(NBD_EINVAL)
+        c.read((IMAGE_BYTES - (1 << 20)) as u64, 3 << 20)
+            .unwrap_err()
+            .errno(),
+        Some(NBD_EINVAL)
     );
     assert_eq!(c.read(0, 4096).unwrap(), on_disk[..4096]);
     let stats = srv.server.stats();
@@ -711,7 +616,7 @@ fn pipelined_reads_of_cached_data_go_through_the_read_queue() {
             ..ServerConfig::default()
         });
         let image = pattern(IMAGE_BYTES);
-        let mut c = Client::open(&srv.socket);
+        let mut c = open(&srv.socket);
         // The first 1 MiB into the ARC (the ARC holds 8 MiB).
         for at in (0..1 << 20).step_by(64 << 10) {
             assert_eq!(
@@ -737,11 +642,11 @@ fn pipelined_reads_of_cached_data_go_through_the_read_queue() {
             };
             let len = (next() % 3 + 1) as u32 * 4096 - (next() % 100) as u32;
             let offset = base + next() % (span - u64::from(len));
-            c.send(NBD_CMD_READ, 0, cookie, offset, len, &[]);
+            c.send(NBD_CMD_READ, 0, cookie, offset, len, &[]).unwrap();
             expected.insert(cookie, (offset, len));
         }
         for _ in 0..48 {
-            c.check_read_reply(&image, |cookie| {
+            check_read_reply(&mut c, &image, |cookie| {
                 expected.remove(&cookie).expect("one reply per request")
             });
         }
@@ -795,10 +700,8 @@ fn reads_passed_on_to_busy_workers_never_wait_on_the_read_queue() {
             ..ServerConfig::default()
         },
     );
-    let mut c = Client::open(&srv.socket);
-    let mut sender = Client {
-        s: c.s.try_clone().unwrap(),
-    };
+    let mut c = open(&srv.socket);
+    let mut sender = c.try_clone().unwrap();
     // Pairs: 4 KiB inside flash record k (the read queue claims it), then
     // a read from inside record k to the uncached 3rd MiB (the workers).
     let requests: Vec<(u64, u32)> = (0..120u64)
@@ -814,11 +717,13 @@ fn reads_passed_on_to_busy_workers_never_wait_on_the_read_queue() {
     let to_send = requests.clone();
     let writer = std::thread::spawn(move || {
         for (cookie, &(offset, len)) in to_send.iter().enumerate() {
-            sender.send(NBD_CMD_READ, 0, cookie as u64, offset, len, &[]);
+            sender
+                .send(NBD_CMD_READ, 0, cookie as u64, offset, len, &[])
+                .unwrap();
         }
     });
     for _ in 0..requests.len() {
-        c.check_read_reply(&bytes, |cookie| requests[cookie as usize]);
+        check_read_reply(&mut c, &bytes, |cookie| requests[cookie as usize]);
     }
     writer.join().unwrap();
     let stats = srv.server.stats();
@@ -873,7 +778,7 @@ fn workers_grow_while_all_are_busy_up_to_the_bound() {
                 ..ServerConfig::default()
             },
         );
-        let mut quiet = Client::open(&srv.socket);
+        let mut quiet = open(&srv.socket);
         assert_eq!(quiet.read(0, 4096).unwrap(), bytes[..4096]);
         let initial = l2arc_nbd::server::WORKERS_INITIAL as u64;
         assert_eq!(
@@ -881,13 +786,14 @@ fn workers_grow_while_all_are_busy_up_to_the_bound() {
             initial,
             "a quiet connection"
         );
-        let mut c = Client::open(&srv.socket);
+        let mut c = open(&srv.socket);
         // 32 reads of 32 other records (the image has 64), all at once.
         for cookie in 1..=32u64 {
-            c.send(NBD_CMD_READ, 0, cookie, cookie << 16, 4096, &[]);
+            c.send(NBD_CMD_READ, 0, cookie, cookie << 16, 4096, &[])
+                .unwrap();
         }
         for _ in 0..32 {
-            c.check_read_reply(&bytes, |cookie| (cookie << 16, 4096));
+            check_read_reply(&mut c, &bytes, |cookie| (cookie << 16, 4096));
         }
         let started = srv.server.stats().workers_started - initial;
         if workers_max == 32 {

@@ -7,6 +7,7 @@
 pub mod mapping;
 pub mod nbd;
 pub mod s3;
+pub mod service;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -26,15 +26,18 @@
 //! FUSE readers and a swarm of 128 slot holders: with the good clients,
 //! more than the 160 slots.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use l2arc_nbd::protocol::{NBD_CMD_FLAG_FUA, NBD_CMD_READ, NBD_CMD_WRITE};
+use l2arc_testkit::nbd::{NbdClient, NbdError};
+use l2arc_testkit::service::{Running, Service};
 
 const IMAGE_BYTES: u64 = 256 << 20;
 /// The last part of the image, split among the writers.
@@ -59,9 +62,9 @@ const S3_HANG_FOR: Duration = Duration::from_secs(10);
 /// Slack a read may take past its deadline (scheduling on a loaded
 /// machine); longer is a read past its deadline.
 const S3_DEADLINE_SLACK: Duration = Duration::from_secs(2);
-
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// How long a service may take to print its ready line (the image and
+/// the cache devices are written first).
+const SERVICE_READY_WITHIN: Duration = Duration::from_secs(60);
 
 /// The expected byte at `offset` of pattern `seed` (cheap to recompute).
 fn expected(seed: u64, offset: u64) -> u8 {
@@ -140,55 +143,12 @@ impl Tally {
     }
 }
 
-fn nbd_open(socket: &Path) -> std::io::Result<UnixStream> {
-    let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    s.set_write_timeout(Some(Duration::from_secs(60)))?;
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting)?;
-    let mut hello = 3u32.to_be_bytes().to_vec();
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&7u32.to_be_bytes()); // NBD_OPT_GO
-    hello.extend_from_slice(&6u32.to_be_bytes());
-    hello.extend_from_slice(&[0u8; 6]);
-    s.write_all(&hello)?;
-    loop {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h)?;
-        let reply_type = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
-        s.read_exact(&mut data)?;
-        if reply_type == 1 {
-            return Ok(s);
-        }
-        if reply_type >= 1 << 31 {
-            return Err(std::io::Error::other(format!("GO refused {reply_type:#x}")));
-        }
-    }
-}
-
-fn request(command: u16, cookie: u64, offset: u64, length: u32) -> [u8; 28] {
-    let mut v = [0u8; 28];
-    v[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    v[6..8].copy_from_slice(&command.to_be_bytes());
-    v[8..16].copy_from_slice(&cookie.to_be_bytes());
-    v[16..24].copy_from_slice(&offset.to_be_bytes());
-    v[24..28].copy_from_slice(&length.to_be_bytes());
-    v
-}
-
-/// One reply: Ok(error) with `data` filled for a read.
-fn reply(s: &mut UnixStream, cookie: u64, data: &mut [u8]) -> std::io::Result<u32> {
-    let mut h = [0u8; 16];
-    s.read_exact(&mut h)?;
-    let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
-    if u64::from_be_bytes(h[8..16].try_into().unwrap()) != cookie {
-        return Err(std::io::Error::other("reply to another cookie"));
-    }
-    if error == 0 {
-        s.read_exact(data)?;
-    }
-    Ok(error)
+/// A client in transmission on the default export, with a minute's
+/// timeouts (the hostile load makes the server slow on purpose).
+fn nbd_open(socket: &Path) -> Result<NbdClient, NbdError> {
+    let c = NbdClient::open(socket)?;
+    c.set_timeout(Some(Duration::from_secs(60)))?;
+    Ok(c)
 }
 
 fn count_wrong(got: &[u8], want: impl Fn(usize) -> u8) -> u64 {
@@ -212,7 +172,7 @@ fn nbd_reader(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
                 continue;
             }
         };
-        for i in 0..200 {
+        for _ in 0..200 {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -222,19 +182,15 @@ fn nbd_reader(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
                 4096 << rng.below(9)
             };
             let offset = rng.below(readable - len) & !511;
-            let mut data = vec![0u8; len as usize];
-            let r = s
-                .write_all(&request(0, i, offset, len as u32))
-                .and_then(|()| reply(&mut s, i, &mut data));
-            match r {
-                Ok(0) => {
+            match s.read(offset, len as u32) {
+                Ok(data) => {
                     let wrong = count_wrong(&data, |j| expected(1, offset + j as u64));
                     t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
                     t.ops.fetch_add(1, Ordering::Relaxed);
                     t.bytes.fetch_add(len, Ordering::Relaxed);
                 }
-                r => {
-                    t.error(format!("nbd reader {id}: read {len} at {offset}: {r:?}"));
+                Err(e) => {
+                    t.error(format!("nbd reader {id}: read {len} at {offset}: {e}"));
                     break;
                 }
             }
@@ -262,7 +218,7 @@ fn nbd_writer(socket: &Path, id: u64, writers: u64, stop: &AtomicBool, t: &Tally
                 continue;
             }
         };
-        for i in 0..100 {
+        for _ in 0..100 {
             if stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -271,23 +227,20 @@ fn nbd_writer(socket: &Path, id: u64, writers: u64, stop: &AtomicBool, t: &Tally
             let offset = base + (rng.below(region - len + 1) & !4095);
             let mut data = vec![0u8; len as usize];
             fill(version, offset, &mut data);
-            let mut v = request(1, i, offset, len as u32).to_vec();
-            v[4..6].copy_from_slice(&1u16.to_be_bytes()); // FUA
-            v.extend_from_slice(&data);
             let written = w
-                .write_all(&v)
-                .and_then(|()| reply(&mut w, i, &mut []))
-                .is_ok_and(|e| e == 0);
-            let mut back = vec![0u8; len as usize];
-            let read = written
-                && r.write_all(&request(0, i, offset, len as u32)).is_ok()
-                && reply(&mut r, i, &mut back).is_ok_and(|e| e == 0);
-            if !read {
+                .command(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, offset, len as u32, &data)
+                .is_ok();
+            let back = if written {
+                r.read(offset, len as u32).ok()
+            } else {
+                None
+            };
+            let Some(back) = back else {
                 t.error(format!(
                     "nbd writer {id}: write/read back {len} at {offset}: written {written}"
                 ));
                 break;
-            }
+            };
             let wrong = count_wrong(&back, |j| data[j]);
             t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
             t.ops.fetch_add(2, Ordering::Relaxed);
@@ -338,9 +291,10 @@ fn hostile(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
         let hold = Duration::from_millis(2000 + rng.below(8000));
         let kind = rng.below(5);
         let s = if kind == 4 {
-            // Slowloris handshake: a byte now and then, never finished.
-            UnixStream::connect(socket).ok().map(|mut s| {
-                let _ = s.write_all(&[0, 0]);
+            // Slowloris handshake: two bytes of the client flags, never
+            // finished.
+            NbdClient::greeted(socket).ok().map(|mut s| {
+                let _ = s.stream().write_all(&[0, 0]);
                 s
             })
         } else {
@@ -350,24 +304,22 @@ fn hostile(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
             std::thread::sleep(Duration::from_millis(200));
             continue;
         };
-        let _ = s.set_write_timeout(Some(hold));
+        let _ = s.set_timeout(Some(hold));
         let _ = match kind {
             0 => {
                 // Two 32 MiB reads whose replies are never read.
-                let mut v = request(0, 1, 0, 32 << 20).to_vec();
-                v.extend(request(0, 2, 32 << 20, 32 << 20));
-                s.write_all(&v)
+                s.send(NBD_CMD_READ, 0, 1, 0, 32 << 20, &[])
+                    .and_then(|()| s.send(NBD_CMD_READ, 0, 2, 32 << 20, 32 << 20, &[]))
             }
             1 => {
                 // A 32 MiB write, one byte short.
-                let mut v = request(1, 3, 0, 32 << 20).to_vec();
-                v.resize(v.len() + (32 << 20) - 1, 0x5a);
-                s.write_all(&v)
+                let short = vec![0x5a; (32 << 20) - 1];
+                s.send(NBD_CMD_WRITE, 0, 3, 0, 32 << 20, &short)
             }
             2 => {
                 // Garbage framing.
                 let v: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
-                s.write_all(&v)
+                s.stream().write_all(&v)
             }
             _ => Ok(()), // Hold the slot, idle (or the unfinished handshake).
         };
@@ -383,22 +335,17 @@ fn hostile(socket: &Path, id: u64, stop: &AtomicBool, t: &Tally) {
 /// the greeting and say nothing more, half ask for 1 MiB and never read
 /// the reply. With the good clients they are more than the slots.
 fn swarm(socket: &Path, count: u64, stop: &AtomicBool, t: &Tally) {
-    let mut held: Vec<(Instant, Option<UnixStream>)> = Vec::new();
+    let mut held: Vec<(Instant, Option<NbdClient>)> = Vec::new();
     let mut next = 0u64;
     while !stop.load(Ordering::Relaxed) {
         held.retain(|(at, _)| at.elapsed() < SWARM_RENEW);
         while (held.len() as u64) < count && !stop.load(Ordering::Relaxed) {
             next += 1;
             let s = if next.is_multiple_of(2) {
-                UnixStream::connect(socket).ok().map(|mut s| {
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut greeting = [0u8; 18];
-                    let _ = s.read_exact(&mut greeting);
-                    s
-                })
+                NbdClient::greeted(socket).ok()
             } else {
                 nbd_open(socket).ok().map(|mut s| {
-                    let _ = s.write_all(&request(0, 1, (next % 200) << 20, 1 << 20));
+                    let _ = s.send(NBD_CMD_READ, 0, 1, (next % 200) << 20, 1 << 20, &[]);
                     s
                 })
             };
@@ -421,14 +368,12 @@ fn lockout_probe(socket: &Path, stop: &AtomicBool, t: &Tally) {
         let got_in = loop {
             match nbd_open(socket) {
                 Ok(mut s) => {
-                    let mut data = vec![0u8; 4096];
-                    let ok = s
-                        .write_all(&request(0, 7, 0, 4096))
-                        .and_then(|()| reply(&mut s, 7, &mut data))
-                        .is_ok_and(|e| e == 0);
-                    let wrong = count_wrong(&data, |j| expected(1, j as u64));
-                    t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
-                    break ok;
+                    let data = s.read(0, 4096);
+                    if let Ok(data) = &data {
+                        let wrong = count_wrong(data, |j| expected(1, j as u64));
+                        t.wrong_bytes.fetch_add(wrong, Ordering::Relaxed);
+                    }
+                    break data.is_ok();
                 }
                 Err(_) if started.elapsed() < Duration::from_secs(30) => {
                     std::thread::sleep(Duration::from_millis(100));
@@ -601,31 +546,6 @@ fn proc_stat(pid: u32) -> ProcStat {
     }
 }
 
-/// Spawns a service and waits for the line starting with `ready`.
-fn spawn(cmd: &mut Command, ready: &str) -> (Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = cmd.stderr(Stdio::piped()).spawn().expect("spawn l2arc");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) if line.starts_with(ready) => return (child, rx),
-            Ok(_) => {}
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the service did not print `{ready}` within 60 s");
-            }
-        }
-    }
-}
-
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
@@ -672,25 +592,15 @@ impl SoakArgs {
 
 /// The two services under test and their logs.
 struct Services {
-    nbd: Child,
-    nbd_log: std::sync::mpsc::Receiver<String>,
-    fuse: Child,
-    fuse_log: std::sync::mpsc::Receiver<String>,
+    nbd: Running,
+    fuse: Running,
     s3_server: Arc<l2arc_testkit::s3::S3Server>,
-    s3_mount: Child,
-    s3_log: std::sync::mpsc::Receiver<String>,
+    s3_mount: Running,
 }
 
 /// versitygw with a bucket of patterned objects, and `l2arc mount s3://`
 /// of it with short timeouts and a read deadline of `S3_READ_DEADLINE`.
-fn start_s3(
-    dir: &Path,
-    l2arc: &Path,
-) -> (
-    Arc<l2arc_testkit::s3::S3Server>,
-    Child,
-    std::sync::mpsc::Receiver<String>,
-) {
+fn start_s3(dir: &Path, l2arc: &Path) -> (Arc<l2arc_testkit::s3::S3Server>, Running) {
     let server = l2arc_testkit::s3::S3Server::start();
     server.create_bucket("soak");
     for o in 0..S3_OBJECTS {
@@ -700,10 +610,7 @@ fn start_s3(
     }
     let mnt = dir.join("mnt-s3");
     std::fs::create_dir_all(&mnt).unwrap();
-    let mut cmd = Command::new(l2arc);
-    cmd.arg("mount")
-        .arg("s3://soak")
-        .arg(&mnt)
+    let mut mount = Service::mount(l2arc, "s3://soak", &mnt)
         .args(["--s3-endpoint", &server.endpoint()])
         .args(["--s3-timeout", "1", "--s3-retries", "2"])
         .args([
@@ -713,13 +620,13 @@ fn start_s3(
         .args(["--metadata-ttl", "5", "--arc-max", "32MiB"])
         .args(["--cache-size", "128MiB"])
         .arg("--cache")
-        .arg(dir.join("cache-s3.img"));
+        .arg(dir.join("cache-s3.img"))
+        .ready_within(SERVICE_READY_WITHIN);
     for (k, v) in server.aws_env() {
-        cmd.env(k, v);
+        mount = mount.env(k, v);
     }
     let _ = std::fs::remove_file(dir.join("cache-s3.img"));
-    let (mount, log) = spawn(&mut cmd, "l2arc: mounted");
-    (Arc::new(server), mount, log)
+    (Arc::new(server), mount.start())
 }
 
 /// Writes the image and the mount's files, and starts `serve-nbd` and
@@ -741,42 +648,31 @@ fn start_services(a: &SoakArgs) -> Services {
         let _ = std::fs::remove_file(dir.join(name));
     }
     let arc = format!("{ARC_MAX_MIB}MiB");
-    let (nbd, nbd_log) = spawn(
-        Command::new(&a.l2arc)
-            .arg("serve-nbd")
-            .arg(&image)
-            .arg("--listen")
-            .arg(format!("unix:{}", dir.join("nbd.sock").display()))
-            .args(["--arc-max", &arc, "--cache-size", "512MiB"])
-            .arg("--cache")
-            .arg(dir.join("cache-nbd.img"))
-            .arg("--control")
-            .arg(dir.join("nbd-ctl.sock"))
-            .args(["--nbd-buffer-max", &format!("{NBD_POOL_MIB}MiB")])
-            .args(["--max-connections", &NBD_MAX_CONNECTIONS.to_string()]),
-        "l2arc: serving",
-    );
-    let (fuse, fuse_log) = spawn(
-        Command::new(&a.l2arc)
-            .arg("mount")
-            .arg(dir.join("src"))
-            .arg(dir.join("mnt"))
-            .args(["--arc-max", &arc, "--cache-size", "256MiB"])
-            .arg("--cache")
-            .arg(dir.join("cache-fuse.img"))
-            .arg("--control")
-            .arg(dir.join("fuse-ctl.sock")),
-        "l2arc: mounted",
-    );
-    let (s3_server, s3_mount, s3_log) = start_s3(dir, &a.l2arc);
+    let nbd = Service::serve_nbd(&a.l2arc, &image)
+        .listen_unix(&dir.join("nbd.sock"))
+        .args(["--arc-max", &arc, "--cache-size", "512MiB"])
+        .arg("--cache")
+        .arg(dir.join("cache-nbd.img"))
+        .arg("--control")
+        .arg(dir.join("nbd-ctl.sock"))
+        .args(["--nbd-buffer-max", &format!("{NBD_POOL_MIB}MiB")])
+        .args(["--max-connections", &NBD_MAX_CONNECTIONS.to_string()])
+        .ready_within(SERVICE_READY_WITHIN)
+        .start();
+    let fuse = Service::mount(&a.l2arc, dir.join("src"), &dir.join("mnt"))
+        .args(["--arc-max", &arc, "--cache-size", "256MiB"])
+        .arg("--cache")
+        .arg(dir.join("cache-fuse.img"))
+        .arg("--control")
+        .arg(dir.join("fuse-ctl.sock"))
+        .ready_within(SERVICE_READY_WITHIN)
+        .start();
+    let (s3_server, s3_mount) = start_s3(dir, &a.l2arc);
     Services {
         nbd,
-        nbd_log,
         fuse,
-        fuse_log,
         s3_server,
         s3_mount,
-        s3_log,
     }
 }
 
@@ -957,14 +853,11 @@ fn main() {
     let a = SoakArgs::parse();
     let Services {
         mut nbd,
-        nbd_log,
         mut fuse,
-        fuse_log,
         s3_server,
         mut s3_mount,
-        s3_log,
     } = start_services(&a);
-    let (nbd_pid, fuse_pid) = (nbd.id(), fuse.id());
+    let (nbd_pid, fuse_pid) = (nbd.pid(), fuse.pid());
     let (nbd_before, fuse_before) = (proc_stat(nbd_pid), proc_stat(fuse_pid));
     println!(
         "soak: {} s, {} NBD clients ({} writers, {} hostile) + a swarm of {} slot holders + {} FUSE readers; load {}",
@@ -998,25 +891,27 @@ fn main() {
         peak_rss_mib: fuse_peak_rss_mib,
         stats: ctl_run(&a.l2arc, &a.dir.join("fuse-ctl.sock"), &["stats"]),
     };
-    for child in [&nbd, &fuse, &s3_mount] {
+    for service in [&nbd, &fuse, &s3_mount] {
         let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args(["-TERM", &service.pid().to_string()])
             .status();
     }
-    let _ = nbd.wait();
-    let _ = fuse.wait();
-    let _ = s3_mount.wait();
-    let s3_stop_line = s3_log
+    let _ = nbd.child.wait();
+    let _ = fuse.child.wait();
+    let _ = s3_mount.child.wait();
+    let s3_stop_line = s3_mount
+        .stderr
         .try_iter()
         .filter(|l| l.starts_with("l2arc:"))
         .last()
         .unwrap_or_default();
     println!("s3 mount: {s3_stop_line}");
     drop(s3_server);
-    let stop_line = nbd_log
+    let stop_line = nbd
+        .stderr
         .try_iter()
         .find(|l| l.starts_with("l2arc: stopped"))
         .unwrap_or_default();
-    let _ = fuse_log.try_iter().count();
+    let _ = fuse.stderr.try_iter().count();
     report(&good, &nbd_report, &fuse_report, &stop_line);
 }

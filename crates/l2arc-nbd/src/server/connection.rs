@@ -22,15 +22,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 
+use super::admission::{self, Quiet};
+use super::budget::{self, WritePlan, read_piece_bytes, split_piece_bytes, write_plan};
 use super::cached_reads::CachedReads;
 use super::reply::Replier;
 use super::table::Slot;
 use super::workers::Workers;
-use super::{Conn, Job, READ_CHUNK_BYTES, Shared, read_piece_bytes, split_piece_bytes};
+use super::{Conn, Job, READ_CHUNK_BYTES, Shared};
 use crate::pool::Charge;
 use crate::protocol::{
     self, Command, Decoded, Handshake, HandshakeStatus, NBD_CMD_FLAG_FUA, NBD_CMD_WRITE,
-    NBD_EINVAL, NBD_ESHUTDOWN, PayloadMode, Request, RequestDecoder, SIMPLE_REPLY_BYTES,
+    NBD_EINVAL, NBD_ESHUTDOWN, PayloadMode, Request, RequestDecoder,
 };
 
 /// Bytes of the handshake's read buffer.
@@ -227,14 +229,17 @@ impl Link<'_> {
             {
                 // Quiet for idle_timeout: idle if nothing is in flight
                 // (a client waiting on slow replies is not idle).
-                if self.slot.in_flight.load(Ordering::SeqCst) == 0 {
-                    self.shared
-                        .counters
-                        .connections_idle_closed
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Input::Closed;
+                let in_flight = self.slot.in_flight.load(Ordering::SeqCst);
+                match admission::quiet_for_idle_timeout(in_flight) {
+                    Quiet::Close => {
+                        self.shared
+                            .counters
+                            .connections_idle_closed
+                            .fetch_add(1, Ordering::Relaxed);
+                        Input::Closed
+                    }
+                    Quiet::Keep => Input::Again,
                 }
-                Input::Again
             }
             Err(_) => Input::Closed,
         }
@@ -495,11 +500,13 @@ fn submit(
     let charge = match charge {
         Some(c) => c,
         None => {
-            let bytes = match command {
-                Command::Read if !one_buffer_read => u64::from(split_piece_bytes(config)),
-                Command::Read => u64::from(request.length_bytes) + SIMPLE_REPLY_BYTES as u64,
-                _ => payload.len() as u64,
-            };
+            let bytes = budget::request_charge_bytes(
+                command,
+                request.length_bytes,
+                payload.len(),
+                read_piece_bytes(config),
+                split_piece_bytes(config),
+            );
             let Some(c) = link.charge(bytes) else {
                 return false;
             };
@@ -544,26 +551,32 @@ fn write_header(
         return refuse(pending, NBD_ESHUTDOWN);
     }
     let length_bytes = request.length_bytes;
-    if length_bytes <= config.max_payload_bytes {
-        pending.charge = Some(link.charge(u64::from(length_bytes))?);
-        link.slot
-            .account
-            .receiving(&shared.pool, u64::from(length_bytes));
-        return Some(PayloadMode::Buffer);
-    }
-    // Over the advertised maximum: served by splitting, one piece held at
-    // a time, written by the reader before it reads on.
-    shared
-        .counters
-        .requests_split
-        .fetch_add(1, Ordering::Relaxed);
-    let piece_bytes = split_piece_bytes(config);
-    pending.charge = Some(link.charge(u64::from(piece_bytes))?);
+    let plan = write_plan(
+        length_bytes,
+        config.max_payload_bytes,
+        split_piece_bytes(config),
+    );
+    let (charge_bytes, mode) = match plan {
+        WritePlan::Buffer { charge_bytes } => (charge_bytes, PayloadMode::Buffer),
+        WritePlan::Split { piece_bytes } => {
+            // Over the advertised maximum: served by splitting, one piece
+            // held at a time, written by the reader before it reads on.
+            shared
+                .counters
+                .requests_split
+                .fetch_add(1, Ordering::Relaxed);
+            let mode = PayloadMode::Chunks {
+                chunk_bytes: piece_bytes,
+            };
+            (u64::from(piece_bytes), mode)
+        }
+    };
+    pending.charge = Some(link.charge(charge_bytes)?);
     link.slot
         .account
         .receiving(&shared.pool, u64::from(length_bytes));
-    pending.split_errno = None;
-    Some(PayloadMode::Chunks {
-        chunk_bytes: piece_bytes,
-    })
+    if let WritePlan::Split { .. } = plan {
+        pending.split_errno = None;
+    }
+    Some(mode)
 }

@@ -26,7 +26,7 @@
 //! stall the other clients, or make the server allocate without limit:
 //! - connections: at most `max_connections` at once; a newcomer who finds
 //!   the table full takes the slot of a client that is not using its own
-//!   (still negotiating, not reading its replies, or idle: `table.rs`), and
+//!   (still negotiating, not reading its replies, or idle: `admission.rs`), and
 //!   only when none is found is it turned away, with an NBD error that says
 //!   why (`NBD_REP_ERR_POLICY`) and a line in the log. A client quiet for
 //!   `idle_timeout` with nothing in flight is disconnected, and one that
@@ -56,9 +56,21 @@
 //! A framing error (bad request magic) disconnects that client only; a
 //! stop (SIGTERM in the CLI) shuts every socket down, lets the workers
 //! finish the requests they hold, and joins every thread.
+//!
+//! Modules. Policy is pure code, decided on plain data and unit-tested:
+//! `admission.rs` (who gets a slot, whom a newcomer bumps, when a quiet
+//! client is let go) and `budget.rs` (what each request is charged, whom
+//! to reclaim memory from; the pool's own grant order is in `pool.rs`).
+//! Mechanism carries it out: `listener.rs` (sockets, accepting),
+//! `table.rs` (the slots), `connection.rs` (handshake and reader),
+//! `cached_reads.rs` (the reader's read queue), `workers.rs` (requests
+//! that block) and `reply.rs` (replies written whole).
 
+mod admission;
+mod budget;
 mod cached_reads;
 mod connection;
+mod listener;
 mod reply;
 mod table;
 mod workers;
@@ -66,12 +78,7 @@ mod workers;
 use crate::watch;
 
 use std::io::{self, Read};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -84,8 +91,11 @@ use crate::protocol::{
     self, Command, ExportInfo, Handshake, HandshakeStatus, PAYLOAD_MAX_BYTES_DEFAULT, Request,
     SIMPLE_REPLY_BYTES,
 };
+use admission::{Admission, Unused};
 pub use connection::WORKERS_INITIAL;
-use table::{Slot, Table, Unused};
+use listener::{Conn, accept_within_poll};
+pub use listener::{ListenAddr, Listener};
+use table::{Slot, Table};
 
 /// Deepest read queue of one connection.
 pub const READ_QUEUE_DEPTH_MAX: usize = 1024;
@@ -124,182 +134,11 @@ pub const fn connection_fixed_bytes(workers_max: usize) -> u64 {
 }
 /// [`connection_fixed_bytes`] at the default number of workers.
 pub const CONNECTION_FIXED_BYTES: u64 = connection_fixed_bytes(WORKERS_DEFAULT);
-/// How often the accept loop looks at the stop flag.
-const ACCEPT_POLL_MS: i32 = 100;
 /// Most clients being turned away at once (each gets a short handshake
 /// that says why); past that, a refused client is closed without a word.
 const REFUSALS_MAX: usize = 8;
 /// How long a refused client's handshake may take.
 const REFUSAL_DEADLINE: Duration = Duration::from_secs(1);
-/// Least time between two log lines about refused clients.
-const REFUSAL_LOG_INTERVAL_MS: u64 = 1000;
-
-/// Where to listen: `unix:PATH` or `HOST:PORT`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ListenAddr {
-    /// A unix socket path.
-    Unix(PathBuf),
-    /// A TCP address.
-    Tcp(SocketAddr),
-}
-
-impl FromStr for ListenAddr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err("unix: needs a socket path (unix:/run/l2arc.sock)".into());
-            }
-            return Ok(ListenAddr::Unix(PathBuf::from(path)));
-        }
-        use std::net::ToSocketAddrs;
-        let addr = s
-            .to_socket_addrs()
-            .map_err(|e| format!("`{s}` is not unix:PATH or HOST:PORT: {e}"))?
-            .next()
-            .ok_or_else(|| format!("`{s}` resolves to no address"))?;
-        Ok(ListenAddr::Tcp(addr))
-    }
-}
-
-impl std::fmt::Display for ListenAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ListenAddr::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
-
-/// A bound listening socket.
-pub enum Listener {
-    /// A unix socket and the path it removes when dropped.
-    Unix(UnixListener, PathBuf),
-    /// A TCP socket.
-    Tcp(TcpListener),
-}
-
-impl Listener {
-    /// Binds `addr`. A Unix socket path that exists is replaced only if it
-    /// is a socket nobody listens on (left behind by a crash).
-    pub fn bind(addr: &ListenAddr) -> io::Result<Self> {
-        match addr {
-            ListenAddr::Unix(path) => {
-                if let Ok(meta) = std::fs::symlink_metadata(path)
-                    && meta.file_type().is_socket()
-                    && UnixStream::connect(path).is_err()
-                {
-                    std::fs::remove_file(path)?;
-                }
-                Ok(Listener::Unix(UnixListener::bind(path)?, path.clone()))
-            }
-            ListenAddr::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a)?)),
-        }
-    }
-
-    /// The address actually bound (a TCP port 0 becomes the real port).
-    pub fn local_addr(&self) -> io::Result<ListenAddr> {
-        match self {
-            Listener::Unix(_, p) => Ok(ListenAddr::Unix(p.clone())),
-            Listener::Tcp(l) => Ok(ListenAddr::Tcp(l.local_addr()?)),
-        }
-    }
-
-    fn raw_fd(&self) -> RawFd {
-        match self {
-            Listener::Unix(l, _) => l.as_raw_fd(),
-            Listener::Tcp(l) => l.as_raw_fd(),
-        }
-    }
-
-    fn accept(&self) -> io::Result<Conn> {
-        match self {
-            Listener::Unix(l, _) => Ok(Conn::Unix(l.accept()?.0)),
-            Listener::Tcp(l) => {
-                let s = l.accept()?.0;
-                s.set_nodelay(true)?;
-                Ok(Conn::Tcp(s))
-            }
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// One client socket.
-enum Conn {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Conn {
-    fn try_clone(&self) -> io::Result<Conn> {
-        Ok(match self {
-            Conn::Unix(s) => Conn::Unix(s.try_clone()?),
-            Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
-        })
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Conn::Unix(s) => s.shutdown(Shutdown::Both),
-            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Conn::Unix(s) => {
-                s.set_read_timeout(timeout)?;
-                s.set_write_timeout(timeout)
-            }
-            Conn::Tcp(s) => {
-                s.set_read_timeout(timeout)?;
-                s.set_write_timeout(timeout)
-            }
-        }
-    }
-}
-
-impl Conn {
-    /// Reads what the socket has now, without waiting (`WouldBlock` if
-    /// nothing), whatever its timeouts.
-    fn recv_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = self.as_fd().as_raw_fd();
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes; `fd` is
-        // this socket's, open while `self` is.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
-    }
-}
-
-impl AsFd for Conn {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Conn::Unix(s) => s.as_fd(),
-            Conn::Tcp(s) => s.as_fd(),
-        }
-    }
-}
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.read(buf),
-            Conn::Tcp(s) => s.read(buf),
-        }
-    }
-}
 
 /// Server settings; every bound has a default.
 #[derive(Clone, Debug)]
@@ -611,21 +450,24 @@ impl Server {
     fn admit(&self, conn: Conn, id: u64) -> Option<JoinHandle<()>> {
         let shared = &self.shared;
         let now_ms = shared.now_ms();
-        if shared.table.active() >= shared.config.max_connections {
-            match shared.table.bump_unused(now_ms, &shared.pool) {
-                Some(unused) => {
-                    let counter = match unused {
-                        Unused::Negotiating => &shared.counters.connections_bumped_negotiating,
-                        Unused::ReplyUnread => &shared.counters.connections_bumped_reply_unread,
-                        Unused::Idle => &shared.counters.connections_evicted,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-                None => {
-                    shared.turn_away(conn);
-                    return None;
-                }
+        let admission = shared
+            .table
+            .admit(shared.config.max_connections, now_ms, &shared.pool);
+        let bumped = match admission {
+            Admission::Admit => None,
+            Admission::Bump { unused, .. } => Some(unused),
+            Admission::Refuse => {
+                shared.turn_away(conn);
+                return None;
             }
+        };
+        if let Some(unused) = bumped {
+            let counter = match unused {
+                Unused::Negotiating => &shared.counters.connections_bumped_negotiating,
+                Unused::ReplyUnread => &shared.counters.connections_bumped_reply_unread,
+                Unused::Idle => &shared.counters.connections_evicted,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         let clone = conn.try_clone().ok()?;
         let slot = Arc::new(Slot::new(clone, now_ms));
@@ -722,7 +564,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let (count, last_ms) = &mut *unlogged;
-        if *count == 0 || (*last_ms != 0 && now_ms < *last_ms + REFUSAL_LOG_INTERVAL_MS) {
+        if !admission::refusal_log_due(*count, *last_ms, now_ms) {
             return;
         }
         log::warn!(
@@ -756,65 +598,6 @@ fn refuse(conn: &mut Conn, export: ExportInfo, reason: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits up to one poll interval for a client, and for events on `also`
-/// (whether there are some, second); `None` when no client came or the
-/// error is one to retry (an interrupted call, a client that left, or no
-/// descriptor left: connections closing will free some).
-fn accept_within_poll(
-    listener: &Listener,
-    also: Option<BorrowedFd<'_>>,
-) -> (io::Result<Option<Conn>>, bool) {
-    let mut pfds = [
-        libc::pollfd {
-            fd: listener.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: also.map_or(-1, |fd| fd.as_raw_fd()),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: two valid pollfds (a negative fd is ignored by poll).
-    let ready = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ACCEPT_POLL_MS) };
-    if ready < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            (Ok(None), false)
-        } else {
-            (Err(e), false)
-        };
-    }
-    let events_ready = pfds[1].revents != 0;
-    if pfds[0].revents == 0 {
-        return (Ok(None), events_ready);
-    }
-    (accept_ready(listener), events_ready)
-}
-
-/// Accepts the client poll saw.
-fn accept_ready(listener: &Listener) -> io::Result<Option<Conn>> {
-    match listener.accept() {
-        Ok(c) => Ok(Some(c)),
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::Interrupted
-                    | io::ErrorKind::WouldBlock
-                    | io::ErrorKind::ConnectionAborted
-            ) =>
-        {
-            Ok(None)
-        }
-        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
-            std::thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
 struct Job {
     request: Request,
     command: Command,
@@ -822,16 +605,4 @@ struct Job {
     /// The buffer memory this request holds; given back when the job is
     /// dropped (its reply sent, or the connection gone).
     _charge: Charge,
-}
-
-/// The largest read served from one buffer: the advertised maximum
-/// payload; longer reads go out in pieces of [`split_piece_bytes`].
-fn read_piece_bytes(config: &ServerConfig) -> u32 {
-    config.max_payload_bytes
-}
-
-/// The piece size of a request served by splitting: `SPLIT_CHUNK_BYTES`,
-/// never more than the advertised maximum payload.
-fn split_piece_bytes(config: &ServerConfig) -> u32 {
-    SPLIT_CHUNK_BYTES.min(config.max_payload_bytes)
 }

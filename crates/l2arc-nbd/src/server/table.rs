@@ -1,46 +1,25 @@
-//! The connection table: who holds a slot, and who gives it up.
+//! The connection table: every open client's slot, and the mechanism of
+//! bumping and reclaiming.
 //!
-//! Why. Slots are bounded (`max_connections`) so that memory and threads
-//! are, but a bound is something to hold hostage: 64 clients that connect
-//! and then do nothing would keep everyone else out. So a slot is held
-//! only while it is used, and a newcomer who finds the table full takes
-//! the slot of a client that is not using its own ("bumps" it). Not using
-//! a slot means one of three things, each the client's doing, never the
-//! server's (a slow disk under load must not make a good client look
-//! hostile):
-//!
-//! - negotiating for longer than `HANDSHAKE_BUMP_MIN`: a real client
-//!   finishes the handshake in a few round trips; one that took the
-//!   greeting and went quiet is not a client yet;
-//! - a reply that has waited `STUCK_BUMP_MIN` for the client to read it:
-//!   its requests are "in flight" only because it does not take the answer
-//!   (on a Unix socket 64 clients that each ask for 1 MiB and never read
-//!   held every slot "busy" for the whole idle timeout);
-//! - idle: nothing in flight and quiet for `STUCK_BUMP_MIN`.
-//!
-//! Among those, a negotiating one goes first (it was never admitted), then
-//! a stuck one, then an idle one (a quiet client may be a VM whose disk
-//! just has nothing to do); within a kind, the one useless the longest.
-//! Only when no slot is bumpable is the newcomer turned away, and told why
-//! (the caller's doing).
-//!
-//! The same table answers the buffer pool's question when a charge has
-//! waited for memory: which connection holds the most while its client
-//! keeps it from coming back (`reclaim`).
+//! Why apart from the policy. Which slot to bump and which connection to
+//! reclaim are decided by pure functions (`admission.rs`, `budget.rs`) on
+//! a snapshot of the table taken under its lock; this module reads the
+//! atomics of each slot into that snapshot and carries out the decision
+//! (shuts the victim's socket and closes its pool account, so that its
+//! waiting charges give up and its threads end). The lock is held from the
+//! snapshot to the close, so the victim chosen is still in the table when
+//! it is closed. A bumped slot counts as taken until its thread ends: the
+//! newcomer is let in at once, so the table may hold one more than
+//! `max_connections` for that moment.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
+use super::admission::{self, Admission, SlotState};
+use super::budget::{self, HolderState};
 use super::{Conn, Shared};
 use crate::pool::{Account, BufferPool, Charge};
-
-/// A connection still negotiating after this long may be bumped.
-pub(super) const HANDSHAKE_BUMP_MIN: Duration = Duration::from_millis(500);
-/// A connection idle, or whose reply has not moved, for this long may be
-/// bumped.
-pub(super) const STUCK_BUMP_MIN: Duration = Duration::from_secs(2);
 
 /// One client's place in the connection table.
 pub(super) struct Slot {
@@ -77,35 +56,22 @@ impl Slot {
         self.conn.shutdown();
     }
 
-    /// Why this slot may be given to a newcomer, and since when (ms), if
-    /// it may. Lower kinds go first.
-    fn bumpable(&self, now_ms: u64, pool: &BufferPool) -> Option<(Unused, u64)> {
-        if !self.transmitting.load(Ordering::SeqCst) {
-            let negotiating_ms = now_ms.saturating_sub(self.connected_ms);
-            return (negotiating_ms >= HANDSHAKE_BUMP_MIN.as_millis() as u64)
-                .then_some((Unused::Negotiating, self.connected_ms));
+    /// The slot as the admission policy sees it now.
+    fn state(&self, pool: &BufferPool) -> SlotState {
+        if self.account.is_closed() {
+            SlotState::Closing
+        } else if !self.transmitting.load(Ordering::SeqCst) {
+            SlotState::Negotiating {
+                connected_ms: self.connected_ms,
+            }
+        } else {
+            SlotState::Transmitting {
+                last_active_ms: self.last_active_ms.load(Ordering::Relaxed),
+                in_flight: self.in_flight.load(Ordering::SeqCst),
+                reply_stuck_ms: self.account.reply_stuck_ms(pool),
+            }
         }
-        let stuck_min_ms = STUCK_BUMP_MIN.as_millis() as u64;
-        let stuck_ms = self.account.reply_stuck_ms(pool);
-        if stuck_ms >= stuck_min_ms {
-            return Some((Unused::ReplyUnread, now_ms.saturating_sub(stuck_ms)));
-        }
-        let last_ms = self.last_active_ms.load(Ordering::Relaxed);
-        let idle = self.in_flight.load(Ordering::SeqCst) == 0
-            && now_ms.saturating_sub(last_ms) >= stuck_min_ms;
-        idle.then_some((Unused::Idle, last_ms))
     }
-}
-
-/// How a slot goes unused, in the order they are bumped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Unused {
-    /// Took the greeting and did not finish the handshake.
-    Negotiating,
-    /// A reply waits for the client to read it.
-    ReplyUnread,
-    /// Nothing in flight, nothing sent.
-    Idle,
 }
 
 /// Every open connection.
@@ -155,19 +121,28 @@ impl Table {
         }
     }
 
-    /// Closes the slot that has gone unused the longest (see the module
-    /// comment for the order). Its thread then ends and frees the slot;
-    /// the newcomer is let in at once, so the table may hold one more for
-    /// that moment. The kind bumped, if one was.
-    pub(super) fn bump_unused(&self, now_ms: u64, pool: &BufferPool) -> Option<Unused> {
+    /// Whether a newcomer gets in (`admission::admit` on the table now);
+    /// a slot to bump is closed before this returns. Its thread then ends
+    /// and frees the slot.
+    pub(super) fn admit(
+        &self,
+        max_connections: usize,
+        now_ms: u64,
+        pool: &BufferPool,
+    ) -> Admission {
+        if self.active() < max_connections {
+            // The common case, decided without taking the lock.
+            return Admission::Admit;
+        }
         let open = self.open();
-        let (victim, unused) = open
-            .values()
-            .filter(|s| !s.account.is_closed())
-            .filter_map(|s| s.bumpable(now_ms, pool).map(|u| (s, u)))
-            .min_by_key(|&(_, unused)| unused)?;
-        victim.close(pool);
-        Some(unused.0)
+        let slots: Vec<&Arc<Slot>> = open.values().collect();
+        let states: Vec<SlotState> = slots.iter().map(|s| s.state(pool)).collect();
+        let admission = admission::admit(self.active(), max_connections, &states, now_ms);
+        if let Admission::Bump { victim, .. } = admission {
+            assert_ne!(states[victim], SlotState::Closing, "a slot bumped twice");
+            slots[victim].close(pool);
+        }
+        admission
     }
 }
 
@@ -180,16 +155,18 @@ impl Shared {
     fn reclaim(&self, asking: &Account) {
         let stall_min_ms = self.config.stall_timeout.as_millis() as u64;
         let open = self.table.open();
-        let victim = open
-            .values()
-            .filter(|s| {
-                !std::ptr::eq(Arc::as_ptr(&s.account), asking)
-                    && !s.account.is_closed()
-                    && s.account.is_stalled(&self.pool, stall_min_ms)
+        let slots: Vec<&Arc<Slot>> = open.values().collect();
+        let holders: Vec<HolderState> = slots
+            .iter()
+            .map(|s| HolderState {
+                asking: std::ptr::eq(Arc::as_ptr(&s.account), asking),
+                closing: s.account.is_closed(),
+                stalled: s.account.is_stalled(&self.pool, stall_min_ms),
+                held_bytes: s.account.held_bytes(),
             })
-            .max_by_key(|s| s.account.held_bytes());
-        if let Some(victim) = victim {
-            victim.close(&self.pool);
+            .collect();
+        if let Some(victim) = budget::reclaim_victim(&holders) {
+            slots[victim].close(&self.pool);
             self.counters
                 .connections_reclaimed
                 .fetch_add(1, Ordering::Relaxed);

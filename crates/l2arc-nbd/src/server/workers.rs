@@ -20,9 +20,10 @@ use std::thread::JoinHandle;
 
 use l2arc::{Cache, ObjectHandle};
 
+use super::budget::{read_piece_bytes, split_piece_bytes};
 use super::reply::Replier;
 use super::table::Slot;
-use super::{Job, Shared, read_piece_bytes, split_piece_bytes};
+use super::{Job, Shared};
 use crate::protocol::{
     self, Command, NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_NO_HOLE, Request, SIMPLE_REPLY_BYTES,
 };
