@@ -26,11 +26,7 @@ fn mount(options: FsOptions, populate: impl FnOnce(&Path)) -> Mounted {
     std::fs::create_dir(&src).unwrap();
     std::fs::create_dir(&mnt).unwrap();
     populate(&src);
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 64 << 20,
-        ..CacheConfig::default()
-    })
-    .unwrap();
+    let cache = Cache::new(CacheConfig::default().arc_max_bytes(64 << 20)).unwrap();
     let primary = Arc::new(DirPrimary::new(&src).unwrap());
     let dataset = cache
         .add_dataset(
@@ -446,11 +442,7 @@ fn mount_over_slow_disks(
     std::fs::create_dir(&src).unwrap();
     std::fs::create_dir(&mnt).unwrap();
     std::fs::write(src.join("f"), bytes).unwrap();
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 64 << 20,
-        ..CacheConfig::default()
-    })
-    .unwrap();
+    let cache = Cache::new(CacheConfig::default().arc_max_bytes(64 << 20)).unwrap();
     let primary = Arc::new(DirPrimary::new(&src).unwrap());
     let hdd = Arc::new(
         EmulatedHdd::new(

@@ -50,12 +50,7 @@ fn discard_drops_arc_and_l2arc_copies() {
     let path = dir.path().join("img");
     let original = pattern(IMAGE_BYTES);
     std::fs::write(&path, &original).unwrap();
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes: 1 << 20,
-        arc_shards: 1,
-        ..CacheConfig::default()
-    })
-    .unwrap();
+    let cache = Cache::new(CacheConfig::default().arc_max_bytes(1 << 20).arc_shards(1)).unwrap();
     cache
         .add_cache_path(dir.path().join("l2.bin"), Some(64 << 20))
         .unwrap();
@@ -63,10 +58,7 @@ fn discard_drops_arc_and_l2arc_copies() {
         .add_dataset(
             "nbd",
             Arc::new(ImagePrimary::open(&path, true).unwrap()),
-            DatasetConfig {
-                recordsize_bytes: RECORD_BYTES as u32,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default().recordsize_bytes(RECORD_BYTES as u32),
         )
         .unwrap();
     let handle = cache.open(ds, "", true).unwrap();

@@ -71,11 +71,11 @@ fn primary_cache(
     (arc_max_bytes, arc_shards): (u64, usize),
     cache_device: Option<&Path>,
 ) -> (Arc<Cache>, l2arc::ObjectHandle) {
-    let cache = Cache::new(CacheConfig {
-        arc_max_bytes,
-        arc_shards,
-        ..CacheConfig::default()
-    })
+    let cache = Cache::new(
+        CacheConfig::default()
+            .arc_max_bytes(arc_max_bytes)
+            .arc_shards(arc_shards),
+    )
     .unwrap();
     if let Some(path) = cache_device {
         cache.add_cache_path(path, Some(32 << 20)).unwrap();
@@ -84,10 +84,7 @@ fn primary_cache(
         .add_dataset(
             "nbd",
             primary,
-            DatasetConfig {
-                recordsize_bytes: 64 << 10,
-                ..DatasetConfig::default()
-            },
+            DatasetConfig::default().recordsize_bytes(64 << 10),
         )
         .unwrap();
     let handle = cache.open(ds, "", writable).unwrap();
