@@ -230,7 +230,13 @@ impl Pass {
             evict_l2_skip: delta("evict_l2_skip"),
             evict_l2_cached: delta("evict_l2_cached"),
             evict_l2_ineligible: delta("evict_l2_ineligible"),
-            capture_ratio: ratio(delta("evict_l2_queued"), eligible),
+            // No eligible bytes evicted: every record the ARC let go was on
+            // flash already (`evict_l2_cached`), so nothing was lost.
+            capture_ratio: if eligible == 0 {
+                1.0
+            } else {
+                ratio(delta("evict_l2_queued"), eligible)
+            },
             primary_reads: after.primary_reads - before.primary_reads,
         }
     }
