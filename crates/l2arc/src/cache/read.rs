@@ -322,6 +322,9 @@ impl Cache {
         index: u64,
         token: u64,
     ) -> Option<AlignedBuf> {
+        if self.tiers.is_empty() {
+            return None;
+        }
         let key_hash = self.key_below(handle, index, token)?;
         let recordsize_bytes = handle.dataset.config.recordsize_bytes;
         self.tiers.iter().find_map(|tier| {
@@ -342,6 +345,9 @@ impl Cache {
         token: u64,
         wanted: Range<usize>,
     ) -> Option<(AlignedBuf, Range<usize>, usize)> {
+        if self.tiers.is_empty() {
+            return None;
+        }
         let key_hash = self.key_below(handle, index, token)?;
         self.tiers.iter().find_map(|tier| {
             let timer = self.analytics.start();

@@ -55,6 +55,14 @@ impl Tiers {
         self.slots.iter().map_while(OnceLock::get)
     }
 
+    /// Whether there is no tier below the ARC (no cache device yet): a
+    /// miss then goes straight to primary storage, with no key to hash.
+    pub(super) fn is_empty(&self) -> bool {
+        let empty = self.slots[0].get().is_none();
+        debug_assert!(!empty || self.iter().next().is_none());
+        empty
+    }
+
     /// Appends a tier below the others.
     fn push(&self, tier: Arc<dyn Tier>) {
         let _appending = self.appending.lock().expect("tier list poisoned");
