@@ -356,3 +356,92 @@ fn middle_log_block_corrupted_restores_the_newer_ones() {
     );
     assert!(read.get("l2_hits") as usize >= distinct_keys(&p.chain[..bad]) / 2);
 }
+
+/// A device of `size_bytes` that holds only what was written to it (reads
+/// of the rest are zeros): a 17 TiB device in a few MiB of memory.
+struct SparseDevice {
+    size_bytes: u64,
+    blocks: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, Vec<u8>>>>,
+}
+
+impl l2arc::DeviceIo for SparseDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let blocks = self.blocks.lock().unwrap();
+        for (i, chunk) in buf.chunks_mut(BLOCK_BYTES as usize).enumerate() {
+            let block = offset / BLOCK_BYTES + i as u64;
+            match blocks.get(&block) {
+                Some(bytes) => chunk.copy_from_slice(&bytes[..chunk.len()]),
+                None => chunk.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        assert!(offset.is_multiple_of(BLOCK_BYTES));
+        assert!(
+            offset + buf.len() as u64 <= self.size_bytes,
+            "a write past the device's end"
+        );
+        let mut blocks = self.blocks.lock().unwrap();
+        for (i, chunk) in buf.chunks(BLOCK_BYTES as usize).enumerate() {
+            blocks.insert(offset / BLOCK_BYTES + i as u64, chunk.to_vec());
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn describe(&self) -> String {
+        format!("sparse device of {} bytes", self.size_bytes)
+    }
+}
+
+/// Block numbers are 32 bits: a device of 16 TiB or more is used up to
+/// its last addressable block, and comes back after a restart (before, at
+/// exactly 16 TiB the data area's end wrapped to block 0 and adding it
+/// panicked; above, the area wrapped to a small one and the header failed
+/// to decode at every restart, so the device was wiped).
+#[test]
+fn devices_of_16_tib_and_more_are_used_to_their_last_addressable_block() {
+    for size_bytes in [1u64 << 44, (17 << 40) + 12_345] {
+        let mut world = World::new();
+        let data = world.add_file("f", 1 << 20, size_bytes);
+        let blocks = std::sync::Arc::default();
+        let device = || SparseDevice {
+            size_bytes,
+            blocks: std::sync::Arc::clone(&blocks),
+        };
+        let (cache, ds) = new_cache(&world.src, Compression::Lz4, quiet_l2());
+        let (_, open) = cache.add_cache_device(Box::new(device())).unwrap();
+        assert_eq!(open, DeviceOpen::Initialised, "{size_bytes}");
+        let f = cache.open(ds, "f", false).unwrap();
+        fill(&cache, &f, &data);
+        let stats = l2(&cache);
+        assert!(
+            stats.get("l2_bufs") > 0,
+            "{size_bytes}: nothing reached the device"
+        );
+        drop(f);
+        shutdown(cache);
+        let (cache, ds) = new_cache(&world.src, Compression::Lz4, quiet_l2());
+        let (_, open) = cache.add_cache_device(Box::new(device())).unwrap();
+        assert_eq!(
+            open,
+            DeviceOpen::Rebuilding,
+            "{size_bytes}: the header did not decode"
+        );
+        let f = cache.open(ds, "f", false).unwrap();
+        let mut buf = vec![0u8; data.len()];
+        assert_eq!(cache.read(&f, 0, &mut buf).unwrap(), data.len());
+        assert!(buf == data, "{size_bytes}: wrong bytes after the restart");
+        drop(f);
+        shutdown(cache);
+    }
+}

@@ -699,9 +699,9 @@ impl DeviceHeader {
                 self.device_size_bytes
             )));
         }
-        if end / BLOCK_BYTES > 1 << 32 {
+        if end / BLOCK_BYTES > u64::from(u32::MAX) {
             return Err(inconsistent(format!(
-                "device header: data area end {end} is beyond 2^32 blocks"
+                "device header: data area end {end} is beyond block 2^32 - 1"
             )));
         }
         let hand = u64::from(self.hand_block);
@@ -1808,6 +1808,15 @@ mod tests {
                 ..base.clone()
             },
             "> 2^32 blocks",
+        );
+        bad(
+            DeviceHeader {
+                device_size_bytes: u64::MAX,
+                // Exactly 2^32 blocks: block 2^32 does not fit a u32.
+                data_end_bytes: 1 << 44,
+                ..base.clone()
+            },
+            "= 2^32 blocks",
         );
         bad(
             DeviceHeader {

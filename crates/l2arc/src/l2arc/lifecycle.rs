@@ -161,7 +161,10 @@ impl L2Arc {
     }
 
     pub(super) fn fresh_header(&self, size_bytes: u64, old_sequence: Option<u64>) -> DeviceHeader {
-        let end = size_bytes / BLOCK_BYTES * BLOCK_BYTES;
+        // Block numbers are 32 bits (the location word, the hand): a
+        // device past 2^32 blocks (16 TiB) is used up to its last
+        // addressable block, never wrapped into a small one.
+        let end = (size_bytes / BLOCK_BYTES).min(u64::from(u32::MAX)) * BLOCK_BYTES;
         let data_blocks = (end.saturating_sub(DATA_START_BYTES) / BLOCK_BYTES) as u32;
         // The data area is whole blocks within the device, after the headers.
         debug_assert!(end <= size_bytes && end.is_multiple_of(BLOCK_BYTES));
