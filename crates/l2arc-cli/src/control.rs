@@ -19,11 +19,11 @@
 //! history (`ctl history`, as `zpool history`): [`record_history`], which
 //! other parts of the service (a reload) call for their own changes.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -584,7 +584,10 @@ mod tests {
         let device = dir.path().join("l2.img");
         let added = request(&socket, &format!("add-cache {} 64MiB", device.display())).unwrap();
         assert!(
-            added.starts_with(&format!("added cache device {} as slot 0", device.display())),
+            added.starts_with(&format!(
+                "added cache device {} as slot 0",
+                device.display()
+            )),
             "{added}"
         );
         assert_eq!(std::fs::metadata(&device).unwrap().len(), 64 << 20);

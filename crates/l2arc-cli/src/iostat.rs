@@ -61,8 +61,12 @@ struct Sample {
 impl Sample {
     fn take(socket: &std::path::Path) -> Result<Self> {
         let text = request(socket, "iostat")?;
-        let json = serde_json::from_str(text.trim())
-            .with_context(|| format!("control socket {}: malformed iostat answer", socket.display()))?;
+        let json = serde_json::from_str(text.trim()).with_context(|| {
+            format!(
+                "control socket {}: malformed iostat answer",
+                socket.display()
+            )
+        })?;
         Ok(Self { json })
     }
 
@@ -107,7 +111,12 @@ pub(crate) fn run(args: IostatArgs) -> Result<()> {
     loop {
         let cur = Sample::take(&socket)?;
         let now = Instant::now();
-        let rows = rows(&cur, prev.as_ref(), now.duration_since(prev_at), args.verbose);
+        let rows = rows(
+            &cur,
+            prev.as_ref(),
+            now.duration_since(prev_at),
+            args.verbose,
+        );
         let text = report(&rows, args.latency, args.parsable);
         out.write_all(text.as_bytes())
             .and_then(|()| out.flush())
@@ -218,7 +227,10 @@ fn latency(now: &Value, before: Option<&Value>) -> [f64; 3] {
         return [0.0; 3];
     }
     let sum_ns = now["sum_ns"].as_u64().unwrap_or(0)
-        - before.and_then(|b| b["sum_ns"].as_u64()).unwrap_or(0).min(now["sum_ns"].as_u64().unwrap_or(0));
+        - before
+            .and_then(|b| b["sum_ns"].as_u64())
+            .unwrap_or(0)
+            .min(now["sum_ns"].as_u64().unwrap_or(0));
     let quantile = |q: f64| {
         let rank = (q * count as f64).ceil().max(1.0) as u64;
         let mut seen = 0;
@@ -368,7 +380,9 @@ mod tests {
         let words: Vec<&str> = lines[1].split_whitespace().collect();
         assert_eq!(
             words,
-            ["device", "alloc", "free", "read", "write", "read", "write", "wait", "p50", "p99"]
+            [
+                "device", "alloc", "free", "read", "write", "read", "write", "wait", "p50", "p99"
+            ]
         );
         let primary: Vec<&str> = lines[3].split_whitespace().collect();
         assert_eq!(primary[..5], ["primary", "-", "-", "10", "0"], "{text}");

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod mount_cmd;
 mod iostat;
+mod mount_cmd;
 mod nbd_cmd;
 mod s3_opts;
 mod stat;

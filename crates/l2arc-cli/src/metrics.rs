@@ -52,8 +52,9 @@ enum Kind {
 fn kind_of(name: &str) -> Kind {
     match name {
         "l2_ioengine_uring" => Kind::Gauge,
-        // Bytes, without `_bytes` in ZFS's names.
-        n if n.starts_with("evict_") => Kind::CounterBytes,
+        // Bytes, without `_bytes` in ZFS's names (`evict_mru` and
+        // `evict_mfu` count records).
+        n if n.starts_with("evict_l2_") => Kind::CounterBytes,
         "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size"
         | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
         n if n.ends_with("_size") => Kind::GaugeBytes,
@@ -158,7 +159,11 @@ pub fn prometheus(cache: &Cache, high_water: &HighWater) -> String {
     for (name, value) in stats.kstats() {
         let (metric, kind) = prometheus_name("l2arc_arcstats_", name);
         write_family_head(&mut out, &metric, kind, &help_of(name, ""));
-        let _ = writeln!(out, "{metric} {}", exported(high_water, &metric, name, value));
+        let _ = writeln!(
+            out,
+            "{metric} {}",
+            exported(high_water, &metric, name, value)
+        );
     }
     write_latency(&mut out, cache);
     write_datasets(&mut out, cache, high_water);
@@ -433,12 +438,7 @@ fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats], high_water: &
     };
     for (i, (name, _)) in first.kstats.iter().enumerate() {
         let (metric, kind) = prometheus_name("l2arc_device_", name);
-        write_family_head(
-            out,
-            &metric,
-            kind,
-            &help_of(name, ", of one cache device"),
-        );
+        write_family_head(out, &metric, kind, &help_of(name, ", of one cache device"));
         for d in devices {
             let series = format!("{metric}{{{}}}", label(d));
             let value = exported(high_water, &series, name, d.kstats[i].1);
@@ -453,35 +453,100 @@ pub fn nbd_source(reader: l2arc_nbd::server::StatsReader) -> impl Fn(&mut String
     let high_water = HighWater::default();
     move |out: &mut String| {
         let s = reader.stats();
-        let counters: [(&str, &str, u64); 8] = [
-            ("l2arc_nbd_connections_accepted_total", "Connections that finished the NBD handshake, a count.", s.connections_accepted),
-            ("l2arc_nbd_connections_refused_total", "Connections turned away with the table full, a count.", s.connections_refused),
-            ("l2arc_nbd_connections_bumped_total", "Unused connections closed to make room for a new client (idle, negotiating, reply unread), a count.", s.connections_evicted + s.connections_bumped_negotiating + s.connections_bumped_reply_unread),
-            ("l2arc_nbd_connections_idle_closed_total", "Connections closed after idle_timeout of silence, a count.", s.connections_idle_closed),
-            ("l2arc_nbd_requests_total", "Requests received, valid or not, a count.", s.requests),
-            ("l2arc_nbd_request_errors_total", "Requests answered with an error, a count.", s.request_errors),
-            ("l2arc_nbd_protocol_errors_total", "Sessions ended by broken framing, a count.", s.protocol_errors),
-            ("l2arc_nbd_image_changes_total", "Times the image was found changed behind the export, a count.", s.image_changes),
-        ];
-        for (name, help, value) in counters {
+        for (name, help, value) in nbd_counters(&s) {
             write_family_head(out, name, "counter", help);
             let _ = writeln!(out, "{name} {}", high_water.hold(name, value));
         }
-        write_family_head(out, "l2arc_nbd_connections", "gauge", "Connections open now, a count.");
+        write_family_head(
+            out,
+            "l2arc_nbd_connections",
+            "gauge",
+            "Connections open now, a count.",
+        );
         let _ = writeln!(out, "l2arc_nbd_connections {}", s.connections_current);
-        write_family_head(out, "l2arc_nbd_buffer_used_bytes", "gauge", "The NBD buffer pool in use now, in bytes.");
+        write_family_head(
+            out,
+            "l2arc_nbd_buffer_used_bytes",
+            "gauge",
+            "The NBD buffer pool in use now, in bytes.",
+        );
         let _ = writeln!(out, "l2arc_nbd_buffer_used_bytes {}", s.buffer_used_bytes);
         let family = "l2arc_nbd_requests_by_type_total";
-        write_family_head(out, family, "counter", "Valid requests by NBD command type, a count.");
-        for (kind, value) in l2arc_nbd::server::REQUEST_TYPES.iter().zip(s.requests_by_type) {
-            let _ = writeln!(out, "{}", counter(&high_water, family, &format!("type=\"{kind}\""), value));
+        write_family_head(
+            out,
+            family,
+            "counter",
+            "Valid requests by NBD command type, a count.",
+        );
+        for (kind, value) in l2arc_nbd::server::REQUEST_TYPES
+            .iter()
+            .zip(s.requests_by_type)
+        {
+            let _ = writeln!(
+                out,
+                "{}",
+                counter(&high_water, family, &format!("type=\"{kind}\""), value)
+            );
         }
         let metric = "l2arc_nbd_request_latency_seconds";
-        write_family_head(out, metric, "histogram", "NBD request latency by command type, from the request to its reply, in seconds.");
+        write_family_head(
+            out,
+            metric,
+            "histogram",
+            "NBD request latency by command type, from the request to its reply, in seconds.",
+        );
         for (kind, h) in reader.latency() {
             write_histogram(out, metric, &format!("type=\"{kind}\""), &h);
         }
     }
+}
+
+/// NBD's plain counters: (name, HELP, value).
+fn nbd_counters(s: &l2arc_nbd::ServerStats) -> [(&'static str, &'static str, u64); 8] {
+    [
+        (
+            "l2arc_nbd_connections_accepted_total",
+            "Connections that finished the NBD handshake, a count.",
+            s.connections_accepted,
+        ),
+        (
+            "l2arc_nbd_connections_refused_total",
+            "Connections turned away with the table full, a count.",
+            s.connections_refused,
+        ),
+        (
+            "l2arc_nbd_connections_bumped_total",
+            "Unused connections closed to make room for a new client (idle, negotiating, reply unread), a count.",
+            s.connections_evicted
+                + s.connections_bumped_negotiating
+                + s.connections_bumped_reply_unread,
+        ),
+        (
+            "l2arc_nbd_connections_idle_closed_total",
+            "Connections closed after idle_timeout of silence, a count.",
+            s.connections_idle_closed,
+        ),
+        (
+            "l2arc_nbd_requests_total",
+            "Requests received, valid or not, a count.",
+            s.requests,
+        ),
+        (
+            "l2arc_nbd_request_errors_total",
+            "Requests answered with an error, a count.",
+            s.request_errors,
+        ),
+        (
+            "l2arc_nbd_protocol_errors_total",
+            "Sessions ended by broken framing, a count.",
+            s.protocol_errors,
+        ),
+        (
+            "l2arc_nbd_image_changes_total",
+            "Times the image was found changed behind the export, a count.",
+            s.image_changes,
+        ),
+    ]
 }
 
 /// `mount`'s family: the FUSE requests the kernel sent, by operation.
@@ -516,12 +581,10 @@ fn about(name: &str) -> &'static str {
         "mfu_hits" => "ARC hits on the MFU list (records read twice or more)",
         "mru_ghost_hits" => "Misses on records recently evicted from the MRU list",
         "mfu_ghost_hits" => "Misses on records recently evicted from the MFU list",
-        "demand_iohit_predictive_prefetch" => {
-            "Demand reads that joined a read-ahead in flight"
-        }
+        "demand_iohit_predictive_prefetch" => "Demand reads that joined a read-ahead in flight",
         "stale_drops" => "Hits on records whose object changed since they were read, dropped",
-        "evict_mru" => "Data evicted from the MRU list",
-        "evict_mfu" => "Data evicted from the MFU list",
+        "evict_mru" => "Records evicted from the MRU list",
+        "evict_mfu" => "Records evicted from the MFU list",
         "insert_no_room" => "Inserts refused because every eviction candidate was in use",
         "invalidated" => "Records dropped by writes and invalidation",
         "size" => "Data the ARC holds now",
@@ -541,7 +604,9 @@ fn about(name: &str) -> &'static str {
         "primary_read_bytes" => "Data read from primary storage",
         "primary_errors" => "Failed reads of primary storage",
         "primary_stale" => "Reads of primary storage retried because the object changed under them",
-        "zfetch_hits" => "Demand misses that continued a sequential stream and started a read-ahead",
+        "zfetch_hits" => {
+            "Demand misses that continued a sequential stream and started a read-ahead"
+        }
         "zfetch_io_issued" => "Records read ahead",
         "l2_ioengine_uring" => "Whether cache devices are read through io_uring",
         "evict_l2_cached" => "Data evicted from the ARC that a cache device held already",
@@ -551,6 +616,13 @@ fn about(name: &str) -> &'static str {
         "evict_l2_ineligible" => "Data evicted from the ARC that was not for a cache device",
         "evict_l2_skip" => "Eligible data dropped because the L2ARC feed queue was full",
         "evict_l2_queued" => "Eligible data queued for a cache device",
+        _ => about_l2(name),
+    }
+}
+
+/// One sentence on what an L2ARC kstat counts.
+fn about_l2(name: &str) -> &'static str {
+    match name {
         "l2_hits" => "Reads served from a cache device",
         "l2_misses" => "ARC misses that no cache device held",
         "l2_read_polled" => "Cache device reads completed by polling",

@@ -183,8 +183,18 @@ const COLUMNS: &[Column] = &[
         Bytes,
         "Size of L2 eligible evictions skipped (feed queue full) per second",
     ),
-    col("el2cach", 7, Bytes, "Size of L2 cached evictions per second"),
-    col("el2el", 5, Bytes, "Size of L2 eligible evictions per second"),
+    col(
+        "el2cach",
+        7,
+        Bytes,
+        "Size of L2 cached evictions per second",
+    ),
+    col(
+        "el2el",
+        5,
+        Bytes,
+        "Size of L2 eligible evictions per second",
+    ),
     col(
         "el2mfu",
         6,
@@ -352,14 +362,22 @@ fn value(column: &str, prev: &Counters, cur: &Counters, secs: f64) -> f64 {
         "rbytes" => rate("read_bytes"),
         "dkread" => rate("primary_reads"),
         "dkbytes" => rate("primary_read_bytes"),
-        "el2skip" => rate("evict_l2_skip"),
-        "el2cach" => rate("evict_l2_cached"),
-        "el2el" => rate("evict_l2_eligible"),
-        "el2mfu" => rate("evict_l2_eligible_mfu"),
-        "el2mru" => rate("evict_l2_eligible_mru"),
-        "el2inel" => rate("evict_l2_ineligible"),
-        "zhits" => rate("zfetch_hits"),
-        "zissued" => rate("zfetch_io_issued"),
+        other => rate(counter_of(other)),
+    }
+}
+
+/// The counter behind a rate column of zarcstat's `-x` and `-z` lines
+/// (`el2*`: the L2ARC eligibility of evictions, `z*`: zfetch).
+fn counter_of(column: &str) -> &'static str {
+    match column {
+        "el2skip" => "evict_l2_skip",
+        "el2cach" => "evict_l2_cached",
+        "el2el" => "evict_l2_eligible",
+        "el2mfu" => "evict_l2_eligible_mfu",
+        "el2mru" => "evict_l2_eligible_mru",
+        "el2inel" => "evict_l2_ineligible",
+        "zhits" => "zfetch_hits",
+        "zissued" => "zfetch_io_issued",
         other => unreachable!("column {other} checked at start"),
     }
 }
@@ -497,8 +515,7 @@ fn chosen_fields(args: &StatArgs, has_l2: bool) -> Result<Vec<&'static Column>> 
             .collect()
     };
     if !args.fields.is_empty() {
-        let fields: Vec<&'static Column> =
-            args.fields.iter().filter_map(|f| column(f)).collect();
+        let fields: Vec<&'static Column> = args.fields.iter().filter_map(|f| column(f)).collect();
         let incompatible: Vec<&str> = fields
             .iter()
             .filter(|c| c.l2 && !has_l2)
