@@ -45,12 +45,12 @@ pub const SOCKET_ENV: &str = "L2ARC_SOCKET";
 static HISTORY: Mutex<VecDeque<(String, String)>> = Mutex::new(VecDeque::new());
 
 /// Records an administrative change (`set nbd primarycache=none`, `reload
-/// /etc/l2arc.toml: ...`) in the history that `ctl history` lists, with the
-/// local time, and logs it once at info level (`ctl: EVENT`). Bounded:
+/// /etc/l2arc.toml: ...`), one line, in the history that `ctl history`
+/// lists, with the local time. It does not log: the caller logs its change
+/// once in its own words (the control socket's as `ctl: EVENT`). Bounded:
 /// past `HISTORY_ENTRIES_MAX` entries the oldest is dropped.
 pub fn record_history(event: &str) {
     assert!(!event.contains('\n'), "a history event is one line");
-    log::info!("ctl: {event}");
     let mut history = HISTORY.lock().unwrap_or_else(|e| e.into_inner());
     if history.len() >= HISTORY_ENTRIES_MAX {
         history.pop_front();
@@ -379,6 +379,7 @@ fn started() -> std::time::Instant {
 
 /// A change made: logged, kept in the history, and said to the client.
 fn changed(event: &str) -> String {
+    log::info!("ctl: {event}");
     record_history(event);
     format!("{event}\n")
 }
