@@ -450,21 +450,24 @@ fn ctl_takes_the_socket_anywhere_and_says_what_it_did() {
 /// A socket the user may not open says so, not "is the service running?".
 #[test]
 fn ctl_names_a_permission_error() {
-    use std::os::unix::process::CommandExt;
     let served = Served::start(true);
-    let mut ctl = l2arc();
-    ctl.arg("ctl").arg("-S").arg(&served.control).arg("stats");
+    std::fs::set_permissions(
+        &served.control,
+        std::os::unix::fs::PermissionsExt::from_mode(0o000),
+    )
+    .unwrap();
     // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } == 0 {
-        // root passes permission checks: ask as nobody.
-        ctl.uid(65534).gid(65534);
+    let mut ctl = if unsafe { libc::getuid() } == 0 {
+        // root passes permission checks: ask without its capabilities
+        // (util-linux's setpriv).
+        let mut c = l2arc_testkit::tool("setpriv", "util-linux");
+        c.args(["--inh-caps=-all", "--bounding-set=-all", "--"])
+            .arg(env!("CARGO_BIN_EXE_l2arc"));
+        c
     } else {
-        std::fs::set_permissions(
-            &served.control,
-            std::os::unix::fs::PermissionsExt::from_mode(0o000),
-        )
-        .unwrap();
-    }
+        l2arc()
+    };
+    ctl.arg("ctl").arg("-S").arg(&served.control).arg("stats");
     let out = ctl.output().unwrap();
     l2arc_testkit::assert_one_line_error(&out, "l2arc", "permission denied");
     let err = String::from_utf8_lossy(&out.stderr);
