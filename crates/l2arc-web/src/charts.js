@@ -9,7 +9,8 @@
 // L2Charts.drawAll(root)       draws every <canvas data-chart="KIND" data-spec="JSON">
 //
 // Each draw leaves what it drew in data attributes (data-points, data-bars,
-// data-columns, data-events) for tests to read. Colours come from the CSS
+// data-columns, data-events; data-series, the names of a line chart's
+// series) for tests to read. Colours come from the CSS
 // variables --chart-fg, --chart-dim and --chart-grid when the page sets
 // them, so a dark page and a white report share the code.
 "use strict";
@@ -150,6 +151,7 @@ const L2Charts = (() => {
     legend(g, names, box.left, w - 8);
     xAxis(g, box, spec, h, col, true);
     c.dataset.points = String(points);
+    c.dataset.series = JSON.stringify(spec.series.map(s => s.name));
   }
 
   // spec: {categories: [...], series: [{name, values}], yFmt, yLabel}; a
