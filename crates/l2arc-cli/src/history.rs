@@ -136,6 +136,8 @@ const DATASETS_AT: usize = WORDS_AT + 8 * (FIELDS.len() + TIERS.len() * HEAT_ROW
 const OBJECTS_AT: usize = DATASETS_AT + DATASETS_KEPT * DATASET_BYTES;
 const DEVICE_HEAT_AT: usize = OBJECTS_AT + OBJECTS_KEPT * OBJECT_BYTES;
 const SLOT_BYTES: usize = DEVICE_HEAT_AT + 8 * DEVICES_KEPT * HEAT_ROWS;
+/// Slots read at once by `History::window`.
+const READ_SLOTS_MAX: usize = 256;
 /// Size of the whole file.
 pub(crate) const FILE_BYTES: u64 = HEADER_BYTES + (SECONDS_KEPT + MINUTES_KEPT) * SLOT_BYTES as u64;
 
@@ -563,15 +565,23 @@ impl History {
         } else {
             Ring::Minutes
         };
-        let mut bytes = vec![0u8; ring.slots() as usize * SLOT_BYTES];
-        self.file
-            .read_exact_at(&mut bytes, ring.first_slot_offset())
-            .with_context(|| format!("--history {}", self.path.display()))?;
-        let mut samples: Vec<Sample> = bytes
-            .chunks_exact(SLOT_BYTES)
-            .filter_map(|b| Sample::decode(b.try_into().expect("a slot")))
-            .filter(|s| (from_ms..=end_ms).contains(&s.time_ms))
-            .collect();
+        // In pieces of `READ_SLOTS_MAX` slots: a request holds about 1 MiB
+        // of slots at once, not the whole ring (46 MiB of minutes).
+        let mut bytes = vec![0u8; READ_SLOTS_MAX * SLOT_BYTES];
+        let mut samples = Vec::new();
+        for first in (0..ring.slots()).step_by(READ_SLOTS_MAX) {
+            let n = (ring.slots() - first).min(READ_SLOTS_MAX as u64) as usize;
+            let piece = &mut bytes[..n * SLOT_BYTES];
+            self.file
+                .read_exact_at(piece, ring.first_slot_offset() + first * SLOT_BYTES as u64)
+                .with_context(|| format!("--history {}", self.path.display()))?;
+            samples.extend(
+                piece
+                    .chunks_exact(SLOT_BYTES)
+                    .filter_map(|b| Sample::decode(b.try_into().expect("a slot")))
+                    .filter(|s| (from_ms..=end_ms).contains(&s.time_ms)),
+            );
+        }
         samples.sort_by_key(|s| s.time_ms);
         Ok((ring.period_ms() / 1000, samples))
     }
