@@ -286,7 +286,7 @@ fn deb_package_holds_the_install_layout() {
     let target = bin().parent().unwrap().parent().unwrap();
     tool("cargo-deb", "cargo-deb");
     let out = run(Command::new(repo().join("scripts/package.sh"))
-        .args(["--no-build", "--profile", "dev"])
+        .args(["--no-build", "--profile", "dev", "--fast"])
         .env("CARGO_TARGET_DIR", target));
     let deb = PathBuf::from(stdout(&out).trim());
     assert!(deb.is_file(), "no package at {}", deb.display());
