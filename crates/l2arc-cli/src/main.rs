@@ -9,8 +9,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
+mod gen_cmd;
 mod iostat;
 mod mount_cmd;
 mod nbd_cmd;
@@ -21,10 +22,24 @@ mod trace_cmd;
 // The decoders of outside bytes live in the library (fuzzed there).
 use l2arc_cli::{control, service};
 
+/// `l2arc --version`: the version, the commit it was built from (`-dirty`
+/// with uncommitted changes), the enabled features and the profile
+/// (stamped by build.rs).
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit: ",
+    env!("L2ARC_COMMIT"),
+    "\nfeatures: ",
+    env!("L2ARC_FEATURES"),
+    "\nprofile: ",
+    env!("L2ARC_PROFILE"),
+);
+
 #[derive(Parser)]
 #[command(
     name = "l2arc",
     version,
+    long_version = LONG_VERSION,
     about = "The ZFS ARC and L2ARC read cache, in front of any slow storage"
 )]
 struct Cli {
@@ -53,6 +68,11 @@ enum Command {
     Stat(stat::StatArgs),
     /// zpool iostat for a running mount or serve-nbd: operations, bandwidth and latency per cache device and primary storage (`l2arc iostat -S SOCK -v -l 1`).
     Iostat(iostat::IostatArgs),
+    /// Print the shell completion script for bash, zsh or fish (`l2arc completions bash > /etc/bash_completion.d/l2arc`).
+    Completions(gen_cmd::CompletionsArgs),
+    /// Write the man pages (l2arc.1 and one per subcommand) into a directory.
+    #[command(hide = true)]
+    Manpages(gen_cmd::ManpagesArgs),
 }
 
 /// `l2arc bench ARGS` is `l2arc-bench ARGS`: the benchmarks and their
@@ -84,6 +104,8 @@ fn main() -> ExitCode {
         Command::Ctl(args) => control::run(args),
         Command::Stat(args) => stat::run(args),
         Command::Iostat(args) => iostat::run(args),
+        Command::Completions(args) => gen_cmd::completions(args, Cli::command()),
+        Command::Manpages(args) => gen_cmd::manpages(args, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
