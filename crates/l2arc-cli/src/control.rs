@@ -13,13 +13,19 @@
 //! `COMMAND_BYTES_MAX` bytes and must arrive within `COMMAND_TIMEOUT`; the
 //! listener serves one connection at a time, so a stuck client delays other
 //! control clients by at most that long and never touches the data path.
+//!
+//! Every change made through it (a device added or removed, a property
+//! set) is logged once through `log` and kept in the administrative
+//! history (`ctl history`, as `zpool history`): [`record_history`], which
+//! other parts of the service (a reload) call for their own changes.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -30,6 +36,66 @@ const COMMAND_BYTES_MAX: u64 = 4096;
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default size of a cache file that `add-cache` creates.
 const ADD_CACHE_DEFAULT_BYTES: u64 = 1 << 30;
+/// Entries `ctl history` keeps (the oldest go first past it).
+const HISTORY_ENTRIES_MAX: usize = 10_000;
+/// Where `ctl` and `stat` find the socket when `-S` is not given.
+pub const SOCKET_ENV: &str = "L2ARC_SOCKET";
+
+/// The administrative changes since start: (local time, event), oldest first.
+static HISTORY: Mutex<VecDeque<(String, String)>> = Mutex::new(VecDeque::new());
+
+/// Records an administrative change (`set nbd primarycache=none`, `reload
+/// /etc/l2arc.toml: ...`), one line, in the history that `ctl history`
+/// lists, with the local time. It does not log: the caller logs its change
+/// once in its own words (the control socket's as `ctl: EVENT`). Bounded:
+/// past `HISTORY_ENTRIES_MAX` entries the oldest is dropped.
+pub fn record_history(event: &str) {
+    assert!(!event.contains('\n'), "a history event is one line");
+    let mut history = HISTORY.lock().unwrap_or_else(|e| e.into_inner());
+    if history.len() >= HISTORY_ENTRIES_MAX {
+        history.pop_front();
+    }
+    history.push_back((history_time(), event.to_string()));
+}
+
+/// `zpool history`'s time stamp: local `YYYY-MM-DD.HH:MM:SS`.
+fn history_time() -> String {
+    // SAFETY: time(NULL) and localtime_r only write the struct we pass.
+    let tm = unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        tm
+    };
+    format!(
+        "{:04}-{:02}-{:02}.{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+fn history_text() -> String {
+    let history = HISTORY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = String::from("History for 'l2arc':\n");
+    for (time, event) in history.iter() {
+        out.push_str(&format!("{time} {event}\n"));
+    }
+    out
+}
+
+/// The control socket: `-S PATH`, else `$L2ARC_SOCKET`.
+pub fn socket_path(flag: Option<PathBuf>) -> Result<PathBuf> {
+    match flag.or_else(|| std::env::var_os(SOCKET_ENV).map(PathBuf::from)) {
+        Some(path) if !path.as_os_str().is_empty() => Ok(path),
+        _ => bail!(
+            "no control socket given: add -S PATH (the service's --control PATH) or set {SOCKET_ENV}"
+        ),
+    }
+}
 
 /// A listening control socket; stops and removes the socket file on drop.
 pub struct ControlServer {
@@ -42,6 +108,7 @@ impl ControlServer {
     /// Listens on `path` (an existing socket file there is replaced only if
     /// nothing answers on it: two services must not share one).
     pub fn start(cache: Arc<Cache>, path: &Path) -> Result<Self> {
+        started();
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
                 bail!(
@@ -141,6 +208,11 @@ pub enum ControlCommand {
         /// The device's slot.
         slot: u8,
     },
+    /// `history`: the administrative changes since start.
+    History,
+    /// `iostat`: operations, bytes and latency histograms of primary
+    /// storage and each cache device, as one JSON object (`l2arc iostat`).
+    Iostat,
 }
 
 impl ControlCommand {
@@ -153,6 +225,8 @@ impl ControlCommand {
             ["stats"] => ControlCommand::Stats,
             ["devices"] => ControlCommand::Devices,
             ["datasets"] => ControlCommand::Datasets,
+            ["history"] => ControlCommand::History,
+            ["iostat"] => ControlCommand::Iostat,
             ["set", dataset, assignment] => {
                 let (property, value) = assignment.split_once('=').ok_or_else(|| {
                     anyhow::anyhow!(
@@ -178,7 +252,7 @@ impl ControlCommand {
                 })?,
             },
             _ => bail!(
-                "unknown command `{line}`: expected stats, devices, datasets, set DATASET PROPERTY=VALUE, add-cache PATH [SIZE] or remove-cache SLOT"
+                "unknown command `{line}`: expected stats, devices, datasets, history, iostat, set DATASET PROPERTY=VALUE, add-cache PATH [SIZE] or remove-cache SLOT"
             ),
         })
     }
@@ -189,6 +263,8 @@ impl ControlCommand {
             ControlCommand::Stats => "stats".into(),
             ControlCommand::Devices => "devices".into(),
             ControlCommand::Datasets => "datasets".into(),
+            ControlCommand::History => "history".into(),
+            ControlCommand::Iostat => "iostat".into(),
             ControlCommand::Set {
                 dataset,
                 property,
@@ -219,7 +295,7 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
             value,
         } => {
             cache.set_dataset_property(&dataset, &property, &value)?;
-            Ok(String::new())
+            Ok(changed(&format!("set {dataset} {property}={value}")))
         }
         ControlCommand::Datasets => {
             let mut out = String::new();
@@ -238,13 +314,74 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
             let (slot, open) = cache
                 .add_cache_path(&path, Some(size_bytes))
                 .with_context(|| format!("cache device {path}"))?;
-            Ok(format!("slot {slot} {open:?}\n"))
+            Ok(changed(&format!(
+                "added cache device {path} as slot {slot} ({})",
+                format!("{open:?}").to_lowercase()
+            )))
         }
         ControlCommand::RemoveCache { slot } => {
             cache.remove_cache_device(slot)?;
-            Ok(String::new())
+            Ok(changed(&format!("removed cache device {slot}")))
         }
+        ControlCommand::History => Ok(history_text()),
+        ControlCommand::Iostat => Ok(format!("{}\n", iostat_json(cache))),
     }
+}
+
+/// What `l2arc iostat` needs in one answer: per cache device its capacity,
+/// operations and bytes; primary storage's; the latency histograms by tier;
+/// the seconds since the service started (its first report averages over them).
+fn iostat_json(cache: &Cache) -> serde_json::Value {
+    let stats = cache.stats();
+    let devices: Vec<serde_json::Value> = stats
+        .l2
+        .iter()
+        .flat_map(|l2| &l2.devices)
+        .map(|d| {
+            let get = |name: &str| {
+                d.kstats
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(0, |(_, v)| *v)
+            };
+            serde_json::json!({
+                "slot": d.slot,
+                "device": d.description,
+                "state": d.state,
+                "size_bytes": d.size_bytes,
+                "alloc_bytes": get("l2_asize"),
+                "reads": get("l2_hits"),
+                "read_bytes": get("l2_read_bytes"),
+                "writes": get("l2_writes_sent"),
+                "write_bytes": get("l2_write_bytes"),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "uptime_secs": started().elapsed().as_secs_f64(),
+        "primary": {
+            "reads": stats.primary_reads,
+            "read_bytes": stats.primary_read_bytes,
+            "writes": stats.writes,
+            "write_bytes": stats.write_bytes,
+        },
+        "devices": devices,
+        "histograms": crate::metrics::json_histograms(cache),
+    })
+}
+
+/// When the process started serving control commands (first call: at the
+/// control socket's start).
+fn started() -> std::time::Instant {
+    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(std::time::Instant::now)
+}
+
+/// A change made: logged, kept in the history, and said to the client.
+fn changed(event: &str) -> String {
+    log::info!("ctl: {event}");
+    record_history(event);
+    format!("{event}\n")
 }
 
 fn mode_name(mode: l2arc::CacheMode) -> &'static str {
@@ -281,11 +418,18 @@ fn devices(cache: &Cache) -> String {
 /// Sends one command and returns the answer's body, or the service's error.
 pub fn request(socket: &Path, command: &str) -> Result<String> {
     assert!(!command.contains('\n'), "one command per line");
-    let mut stream = UnixStream::connect(socket).with_context(|| {
-        format!(
-            "control socket {}: is the service running with --control?",
-            socket.display()
-        )
+    let mut stream = UnixStream::connect(socket).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            anyhow::anyhow!(
+                "control socket {}: permission denied: it is mode 0600, owned by the service's user; run this as that user (or root)",
+                socket.display()
+            )
+        } else {
+            anyhow::anyhow!(
+                "control socket {}: {e}: is the service running with --control?",
+                socket.display()
+            )
+        }
     })?;
     stream.set_read_timeout(Some(Duration::from_secs(120)))?;
     stream.write_all(format!("{command}\n").as_bytes())?;
@@ -300,12 +444,45 @@ pub fn request(socket: &Path, command: &str) -> Result<String> {
     }
 }
 
+/// Standard output was closed by its reader (`| head`): the command ends
+/// quietly with success, as a Unix filter does (`main` checks for it).
+#[derive(Debug)]
+pub struct OutputClosed;
+
+impl std::fmt::Display for OutputClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("output closed")
+    }
+}
+
+impl std::error::Error for OutputClosed {}
+
+/// An output error: `OutputClosed` for a broken pipe, else the error.
+pub fn output_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        anyhow::Error::new(OutputClosed)
+    } else {
+        anyhow::Error::new(e).context("write output")
+    }
+}
+
+/// Where lines go: standard output, or `-o FILE`.
+pub fn open_output(outfile: Option<&std::path::Path>) -> Result<Box<dyn Write>> {
+    Ok(match outfile {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot open {} for writing", path.display()))?,
+        )),
+        None => Box::new(std::io::stdout().lock()),
+    })
+}
+
 /// `l2arc ctl`: commands to a running service.
 #[derive(Args, Debug)]
 pub struct CtlArgs {
-    /// The service's control socket (its --control PATH).
-    #[arg(long)]
-    pub socket: PathBuf,
+    /// The service's control socket (its --control PATH; default $L2ARC_SOCKET); before or after the subcommand.
+    #[arg(short = 'S', long, global = true)]
+    pub socket: Option<PathBuf>,
     /// What to ask.
     #[command(subcommand)]
     pub command: CtlCommand,
@@ -332,6 +509,8 @@ pub enum CtlCommand {
     },
     /// List datasets and their properties.
     Datasets,
+    /// The administrative changes since start, with time stamps (as `zpool history`).
+    History,
     /// Set a dataset property while running: primarycache=all|none,
     /// secondarycache=all|none, compression=lz4|zstd|off.
     Set {
@@ -361,6 +540,7 @@ pub fn run(args: CtlArgs) -> Result<()> {
         }
         CtlCommand::RemoveCache { slot } => format!("remove-cache {slot}"),
         CtlCommand::Datasets => "datasets".to_string(),
+        CtlCommand::History => "history".to_string(),
         CtlCommand::Set {
             dataset,
             assignment,
@@ -371,8 +551,11 @@ pub fn run(args: CtlArgs) -> Result<()> {
             format!("set {dataset} {assignment}")
         }
     };
-    print!("{}", request(&args.socket, &command)?);
-    Ok(())
+    let answer = request(&socket_path(args.socket)?, &command)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(answer.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(output_error)
 }
 
 #[cfg(test)]
@@ -401,14 +584,26 @@ mod tests {
 
         let device = dir.path().join("l2.img");
         let added = request(&socket, &format!("add-cache {} 64MiB", device.display())).unwrap();
-        assert!(added.starts_with("slot 0"), "{added}");
+        assert!(
+            added.starts_with(&format!(
+                "added cache device {} as slot 0",
+                device.display()
+            )),
+            "{added}"
+        );
         assert_eq!(std::fs::metadata(&device).unwrap().len(), 64 << 20);
         let listed = request(&socket, "devices").unwrap();
         assert!(listed.contains(&device.display().to_string()), "{listed}");
         assert!(request(&socket, "stats").unwrap().contains("l2_devices 1"));
 
-        request(&socket, "remove-cache 0").unwrap();
+        assert_eq!(
+            request(&socket, "remove-cache 0").unwrap(),
+            "removed cache device 0\n"
+        );
         assert!(request(&socket, "stats").unwrap().contains("l2_devices 0"));
+        let history = request(&socket, "history").unwrap();
+        assert!(history.starts_with("History for 'l2arc':\n"), "{history}");
+        assert!(history.contains(" removed cache device 0\n"), "{history}");
         drop(server);
         assert!(!socket.exists(), "the socket file is removed on stop");
     }

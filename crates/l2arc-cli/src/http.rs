@@ -15,7 +15,10 @@
 //! `--allow-remote`, as NBD's does: the page shows file names and load.
 //!
 //! Nothing here writes to the cache: the endpoint is read-only by
-//! construction (it only calls `Cache::stats` and the analytics).
+//! construction (it only calls `Cache::stats` and the analytics). The
+//! front end adds its own families to `/metrics` (NBD's requests, FUSE's
+//! operations) through `metrics::register`; the endpoint keeps the highest
+//! value it served of every counter, so that none falls on the page.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -75,12 +78,17 @@ impl HttpServer {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&stopping);
         let active = Arc::new(AtomicUsize::new(0));
+        let endpoint = Arc::new(Endpoint {
+            cache,
+            history,
+            high_water: crate::metrics::HighWater::default(),
+        });
         let thread = std::thread::Builder::new()
             .name("l2arc-http".into())
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
-                        Ok((stream, _)) => accept(&cache, history.as_ref(), stream, &active),
+                        Ok((stream, _)) => accept(&endpoint, stream, &active),
                         Err(_) => std::thread::sleep(ACCEPT_POLL),
                     }
                 }
@@ -107,14 +115,17 @@ impl Drop for HttpServer {
     }
 }
 
+/// What every connection serves from.
+struct Endpoint {
+    cache: Arc<Cache>,
+    history: Option<Arc<History>>,
+    /// The highest value of each counter served on `/metrics`.
+    high_water: crate::metrics::HighWater,
+}
+
 /// Serves one connection on a thread of its own, or refuses it when
 /// `CONNECTIONS_MAX` are being served.
-fn accept(
-    cache: &Arc<Cache>,
-    history: Option<&Arc<History>>,
-    stream: TcpStream,
-    active: &Arc<AtomicUsize>,
-) {
+fn accept(endpoint: &Arc<Endpoint>, stream: TcpStream, active: &Arc<AtomicUsize>) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
@@ -123,13 +134,12 @@ fn accept(
         let _ = respond(&stream, 503, "text/plain", b"too many connections\n", false);
         return;
     }
-    let cache = Arc::clone(cache);
-    let history = history.cloned();
+    let endpoint = Arc::clone(endpoint);
     let active_for_thread = Arc::clone(active);
     let spawned = std::thread::Builder::new()
         .name("l2arc-http-conn".into())
         .spawn(move || {
-            let _ = serve(&cache, history.as_deref(), &stream);
+            let _ = serve(&endpoint, &stream);
             active_for_thread.fetch_sub(1, Ordering::SeqCst);
         });
     if spawned.is_err() {
@@ -215,7 +225,7 @@ fn read_head(mut stream: &TcpStream) -> Result<Vec<u8>, Refusal> {
     }
 }
 
-fn serve(cache: &Cache, history: Option<&History>, stream: &TcpStream) -> std::io::Result<()> {
+fn serve(endpoint: &Endpoint, stream: &TcpStream) -> std::io::Result<()> {
     let request = read_head(stream).and_then(|head| parse_head(&head));
     let request = match request {
         Ok(r) => r,
@@ -248,17 +258,14 @@ fn serve(cache: &Cache, history: Option<&History>, stream: &TcpStream) -> std::i
             false,
         );
     }
-    let (status, content_type, body) = route(cache, history, &request);
+    let (status, content_type, body) = route(endpoint, &request);
     respond(stream, status, content_type, &body, head_only)
 }
 
 /// The answer to a well-formed GET: status, content type and body.
-fn route(
-    cache: &Cache,
-    history: Option<&History>,
-    request: &Request,
-) -> (u16, &'static str, Vec<u8>) {
+fn route(endpoint: &Endpoint, request: &Request) -> (u16, &'static str, Vec<u8>) {
     const JSON: &str = "application/json";
+    let (cache, history) = (&*endpoint.cache, endpoint.history.as_deref());
     const TEXT: &str = "text/plain";
     match request.path.as_str() {
         "/" | "/index.html" => (
@@ -269,7 +276,7 @@ fn route(
         "/metrics" => (
             200,
             "text/plain; version=0.0.4; charset=utf-8",
-            crate::metrics::prometheus(cache).into_bytes(),
+            crate::metrics::prometheus(cache, &endpoint.high_water).into_bytes(),
         ),
         "/api/stats" => (
             200,

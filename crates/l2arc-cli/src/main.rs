@@ -3,13 +3,16 @@
 //! Every subcommand is a thin shell over the engine's public API: parse
 //! arguments, call the library, print. Errors are printed as one line
 //! (`l2arc: <what went wrong>`) with a nonzero exit, never as a panic or a
-//! backtrace: a storage tool's users script it and read its logs.
+//! backtrace: a storage tool's users script it and read its logs. A
+//! reader that closes the output early (`l2arc stat 1 | head -2`) ends a
+//! command quietly with success, as it does any Unix filter.
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod gen_cmd;
+mod iostat;
 mod mount_cmd;
 mod nbd_cmd;
 mod s3_opts;
@@ -61,8 +64,10 @@ enum Command {
     ServeNbd(nbd_cmd::ServeNbdArgs),
     /// Talk to a running mount or serve-nbd through its --control socket: stats, cache devices.
     Ctl(control::CtlArgs),
-    /// arcstat for a running mount or serve-nbd: one line of rates per interval (`l2arc stat -s SOCK 1 10`).
+    /// arcstat for a running mount or serve-nbd: one line of rates per interval (`l2arc stat -S SOCK 1 10`).
     Stat(stat::StatArgs),
+    /// zpool iostat for a running mount or serve-nbd: operations, bandwidth and latency per cache device and primary storage (`l2arc iostat -S SOCK -v -l 1`).
+    Iostat(iostat::IostatArgs),
     /// Print the shell completion script for bash, zsh or fish (`l2arc completions bash > /etc/bash_completion.d/l2arc`).
     Completions(gen_cmd::CompletionsArgs),
     /// Write the man pages (l2arc.1 and one per subcommand) into a directory.
@@ -98,11 +103,13 @@ fn main() -> ExitCode {
         Command::ServeNbd(args) => nbd_cmd::run(args),
         Command::Ctl(args) => control::run(args),
         Command::Stat(args) => stat::run(args),
+        Command::Iostat(args) => iostat::run(args),
         Command::Completions(args) => gen_cmd::completions(args, Cli::command()),
         Command::Manpages(args) => gen_cmd::manpages(args, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<control::OutputClosed>() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("l2arc: {e:#}");
             ExitCode::FAILURE

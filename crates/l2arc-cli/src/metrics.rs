@@ -10,11 +10,23 @@
 //!
 //! Every value comes from one `Cache::stats()` snapshot, the same that
 //! `l2arc ctl stats` prints, so the two agree when taken at one moment.
+//!
+//! Hygiene, as `promtool check metrics` and Prometheus' naming guide want
+//! it: a flag is a gauge, a byte counter ends in `_bytes_total`, every
+//! family has a HELP sentence that names its unit, the process is
+//! described by the standard `process_*` families and `l2arc_build_info`.
+//! A counter never falls on the page: the endpoint keeps the highest value
+//! it served of each series ([`HighWater`]), so a device removed and added
+//! again under the same slot and path does not look like a reset. Front
+//! ends add their own families (NBD's requests and their latency, FUSE's
+//! operations) through [`register`].
 //! The histograms' Prometheus buckets are the engine's octave boundaries
 //! (64 ns to 64 s, each bucket twice the last): exact sums of the engine's
 //! finer buckets, few enough to scrape every second.
 
+use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::{Arc, Mutex, RwLock};
 
 use l2arc::Cache;
 use l2arc::latency::{BUCKETS, HistogramSnapshot, bucket_low_ns};
@@ -39,6 +51,10 @@ enum Kind {
 
 fn kind_of(name: &str) -> Kind {
     match name {
+        "l2_ioengine_uring" => Kind::Gauge,
+        // Bytes, without `_bytes` in ZFS's names (`evict_mru` and
+        // `evict_mfu` count records).
+        n if n.starts_with("evict_l2_") => Kind::CounterBytes,
         "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size"
         | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
         n if n.ends_with("_size") => Kind::GaugeBytes,
@@ -53,7 +69,10 @@ fn kind_of(name: &str) -> Kind {
 fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
     match kind_of(name) {
         Kind::Counter => (format!("{prefix}{name}_total"), "counter"),
-        Kind::CounterBytes => (format!("{prefix}{name}_total"), "counter"),
+        Kind::CounterBytes if name.ends_with("_bytes") => {
+            (format!("{prefix}{name}_total"), "counter")
+        }
+        Kind::CounterBytes => (format!("{prefix}{name}_bytes_total"), "counter"),
         Kind::GaugeBytes => (format!("{prefix}{name}_bytes"), "gauge"),
         Kind::Gauge => (format!("{prefix}{name}"), "gauge"),
         Kind::GaugeMicros => (
@@ -78,33 +97,238 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The whole `/metrics` page.
-pub fn prometheus(cache: &Cache) -> String {
+/// Series that [`HighWater`] remembers at most (new ones past it are
+/// served as they are).
+const HIGH_WATER_SERIES_MAX: usize = 65_536;
+
+/// The highest value served of each counter series (name and labels): a
+/// counter on the page never falls, whatever happens below it.
+#[derive(Default)]
+pub struct HighWater(Mutex<HashMap<String, u64>>);
+
+impl HighWater {
+    /// `value`, or the highest served before for `series` if that is more.
+    fn hold(&self, series: &str, value: u64) -> u64 {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.get_mut(series) {
+            Some(high) => {
+                *high = (*high).max(value);
+                *high
+            }
+            None => {
+                if seen.len() < HIGH_WATER_SERIES_MAX {
+                    seen.insert(series.to_string(), value);
+                }
+                value
+            }
+        }
+    }
+}
+
+/// A front end's families, appended to every `/metrics` page.
+type Source = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// The sources registered now, by registration number.
+static SOURCES: RwLock<Vec<(u64, Source)>> = RwLock::new(Vec::new());
+static NEXT_SOURCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Keeps a source registered; unregisters it when dropped.
+pub struct Registration(u64);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut sources = SOURCES.write().unwrap_or_else(|e| e.into_inner());
+        sources.retain(|(id, _)| *id != self.0);
+    }
+}
+
+/// Adds `source` (it writes whole families: HELP, TYPE and samples, with
+/// names no other source uses) to `/metrics` while the result lives. One
+/// service runs per process, so the registry is the process's.
+pub fn register(source: impl Fn(&mut String) + Send + Sync + 'static) -> Registration {
+    let id = NEXT_SOURCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut sources = SOURCES.write().unwrap_or_else(|e| e.into_inner());
+    sources.push((id, Arc::new(source)));
+    Registration(id)
+}
+
+/// The whole `/metrics` page; counters held at their high-water mark.
+pub fn prometheus(cache: &Cache, high_water: &HighWater) -> String {
     let stats = cache.stats();
     let mut out = String::with_capacity(16 << 10);
     for (name, value) in stats.kstats() {
         let (metric, kind) = prometheus_name("l2arc_arcstats_", name);
-        write_family_head(&mut out, &metric, kind, &format!("arcstats `{name}`."));
-        let _ = writeln!(out, "{metric} {}", exported_value(name, value));
+        write_family_head(&mut out, &metric, kind, &help_of(name, ""));
+        let _ = writeln!(
+            out,
+            "{metric} {}",
+            exported(high_water, &metric, name, value)
+        );
     }
     write_latency(&mut out, cache);
-    write_datasets(&mut out, cache);
+    write_datasets(&mut out, cache, high_water);
     if let Some(l2) = &stats.l2 {
-        write_devices(&mut out, &l2.devices);
+        write_devices(&mut out, &l2.devices, high_water);
+    }
+    write_build_info(&mut out);
+    write_process(&mut out);
+    let sources: Vec<Source> = SOURCES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(_, s)| Arc::clone(s))
+        .collect();
+    for source in sources {
+        source(&mut out);
     }
     out
 }
 
-fn write_family_head(out: &mut String, metric: &str, kind: &str, help: &str) {
+/// A kstat's value as served: counters through the high-water mark.
+fn exported(high_water: &HighWater, series: &str, name: &str, value: u64) -> String {
+    match kind_of(name) {
+        Kind::Counter | Kind::CounterBytes => high_water.hold(series, value).to_string(),
+        _ => exported_value(name, value),
+    }
+}
+
+/// `l2arc_build_info{version,commit} 1`.
+fn write_build_info(out: &mut String) {
+    write_family_head(
+        out,
+        "l2arc_build_info",
+        "gauge",
+        "The running l2arc's version and commit, as labels (value 1).",
+    );
+    let _ = writeln!(
+        out,
+        "l2arc_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        escape(env!("CARGO_PKG_VERSION")),
+        escape(option_env!("L2ARC_COMMIT").unwrap_or("unknown"))
+    );
+}
+
+/// A family's HELP and TYPE lines.
+pub(crate) fn write_family_head(out: &mut String, metric: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {metric} {help}");
     let _ = writeln!(out, "# TYPE {metric} {kind}");
+}
+
+/// HELP of a kstat: one sentence, its unit, and its arcstats name.
+fn help_of(name: &str, of_what: &str) -> String {
+    let unit = match kind_of(name) {
+        Kind::Counter => "count",
+        Kind::CounterBytes | Kind::GaugeBytes => "bytes",
+        Kind::GaugeMicros => "seconds",
+        Kind::Gauge if name == "l2_ioengine_uring" || name == "l2_rebuild_success" => "0 or 1",
+        Kind::Gauge => "count",
+    };
+    format!("{}{of_what} ({unit}; arcstats {name}).", about(name))
+}
+
+/// The standard `process_*` families (as the Prometheus client libraries
+/// write them), from /proc/self: CPU, memory, descriptors, start time.
+fn write_process(out: &mut String) {
+    let Some(p) = ProcessStats::read() else {
+        return;
+    };
+    let families: [(&str, &str, &str, f64); 6] = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time spent by the process, in seconds.",
+            p.cpu_seconds,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the process, in bytes.",
+            p.resident_bytes as f64,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory of the process, in bytes.",
+            p.virtual_bytes as f64,
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "File descriptors the process has open, a count.",
+            p.open_fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "The process's limit of open file descriptors (RLIMIT_NOFILE), a count.",
+            p.max_fds as f64,
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "When the process started, in seconds since the Unix epoch.",
+            p.start_time_seconds,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        write_family_head(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
+/// What /proc says of this process.
+struct ProcessStats {
+    cpu_seconds: f64,
+    resident_bytes: u64,
+    virtual_bytes: u64,
+    open_fds: u64,
+    max_fds: u64,
+    start_time_seconds: f64,
+}
+
+impl ProcessStats {
+    fn read() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which may hold spaces: `pid (comm) state ...`.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let field = |n: usize| -> Option<u64> { fields.get(n - 3)?.parse().ok() };
+        // SAFETY: sysconf and getrlimit only read or write what we pass.
+        let (ticks, page_bytes, max_fds) = unsafe {
+            let mut limit: libc::rlimit = std::mem::zeroed();
+            let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                limit.rlim_cur
+            } else {
+                0
+            };
+            (
+                libc::sysconf(libc::_SC_CLK_TCK).max(1) as f64,
+                libc::sysconf(libc::_SC_PAGESIZE).max(1) as u64,
+                max,
+            )
+        };
+        let boot_seconds: f64 = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(Self {
+            cpu_seconds: (field(14)? + field(15)?) as f64 / ticks,
+            virtual_bytes: field(23)?,
+            resident_bytes: field(24)? * page_bytes,
+            open_fds: std::fs::read_dir("/proc/self/fd").ok()?.count() as u64,
+            max_fds,
+            start_time_seconds: boot_seconds + field(22)? as f64 / ticks,
+        })
+    }
 }
 
 /// Latency by the tier that served a read.
 fn write_latency(out: &mut String, cache: &Cache) {
     let metric = "l2arc_read_latency_seconds";
     let help = format!(
-        "Read latency by the tier that served it (arc_hit sampled 1 in {}, weighted), and front-end requests.",
+        "Read latency by the tier that served it (arc_hit sampled 1 in {}, weighted), and of front-end requests, in seconds.",
         l2arc::analytics::ARC_HIT_SAMPLE_PERIOD
     );
     write_family_head(out, metric, "histogram", &help);
@@ -114,33 +338,33 @@ fn write_latency(out: &mut String, cache: &Cache) {
 }
 
 /// Properties and counters per dataset.
-fn write_datasets(out: &mut String, cache: &Cache) {
+fn write_datasets(out: &mut String, cache: &Cache, high_water: &HighWater) {
     let datasets = cache.dataset_list();
     let families: [(&str, &str, &str); 5] = [
         (
             "l2arc_dataset_info",
             "gauge",
-            "Dataset properties (value 1).",
+            "A dataset's properties, as labels (value 1).",
         ),
         (
             "l2arc_dataset_recordsize_bytes",
             "gauge",
-            "Dataset recordsize.",
+            "A dataset's recordsize, in bytes.",
         ),
         (
             "l2arc_dataset_l2_hits_total",
             "counter",
-            "L2ARC hits of the dataset.",
+            "Reads of the dataset served by a cache device, a count.",
         ),
         (
             "l2arc_dataset_primary_reads_total",
             "counter",
-            "Primary storage reads of the dataset.",
+            "Reads of primary storage for the dataset, a count.",
         ),
         (
             "l2arc_dataset_primary_read_bytes_total",
             "counter",
-            "Bytes read from primary storage for the dataset.",
+            "Bytes read from primary storage for the dataset, in bytes.",
         ),
     ];
     for (family, kind, help) in families {
@@ -158,19 +382,26 @@ fn write_datasets(out: &mut String, cache: &Cache) {
                 "l2arc_dataset_recordsize_bytes" => {
                     format!("{family}{{{label}}} {}", config.recordsize_bytes)
                 }
-                "l2arc_dataset_l2_hits_total" => format!("{family}{{{label}}} {}", a.l2_hits),
+                "l2arc_dataset_l2_hits_total" => counter(high_water, family, &label, a.l2_hits),
                 "l2arc_dataset_primary_reads_total" => {
-                    format!("{family}{{{label}}} {}", a.primary_reads)
+                    counter(high_water, family, &label, a.primary_reads)
                 }
-                _ => format!("{family}{{{label}}} {}", a.primary_read_bytes),
+                _ => counter(high_water, family, &label, a.primary_read_bytes),
             };
             let _ = writeln!(out, "{line}");
         }
     }
 }
 
+/// A counter's sample line, held at its high-water mark.
+fn counter(high_water: &HighWater, family: &str, labels: &str, value: u64) -> String {
+    let series = format!("{family}{{{labels}}}");
+    let value = high_water.hold(&series, value);
+    format!("{series} {value}")
+}
+
 /// State, capacity and every counter per cache device.
-fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats]) {
+fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats], high_water: &HighWater) {
     let label = |d: &l2arc::DeviceStats| {
         format!("slot=\"{}\",device=\"{}\"", d.slot, escape(&d.description))
     };
@@ -178,7 +409,7 @@ fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats]) {
         out,
         "l2arc_device_info",
         "gauge",
-        "Cache device state (value 1).",
+        "A cache device's state, as a label (value 1).",
     );
     for d in devices {
         let _ = writeln!(
@@ -192,7 +423,7 @@ fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats]) {
         out,
         "l2arc_device_capacity_bytes",
         "gauge",
-        "Data area of the cache device.",
+        "The data area of a cache device, in bytes.",
     );
     for d in devices {
         let _ = writeln!(
@@ -207,20 +438,224 @@ fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats]) {
     };
     for (i, (name, _)) in first.kstats.iter().enumerate() {
         let (metric, kind) = prometheus_name("l2arc_device_", name);
+        write_family_head(out, &metric, kind, &help_of(name, ", of one cache device"));
+        for d in devices {
+            let series = format!("{metric}{{{}}}", label(d));
+            let value = exported(high_water, &series, name, d.kstats[i].1);
+            let _ = writeln!(out, "{series} {value}");
+        }
+    }
+}
+
+/// `serve-nbd`'s families: connections, requests by type, errors, and
+/// request latency by type (histograms in seconds), from its server.
+pub fn nbd_source(reader: l2arc_nbd::server::StatsReader) -> impl Fn(&mut String) + Send + Sync {
+    let high_water = HighWater::default();
+    move |out: &mut String| {
+        let s = reader.stats();
+        for (name, help, value) in nbd_counters(&s) {
+            write_family_head(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {}", high_water.hold(name, value));
+        }
         write_family_head(
             out,
-            &metric,
-            kind,
-            &format!("arcstats `{name}` of one cache device."),
+            "l2arc_nbd_connections",
+            "gauge",
+            "Connections open now, a count.",
         );
-        for d in devices {
+        let _ = writeln!(out, "l2arc_nbd_connections {}", s.connections_current);
+        write_family_head(
+            out,
+            "l2arc_nbd_buffer_used_bytes",
+            "gauge",
+            "The NBD buffer pool in use now, in bytes.",
+        );
+        let _ = writeln!(out, "l2arc_nbd_buffer_used_bytes {}", s.buffer_used_bytes);
+        let family = "l2arc_nbd_requests_by_type_total";
+        write_family_head(
+            out,
+            family,
+            "counter",
+            "Valid requests by NBD command type, a count.",
+        );
+        for (kind, value) in l2arc_nbd::server::REQUEST_TYPES
+            .iter()
+            .zip(s.requests_by_type)
+        {
             let _ = writeln!(
                 out,
-                "{metric}{{{}}} {}",
-                label(d),
-                exported_value(name, d.kstats[i].1)
+                "{}",
+                counter(&high_water, family, &format!("type=\"{kind}\""), value)
             );
         }
+        let metric = "l2arc_nbd_request_latency_seconds";
+        write_family_head(
+            out,
+            metric,
+            "histogram",
+            "NBD request latency by command type, from the request to its reply, in seconds.",
+        );
+        for (kind, h) in reader.latency() {
+            write_histogram(out, metric, &format!("type=\"{kind}\""), &h);
+        }
+    }
+}
+
+/// NBD's plain counters: (name, HELP, value).
+fn nbd_counters(s: &l2arc_nbd::ServerStats) -> [(&'static str, &'static str, u64); 8] {
+    [
+        (
+            "l2arc_nbd_connections_accepted_total",
+            "Connections that finished the NBD handshake, a count.",
+            s.connections_accepted,
+        ),
+        (
+            "l2arc_nbd_connections_refused_total",
+            "Connections turned away with the table full, a count.",
+            s.connections_refused,
+        ),
+        (
+            "l2arc_nbd_connections_bumped_total",
+            "Unused connections closed to make room for a new client (idle, negotiating, reply unread), a count.",
+            s.connections_evicted
+                + s.connections_bumped_negotiating
+                + s.connections_bumped_reply_unread,
+        ),
+        (
+            "l2arc_nbd_connections_idle_closed_total",
+            "Connections closed after idle_timeout of silence, a count.",
+            s.connections_idle_closed,
+        ),
+        (
+            "l2arc_nbd_requests_total",
+            "Requests received, valid or not, a count.",
+            s.requests,
+        ),
+        (
+            "l2arc_nbd_request_errors_total",
+            "Requests answered with an error, a count.",
+            s.request_errors,
+        ),
+        (
+            "l2arc_nbd_protocol_errors_total",
+            "Sessions ended by broken framing, a count.",
+            s.protocol_errors,
+        ),
+        (
+            "l2arc_nbd_image_changes_total",
+            "Times the image was found changed behind the export, a count.",
+            s.image_changes,
+        ),
+    ]
+}
+
+/// `mount`'s family: the FUSE requests the kernel sent, by operation.
+pub fn fuse_source() -> impl Fn(&mut String) + Send + Sync {
+    let high_water = HighWater::default();
+    move |out: &mut String| {
+        let family = "l2arc_fuse_requests_total";
+        write_family_head(
+            out,
+            family,
+            "counter",
+            "FUSE requests from the kernel by operation, a count.",
+        );
+        for (op, value) in l2arc_fuse::ops::requests() {
+            let line = counter(&high_water, family, &format!("op=\"{op}\""), value);
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
+/// One sentence on what a kstat counts (its unit is added by `help_of`).
+fn about(name: &str) -> &'static str {
+    match name {
+        "hits" => "Reads served from the ARC (DRAM)",
+        "misses" => "Reads the ARC did not hold, served from a cache device or primary storage",
+        "iohits" => "Reads that found their record being read already and waited for it",
+        "demand_data_hits" => "Demand reads served from the ARC",
+        "demand_data_misses" => "Demand reads the ARC did not hold",
+        "prefetch_data_hits" => "Read-ahead requests for records the ARC held",
+        "prefetch_data_misses" => "Read-ahead requests for records the ARC did not hold",
+        "mru_hits" => "ARC hits on the MRU list (records read once)",
+        "mfu_hits" => "ARC hits on the MFU list (records read twice or more)",
+        "mru_ghost_hits" => "Misses on records recently evicted from the MRU list",
+        "mfu_ghost_hits" => "Misses on records recently evicted from the MFU list",
+        "demand_iohit_predictive_prefetch" => "Demand reads that joined a read-ahead in flight",
+        "stale_drops" => "Hits on records whose object changed since they were read, dropped",
+        "evict_mru" => "Records evicted from the MRU list",
+        "evict_mfu" => "Records evicted from the MFU list",
+        "insert_no_room" => "Inserts refused because every eviction candidate was in use",
+        "invalidated" => "Records dropped by writes and invalidation",
+        "size" => "Data the ARC holds now",
+        "c" => "The ARC's target size",
+        "p" => "The ARC's target size of the MRU list",
+        "mru_size" => "Data on the MRU list",
+        "mfu_size" => "Data on the MFU list",
+        "mru_ghost_size" => "Data the MRU ghost list remembers",
+        "mfu_ghost_size" => "Data the MFU ghost list remembers",
+        "entries" => "Records in the ARC",
+        "c_max" => "The ARC's largest size (arc_max)",
+        "reads" => "Reads by the front end",
+        "read_bytes" => "Data read by the front end",
+        "writes" => "Writes by the front end, passed through to primary storage",
+        "write_bytes" => "Data written by the front end",
+        "primary_reads" => "Reads of primary storage",
+        "primary_read_bytes" => "Data read from primary storage",
+        "primary_errors" => "Failed reads of primary storage",
+        "primary_stale" => "Reads of primary storage retried because the object changed under them",
+        "zfetch_hits" => {
+            "Demand misses that continued a sequential stream and started a read-ahead"
+        }
+        "zfetch_io_issued" => "Records read ahead",
+        "l2_ioengine_uring" => "Whether cache devices are read through io_uring",
+        "evict_l2_cached" => "Data evicted from the ARC that a cache device held already",
+        "evict_l2_eligible" => "Data evicted from the ARC that could go to a cache device",
+        "evict_l2_eligible_mfu" => "Data evicted from the MFU list that could go to a cache device",
+        "evict_l2_eligible_mru" => "Data evicted from the MRU list that could go to a cache device",
+        "evict_l2_ineligible" => "Data evicted from the ARC that was not for a cache device",
+        "evict_l2_skip" => "Eligible data dropped because the L2ARC feed queue was full",
+        "evict_l2_queued" => "Eligible data queued for a cache device",
+        _ => about_l2(name),
+    }
+}
+
+/// One sentence on what an L2ARC kstat counts.
+fn about_l2(name: &str) -> &'static str {
+    match name {
+        "l2_hits" => "Reads served from a cache device",
+        "l2_misses" => "ARC misses that no cache device held",
+        "l2_read_polled" => "Cache device reads completed by polling",
+        "l2_read_poll_slept" => "Cache device reads that slept while polled",
+        "l2_hdr_size" => "DRAM of the L2ARC index",
+        "l2_devices" => "Cache devices attached",
+        "l2_feed_wakeups" => "Times the L2ARC feeder woke",
+        "l2_writeback_size" => "Data queued for cache devices",
+        "l2_dwpd_limit" => "The write budget of cache devices per day",
+        "l2_dwpd_credit" => "Write budget left now",
+        "l2_sector_hits" => "Cache device hits served by reading only the sectors asked for",
+        "l2_feeds" => "L2ARC feed passes that wrote",
+        "l2_read_bytes" => "Data read from cache devices",
+        "l2_write_bytes" => "Data written to cache devices",
+        "l2_writes_sent" => "Writes sent to cache devices",
+        "l2_writes_pipelined" => "Cache device writes sent while another was in flight",
+        "l2_writes_error" => "Cache device writes that failed",
+        "l2_evict_reading" => "Cache device blocks overwritten while a read of them was in flight",
+        "l2_cksum_bad" => "Cache device reads whose checksum did not match",
+        "l2_io_error" => "Cache device reads that failed",
+        "l2_size" => "Data held on cache devices, uncompressed",
+        "l2_asize" => "Space taken on cache devices",
+        "l2_bufs" => "Records held on cache devices",
+        "l2_rebuild_success" => "Whether the last index rebuild from the device's log succeeded",
+        "l2_rebuild_bufs" => "Records restored by index rebuilds",
+        "l2_rebuild_bufs_precached" => "Records found in the ARC already during rebuilds",
+        "l2_rebuild_log_blks" => "Log blocks read by index rebuilds",
+        "l2_rebuild_cksum_lb_errors" => "Log blocks with a bad checksum met by rebuilds",
+        "l2_rebuild_io_errors" => "Read errors met by index rebuilds",
+        "l2_rebuild_dh_errors" => "Device headers that rebuilds could not use",
+        "l2_rebuild_unsupported" => "Rebuilds refused for an unsupported log format",
+        "l2_rebuild_time_us" => "Time the last index rebuild took",
+        _ => "An arcstats counter",
     }
 }
 
@@ -282,7 +717,7 @@ pub fn json_snapshot(cache: &Cache) -> Value {
 }
 
 /// Each tier's histogram as its non-empty buckets, `[low_ns, count]`.
-fn json_histograms(cache: &Cache) -> serde_json::Map<String, Value> {
+pub(crate) fn json_histograms(cache: &Cache) -> serde_json::Map<String, Value> {
     cache
         .analytics()
         .histograms()

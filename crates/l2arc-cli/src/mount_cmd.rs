@@ -92,6 +92,8 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
     let cache = resolved.build_cache()?;
     // `l2arc ctl` (stats, cache devices) when --control is given.
     let _control = resolved.start_control(&cache)?;
+    // FUSE's family on /metrics while mounted.
+    let _metrics = l2arc_cli::metrics::register(l2arc_cli::metrics::fuse_source());
     let _http = resolved.start_http(&cache, args.allow_remote)?;
     let dataset = cache.add_dataset(
         "mount",
@@ -256,6 +258,8 @@ fn run_s3(args: MountArgs) -> Result<()> {
     let store = args.s3.connect(&uri, false, &resolved.s3)?;
     let cache = resolved.build_cache()?;
     let _control = resolved.start_control(&cache)?;
+    // FUSE's family on /metrics while mounted.
+    let _metrics = l2arc_cli::metrics::register(l2arc_cli::metrics::fuse_source());
     let _http = resolved.start_http(&cache, args.allow_remote)?;
     let recordsize_bytes = resolved.dataset_config.recordsize_bytes;
     let dataset = cache.add_dataset(

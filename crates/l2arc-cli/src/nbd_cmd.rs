@@ -122,6 +122,9 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
         .with_context(|| format!("open {}", args.image.display()))?;
     let server = Server::new(Arc::clone(&cache), handle, server_config(&args))
         .context("--nbd-buffer-max")?;
+    // NBD's families on /metrics while it serves.
+    let _metrics =
+        l2arc_cli::metrics::register(l2arc_cli::metrics::nbd_source(server.stats_reader()));
     let stop = server.stop_flag();
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;

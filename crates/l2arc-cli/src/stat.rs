@@ -1,21 +1,28 @@
 //! `l2arc stat`: arcstat for a running mount or export.
 //!
-//! ZFS users watch a cache with `arcstat 1`: one line per second of rates
-//! and sizes under short column names (`read`, `hit%`, `miss%`, `arcsz`,
-//! `c`, `l2read`, `l2hit%`, `l2size`, ...). `l2arc ctl stats` only gives the
-//! raw counters, so an operator had to diff them by hand. This prints
-//! arcstat's columns, with its names, widths and units (rates per second,
-//! sizes scaled by 1024 with K/M/G suffixes, percentages), from the deltas
-//! of the counters that the service's control socket returns. The columns
-//! arcstat has and we have no counter for (metadata, zfetch, memory
-//! pressure) are left out rather than printed as zeros; a few of our own
-//! are added (`dkread`, `dkbytes`: reads of the primary storage, the
-//! "disk"). Rates divide by the measured time between two samples, not the
-//! nominal interval, so that a slow control answer does not skew them.
+//! ZFS users watch a cache with `arcstat 1` (`zarcstat` in OpenZFS 2.3):
+//! one line per second of rates and sizes under short column names
+//! (`read`, `hit%`, `miss%`, `arcsz`, `c`, `l2read`, `l2hit%`, `l2size`,
+//! ...). `l2arc ctl stats` only gives the raw counters, so an operator had
+//! to diff them by hand. This prints arcstat's columns, with its names,
+//! widths and units (rates per second, sizes scaled by 1024 with K/M/G
+//! suffixes, percentages), from the deltas of the counters that the
+//! service's control socket returns, and takes zarcstat's options: `-f`,
+//! `-a`, `-v`, `-x` (extended), `-z` (zfetch), `-p` (parsable), `-s SEP`,
+//! `-o FILE`. The socket is `-S`/`--socket` or `L2ARC_SOCKET`, since `-s`
+//! is arcstat's separator. The columns arcstat has and we have no counter
+//! for (metadata, memory pressure) are left out rather than printed as
+//! zeros; a few of our own are added (`dkread`, `dkbytes`: reads of the
+//! primary storage, the "disk"). Rates divide by the measured time between
+//! two samples, not the nominal interval, so that a slow control answer
+//! does not skew them. L2ARC columns asked for by `-f` without a cache
+//! device are refused with arcstat's words ("No L2ARC Here").
 //!
 //! Output: the table (header repeated every `HEADER_EVERY_LINES` lines, as
-//! arcstat does on a pipe), `-o csv` (header once, raw numbers), or
-//! `--json` (one object per line, raw numbers, with the interval's length).
+//! arcstat does on a pipe), `--csv` (header once, raw numbers), or
+//! `--json` (one object per line, raw numbers, with the interval's
+//! length). A reader that goes away (`| head -2`) ends it quietly with
+//! exit 0, as any Unix filter.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -23,9 +30,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-use crate::control::request;
+use l2arc_cli::control::{open_output, output_error, request, socket_path};
 
 /// arcstat repeats its header every 20 lines when not on a terminal.
 const HEADER_EVERY_LINES: usize = 20;
@@ -35,15 +42,15 @@ const INTERVAL_SECS_MAX: f64 = 86_400.0;
 
 #[derive(Args, Debug)]
 pub(crate) struct StatArgs {
-    /// The service's control socket (its --control PATH).
-    #[arg(short = 's', long)]
-    pub socket: PathBuf,
+    /// The service's control socket (its --control PATH; default $L2ARC_SOCKET).
+    #[arg(short = 'S', long)]
+    pub socket: Option<PathBuf>,
     /// Seconds between lines (default 1).
     pub interval: Option<f64>,
     /// Lines to print (default: until interrupted; 1 when no interval is given).
     pub count: Option<u64>,
     /// Fields to print, comma-separated (see -v).
-    #[arg(short = 'f', long, value_delimiter = ',')]
+    #[arg(short = 'f', long, value_delimiter = ',', conflicts_with_all = ["extended", "zfetch"])]
     pub fields: Vec<String>,
     /// Every field.
     #[arg(short = 'a', long)]
@@ -51,23 +58,43 @@ pub(crate) struct StatArgs {
     /// List the fields and what they mean, then exit.
     #[arg(short = 'v', long)]
     pub verbose: bool,
-    /// Output format: table (arcstat's) or csv.
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
-    pub output: Format,
+    /// Extended fields: the ARC lists' hits and the L2ARC eligibility of evictions.
+    #[arg(short = 'x', long, conflicts_with = "zfetch")]
+    pub extended: bool,
+    /// zfetch (read-ahead) fields.
+    #[arg(short = 'z', long)]
+    pub zfetch: bool,
+    /// Parsable: raw numbers, no padding or K/M/G scaling.
+    #[arg(short = 'p', long)]
+    pub parsable: bool,
+    /// Field separator (default two spaces).
+    #[arg(short = 's', long)]
+    pub separator: Option<String>,
+    /// Write to FILE instead of standard output.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub outfile: Option<PathBuf>,
+    /// CSV: comma-separated raw numbers, the header once.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Format {
-    Table,
+/// How lines are laid out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Format {
+    /// arcstat's: scaled and padded (`pretty`), or raw (`-p`), joined by `sep`.
+    Table { pretty: bool, sep: String },
+    /// Raw, comma-separated, header once.
     Csv,
+    /// One object per line.
+    Json,
 }
 
 /// How a column's value is scaled in the table (arcstat's "scale").
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Scale {
+pub(crate) enum Scale {
     Time,
     /// Counts: K, M, G in powers of 1000.
     Count,
@@ -150,6 +177,44 @@ const COLUMNS: &[Column] = &[
     col("mrusz", 5, Bytes, "MRU size"),
     col("mfugsz", 6, Bytes, "MFU ghost size"),
     col("mrugsz", 6, Bytes, "MRU ghost size"),
+    col(
+        "el2skip",
+        7,
+        Bytes,
+        "Size of L2 eligible evictions skipped (feed queue full) per second",
+    ),
+    col(
+        "el2cach",
+        7,
+        Bytes,
+        "Size of L2 cached evictions per second",
+    ),
+    col(
+        "el2el",
+        5,
+        Bytes,
+        "Size of L2 eligible evictions per second",
+    ),
+    col(
+        "el2mfu",
+        6,
+        Bytes,
+        "Size of L2 eligible MFU evictions per second",
+    ),
+    col(
+        "el2mru",
+        6,
+        Bytes,
+        "Size of L2 eligible MRU evictions per second",
+    ),
+    col(
+        "el2inel",
+        7,
+        Bytes,
+        "Size of L2 ineligible evictions per second",
+    ),
+    col("zhits", 5, Count, "zfetch stream hits per second"),
+    col("zissued", 7, Count, "zfetch prefetches issued per second"),
     l2col("l2hits", 6, Count, "L2ARC hits per second"),
     l2col("l2miss", 6, Count, "L2ARC misses per second"),
     l2col("l2read", 6, Count, "Total L2ARC accesses per second"),
@@ -198,6 +263,16 @@ const DEFAULT_FIELDS: &[&str] = &[
     "time", "read", "miss", "miss%", "dmis", "dm%", "pmis", "pm%", "arcsz", "c", "l2read",
     "l2hit%", "l2size",
 ];
+
+/// `-x`: zarcstat's extended line, of the columns we have, and the
+/// L2ARC eligibility of what the ARC evicts.
+const EXTENDED_FIELDS: &[&str] = &[
+    "time", "mfu", "mru", "mfug", "mrug", "el2skip", "el2cach", "el2el", "el2inel", "dread",
+    "pread", "read",
+];
+
+/// `-z`: zarcstat's zfetch line, of the columns we have.
+const ZFETCH_FIELDS: &[&str] = &["time", "zhits", "zissued", "pread", "phit", "pmis"];
 
 type Counters = HashMap<String, u64>;
 
@@ -287,12 +362,28 @@ fn value(column: &str, prev: &Counters, cur: &Counters, secs: f64) -> f64 {
         "rbytes" => rate("read_bytes"),
         "dkread" => rate("primary_reads"),
         "dkbytes" => rate("primary_read_bytes"),
+        other => rate(counter_of(other)),
+    }
+}
+
+/// The counter behind a rate column of zarcstat's `-x` and `-z` lines
+/// (`el2*`: the L2ARC eligibility of evictions, `z*`: zfetch).
+fn counter_of(column: &str) -> &'static str {
+    match column {
+        "el2skip" => "evict_l2_skip",
+        "el2cach" => "evict_l2_cached",
+        "el2el" => "evict_l2_eligible",
+        "el2mfu" => "evict_l2_eligible_mfu",
+        "el2mru" => "evict_l2_eligible_mru",
+        "el2inel" => "evict_l2_ineligible",
+        "zhits" => "zfetch_hits",
+        "zissued" => "zfetch_io_issued",
         other => unreachable!("column {other} checked at start"),
     }
 }
 
 /// arcstat's `prettynum`: scaled to fit `width`, with a K/M/G suffix.
-fn pretty(width: usize, scale: Scale, mut num: f64) -> String {
+pub(crate) fn pretty(width: usize, scale: Scale, mut num: f64) -> String {
     const SUFFIX: [&str; 8] = ["", "K", "M", "G", "T", "P", "E", "Z"];
     let mut index = 0;
     let base = match scale {
@@ -336,21 +427,23 @@ fn usage_of_fields() -> String {
 }
 
 pub(crate) fn run(args: StatArgs) -> Result<()> {
+    let mut out = open_output(args.outfile.as_deref())?;
     if args.verbose {
-        print!("{}", usage_of_fields());
-        return Ok(());
+        return write!(out, "{}", usage_of_fields())
+            .and_then(|()| out.flush())
+            .map_err(output_error);
     }
+    let socket = socket_path(args.socket.clone())?;
     let (interval_secs, count) = interval_and_count(&args)?;
     if let Some(bad) = args.fields.iter().find(|f| column(f).is_none()) {
         bail!("unknown field `{bad}` in -f: `l2arc stat -v` lists the fields");
     }
-    let mut prev = parse_counters(&request(&args.socket, "stats")?)?;
+    let mut prev = parse_counters(&request(&socket, "stats")?)?;
     let has_l2 = prev.get("l2_devices").is_some_and(|&n| n > 0);
-    let fields = chosen_fields(&args, has_l2);
-    let format = if args.json { None } else { Some(args.output) };
-    let mut out = std::io::stdout().lock();
-    write_header(&mut out, format, &fields)?;
-    out.flush()?;
+    let fields = chosen_fields(&args, has_l2)?;
+    let format = format_of(&args);
+    write_header(&mut out, &format, &fields).map_err(output_error)?;
+    out.flush().map_err(output_error)?;
     let interval = Duration::from_secs_f64(interval_secs);
     let start = Instant::now();
     let mut prev_at = start;
@@ -358,24 +451,37 @@ pub(crate) fn run(args: StatArgs) -> Result<()> {
     loop {
         let next = start + interval.mul_f64((printed + 1) as f64);
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        let cur = parse_counters(&request(&args.socket, "stats")?)?;
+        let cur = parse_counters(&request(&socket, "stats")?)?;
         let now = Instant::now();
         let secs = now.duration_since(prev_at).as_secs_f64().max(1e-6);
-        let line = format_line(format, &fields, &prev, &cur, secs);
+        let line = format_line(&format, &fields, &prev, &cur, secs);
         printed += 1;
-        writeln!(out, "{line}")?;
-        if format == Some(Format::Table)
+        writeln!(out, "{line}").map_err(output_error)?;
+        if matches!(format, Format::Table { .. })
             && printed.is_multiple_of(HEADER_EVERY_LINES as u64)
             && count.is_none_or(|n| printed < n)
         {
-            write_header(&mut out, format, &fields)?;
+            write_header(&mut out, &format, &fields).map_err(output_error)?;
         }
-        out.flush()?;
+        out.flush().map_err(output_error)?;
         if count.is_some_and(|n| printed >= n) {
             return Ok(());
         }
         prev = cur;
         prev_at = now;
+    }
+}
+
+fn format_of(args: &StatArgs) -> Format {
+    if args.json {
+        Format::Json
+    } else if args.csv {
+        Format::Csv
+    } else {
+        Format::Table {
+            pretty: !args.parsable,
+            sep: args.separator.clone().unwrap_or_else(|| "  ".into()),
+        }
     }
 }
 
@@ -397,71 +503,94 @@ fn interval_and_count(args: &StatArgs) -> Result<(f64, Option<u64>)> {
     Ok((interval_secs, count))
 }
 
-/// `-f` fields, else all (`-a`) or the default ones; L2ARC columns only
-/// when the service has a cache device.
-fn chosen_fields(args: &StatArgs, has_l2: bool) -> Vec<&'static Column> {
-    if !args.fields.is_empty() {
-        args.fields.iter().filter_map(|f| column(f)).collect()
-    } else if args.all {
-        COLUMNS.iter().filter(|c| has_l2 || !c.l2).collect()
-    } else {
-        DEFAULT_FIELDS
+/// `-f` fields, else all (`-a`), `-x`'s, `-z`'s or the default ones;
+/// L2ARC columns only when the service has a cache device (asked for by
+/// name without one: refused in arcstat's words).
+fn chosen_fields(args: &StatArgs, has_l2: bool) -> Result<Vec<&'static Column>> {
+    let named = |names: &[&str]| -> Vec<&'static Column> {
+        names
             .iter()
             .filter_map(|f| column(f))
             .filter(|c| has_l2 || !c.l2)
             .collect()
+    };
+    if !args.fields.is_empty() {
+        let fields: Vec<&'static Column> = args.fields.iter().filter_map(|f| column(f)).collect();
+        let incompatible: Vec<&str> = fields
+            .iter()
+            .filter(|c| c.l2 && !has_l2)
+            .map(|c| c.name)
+            .collect();
+        if !incompatible.is_empty() {
+            bail!(
+                "No L2ARC Here: incompatible field specified: {} (the service has no cache device; `l2arc ctl add-cache` adds one)",
+                incompatible.join(",")
+            );
+        }
+        return Ok(fields);
     }
+    Ok(if args.all {
+        COLUMNS.iter().filter(|c| has_l2 || !c.l2).collect()
+    } else if args.extended {
+        named(EXTENDED_FIELDS)
+    } else if args.zfetch {
+        named(ZFETCH_FIELDS)
+    } else {
+        named(DEFAULT_FIELDS)
+    })
 }
 
 /// The column names (a table's or CSV's; JSON has none).
-fn write_header(
-    out: &mut dyn Write,
-    format: Option<Format>,
-    fields: &[&Column],
-) -> std::io::Result<()> {
+fn write_header(out: &mut dyn Write, format: &Format, fields: &[&Column]) -> std::io::Result<()> {
     match format {
-        Some(Format::Table) => {
+        Format::Table { pretty, sep } => {
             let names: Vec<String> = fields
                 .iter()
-                .map(|c| format!("{:>w$}", c.name, w = c.width))
+                .map(|c| {
+                    if *pretty {
+                        format!("{:>w$}", c.name, w = c.width)
+                    } else {
+                        c.name.to_string()
+                    }
+                })
                 .collect();
-            writeln!(out, "{}", names.join("  "))
+            writeln!(out, "{}", names.join(sep))
         }
-        Some(Format::Csv) => {
+        Format::Csv => {
             let names: Vec<&str> = fields.iter().map(|c| c.name).collect();
             writeln!(out, "{}", names.join(","))
         }
-        None => Ok(()),
+        Format::Json => Ok(()),
     }
 }
 
 /// One interval's line: rates from the counter deltas over `secs`.
 fn format_line(
-    format: Option<Format>,
+    format: &Format,
     fields: &[&Column],
     prev: &Counters,
     cur: &Counters,
     secs: f64,
 ) -> String {
     let time = local_time();
+    let raw = |c: &Column| match c.scale {
+        Scale::Time => time.clone(),
+        _ => format_raw(value(c.name, prev, cur, secs)),
+    };
     match format {
-        Some(Format::Table) => fields
+        Format::Table { pretty: true, sep } => fields
             .iter()
             .map(|c| match c.scale {
                 Scale::Time => format!("{:>w$}", time, w = c.width),
                 s => pretty(c.width, s, value(c.name, prev, cur, secs)),
             })
             .collect::<Vec<_>>()
-            .join("  "),
-        Some(Format::Csv) => fields
-            .iter()
-            .map(|c| match c.scale {
-                Scale::Time => time.clone(),
-                _ => format_raw(value(c.name, prev, cur, secs)),
-            })
-            .collect::<Vec<_>>()
-            .join(","),
-        None => {
+            .join(sep),
+        Format::Table { pretty: false, sep } => {
+            fields.iter().map(|c| raw(c)).collect::<Vec<_>>().join(sep)
+        }
+        Format::Csv => fields.iter().map(|c| raw(c)).collect::<Vec<_>>().join(","),
+        Format::Json => {
             let mut object = serde_json::Map::new();
             object.insert("interval_secs".into(), serde_json::json!(secs));
             for c in fields {
@@ -536,7 +665,11 @@ mod tests {
                 column.name
             );
         }
-        for f in DEFAULT_FIELDS {
+        for f in DEFAULT_FIELDS
+            .iter()
+            .chain(EXTENDED_FIELDS)
+            .chain(ZFETCH_FIELDS)
+        {
             assert!(column(f).is_some(), "{f}");
         }
         let names: std::collections::HashSet<_> = COLUMNS.iter().map(|c| c.name).collect();

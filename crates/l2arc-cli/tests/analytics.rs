@@ -130,7 +130,7 @@ fn stat_columns_are_the_counter_deltas() {
     let served = Served::start();
     let before = served.ctl_stats();
     let mut stat = l2arc()
-        .args(["stat", "-s"])
+        .args(["stat", "-S"])
         .arg(&served.control)
         .args([
             "--json",
@@ -201,7 +201,7 @@ fn stat_columns_are_the_counter_deltas() {
 
     // The table: arcstat's header, repeated, and one line per interval.
     let table = run(l2arc()
-        .args(["stat", "-s"])
+        .args(["stat", "-S"])
         .arg(&served.control)
         .args(["0.2", "2"]));
     let text = String::from_utf8(table.stdout).unwrap();
@@ -217,9 +217,8 @@ fn stat_columns_are_the_counter_deltas() {
     );
     assert_eq!(lines[1].split_whitespace().count(), header.len(), "{text}");
     // CSV: the header once, then raw numbers.
-    let csv = run(l2arc().args(["stat", "-s"]).arg(&served.control).args([
-        "-o",
-        "csv",
+    let csv = run(l2arc().args(["stat", "-S"]).arg(&served.control).args([
+        "--csv",
         "-f",
         "read,c,l2size",
         "0.2",
@@ -236,7 +235,7 @@ fn stat_columns_are_the_counter_deltas() {
 fn stat_bad_input_is_one_clear_line() {
     let served = Served::start();
     let out = l2arc()
-        .args(["stat", "-s"])
+        .args(["stat", "-S"])
         .arg(&served.control)
         .args(["-f", "read,bogus", "1", "1"])
         .output()
@@ -244,7 +243,7 @@ fn stat_bad_input_is_one_clear_line() {
     l2arc_testkit::assert_one_line_error(&out, "l2arc", "unknown field `bogus`");
     let dir = tempfile::tempdir().unwrap();
     let out = l2arc()
-        .args(["stat", "-s"])
+        .args(["stat", "-S"])
         .arg(dir.path().join("nothing.sock"))
         .output()
         .unwrap();
@@ -297,7 +296,7 @@ fn metrics_pass_promtool_and_agree_with_ctl_stats() {
         }
         let m = samples(&page);
         for (name, value) in &a {
-            let found = ["_total", "_bytes", ""]
+            let found = ["_total", "_bytes_total", "_bytes", ""]
                 .iter()
                 .find_map(|suffix| m.get(&format!("l2arc_arcstats_{name}{suffix}")))
                 .or_else(|| {

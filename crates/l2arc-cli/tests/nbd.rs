@@ -318,7 +318,13 @@ fn config_file_and_ctl_change_cache_devices_while_serving() {
 
     let device = served.dir.path().join("l2.img");
     let added = ctl(&control, &["add-cache", device.to_str().unwrap(), "128MiB"]);
-    assert!(added.starts_with("slot 0"), "{added}");
+    assert!(
+        added.starts_with(&format!(
+            "added cache device {} as slot 0",
+            device.display()
+        )),
+        "{added}"
+    );
     let expected = pattern(IMAGE_BYTES, 1);
     let copy = served.dir.path().join("copy.img");
     for _ in 0..3 {

@@ -14,13 +14,14 @@ use std::process::{Command, Output};
 use l2arc_testkit::{run, tool};
 
 /// The subcommands every generated artefact must know.
-const SUBCOMMANDS: [&str; 7] = [
+const SUBCOMMANDS: [&str; 8] = [
     "trace",
     "bench",
     "mount",
     "serve-nbd",
     "ctl",
     "stat",
+    "iostat",
     "completions",
 ];
 

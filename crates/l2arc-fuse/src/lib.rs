@@ -71,6 +71,7 @@ mod handles;
 mod inodes;
 mod locks;
 mod namespace;
+pub mod ops;
 mod readahead;
 mod relief;
 mod sys;

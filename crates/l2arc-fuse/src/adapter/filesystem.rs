@@ -64,14 +64,17 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        crate::ops::count("lookup");
         reply_entry(reply, &self.ttl(), self.namespace.lookup(parent, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        crate::ops::count("forget");
         self.namespace.forget(ino, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        crate::ops::count("getattr");
         let file = self.file_if_open(fh);
         match self.namespace.getattr(ino, file.as_deref()) {
             Ok((attr, after)) => {
@@ -83,6 +86,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        crate::ops::count("open");
         let opened = self
             .namespace
             .open(ino, flags, req.pid())
@@ -104,6 +108,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        crate::ops::count("read");
         self.read_file(fh, offset, size, reply);
     }
 
@@ -117,11 +122,13 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("release");
         self.files.remove(fh.0);
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        crate::ops::count("opendir");
         let opened = self
             .namespace
             .list(ino)
@@ -140,6 +147,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        crate::ops::count("readdir");
         let listing = match self.files.dir(fh.0) {
             Ok(d) => d,
             Err(e) => return reply.error(e),
@@ -162,11 +170,13 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("releasedir");
         self.files.remove(fh.0);
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        crate::ops::count("statfs");
         match self.namespace.statfs(ino) {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -183,6 +193,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        crate::ops::count("access");
         reply_empty(reply, self.namespace.access(ino, mask));
     }
 
@@ -204,6 +215,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        crate::ops::count("setattr");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.setattr(
                 req, ino, mode, uid, gid, size, atime, mtime, ctime, fh, crtime, chgtime, bkuptime,
@@ -226,6 +238,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        crate::ops::count("readlink");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.readlink(req, ino, reply);
         };
@@ -245,6 +258,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        crate::ops::count("mknod");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.mknod(req, parent, name, mode, umask, rdev, reply);
         };
@@ -261,6 +275,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        crate::ops::count("mkdir");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.mkdir(req, parent, name, mode, umask, reply);
         };
@@ -272,6 +287,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        crate::ops::count("unlink");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.unlink(req, parent, name, reply);
         };
@@ -279,6 +295,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        crate::ops::count("rmdir");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.rmdir(req, parent, name, reply);
         };
@@ -293,6 +310,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        crate::ops::count("symlink");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.symlink(req, parent, link_name, target, reply);
         };
@@ -313,6 +331,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("rename");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.rename(req, parent, name, newparent, newname, flags, reply);
         };
@@ -327,6 +346,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        crate::ops::count("link");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.link(req, ino, newparent, newname, reply);
         };
@@ -343,6 +363,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        crate::ops::count("create");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.create(req, parent, name, mode, umask, flags, reply);
         };
@@ -378,6 +399,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        crate::ops::count("write");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.write(
                 req,
@@ -409,6 +431,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("flush");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.flush(req, ino, fh, lock_owner, reply);
         };
@@ -424,6 +447,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("fsync");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.fsync(req, ino, fh, datasync, reply);
         };
@@ -438,6 +462,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("fsyncdir");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.fsyncdir(req, ino, fh, datasync, reply);
         };
@@ -454,6 +479,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("setxattr");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.setxattr(req, ino, name, value, flags, position, reply);
         };
@@ -461,6 +487,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        crate::ops::count("getxattr");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.getxattr(req, ino, name, size, reply);
         };
@@ -468,6 +495,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        crate::ops::count("listxattr");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.listxattr(req, ino, size, reply);
         };
@@ -475,6 +503,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        crate::ops::count("removexattr");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.removexattr(req, ino, name, reply);
         };
@@ -493,6 +522,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         pid: u32,
         reply: ReplyLock,
     ) {
+        crate::ops::count("getlk");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.getlk(req, ino, fh, lock_owner, start, end, typ, pid, reply);
         };
@@ -516,6 +546,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("setlk");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.setlk(req, ino, fh, lock_owner, start, end, typ, pid, sleep, reply);
         };
@@ -532,6 +563,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        crate::ops::count("fallocate");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.fallocate(req, ino, fh, offset, length, mode, reply);
         };
@@ -551,6 +583,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        crate::ops::count("lseek");
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.lseek(req, ino, fh, offset, whence, reply);
         };

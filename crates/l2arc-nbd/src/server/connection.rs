@@ -484,7 +484,10 @@ fn submit(
         u32::MAX, // longer requests are served by splitting
     ) {
         Ok(Command::Disconnect) => return false,
-        Ok(c) => c,
+        Ok(c) => {
+            counters.count(c);
+            c
+        }
         Err(errno) => {
             counters.request_errors.fetch_add(1, Ordering::Relaxed);
             link.replier.reply(request.cookie, errno);
@@ -517,6 +520,11 @@ fn submit(
         request,
         command,
         payload,
+        _timer: super::type_index(command).map(|index| super::RequestTimer {
+            latency: Arc::clone(&shared.latency),
+            index,
+            started: std::time::Instant::now(),
+        }),
         _charge: charge,
     };
     if one_buffer_read {
@@ -565,6 +573,7 @@ fn write_header(
                 .counters
                 .requests_split
                 .fetch_add(1, Ordering::Relaxed);
+            shared.counters.count(Command::Write);
             let mode = PayloadMode::Chunks {
                 chunk_bytes: piece_bytes,
             };

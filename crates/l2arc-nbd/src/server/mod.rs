@@ -84,6 +84,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use l2arc::latency::{HistogramSnapshot, LatencyHistogram};
 use l2arc::{Cache, ObjectHandle};
 
 use crate::pool::{BufferPool, Charge};
@@ -288,6 +289,66 @@ pub struct ServerStats {
     /// Worker threads started, over all connections: 8 per connection at
     /// first, and one more whenever all of a connection's are busy.
     pub workers_started: u64,
+    /// Connections open now.
+    pub connections_current: u64,
+    /// Valid requests by type, in the order of [`REQUEST_TYPES`].
+    pub requests_by_type: [u64; REQUEST_TYPES.len()],
+}
+
+/// The request types counted and timed, by their NBD names in lower case.
+pub const REQUEST_TYPES: [&str; 6] = ["read", "write", "flush", "trim", "cache", "write_zeroes"];
+
+/// Where a command is counted in [`REQUEST_TYPES`] (`None`: disconnect).
+fn type_index(command: Command) -> Option<usize> {
+    Some(match command {
+        Command::Read => 0,
+        Command::Write => 1,
+        Command::Flush => 2,
+        Command::Trim => 3,
+        Command::Cache => 4,
+        Command::WriteZeroes => 5,
+        Command::Disconnect => return None,
+    })
+}
+
+/// Request latency by type: from the whole request's arrival to its reply
+/// (the job's drop). Writes over the payload limit, taken in pieces, are
+/// counted but not timed.
+type Latency = [LatencyHistogram; REQUEST_TYPES.len()];
+
+/// Times one request; records into its type's histogram when dropped
+/// with the job (the reply sent, or the connection gone).
+struct RequestTimer {
+    latency: Arc<Latency>,
+    index: usize,
+    started: std::time::Instant,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        self.latency[self.index].record(self.started.elapsed().as_nanos() as u64);
+    }
+}
+
+/// A handle on a server's counters that outlives borrows of it (the HTTP
+/// endpoint reads it while `serve` runs).
+#[derive(Clone)]
+pub struct StatsReader(Arc<Shared>);
+
+impl StatsReader {
+    /// What the server did so far.
+    pub fn stats(&self) -> ServerStats {
+        self.0.stats()
+    }
+
+    /// Request latency by type, in the order of [`REQUEST_TYPES`].
+    pub fn latency(&self) -> Vec<(&'static str, HistogramSnapshot)> {
+        REQUEST_TYPES
+            .iter()
+            .zip(self.0.latency.iter())
+            .map(|(name, h)| (*name, h.snapshot()))
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -307,6 +368,16 @@ struct Counters {
     reads_queued: AtomicU64,
     reads_passed_on: AtomicU64,
     workers_started: AtomicU64,
+    by_type: [AtomicU64; REQUEST_TYPES.len()],
+}
+
+impl Counters {
+    /// Counts a valid request of `command`.
+    fn count(&self, command: Command) {
+        if let Some(i) = type_index(command) {
+            self.by_type[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 struct Shared {
@@ -326,6 +397,7 @@ struct Shared {
     /// (ms since `started`).
     refusals_unlogged: Mutex<(u64, u64)>,
     counters: Counters,
+    latency: Arc<Latency>,
     /// Every connection's request and reply buffers.
     pool: Arc<BufferPool>,
 }
@@ -361,6 +433,7 @@ impl Server {
                 refusing: AtomicUsize::new(0),
                 refusals_unlogged: Mutex::new((0, 0)),
                 counters: Counters::default(),
+                latency: Arc::default(),
                 pool: Arc::new(BufferPool::new(config.buffer_max_bytes)),
                 config,
             }),
@@ -379,30 +452,12 @@ impl Server {
 
     /// What the server did so far.
     pub fn stats(&self) -> ServerStats {
-        let c = &self.shared.counters;
-        ServerStats {
-            connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
-            connections_refused: c.connections_refused.load(Ordering::Relaxed),
-            connections_evicted: c.connections_evicted.load(Ordering::Relaxed),
-            connections_bumped_negotiating: c
-                .connections_bumped_negotiating
-                .load(Ordering::Relaxed),
-            connections_bumped_reply_unread: c
-                .connections_bumped_reply_unread
-                .load(Ordering::Relaxed),
-            connections_idle_closed: c.connections_idle_closed.load(Ordering::Relaxed),
-            connections_reclaimed: c.connections_reclaimed.load(Ordering::Relaxed),
-            buffer_used_bytes: self.shared.pool.used_bytes(),
-            buffer_high_water_bytes: self.shared.pool.high_water_bytes(),
-            requests_split: c.requests_split.load(Ordering::Relaxed),
-            image_changes: c.image_changes.load(Ordering::Relaxed),
-            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
-            requests: c.requests.load(Ordering::Relaxed),
-            request_errors: c.request_errors.load(Ordering::Relaxed),
-            reads_queued: c.reads_queued.load(Ordering::Relaxed),
-            reads_passed_on: c.reads_passed_on.load(Ordering::Relaxed),
-            workers_started: c.workers_started.load(Ordering::Relaxed),
-        }
+        self.shared.stats()
+    }
+
+    /// A handle that reads the counters while [`Self::serve`] runs.
+    pub fn stats_reader(&self) -> StatsReader {
+        StatsReader(Arc::clone(&self.shared))
     }
 
     /// Accepts clients until the stop flag is set, then disconnects them
@@ -598,10 +653,43 @@ fn refuse(conn: &mut Conn, export: ExportInfo, reason: &str) -> io::Result<()> {
     Ok(())
 }
 
+impl Shared {
+    fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        ServerStats {
+            connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
+            connections_refused: c.connections_refused.load(Ordering::Relaxed),
+            connections_evicted: c.connections_evicted.load(Ordering::Relaxed),
+            connections_bumped_negotiating: c
+                .connections_bumped_negotiating
+                .load(Ordering::Relaxed),
+            connections_bumped_reply_unread: c
+                .connections_bumped_reply_unread
+                .load(Ordering::Relaxed),
+            connections_idle_closed: c.connections_idle_closed.load(Ordering::Relaxed),
+            connections_reclaimed: c.connections_reclaimed.load(Ordering::Relaxed),
+            buffer_used_bytes: self.pool.used_bytes(),
+            buffer_high_water_bytes: self.pool.high_water_bytes(),
+            requests_split: c.requests_split.load(Ordering::Relaxed),
+            image_changes: c.image_changes.load(Ordering::Relaxed),
+            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            request_errors: c.request_errors.load(Ordering::Relaxed),
+            reads_queued: c.reads_queued.load(Ordering::Relaxed),
+            reads_passed_on: c.reads_passed_on.load(Ordering::Relaxed),
+            workers_started: c.workers_started.load(Ordering::Relaxed),
+            connections_current: self.table.active() as u64,
+            requests_by_type: std::array::from_fn(|i| c.by_type[i].load(Ordering::Relaxed)),
+        }
+    }
+}
+
 struct Job {
     request: Request,
     command: Command,
     payload: Vec<u8>,
+    /// Records the request's latency when the job is dropped.
+    _timer: Option<RequestTimer>,
     /// The buffer memory this request holds; given back when the job is
     /// dropped (its reply sent, or the connection gone).
     _charge: Charge,
