@@ -94,6 +94,25 @@ fn device_line(socket: &Path, slot: u8) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The service did not start: it exited nonzero, and its last line is
+/// the one-line refusal (after the lines of the devices it attached).
+fn assert_refused_at_start(out: &Output, refusal: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("l2arc: ") && last.contains(refusal),
+        "last line {last:?} is not the refusal {refusal:?}: {stderr}"
+    );
+    assert_eq!(
+        stderr.matches("already attached").count(),
+        1,
+        "one refusal: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains(" serving "), "it started: {stderr}");
+}
+
 #[test]
 fn the_same_cache_device_twice_at_start_is_refused() {
     let scratch = Scratch::new();
@@ -105,9 +124,8 @@ fn the_same_cache_device_twice_at_start_is_refused() {
         "--cache-size",
         "64MiB",
     ]));
-    l2arc_testkit::assert_one_line_error(
+    assert_refused_at_start(
         &out,
-        "l2arc",
         "cache device ./d.img is already attached as cache device 0 (d.img)",
     );
     // A symlink is the same device too.
@@ -120,7 +138,10 @@ fn the_same_cache_device_twice_at_start_is_refused() {
         "--cache-size",
         "64MiB",
     ]));
-    l2arc_testkit::assert_one_line_error(&out, "l2arc", "is already attached as cache device 0");
+    assert_refused_at_start(
+        &out,
+        "cache device link.img is already attached as cache device 0 (d.img)",
+    );
 }
 
 #[test]
