@@ -22,9 +22,13 @@ struct Scratch {
 
 impl Scratch {
     fn new() -> Scratch {
+        Scratch::with_image(vec![7u8; 4 << 20])
+    }
+
+    fn with_image(content: Vec<u8>) -> Scratch {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk.img");
-        std::fs::write(&image, vec![7u8; 4 << 20]).unwrap();
+        std::fs::write(&image, content).unwrap();
         let socket = dir.path().join("nbd.sock");
         Scratch { dir, image, socket }
     }
@@ -236,4 +240,78 @@ fn ctl_add_cache_of_an_attached_device_is_refused_and_changes_are_logged() {
     let line = log_line(&running, "cache device 1 (");
     assert!(line.contains("removed"), "{line}");
     assert!(device_line(&control, 1).is_none());
+}
+
+/// A field `name=value` of a `ctl devices` line.
+fn field(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+        .parse()
+        .unwrap()
+}
+
+/// An image six times over through a 128 MiB device, as in issue 32 (its
+/// hand laps it again and again, a sweep of overwritten entries every
+/// 8 MiB of it): `ctl devices` never shows `l2_asize` over the
+/// device's data area, sampled all along (the service, a debug build,
+/// also asserts it after every batch).
+#[test]
+fn allocated_size_stays_within_the_device_under_a_stream() {
+    const COPIES: usize = 6;
+    let scratch = Scratch::with_image(l2arc_testkit::nbd::pattern(160 << 20, 5));
+    let control = scratch.path("ctl.sock");
+    let running = scratch
+        .serve_nbd(&[
+            "--cache",
+            "d.img",
+            "--cache-size",
+            "128MiB",
+            "--control",
+            control.to_str().unwrap(),
+        ])
+        .start();
+    let uri = running.uri();
+    let copies = std::sync::atomic::AtomicUsize::new(0);
+    let (mut samples, mut most) = (0, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..COPIES {
+                l2arc_testkit::run(
+                    l2arc_testkit::tool("nbdcopy", "libnbd-bin")
+                        .arg(&uri)
+                        .arg("null:"),
+                );
+                copies.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let mut sample = || {
+            let line = device_line(&control, 0).expect("device 0 is attached");
+            let (asize, size) = (field(&line, "l2_asize"), field(&line, "size_bytes"));
+            assert!(asize <= size, "l2_asize over the data area: {line}");
+            (samples, most) = (samples + 1, most.max(asize));
+        };
+        while copies.load(std::sync::atomic::Ordering::SeqCst) < COPIES {
+            sample();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        sample();
+    });
+    let stats = stdout(&ctl(&control, &["stats"]));
+    let written: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("l2_write_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let size = field(&device_line(&control, 0).unwrap(), "size_bytes");
+    assert!(
+        written > 2 * size,
+        "the hand did not lap the device: {written} written"
+    );
+    assert!(
+        samples >= 10 && most > size / 2,
+        "{samples} samples, at most {most}"
+    );
 }

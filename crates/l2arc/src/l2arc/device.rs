@@ -43,7 +43,9 @@ pub trait DeviceIo: Send + Sync + 'static {
     /// The device's name in messages (its path as given); `describe` by
     /// default.
     fn name(&self) -> String {
-        self.describe()
+        let name = self.describe();
+        debug_assert!(!name.is_empty(), "a device is named in messages");
+        name
     }
     /// Which device this is, whatever path opened it, so that one device
     /// is never attached twice; `None` (the default): no identity to
@@ -318,6 +320,11 @@ impl DeviceIo for FileDevice {
     }
 
     fn identity(&self) -> Option<DeviceIdentity> {
+        // The identity is the open file's, whatever was renamed since.
+        debug_assert!(self.file.metadata().is_ok_and(|m| match self.identity {
+            DeviceIdentity::File { dev, ino } => m.dev() == dev && m.ino() == ino,
+            DeviceIdentity::Block { rdev } => m.rdev() == rdev,
+        }));
         Some(self.identity)
     }
 

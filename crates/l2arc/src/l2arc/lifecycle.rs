@@ -224,6 +224,8 @@ impl L2Arc {
         // The feeder may be mid-batch on it: wait for the writer to let go.
         drop(device.writer.lock().expect("writer poisoned"));
         self.forget_device(&device);
+        // Out for good: nothing of it is counted as held any more.
+        debug_assert_eq!(device.space.held(), super::space::Held::default());
         if self.retire_device(&device) {
             log::info!("cache device {slot} ({}): removed", device.io.name());
         }
@@ -244,6 +246,8 @@ impl L2Arc {
 /// it: two slots on one device overwrite each other's records (every read
 /// then fails its checksum).
 fn refuse_attached(slots: &[Option<Arc<CacheDevice>>], io: &dyn DeviceIo) -> io::Result<()> {
+    // The list holds at most `DEVICES_MAX` slots (`free_slot`).
+    debug_assert!(slots.len() <= DEVICES_MAX);
     let Some(identity) = io.identity() else {
         return Ok(());
     };
@@ -274,6 +278,7 @@ fn human_bytes(bytes: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
+    debug_assert!(unit < UNITS.len() && (unit == UNITS.len() - 1 || value < 1024.0));
     if unit == 0 {
         format!("{bytes} bytes")
     } else {

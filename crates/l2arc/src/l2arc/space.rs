@@ -50,6 +50,12 @@ pub(crate) struct Held {
 impl Held {
     /// Allocated size (`l2_asize`).
     pub(crate) fn asize_bytes(&self) -> u64 {
+        // A record is one of the two: each sum is of its own records.
+        debug_assert!(
+            self.plain_bytes
+                .checked_add(self.compressed_bytes)
+                .is_some()
+        );
         self.plain_bytes + self.compressed_bytes
     }
 }
@@ -70,6 +76,7 @@ fn word(lap_mod32: u32, amount: u64) -> u64 {
 }
 
 fn lap_of(word: u64) -> u32 {
+    const { assert!(64 - LAP_SHIFT == 5, "32 laps: a location's lap_mod32") };
     (word >> LAP_SHIFT) as u32
 }
 
@@ -115,6 +122,7 @@ impl Space {
     }
 
     fn bucket_start(&self, k: usize) -> u64 {
+        debug_assert!(k < self.buckets.len());
         u64::from(self.start_block) + k as u64 * u64::from(self.bucket_blocks)
     }
 
@@ -127,6 +135,8 @@ impl Space {
     /// at `hand` in `lap`: this lap's once the overwritten range ahead of
     /// the hand has reached the bucket, the previous lap's before.
     fn expected_lap(&self, k: usize, lap: u32, hand: u32) -> u32 {
+        // The hand lies in the data area (at its end after a batch there).
+        debug_assert!(hand >= self.start_block && hand <= self.end_block);
         let overwritten_to = u64::from(hand) + u64::from(self.margin_blocks);
         let counted = if self.bucket_start(k) < overwritten_to {
             lap
@@ -159,6 +169,7 @@ impl Space {
     /// buckets, not three atomics an entry). Under the writer lock.
     pub(crate) fn add_all(&self, locations: impl Iterator<Item = Location>) {
         let mut sums = vec![[0u64; 3]; self.buckets.len()];
+        debug_assert_eq!(sums.len(), self.buckets.len());
         for location in locations {
             let k = self.bucket_of(location.block());
             let lap = u32::from(location.lap_mod32());
@@ -182,6 +193,7 @@ impl Space {
     pub(crate) fn remove(&self, location: Location) {
         let bucket = &self.buckets[self.bucket_of(location.block())];
         let lap = u32::from(location.lap_mod32());
+        debug_assert!(lap < 32);
         for (amount, sub) in bucket.iter().zip(amounts(location)) {
             let _ = amount.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
                 (lap_of(w) == lap && w & AMOUNT_MASK >= sub).then_some(w - sub)
@@ -223,7 +235,11 @@ impl Space {
         let from =
             (u64::from(hand) + u64::from(self.margin_blocks)).max(u64::from(self.start_block));
         let k = (from - u64::from(self.start_block)).div_ceil(u64::from(self.bucket_blocks));
-        (k as usize).min(self.buckets.len())
+        let k = (k as usize).min(self.buckets.len());
+        // Bucket k starts at or past `from`; the one before it, before.
+        debug_assert!(k == 0 || self.bucket_start(k - 1) < from);
+        debug_assert!(k == self.buckets.len() || self.bucket_start(k) >= from);
+        k
     }
 
     /// Forgets every record (the device's entries left the index).
@@ -233,6 +249,8 @@ impl Space {
                 Some(w & !AMOUNT_MASK)
             });
         }
+        // Under the writer lock or once the device is out: no add races.
+        debug_assert_eq!(self.held(), Held::default());
     }
 
     /// What is counted now, summed over the buckets.
@@ -244,6 +262,8 @@ impl Space {
             held.plain_bytes += get(PLAIN);
             held.compressed_bytes += get(COMPRESSED);
         }
+        // Every record counted has blocks of its own in the data area.
+        debug_assert!(held.entries <= u64::from(self.end_block - self.start_block));
         held
     }
 
