@@ -463,9 +463,14 @@ impl CacheOptions {
 
 impl ResolvedOptions {
     /// Builds the cache and attaches the cache devices (rebuilding their
-    /// index in the background).
+    /// index in the background). A device that cannot be attached (the
+    /// same device twice included) stops the start with the engine's one
+    /// line, which names the device already.
     pub fn build_cache(&self) -> Result<Arc<Cache>> {
         let cache = Cache::new(self.cache_config.clone())?;
+        for path in &self.cache_devices {
+            cache.add_cache_path(path, Some(self.cache_size_bytes))?;
+        }
         if !self.cache_devices.is_empty() {
             match cache.ioengine_fallback_reason() {
                 None => eprintln!(
@@ -474,11 +479,6 @@ impl ResolvedOptions {
                 ),
                 Some(why) => eprintln!("l2arc: cache devices read with psync: {why}"),
             }
-        }
-        for path in &self.cache_devices {
-            cache
-                .add_cache_path(path, Some(self.cache_size_bytes))
-                .with_context(|| format!("cache device {}", path.display()))?;
         }
         Ok(cache)
     }

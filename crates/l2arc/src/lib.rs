@@ -61,11 +61,11 @@ pub use cache::{
     validate_recordsize,
 };
 pub use cache::{ReadCompletion, ReadQueue};
-pub use l2arc::device::{DeviceIo, FileDevice};
+pub use l2arc::device::{DeviceIdentity, DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
 pub use l2arc::{DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats};
 pub use pace::Pace;
-pub use stats::{ArcStats, CacheStats};
+pub use stats::{ArcStats, CacheStats, KstatKind, kstat_kind};
 
 /// What a program that puts a cache in front of its storage uses:
 /// `use l2arc::prelude::*;`.

@@ -102,6 +102,46 @@ impl CacheStats {
     }
 }
 
+/// What a kstat measures: a count since the process started, or a level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KstatKind {
+    /// Counted since start: never falls for the life of the process (a
+    /// removed cache device's counts stay in the cache-wide totals).
+    Counter,
+    /// A level now (a size, a count of what is held, a limit, a flag): may
+    /// fall, and does when a cache device leaves.
+    Gauge,
+}
+
+/// Whether a kstat (of [`CacheStats::kstats`] or a device's) is a counter
+/// or a gauge. The one place that says so: anything not named a gauge
+/// here is a counter, so a counter added later is kept monotonic (and
+/// exported as one) without being listed.
+pub fn kstat_kind(name: &str) -> KstatKind {
+    const GAUGES: [&str; 13] = [
+        "c",
+        "p",
+        "c_max",
+        "entries",
+        "l2_ioengine_uring",
+        "l2_devices",
+        "l2_bufs",
+        "l2_dwpd_limit",
+        "l2_dwpd_credit",
+        "l2_asize",
+        "l2_size",
+        "l2_hdr_size",
+        "l2_writeback_size",
+    ];
+    // `size`, `mru_size`, `l2_hdr_size`...: bytes held now.
+    if GAUGES.contains(&name) || name == "size" || name.ends_with("_size") {
+        KstatKind::Gauge
+    } else {
+        KstatKind::Counter
+    }
+}
+
 /// Slots per striped counter: enough that threads rarely share one.
 const COUNTER_STRIPES: usize = 16;
 

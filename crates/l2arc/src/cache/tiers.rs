@@ -158,16 +158,19 @@ impl Cache {
     }
 
     /// Adds a cache device (L2ARC): reused and rebuilt if it holds an L2ARC
-    /// log, initialised if blank, refused if it holds anything else. Starts
-    /// the device's feeder.
+    /// log, initialised if blank, refused if it holds anything else or is
+    /// attached already (the same file or block device by any path).
+    /// Starts the device's feeder. Errors name the device.
     pub fn add_cache_device(
         self: &Arc<Self>,
         io: Box<dyn DeviceIo>,
     ) -> io::Result<(u8, DeviceOpen)> {
         let l2 = self.l2_or_init();
+        let name = io.name();
         let added = l2.add_device(io)?;
         debug_assert!(usize::from(added.0) < crate::l2arc::DEVICES_MAX);
-        crate::l2arc::feeder::spawn_device_feeder(l2, added.0)?;
+        crate::l2arc::feeder::spawn_device_feeder(l2, added.0)
+            .map_err(|e| io::Error::new(e.kind(), format!("cache device {name}: {e}")))?;
         Ok(added)
     }
 

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use super::device::DeviceIo;
 use super::format::{
-    BLOCK_BYTES, Compression, DeviceHeader, HEADER_COPY_OFFSETS, LOG_READ_AHEAD_POINTERS, Location,
-    LogPointer,
+    BLOCK_BYTES, DeviceHeader, HEADER_COPY_OFFSETS, LOG_READ_AHEAD_POINTERS, Location, LogPointer,
 };
+use super::space::Space;
 use super::*;
 use crate::buf::AlignedBuf;
 use crate::lock_order::{RankedMutex, rank};
@@ -42,15 +42,10 @@ pub(crate) struct DeviceCounters {
     pub cksum_bad: AtomicU64,
     pub io_error: AtomicU64,
     pub evict_reading: AtomicU64,
-    /// Stored bytes of uncompressed records in the index.
-    pub asize_plain: AtomicU64,
-    /// Allocated bytes of compressed records in the index.
-    pub asize_compressed: AtomicU64,
     /// Logical and allocated bytes of compressed records ever written
     /// (their ratio estimates the logical size of compressed records).
     pub compressed_lsize_written: AtomicU64,
     pub compressed_asize_written: AtomicU64,
-    pub entries: AtomicU64,
     pub rebuild_success: AtomicU64,
     pub rebuild_bufs: AtomicU64,
     pub rebuild_bufs_precached: AtomicU64,
@@ -105,8 +100,20 @@ pub(crate) struct CacheDevice {
     /// (`feeder::BatchWriter`); removal waits for them.
     pub(super) commits_in_flight: AtomicU64,
     pub(super) consecutive_errors: AtomicU32,
+    /// When the last I/O error warning was logged (ms since `added`;
+    /// `u64::MAX`: never), and whether the current run of errors was.
+    error_logged_ms: AtomicU64,
+    error_run_logged: std::sync::atomic::AtomicBool,
+    added: std::time::Instant,
     pub(super) counters: DeviceCounters,
+    /// What the device holds now (`l2_asize`, `l2_bufs`), written off as
+    /// the hand overwrites it (`space`).
+    pub(super) space: Space,
 }
+
+/// Least time between two warnings that a device's I/O fails (a device
+/// that fails and recovers in turn logs a line per run, at most this often).
+const ERROR_LOG_INTERVAL_MS: u64 = 10_000;
 
 impl WriterState {
     /// Makes `pointer` the newest log block (the header is written by the
@@ -173,7 +180,17 @@ impl CacheDevice {
             inflight_reads: AtomicU64::new(0),
             commits_in_flight: AtomicU64::new(0),
             consecutive_errors: AtomicU32::new(0),
+            error_logged_ms: AtomicU64::new(u64::MAX),
+            error_run_logged: std::sync::atomic::AtomicBool::new(false),
+            added: std::time::Instant::now(),
             counters,
+            space: Space::new(
+                geometry.start_block,
+                geometry.end_block,
+                geometry.batch_blocks_max,
+                header.lap,
+                header.hand_block,
+            ),
             io,
         }
     }
@@ -245,11 +262,28 @@ impl CacheDevice {
         matches!(state, STATE_ONLINE | STATE_REBUILDING)
     }
 
-    pub(super) fn note_error(&self) -> bool {
+    /// Counts an I/O error of `op` ("read", "write"); true if it faulted
+    /// the device (`DEVICE_ERRORS_MAX` in a row). The first error of a
+    /// run is logged (at most every `ERROR_LOG_INTERVAL_MS`), the fault
+    /// always: not each record, each change of state.
+    pub(super) fn note_error(&self, op: &str, error: &io::Error) -> bool {
         let errors = self.consecutive_errors.fetch_add(1, Ordering::Relaxed) + 1;
         assert!(errors >= 1, "error count wrapped");
+        if errors == 1 {
+            let now_ms = self.added.elapsed().as_millis() as u64;
+            let last_ms = self.error_logged_ms.load(Ordering::Relaxed);
+            if last_ms == u64::MAX || now_ms.saturating_sub(last_ms) >= ERROR_LOG_INTERVAL_MS {
+                self.error_logged_ms.store(now_ms, Ordering::Relaxed);
+                self.error_run_logged.store(true, Ordering::Relaxed);
+                log::warn!(
+                    "cache device {} ({}): {op} error: {error}; reads go to primary storage",
+                    self.slot,
+                    self.io.name()
+                );
+            }
+        }
         if errors >= DEVICE_ERRORS_MAX {
-            return self
+            let faulted = self
                 .state
                 .compare_exchange(
                     STATE_ONLINE,
@@ -258,13 +292,31 @@ impl CacheDevice {
                     Ordering::SeqCst,
                 )
                 .is_ok();
+            if faulted {
+                log::error!(
+                    "cache device {} ({}): faulted after {errors} I/O errors in a row (last: \
+                     {op} error: {error}); it is out of service, reads go to primary storage \
+                     until it is removed and added again",
+                    self.slot,
+                    self.io.name()
+                );
+            }
+            return faulted;
         }
         false
     }
 
     pub(super) fn note_success(&self) {
-        if self.consecutive_errors.load(Ordering::Relaxed) != 0 {
-            self.consecutive_errors.store(0, Ordering::Relaxed);
+        let errors = self.consecutive_errors.load(Ordering::Relaxed);
+        if errors != 0 && self.consecutive_errors.swap(0, Ordering::Relaxed) != 0 {
+            // A run of errors ended: said only if its start was.
+            if self.error_run_logged.swap(false, Ordering::Relaxed) && self.is_online() {
+                log::info!(
+                    "cache device {} ({}): I/O works again after {errors} error(s)",
+                    self.slot,
+                    self.io.name()
+                );
+            }
         }
         debug_assert!(self.state.load(Ordering::Relaxed) <= STATE_REMOVED);
     }
@@ -345,30 +397,18 @@ impl Geometry {
     }
 }
 
-pub(super) fn account_insert(c: &DeviceCounters, location: Location) {
+/// Counts an entry the index takes in on `device` (before it is
+/// inserted, so that whoever removes it finds it counted).
+pub(super) fn account_insert(device: &CacheDevice, location: Location) {
     debug_assert!(location.asize_blocks() >= 1 && location.compression().is_some());
-    c.entries.fetch_add(1, Ordering::Relaxed);
-    if location.compression() == Some(Compression::Off) {
-        c.asize_plain
-            .fetch_add(location.stored_bytes() as u64, Ordering::Relaxed);
-    } else {
-        c.asize_compressed.fetch_add(
-            u64::from(location.asize_blocks()) * BLOCK_BYTES,
-            Ordering::Relaxed,
-        );
-    }
+    debug_assert_eq!(location.device(), device.slot);
+    device.space.add(location);
 }
 
-pub(super) fn account_remove(c: &DeviceCounters, location: Location) {
+/// Uncounts an entry the index let go (nothing if the hand overwrote it
+/// since: its bytes were written off then).
+pub(super) fn account_remove(device: &CacheDevice, location: Location) {
     debug_assert!(location.asize_blocks() >= 1);
-    c.entries.fetch_sub(1, Ordering::Relaxed);
-    if location.compression() == Some(Compression::Off) {
-        c.asize_plain
-            .fetch_sub(location.stored_bytes() as u64, Ordering::Relaxed);
-    } else {
-        c.asize_compressed.fetch_sub(
-            u64::from(location.asize_blocks()) * BLOCK_BYTES,
-            Ordering::Relaxed,
-        );
-    }
+    debug_assert_eq!(location.device(), device.slot);
+    device.space.remove(location);
 }

@@ -14,7 +14,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::format::BLOCK_BYTES;
@@ -40,6 +40,19 @@ pub trait DeviceIo: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// One line for logs ("file /var/cache/l2.img (O_DIRECT)").
     fn describe(&self) -> String;
+    /// The device's name in messages (its path as given); `describe` by
+    /// default.
+    fn name(&self) -> String {
+        let name = self.describe();
+        debug_assert!(!name.is_empty(), "a device is named in messages");
+        name
+    }
+    /// Which device this is, whatever path opened it, so that one device
+    /// is never attached twice; `None` (the default): no identity to
+    /// compare.
+    fn identity(&self) -> Option<DeviceIdentity> {
+        None
+    }
     /// A descriptor that an io_uring may read from directly, with the same
     /// result as `read_at`; `None` (the default) keeps reads on `read_at`.
     fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -59,12 +72,33 @@ pub trait DeviceIo: Send + Sync + 'static {
     }
 }
 
+/// Which device a [`DeviceIo`] reads and writes: two paths (a symlink,
+/// `./d.img`, a second device node) that open one device have one
+/// identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceIdentity {
+    /// A regular file: the file system's device and the inode.
+    File {
+        /// `st_dev`.
+        dev: u64,
+        /// `st_ino`.
+        ino: u64,
+    },
+    /// A block device: its device number (`st_rdev`).
+    Block {
+        /// `st_rdev`.
+        rdev: u64,
+    },
+}
+
 /// A cache device backed by a file or a block device.
 pub struct FileDevice {
     file: File,
     path: PathBuf,
     size_bytes: u64,
     direct: bool,
+    identity: DeviceIdentity,
 }
 
 impl FileDevice {
@@ -99,6 +133,14 @@ impl FileDevice {
             Err(e) => return Err(named(e)),
         };
         let meta = file.metadata().map_err(named)?;
+        let identity = if meta.file_type().is_block_device() {
+            DeviceIdentity::Block { rdev: meta.rdev() }
+        } else {
+            DeviceIdentity::File {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            }
+        };
         let size_bytes = if meta.file_type().is_block_device() {
             block_device_size(&file).map_err(named)?
         } else if meta.is_file() {
@@ -119,6 +161,7 @@ impl FileDevice {
             path,
             size_bytes: size_bytes / BLOCK_BYTES * BLOCK_BYTES,
             direct,
+            identity,
         };
         assert!(device.size_bytes <= size_bytes && is_whole_blocks_u64(device.size_bytes));
         assert!(
@@ -269,6 +312,20 @@ impl DeviceIo for FileDevice {
     fn size_bytes(&self) -> u64 {
         debug_assert!(is_whole_blocks_u64(self.size_bytes));
         self.size_bytes
+    }
+
+    fn name(&self) -> String {
+        debug_assert!(!self.path.as_os_str().is_empty(), "opened by a path");
+        self.path.display().to_string()
+    }
+
+    fn identity(&self) -> Option<DeviceIdentity> {
+        // The identity is the open file's, whatever was renamed since.
+        debug_assert!(self.file.metadata().is_ok_and(|m| match self.identity {
+            DeviceIdentity::File { dev, ino } => m.dev() == dev && m.ino() == ino,
+            DeviceIdentity::Block { rdev } => m.rdev() == rdev,
+        }));
+        Some(self.identity)
     }
 
     fn describe(&self) -> String {

@@ -141,6 +141,14 @@ impl DeviceIo for FaultyDevice {
         self.inner.size_bytes()
     }
 
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn identity(&self) -> Option<super::device::DeviceIdentity> {
+        self.inner.identity()
+    }
+
     fn describe(&self) -> String {
         format!("faulty({})", self.inner.describe())
     }

@@ -426,8 +426,8 @@ impl<'a> Feeder<'a> {
                 self.finish_in_flight(device, writer, in_flight);
                 return FeedOutcome::default();
             }
-            Err(_) => {
-                l2.note_write_error(device);
+            Err(e) => {
+                l2.note_write_error(device, &e);
                 self.finish_in_flight(device, writer, in_flight);
                 return FeedOutcome::default();
             }

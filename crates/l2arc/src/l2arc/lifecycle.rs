@@ -3,7 +3,11 @@
 //! A device that holds an L2ARC log of ours is reused (and its index rebuilt
 //! in the background); a blank one, or one of ours whose headers are both
 //! unreadable, is initialised; one that holds anything else is refused
-//! untouched unless `force_init_foreign`. Removal takes the device out of
+//! untouched unless `force_init_foreign`. A device attached already (the
+//! same file or block device, by any path: `DeviceIdentity`) is refused:
+//! two slots on one device overwrite each other's records. Each add and
+//! removal is logged once (`log`), and a removed device's counters stay in
+//! the cache-wide totals (`stats`). Removal takes the device out of
 //! the rotor and the read path first, waits for reads in flight on it, and
 //! only then drops its index entries and frees its slot.
 
@@ -52,15 +56,24 @@ fn free_slot(devices: &mut Vec<Option<Arc<CacheDevice>>>) -> io::Result<u8> {
 impl L2Arc {
     /// Adds a cache device: reuses and rebuilds it if it holds an L2ARC log,
     /// initialises it if blank, refuses it if it holds something else (unless
-    /// `force_init_foreign`). Returns the device slot and what was done. The
-    /// rebuild, if any, runs in a background thread.
+    /// `force_init_foreign`) or is attached already (by whatever path).
+    /// Returns the device slot and what was done. The rebuild, if any, runs
+    /// in a background thread.
     pub fn add_device(self: &Arc<Self>, io: Box<dyn DeviceIo>) -> io::Result<(u8, DeviceOpen)> {
-        let name = io.describe();
+        let name = io.name();
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("cache device {name}: {e}"));
+        // Before reading it (no I/O on a device in use), and again under
+        // the lock that serialises adds: of two racing adds, one wins.
+        refuse_attached(
+            &self.devices.read().expect("device list poisoned").slots,
+            io.as_ref(),
+        )?;
         let counters = DeviceCounters::default();
         let (header, open) = self.choose_header(io.as_ref(), &counters)?;
         let mut devices = self.devices.write().expect("device list poisoned");
-        let slot = free_slot(&mut devices)?;
-        debug_assert!(devices[usize::from(slot)].is_none(), "a free slot");
+        refuse_attached(&devices.slots, io.as_ref())?;
+        let slot = free_slot(&mut devices.slots).map_err(named)?;
+        debug_assert!(devices.slots[usize::from(slot)].is_none(), "a free slot");
         let device = Arc::new(CacheDevice::new(slot, io, &header, counters));
         if open != DeviceOpen::Rebuilding {
             device.write_header(&header).map_err(|e| {
@@ -69,16 +82,26 @@ impl L2Arc {
                     format!("cache device {name}: cannot write its header: {e}"),
                 )
             })?;
-            device.io.sync()?;
+            device.io.sync().map_err(named)?;
             device.state.store(STATE_ONLINE, Ordering::SeqCst);
         }
-        devices[usize::from(slot)] = Some(Arc::clone(&device));
+        devices.slots[usize::from(slot)] = Some(Arc::clone(&device));
         drop(devices);
+        log::info!(
+            "cache device {slot} ({name}, {} data area): attached, {}",
+            human_bytes(device.data_blocks() * BLOCK_BYTES),
+            match open {
+                DeviceOpen::Rebuilding => "rebuilding its index from its log",
+                DeviceOpen::Reused => "reused empty (l2arc_rebuild_enabled is off)",
+                DeviceOpen::Initialised => "initialised",
+            }
+        );
         if open == DeviceOpen::Rebuilding {
             let l2 = Arc::clone(self);
             std::thread::Builder::new()
                 .name(format!("l2arc-rebuild-{slot}"))
-                .spawn(move || l2.rebuild(&device))?;
+                .spawn(move || l2.rebuild(&device))
+                .map_err(named)?;
         }
         Ok((slot, open))
     }
@@ -183,7 +206,8 @@ impl L2Arc {
     }
 
     /// Takes a device out: new reads stop using it, reads in flight finish,
-    /// then its index entries are dropped and its slot is freed.
+    /// then its index entries are dropped and its slot is freed (its
+    /// counters stay in the cache-wide totals).
     pub fn remove_device(&self, slot: u8) -> io::Result<()> {
         let device = self.device(slot).ok_or_else(|| {
             io::Error::new(
@@ -200,21 +224,11 @@ impl L2Arc {
         // The feeder may be mid-batch on it: wait for the writer to let go.
         drop(device.writer.lock().expect("writer poisoned"));
         self.forget_device(&device);
-        let mut devices = self.devices.write().expect("device list poisoned");
-        // Only this device leaves its slot: a second removal of the slot
-        // that raced with this one may have freed it already, and an add
-        // may have filled it since with another device, which stays.
-        if devices[slot as usize]
-            .as_ref()
-            .is_some_and(|d| Arc::ptr_eq(d, &device))
-        {
-            devices[slot as usize] = None;
+        // Out for good: nothing of it is counted as held any more.
+        debug_assert_eq!(device.space.held(), super::space::Held::default());
+        if self.retire_device(&device) {
+            log::info!("cache device {slot} ({}): removed", device.io.name());
         }
-        debug_assert!(
-            devices[slot as usize]
-                .as_ref()
-                .is_none_or(|d| !Arc::ptr_eq(d, &device))
-        );
         Ok(())
     }
 
@@ -224,9 +238,50 @@ impl L2Arc {
         // Forgotten only once it is out for good: faulted or removed
         // (neither state is ever left).
         debug_assert!(!device.is_online());
-        let c = &device.counters;
-        c.asize_plain.store(0, Ordering::Relaxed);
-        c.asize_compressed.store(0, Ordering::Relaxed);
-        c.entries.store(0, Ordering::Relaxed);
+        device.space.clear();
+    }
+}
+
+/// Refuses a device that is attached already, naming the slot that holds
+/// it: two slots on one device overwrite each other's records (every read
+/// then fails its checksum).
+fn refuse_attached(slots: &[Option<Arc<CacheDevice>>], io: &dyn DeviceIo) -> io::Result<()> {
+    // The list holds at most `DEVICES_MAX` slots (`free_slot`).
+    debug_assert!(slots.len() <= DEVICES_MAX);
+    let Some(identity) = io.identity() else {
+        return Ok(());
+    };
+    match slots
+        .iter()
+        .flatten()
+        .find(|d| d.io.identity() == Some(identity))
+    {
+        Some(holder) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "cache device {} is already attached as cache device {} ({})",
+                io.name(),
+                holder.slot,
+                holder.io.name()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Bytes in the largest binary unit under 1024 of it ("63.0 MiB").
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    debug_assert!(unit < UNITS.len() && (unit == UNITS.len() - 1 || value < 1024.0));
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
     }
 }

@@ -55,6 +55,7 @@ pub(crate) mod reader;
 mod rebuild;
 pub(crate) mod ring;
 mod sector_tables;
+mod space;
 mod stats;
 mod sweep;
 pub(crate) mod writeback;
@@ -152,7 +153,7 @@ impl Default for L2ArcConfig {
 pub struct L2Arc {
     config: L2ArcConfig,
     cache_guid: u128,
-    devices: RankedRwLock<Vec<Option<Arc<CacheDevice>>>, { rank::LEAF }>,
+    devices: RankedRwLock<DeviceList, { rank::LEAF }>,
     index: L2Index,
     rotor: AtomicU64,
     misses: AtomicU64,
@@ -186,6 +187,18 @@ pub struct L2Arc {
     records_in_transit: std::sync::atomic::AtomicUsize,
 }
 
+/// The devices by slot, and what the removed ones counted.
+#[derive(Default)]
+struct DeviceList {
+    slots: Vec<Option<Arc<CacheDevice>>>,
+    /// The counters (`crate::stats::kstat_kind`) of the devices removed,
+    /// summed: the cache-wide counters are these plus the devices', so
+    /// they never fall when a device leaves (issue 32). Updated under
+    /// the list's lock with the slot, so a snapshot sees a device either
+    /// in its slot or here, never both or neither.
+    retired: Vec<(&'static str, u64)>,
+}
+
 /// See [`L2Arc::begin_transit`].
 pub(crate) struct InTransit<'a>(&'a std::sync::atomic::AtomicUsize);
 
@@ -194,6 +207,19 @@ impl Drop for InTransit<'_> {
         let before = self.0.fetch_sub(1, Ordering::SeqCst);
         debug_assert!(before > 0, "a transit ended that never began");
     }
+}
+
+/// The devices in `slots`, in slot order.
+fn all_of(slots: &[Option<Arc<CacheDevice>>]) -> Vec<Arc<CacheDevice>> {
+    // At most `DEVICES_MAX`, each in its own slot.
+    debug_assert!(slots.len() <= DEVICES_MAX);
+    debug_assert!(
+        slots
+            .iter()
+            .enumerate()
+            .all(|(i, d)| d.as_ref().is_none_or(|d| usize::from(d.slot) == i))
+    );
+    slots.iter().flatten().cloned().collect()
 }
 
 /// Seed for random guids: time, pid and an address, mixed.
@@ -215,7 +241,7 @@ impl L2Arc {
     pub fn new(config: L2ArcConfig, expected_records: usize) -> Self {
         let l2 = Self {
             cache_guid: random_u128(),
-            devices: RankedRwLock::new(Vec::new()),
+            devices: RankedRwLock::new(DeviceList::default()),
             index: L2Index::new(64, expected_records),
             rotor: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -269,7 +295,7 @@ impl L2Arc {
 
     fn device(&self, slot: u8) -> Option<Arc<CacheDevice>> {
         let devices = self.devices.read().expect("device list poisoned");
-        let device = devices.get(slot as usize).and_then(Clone::clone);
+        let device = devices.slots.get(slot as usize).and_then(Clone::clone);
         debug_assert!(
             device.as_ref().is_none_or(|d| d.slot == slot),
             "in its slot"
@@ -279,22 +305,14 @@ impl L2Arc {
 
     fn all_devices(&self) -> Vec<Arc<CacheDevice>> {
         let devices = self.devices.read().expect("device list poisoned");
-        // At most `DEVICES_MAX`, each in its own slot.
-        debug_assert!(devices.len() <= DEVICES_MAX);
-        debug_assert!(
-            devices
-                .iter()
-                .enumerate()
-                .all(|(i, d)| d.as_ref().is_none_or(|d| usize::from(d.slot) == i))
-        );
-        devices.iter().flatten().cloned().collect()
+        all_of(&devices.slots)
     }
 
     /// Whether any device takes writes now (online).
     pub(crate) fn takes_writes(&self) -> bool {
         let devices = self.devices.read().expect("device list poisoned");
-        debug_assert!(devices.len() <= DEVICES_MAX);
-        devices.iter().flatten().any(|d| d.is_online())
+        debug_assert!(devices.slots.len() <= DEVICES_MAX);
+        devices.slots.iter().flatten().any(|d| d.is_online())
     }
 
     /// Number of records indexed.

@@ -103,7 +103,7 @@ impl L2Arc {
             let location = Location(old.location);
             debug_assert!(is_well_formed(location));
             if let Some(device) = self.device(location.device()) {
-                account_remove(&device.counters, location);
+                account_remove(&device, location);
             }
         }
     }
@@ -123,7 +123,7 @@ impl L2Arc {
             .is_some()
             && let Some(device) = device
         {
-            account_remove(&device.counters, location);
+            account_remove(device, location);
         }
     }
 
@@ -279,8 +279,8 @@ impl L2Arc {
             read_blocks_and_table(&device, location, first, blocks, kept.is_none());
         let c = &device.counters;
         let result = match io_result {
-            Err(_) => {
-                self.read_failed(&device, key_hash, location);
+            Err(e) => {
+                self.read_failed(&device, key_hash, location, &e);
                 None
             }
             Ok(()) => {
@@ -316,11 +316,17 @@ impl L2Arc {
 
     /// A device read failed: the entry goes, and enough failures fault
     /// the device.
-    fn read_failed(&self, device: &CacheDevice, key_hash: u64, location: Location) {
+    fn read_failed(
+        &self,
+        device: &CacheDevice,
+        key_hash: u64,
+        location: Location,
+        e: &std::io::Error,
+    ) {
         debug_assert_eq!(device.slot, location.device());
         device.counters.io_error.fetch_add(1, Ordering::Relaxed);
         self.drop_entry(key_hash, location, Some(device));
-        if device.note_error() {
+        if device.note_error("read", e) {
             self.forget_device(device);
         }
     }
@@ -354,8 +360,8 @@ impl L2Arc {
         // writer placed the record in, and the stored bytes lie within it.
         debug_assert_eq!(buf.len(), location.asize_bytes());
         assert!(location.stored_bytes() <= buf.len());
-        if io_result.is_err() {
-            self.read_failed(device, key_hash, location);
+        if let Err(e) = io_result {
+            self.read_failed(device, key_hash, location, &e);
             return None;
         }
         device.note_success();

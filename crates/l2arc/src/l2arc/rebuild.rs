@@ -61,8 +61,8 @@ use std::time::Duration;
 
 use super::cache_device::*;
 use super::format::{
-    self, BLOCK_BYTES, Compression, LOG_BLOCK_HEADER_BYTES, LOG_ENTRY_BYTES,
-    LOG_READ_AHEAD_POINTERS, LogBlockHeader, LogEntry, LogPointer,
+    self, BLOCK_BYTES, LOG_BLOCK_HEADER_BYTES, LOG_ENTRY_BYTES, LOG_READ_AHEAD_POINTERS,
+    LogBlockHeader, LogEntry, LogPointer,
 };
 use super::index::{IndexEntry, L2Index};
 use super::*;
@@ -157,23 +157,17 @@ impl<'a> Restorer<'a> {
         }
         let inserted = index.insert_sorted_if_absent(sorted, REBUILD_INSERT_THREADS);
         assert!(inserted <= sorted.len());
-        // Entries not inserted came back with key_hash 0.
-        let (mut plain, mut compressed) = (0u64, 0u64);
-        for e in sorted.iter().filter(|e| e.key_hash != 0) {
-            // As `account_insert` counts it.
-            let location = format::Location(e.location);
-            if location.compression() == Some(Compression::Off) {
-                plain += location.stored_bytes() as u64;
-            } else {
-                compressed += u64::from(location.asize_blocks()) * BLOCK_BYTES;
-            }
-        }
+        // Entries not inserted came back with key_hash 0; the others are
+        // counted as `account_insert` counts one, all at once.
+        device.space.add_all(
+            sorted
+                .iter()
+                .filter(|e| e.key_hash != 0)
+                .map(|e| format::Location(e.location)),
+        );
         let inserted = inserted as u64;
         let precached = sorted.len() as u64 - inserted;
         let c = &device.counters;
-        c.entries.fetch_add(inserted, Ordering::Relaxed);
-        c.asize_plain.fetch_add(plain, Ordering::Relaxed);
-        c.asize_compressed.fetch_add(compressed, Ordering::Relaxed);
         c.rebuild_bufs.fetch_add(inserted, Ordering::Relaxed);
         c.rebuild_bufs_precached
             .fetch_add(precached, Ordering::Relaxed);
@@ -493,12 +487,25 @@ impl L2Arc {
         c.rebuild_ns
             .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         c.rebuild_success.fetch_add(1, Ordering::Relaxed);
-        let _ = device.state.compare_exchange(
-            STATE_REBUILDING,
-            STATE_ONLINE,
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        );
+        let online = device
+            .state
+            .compare_exchange(
+                STATE_REBUILDING,
+                STATE_ONLINE,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok();
+        if online {
+            log::info!(
+                "cache device {} ({}): rebuilt {} records from {} log blocks in {:.1} s; online",
+                device.slot,
+                device.io.name(),
+                restorer.restored.entries,
+                c.rebuild_log_blks.load(Ordering::Relaxed),
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
 
     /// Walks the log in a reader thread that stages and sorts runs, and

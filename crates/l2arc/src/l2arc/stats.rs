@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cache_device::*;
 use super::format::BLOCK_BYTES;
+use super::space::Held;
 use super::*;
 
 /// A snapshot of one device's statistics.
@@ -47,7 +48,10 @@ impl L2Stats {
 
 pub(super) fn device_kstats_names() -> Vec<&'static str> {
     let dummy = DeviceCounters::default();
-    let names: Vec<&'static str> = kstats_of(&dummy).into_iter().map(|(n, _)| n).collect();
+    let names: Vec<&'static str> = kstats_of(&dummy, Held::default())
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     debug_assert!(
         names.iter().all(|n| n.starts_with("l2_")),
         "arcstats' names"
@@ -57,13 +61,14 @@ pub(super) fn device_kstats_names() -> Vec<&'static str> {
 
 pub(super) fn device_kstats(device: &CacheDevice) -> Vec<(&'static str, u64)> {
     debug_assert!(usize::from(device.slot) < DEVICES_MAX);
-    kstats_of(&device.counters)
+    kstats_of(&device.counters, device.space.held())
 }
 
-pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
+/// A device's kstats: its counters, and what it holds now (`held`).
+pub(super) fn kstats_of(c: &DeviceCounters, held: Held) -> Vec<(&'static str, u64)> {
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let plain = get(&c.asize_plain);
-    let compressed = get(&c.asize_compressed);
+    let plain = held.plain_bytes;
+    let compressed = held.compressed_bytes;
     let ratio = if get(&c.compressed_asize_written) == 0 {
         1.0
     } else {
@@ -85,7 +90,7 @@ pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
         ("l2_io_error", get(&c.io_error)),
         ("l2_size", plain + (compressed as f64 * ratio) as u64),
         ("l2_asize", plain + compressed),
-        ("l2_bufs", get(&c.entries)),
+        ("l2_bufs", held.entries),
         ("l2_rebuild_success", get(&c.rebuild_success)),
         ("l2_rebuild_bufs", get(&c.rebuild_bufs)),
         ("l2_rebuild_bufs_precached", get(&c.rebuild_bufs_precached)),
@@ -101,16 +106,62 @@ pub(super) fn kstats_of(c: &DeviceCounters) -> Vec<(&'static str, u64)> {
     ]
 }
 
+/// Adds a device's counters (not its gauges) to `retired`.
+fn retire(retired: &mut Vec<(&'static str, u64)>, kstats: &[(&'static str, u64)]) {
+    for &(name, value) in kstats {
+        if crate::stats::kstat_kind(name) != crate::stats::KstatKind::Counter {
+            continue;
+        }
+        match retired.iter_mut().find(|(n, _)| *n == name) {
+            Some(sum) => sum.1 += value,
+            None => retired.push((name, value)),
+        }
+    }
+}
+
 impl L2Arc {
-    /// Statistics, in total and per device.
+    /// Takes a device out of its slot (if it still holds it), its
+    /// counters into the retired sums, under one hold of the list lock.
+    pub(super) fn retire_device(&self, device: &Arc<CacheDevice>) -> bool {
+        let mut devices = self.devices.write().expect("device list poisoned");
+        let slot = usize::from(device.slot);
+        // Only this device leaves its slot: a second removal of the slot
+        // that raced with this one may have freed it already, and an add
+        // may have filled it since with another device, which stays.
+        let held = devices.slots[slot]
+            .as_ref()
+            .is_some_and(|d| Arc::ptr_eq(d, device));
+        if held {
+            let kstats = device_kstats(device);
+            retire(&mut devices.retired, &kstats);
+            devices.slots[slot] = None;
+        }
+        debug_assert!(
+            devices.slots[slot]
+                .as_ref()
+                .is_none_or(|d| !Arc::ptr_eq(d, device))
+        );
+        held
+    }
+
+    /// Statistics, in total and per device. The totals of counters are
+    /// the devices' plus those of devices removed: they never fall.
     pub fn stats(&self) -> L2Stats {
+        let (attached, retired) = {
+            let list = self.devices.read().expect("device list poisoned");
+            (super::all_of(&list.slots), list.retired.clone())
+        };
         let mut devices = Vec::new();
-        let mut total: Vec<(&'static str, u64)> = Vec::new();
-        for device in self.all_devices() {
-            let kstats = device_kstats(&device);
-            if total.is_empty() {
-                total = kstats.iter().map(|&(n, _)| (n, 0)).collect();
+        let mut total: Vec<(&'static str, u64)> =
+            device_kstats_names().into_iter().map(|n| (n, 0)).collect();
+        for t in &mut total {
+            if let Some((_, v)) = retired.iter().find(|(n, _)| *n == t.0) {
+                t.1 += v;
             }
+        }
+        for device in attached {
+            let kstats = device_kstats(&device);
+            debug_assert!(total.iter().zip(&kstats).all(|(t, k)| t.0 == k.0));
             for (t, (_, v)) in total.iter_mut().zip(&kstats) {
                 t.1 += v;
             }
@@ -126,9 +177,6 @@ impl L2Arc {
                 size_bytes: device.data_blocks() * BLOCK_BYTES,
                 kstats,
             });
-        }
-        if total.is_empty() {
-            total = device_kstats_names().into_iter().map(|n| (n, 0)).collect();
         }
         let mut kstats = vec![
             ("l2_hits", self.hits.load(Ordering::Relaxed)),

@@ -233,7 +233,7 @@ impl L2Arc {
             Ok(Some(prepared)) => prepared,
             Ok(None) => return Ok((0, 0)),
             Err(e) => {
-                self.note_write_error(device);
+                self.note_write_error(device, &e);
                 return Err(e);
             }
         };
@@ -352,7 +352,7 @@ impl L2Arc {
             assert!(writer.log_sequence >= log_sequence);
             (writer.header, writer.log_sequence, writer.older_logs) = before;
             drop(writer);
-            self.note_write_error(device);
+            self.note_write_error(device, &e);
             return Err(e);
         }
         if device.is_removed() {
@@ -360,6 +360,7 @@ impl L2Arc {
         }
         assert!(!entries.is_empty() && position.total_blocks >= 1);
         self.index_batch(device, &entries, gate);
+        device.space.assert_within_data_area(device.slot);
         let c = &device.counters;
         c.compressed_lsize_written
             .fetch_add(compressed_bytes.0, Ordering::Relaxed);
@@ -389,10 +390,10 @@ impl L2Arc {
     }
 
     /// Counts a failed write to `device`, faulting it past the limit.
-    pub(crate) fn note_write_error(&self, device: &CacheDevice) {
+    pub(crate) fn note_write_error(&self, device: &CacheDevice, e: &io::Error) {
         let before = device.counters.writes_error.fetch_add(1, Ordering::Relaxed);
         debug_assert!(before < u64::MAX);
-        if device.note_error() {
+        if device.note_error("write", e) {
             self.forget_device(device);
         }
     }
@@ -409,6 +410,9 @@ impl L2Arc {
                 debug_assert_eq!(entry.location.device(), device.slot);
                 debug_assert!(entry.location.block() >= device.start_block);
                 debug_assert!(entry.location.end_block() <= u64::from(device.end_block));
+                // Counted before it is found: a reader that drops it at
+                // once uncounts what was counted.
+                account_insert(device, entry.location);
                 let old = self.index.insert(IndexEntry {
                     key_hash: entry.key_hash,
                     location: entry.location.0,
@@ -417,10 +421,9 @@ impl L2Arc {
                 if let Some(old) = old {
                     let old_location = Location(old.location);
                     if let Some(old_device) = self.device(old_location.device()) {
-                        account_remove(&old_device.counters, old_location);
+                        account_remove(&old_device, old_location);
                     }
                 }
-                account_insert(&device.counters, entry.location);
             }
         });
         assert_eq!(indexed, 1, "a write gate must index its batch exactly once");
@@ -685,6 +688,11 @@ fn advance_hand(
         writer.header = header;
     }
     assert!(hand >= device.start_block && hand + total_blocks <= device.end_block);
+    // What the hand is about to overwrite stops counting before readers
+    // stop trusting it (`space`).
+    device
+        .space
+        .advance(device.position(), (lap, hand + total_blocks));
     device.position.store(
         (u64::from(lap) << 32) | u64::from(hand + total_blocks),
         Ordering::Release,
