@@ -311,9 +311,8 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
             Ok(out)
         }
         ControlCommand::AddCache { path, size_bytes } => {
-            let (slot, open) = cache
-                .add_cache_path(&path, Some(size_bytes))
-                .with_context(|| format!("cache device {path}"))?;
+            // The engine's errors name the device already.
+            let (slot, open) = cache.add_cache_path(&path, Some(size_bytes))?;
             Ok(changed(&format!(
                 "added cache device {path} as slot {slot} ({})",
                 format!("{open:?}").to_lowercase()

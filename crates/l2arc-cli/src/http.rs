@@ -78,11 +78,7 @@ impl HttpServer {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&stopping);
         let active = Arc::new(AtomicUsize::new(0));
-        let endpoint = Arc::new(Endpoint {
-            cache,
-            history,
-            high_water: crate::metrics::HighWater::default(),
-        });
+        let endpoint = Arc::new(Endpoint { cache, history });
         let thread = std::thread::Builder::new()
             .name("l2arc-http".into())
             .spawn(move || {
@@ -119,8 +115,6 @@ impl Drop for HttpServer {
 struct Endpoint {
     cache: Arc<Cache>,
     history: Option<Arc<History>>,
-    /// The highest value of each counter served on `/metrics`.
-    high_water: crate::metrics::HighWater,
 }
 
 /// Serves one connection on a thread of its own, or refuses it when
@@ -276,7 +270,7 @@ fn route(endpoint: &Endpoint, request: &Request) -> (u16, &'static str, Vec<u8>)
         "/metrics" => (
             200,
             "text/plain; version=0.0.4; charset=utf-8",
-            crate::metrics::prometheus(cache, &endpoint.high_water).into_bytes(),
+            crate::metrics::prometheus(cache).into_bytes(),
         ),
         "/api/stats" => (
             200,

@@ -15,18 +15,20 @@
 //! it: a flag is a gauge, a byte counter ends in `_bytes_total`, every
 //! family has a HELP sentence that names its unit, the process is
 //! described by the standard `process_*` families and `l2arc_build_info`.
-//! A counter never falls on the page: the endpoint keeps the highest value
-//! it served of each series ([`HighWater`]), so a device removed and added
-//! again under the same slot and path does not look like a reset. Front
-//! ends add their own families (NBD's requests and their latency, FUSE's
+//! A counter never falls on the page because it never falls below: the
+//! engine keeps a removed device's counts in its totals (`l2arc::kstat_kind`
+//! says which kstats are counters). The one reset is that of a device's own
+//! series when the device is attached again: a new attachment counts from
+//! zero, which Prometheus' `rate` and `increase` read as the reset it is
+//! (holding the old value instead would show no reads until the new count
+//! passed it). Front ends add their own families (NBD's requests and their latency, FUSE's
 //! operations) through [`register`].
 //! The histograms' Prometheus buckets are the engine's octave boundaries
 //! (64 ns to 64 s, each bucket twice the last): exact sums of the engine's
 //! finer buckets, few enough to scrape every second.
 
-use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use l2arc::Cache;
 use l2arc::latency::{BUCKETS, HistogramSnapshot, bucket_low_ns};
@@ -45,8 +47,8 @@ enum Kind {
     CounterBytes,
     GaugeBytes,
     Gauge,
-    /// A gauge in microseconds, exported in seconds.
-    GaugeMicros,
+    /// A counter in microseconds, exported in seconds.
+    CounterMicros,
 }
 
 fn kind_of(name: &str) -> Kind {
@@ -58,8 +60,8 @@ fn kind_of(name: &str) -> Kind {
         "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size"
         | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
         n if n.ends_with("_size") => Kind::GaugeBytes,
-        "entries" | "l2_bufs" | "l2_devices" | "l2_rebuild_success" => Kind::Gauge,
-        "l2_rebuild_time_us" => Kind::GaugeMicros,
+        "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,
+        "l2_rebuild_time_us" => Kind::CounterMicros,
         n if n.ends_with("_bytes") => Kind::CounterBytes,
         _ => Kind::Counter,
     }
@@ -75,16 +77,16 @@ fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
         Kind::CounterBytes => (format!("{prefix}{name}_bytes_total"), "counter"),
         Kind::GaugeBytes => (format!("{prefix}{name}_bytes"), "gauge"),
         Kind::Gauge => (format!("{prefix}{name}"), "gauge"),
-        Kind::GaugeMicros => (
-            format!("{prefix}{}_seconds", name.trim_end_matches("_us")),
-            "gauge",
+        Kind::CounterMicros => (
+            format!("{prefix}{}_seconds_total", name.trim_end_matches("_us")),
+            "counter",
         ),
     }
 }
 
 fn exported_value(name: &str, value: u64) -> String {
     match kind_of(name) {
-        Kind::GaugeMicros => format!("{}", value as f64 / 1e6),
+        Kind::CounterMicros => format!("{}", value as f64 / 1e6),
         _ => value.to_string(),
     }
 }
@@ -95,34 +97,6 @@ fn escape(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-/// Series that [`HighWater`] remembers at most (new ones past it are
-/// served as they are).
-const HIGH_WATER_SERIES_MAX: usize = 65_536;
-
-/// The highest value served of each counter series (name and labels): a
-/// counter on the page never falls, whatever happens below it.
-#[derive(Default)]
-pub struct HighWater(Mutex<HashMap<String, u64>>);
-
-impl HighWater {
-    /// `value`, or the highest served before for `series` if that is more.
-    fn hold(&self, series: &str, value: u64) -> u64 {
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match seen.get_mut(series) {
-            Some(high) => {
-                *high = (*high).max(value);
-                *high
-            }
-            None => {
-                if seen.len() < HIGH_WATER_SERIES_MAX {
-                    seen.insert(series.to_string(), value);
-                }
-                value
-            }
-        }
-    }
 }
 
 /// A front end's families, appended to every `/metrics` page.
@@ -152,23 +126,19 @@ pub fn register(source: impl Fn(&mut String) + Send + Sync + 'static) -> Registr
     Registration(id)
 }
 
-/// The whole `/metrics` page; counters held at their high-water mark.
-pub fn prometheus(cache: &Cache, high_water: &HighWater) -> String {
+/// The whole `/metrics` page.
+pub fn prometheus(cache: &Cache) -> String {
     let stats = cache.stats();
     let mut out = String::with_capacity(16 << 10);
     for (name, value) in stats.kstats() {
         let (metric, kind) = prometheus_name("l2arc_arcstats_", name);
         write_family_head(&mut out, &metric, kind, &help_of(name, ""));
-        let _ = writeln!(
-            out,
-            "{metric} {}",
-            exported(high_water, &metric, name, value)
-        );
+        let _ = writeln!(out, "{metric} {}", exported_value(name, value));
     }
     write_latency(&mut out, cache);
-    write_datasets(&mut out, cache, high_water);
+    write_datasets(&mut out, cache);
     if let Some(l2) = &stats.l2 {
-        write_devices(&mut out, &l2.devices, high_water);
+        write_devices(&mut out, &l2.devices);
     }
     write_build_info(&mut out);
     write_process(&mut out);
@@ -182,14 +152,6 @@ pub fn prometheus(cache: &Cache, high_water: &HighWater) -> String {
         source(&mut out);
     }
     out
-}
-
-/// A kstat's value as served: counters through the high-water mark.
-fn exported(high_water: &HighWater, series: &str, name: &str, value: u64) -> String {
-    match kind_of(name) {
-        Kind::Counter | Kind::CounterBytes => high_water.hold(series, value).to_string(),
-        _ => exported_value(name, value),
-    }
 }
 
 /// `l2arc_build_info{version,commit} 1`.
@@ -219,8 +181,8 @@ fn help_of(name: &str, of_what: &str) -> String {
     let unit = match kind_of(name) {
         Kind::Counter => "count",
         Kind::CounterBytes | Kind::GaugeBytes => "bytes",
-        Kind::GaugeMicros => "seconds",
-        Kind::Gauge if name == "l2_ioengine_uring" || name == "l2_rebuild_success" => "0 or 1",
+        Kind::CounterMicros => "seconds",
+        Kind::Gauge if name == "l2_ioengine_uring" => "0 or 1",
         Kind::Gauge => "count",
     };
     format!("{}{of_what} ({unit}; arcstats {name}).", about(name))
@@ -338,7 +300,7 @@ fn write_latency(out: &mut String, cache: &Cache) {
 }
 
 /// Properties and counters per dataset.
-fn write_datasets(out: &mut String, cache: &Cache, high_water: &HighWater) {
+fn write_datasets(out: &mut String, cache: &Cache) {
     let datasets = cache.dataset_list();
     let families: [(&str, &str, &str); 5] = [
         (
@@ -382,26 +344,22 @@ fn write_datasets(out: &mut String, cache: &Cache, high_water: &HighWater) {
                 "l2arc_dataset_recordsize_bytes" => {
                     format!("{family}{{{label}}} {}", config.recordsize_bytes)
                 }
-                "l2arc_dataset_l2_hits_total" => counter(high_water, family, &label, a.l2_hits),
-                "l2arc_dataset_primary_reads_total" => {
-                    counter(high_water, family, &label, a.primary_reads)
-                }
-                _ => counter(high_water, family, &label, a.primary_read_bytes),
+                "l2arc_dataset_l2_hits_total" => counter(family, &label, a.l2_hits),
+                "l2arc_dataset_primary_reads_total" => counter(family, &label, a.primary_reads),
+                _ => counter(family, &label, a.primary_read_bytes),
             };
             let _ = writeln!(out, "{line}");
         }
     }
 }
 
-/// A counter's sample line, held at its high-water mark.
-fn counter(high_water: &HighWater, family: &str, labels: &str, value: u64) -> String {
-    let series = format!("{family}{{{labels}}}");
-    let value = high_water.hold(&series, value);
-    format!("{series} {value}")
+/// A counter's sample line.
+fn counter(family: &str, labels: &str, value: u64) -> String {
+    format!("{family}{{{labels}}} {value}")
 }
 
 /// State, capacity and every counter per cache device.
-fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats], high_water: &HighWater) {
+fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats]) {
     let label = |d: &l2arc::DeviceStats| {
         format!("slot=\"{}\",device=\"{}\"", d.slot, escape(&d.description))
     };
@@ -441,7 +399,7 @@ fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats], high_water: &
         write_family_head(out, &metric, kind, &help_of(name, ", of one cache device"));
         for d in devices {
             let series = format!("{metric}{{{}}}", label(d));
-            let value = exported(high_water, &series, name, d.kstats[i].1);
+            let value = exported_value(name, d.kstats[i].1);
             let _ = writeln!(out, "{series} {value}");
         }
     }
@@ -450,12 +408,11 @@ fn write_devices(out: &mut String, devices: &[l2arc::DeviceStats], high_water: &
 /// `serve-nbd`'s families: connections, requests by type, errors, and
 /// request latency by type (histograms in seconds), from its server.
 pub fn nbd_source(reader: l2arc_nbd::server::StatsReader) -> impl Fn(&mut String) + Send + Sync {
-    let high_water = HighWater::default();
     move |out: &mut String| {
         let s = reader.stats();
         for (name, help, value) in nbd_counters(&s) {
             write_family_head(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {}", high_water.hold(name, value));
+            let _ = writeln!(out, "{name} {value}");
         }
         write_family_head(
             out,
@@ -485,7 +442,7 @@ pub fn nbd_source(reader: l2arc_nbd::server::StatsReader) -> impl Fn(&mut String
             let _ = writeln!(
                 out,
                 "{}",
-                counter(&high_water, family, &format!("type=\"{kind}\""), value)
+                counter(family, &format!("type=\"{kind}\""), value)
             );
         }
         let metric = "l2arc_nbd_request_latency_seconds";
@@ -551,7 +508,6 @@ fn nbd_counters(s: &l2arc_nbd::ServerStats) -> [(&'static str, &'static str, u64
 
 /// `mount`'s family: the FUSE requests the kernel sent, by operation.
 pub fn fuse_source() -> impl Fn(&mut String) + Send + Sync {
-    let high_water = HighWater::default();
     move |out: &mut String| {
         let family = "l2arc_fuse_requests_total";
         write_family_head(
@@ -561,7 +517,7 @@ pub fn fuse_source() -> impl Fn(&mut String) + Send + Sync {
             "FUSE requests from the kernel by operation, a count.",
         );
         for (op, value) in l2arc_fuse::ops::requests() {
-            let line = counter(&high_water, family, &format!("op=\"{op}\""), value);
+            let line = counter(family, &format!("op=\"{op}\""), value);
             let _ = writeln!(out, "{line}");
         }
     }
@@ -646,7 +602,7 @@ fn about_l2(name: &str) -> &'static str {
         "l2_size" => "Data held on cache devices, uncompressed",
         "l2_asize" => "Space taken on cache devices",
         "l2_bufs" => "Records held on cache devices",
-        "l2_rebuild_success" => "Whether the last index rebuild from the device's log succeeded",
+        "l2_rebuild_success" => "Index rebuilds from a device's log that succeeded",
         "l2_rebuild_bufs" => "Records restored by index rebuilds",
         "l2_rebuild_bufs_precached" => "Records found in the ARC already during rebuilds",
         "l2_rebuild_log_blks" => "Log blocks read by index rebuilds",
@@ -811,6 +767,26 @@ fn json_top_objects(cache: &Cache) -> Vec<Value> {
 mod tests {
     use super::*;
 
+    /// The exporter's counters are the engine's counters (`l2arc::kstat_kind`,
+    /// which keeps them monotonic across a device's removal), no more, no less.
+    #[test]
+    fn counters_and_gauges_are_the_engines() {
+        let cache = Cache::new(l2arc::CacheConfig::default()).unwrap();
+        let kstats = cache.stats().kstats();
+        assert!(kstats.len() > 40, "{} kstats", kstats.len());
+        for (name, _) in kstats {
+            let ours = matches!(
+                kind_of(name),
+                Kind::Counter | Kind::CounterBytes | Kind::CounterMicros
+            );
+            let engine = l2arc::kstat_kind(name) == l2arc::KstatKind::Counter;
+            assert_eq!(
+                ours, engine,
+                "{name}: exported as counter {ours}, engine says {engine}"
+            );
+        }
+    }
+
     #[test]
     fn names_carry_units_and_counter_suffixes() {
         assert_eq!(
@@ -831,7 +807,10 @@ mod tests {
         );
         assert_eq!(
             prometheus_name("l2arc_device_", "l2_rebuild_time_us"),
-            ("l2arc_device_l2_rebuild_time_seconds".into(), "gauge")
+            (
+                "l2arc_device_l2_rebuild_time_seconds_total".into(),
+                "counter"
+            )
         );
         assert_eq!(exported_value("l2_rebuild_time_us", 1_500_000), "1.5");
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");

@@ -301,7 +301,7 @@ fn metrics_pass_promtool_and_agree_with_ctl_stats() {
                 .find_map(|suffix| m.get(&format!("l2arc_arcstats_{name}{suffix}")))
                 .or_else(|| {
                     (name == "l2_rebuild_time_us")
-                        .then(|| m.get("l2arc_arcstats_l2_rebuild_time_seconds"))
+                        .then(|| m.get("l2arc_arcstats_l2_rebuild_time_seconds_total"))
                         .flatten()
                 })
                 .unwrap_or_else(|| panic!("{name} missing from /metrics"));

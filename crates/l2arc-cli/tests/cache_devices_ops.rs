@@ -222,6 +222,11 @@ fn ctl_add_cache_of_an_attached_device_is_refused_and_changes_are_logged() {
             "{stderr}"
         );
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert_eq!(
+            stderr.matches("cache device").count(),
+            2,
+            "named twice: {stderr}"
+        );
     }
     assert!(device_line(&control, 1).is_none(), "a second slot appeared");
 
