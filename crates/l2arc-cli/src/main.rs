@@ -9,8 +9,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod events;
+mod life;
 mod mount_cmd;
 mod nbd_cmd;
+mod notify;
+mod reload;
 mod s3_opts;
 mod stat;
 mod trace_cmd;
