@@ -46,7 +46,8 @@ impl Reloader {
         let mut new = match self.flags.resolve(self.default_recordsize_bytes) {
             Ok(r) => r,
             Err(e) => {
-                log_sink::line(Level::Error, &format!("reload: {e:#}; nothing changed"));
+                let line = format!("reload: {e:#}; nothing changed");
+                log_sink::line(Level::Error, &line);
                 return;
             }
         };

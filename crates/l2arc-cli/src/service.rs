@@ -869,6 +869,46 @@ mod tests {
     }
 
     #[test]
+    fn new_keys_are_read_checked_and_a_typo_names_the_closest_key() {
+        let r = resolve_file(
+            "l2arc_feed_secs = 0.5\nl2arc_feed_min_ms = 50\ndram_policy = \"lru\"\nforce_init_foreign = true\nlog_level = \"debug\"\nlisten = \"unix:/tmp/x.sock\"\nread_only = true\nhttp = \"localhost:9112\"\n",
+            CacheOptions::default(),
+        )
+        .unwrap();
+        let l2 = &r.cache_config.l2arc;
+        assert_eq!((l2.l2arc_feed_secs, l2.l2arc_feed_min_ms), (0.5, 50));
+        assert!(l2.force_init_foreign);
+        assert_eq!(r.cache_config.dram_policy, l2arc::arc::DramPolicy::Lru);
+        assert_eq!(r.log_level, log::LevelFilter::Debug);
+        assert_eq!(r.front_end.listen.as_deref(), Some("unix:/tmp/x.sock"));
+        assert_eq!(r.front_end.read_only, Some(true));
+        assert!(r.http.unwrap().ip().is_loopback());
+        for bad in ["nan", "0", "-1", "inf"] {
+            let e = resolve_file(
+                &format!("l2arc_feed_secs = {bad}\n"),
+                CacheOptions::default(),
+            )
+            .unwrap_err();
+            assert!(
+                format!("{e:#}").contains("l2arc_feed_secs must be"),
+                "{e:#}"
+            );
+        }
+        let typo = resolve_file("arc_maxx = 5\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{typo:#}").contains("unknown key arc_maxx; did you mean arc_max?"),
+            "{typo:#}"
+        );
+        let far = resolve_file("colour = 5\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{far:#}").contains("unknown key colour ("),
+            "{far:#}"
+        );
+        assert!(config_keys().iter().any(|k| k == "l2arc_feed_min_ms"));
+        assert_eq!(edit_distance("arc_maxx", "arc_max"), 1);
+    }
+
+    #[test]
     fn defaults_without_file() {
         let r = CacheOptions::default().resolve(64 << 10).unwrap();
         assert_eq!(r.dataset_config.recordsize_bytes, 64 << 10);
