@@ -285,8 +285,9 @@ pub struct ResolvedOptions {
     pub cache_size_bytes: u64,
     /// Where to listen for `l2arc ctl`.
     pub control_socket: Option<PathBuf>,
-    /// Where to serve /metrics and the live page (resolved).
-    pub http: Option<std::net::SocketAddr>,
+    /// Where to serve /metrics and the live page: HOST:PORT, resolved
+    /// when the endpoint starts (the decoder touches no network).
+    pub http: Option<String>,
     /// `log_level`.
     pub log_level: log::LevelFilter,
     /// The front ends' own settings from the file.
@@ -371,23 +372,9 @@ impl CacheOptions {
             cache_devices,
             cache_size_bytes,
             control_socket: self.control.clone().or(file.control.clone()),
-            http: resolve_http(self.http.as_ref().or(file.http.as_ref()))?,
-            log_level: match (self.log_level, &file.log_level) {
-                (Some(l), _) => l,
-                (None, Some(s)) => crate::log_sink::parse_level(s)
-                    .map_err(|e| anyhow::anyhow!("log_level: {e}"))?,
-                (None, None) => log::LevelFilter::Info,
-            },
-            front_end: FrontEndFileOptions {
-                listen: file.listen.clone(),
-                read_only: file.read_only,
-                export_name: file.export_name.clone(),
-                max_connections: file.max_connections,
-                stop_timeout: file.stop_timeout,
-                allow_remote: file.allow_remote,
-                allow_other: file.allow_other,
-                threads: file.threads,
-            },
+            http: self.http.clone().or(file.http.clone()),
+            log_level: self.resolve_log_level(&file)?,
+            front_end: front_end_options(&file),
             history: self.history.clone().or(file.history.clone()),
             emulate_hdd: self.resolve_emulated_hdd(&file)?,
             l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
@@ -463,6 +450,17 @@ impl CacheOptions {
             l2.l2arc_writeback_max_bytes = v;
         }
         Ok(())
+    }
+
+    /// `log_level`: the flag, else the file, else info.
+    fn resolve_log_level(&self, file: &FileOptions) -> Result<log::LevelFilter> {
+        Ok(match (self.log_level, &file.log_level) {
+            (Some(l), _) => l,
+            (None, Some(s)) => {
+                crate::log_sink::parse_level(s).map_err(|e| anyhow::anyhow!("log_level: {e}"))?
+            }
+            (None, None) => log::LevelFilter::Info,
+        })
     }
 
     /// The feeder's periods and `force_init_foreign`: flags over the file.
@@ -603,7 +601,7 @@ impl ResolvedOptions {
             Some(path) => Some(Arc::new(crate::history::History::open(path)?)),
             None => None,
         };
-        let http = match self.http {
+        let http = match resolve_http(self.http.as_ref())? {
             Some(addr) => {
                 let server = crate::http::HttpServer::start(
                     Arc::clone(cache),
@@ -707,6 +705,20 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
+}
+
+/// The front ends' own keys, as the file gives them.
+fn front_end_options(file: &FileOptions) -> FrontEndFileOptions {
+    FrontEndFileOptions {
+        listen: file.listen.clone(),
+        read_only: file.read_only,
+        export_name: file.export_name.clone(),
+        max_connections: file.max_connections,
+        stop_timeout: file.stop_timeout,
+        allow_remote: file.allow_remote,
+        allow_other: file.allow_other,
+        threads: file.threads,
+    }
 }
 
 /// `--http`/`http`: HOST:PORT, a host name resolved (the first address).
@@ -882,7 +894,10 @@ mod tests {
         assert_eq!(r.log_level, log::LevelFilter::Debug);
         assert_eq!(r.front_end.listen.as_deref(), Some("unix:/tmp/x.sock"));
         assert_eq!(r.front_end.read_only, Some(true));
-        assert!(r.http.unwrap().ip().is_loopback());
+        let http = resolve_http(r.http.as_ref()).unwrap().unwrap();
+        assert!(http.ip().is_loopback() && http.port() == 9112);
+        let e = resolve_http(Some(&"no-port".to_string())).unwrap_err();
+        assert!(format!("{e:#}").contains("give HOST:PORT"), "{e:#}");
         for bad in ["nan", "0", "-1", "inf"] {
             let e = resolve_file(
                 &format!("l2arc_feed_secs = {bad}\n"),
