@@ -22,8 +22,8 @@ use anyhow::Result;
 use crate::events::{ErrorSample, SUMMARY_INTERVAL, summarise};
 use crate::notify::{Notifier, monotonic_usec};
 
-/// How often the thread looks at its flags.
-const TICK: Duration = Duration::from_millis(100);
+/// How often the thread looks at its flags (sooner when a keep-alive is due).
+const TICK: Duration = Duration::from_millis(250);
 /// A heartbeat older than this (or than two watchdog periods) is a hung loop.
 const HEARTBEAT_STALE: Duration = Duration::from_secs(2);
 
@@ -157,7 +157,14 @@ impl State {
                 errors = sample;
                 next_summary = now + SUMMARY_INTERVAL;
             }
-            std::thread::sleep(TICK);
+            let until_watchdog = next_watchdog.saturating_duration_since(Instant::now());
+            let stopping = self.stopping_sent.load(Ordering::SeqCst);
+            let nap = match watchdog {
+                // A loop found stale is looked at again in 20 ms, not spun on.
+                Some(_) if !stopping => TICK.min(until_watchdog).max(Duration::from_millis(20)),
+                _ => TICK,
+            };
+            std::thread::sleep(nap);
         }
     }
 }

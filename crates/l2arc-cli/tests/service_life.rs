@@ -274,6 +274,7 @@ fn sigterm_answers_every_request_in_flight_before_the_export_closes() {
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{drained}"));
+    eprintln!("{drained}");
     assert!(in_flight > 0, "reads were in flight at the stop: {drained}");
     assert!(
         answered > in_flight,
