@@ -4,7 +4,7 @@
 # reproductions, the CLI end to end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 [ -f ../shared/traces/OLTP.lis.zst ] || {
   echo "test: ../shared/traces is missing: the reference traces must sit beside the repository" >&2

@@ -292,7 +292,37 @@ fn route(
 fn stats_json(cache: &Cache, history: Option<&History>) -> serde_json::Value {
     let mut json = crate::metrics::json_snapshot(cache);
     json["history_enabled"] = serde_json::Value::Bool(history.is_some());
+    // The breakdown by dataset charts reads and misses too.
+    if let Some(datasets) = json["datasets"].as_array_mut() {
+        for (i, d) in datasets.iter_mut().enumerate() {
+            let a = cache.analytics().dataset(i);
+            d["reads"] = a.reads.into();
+            d["misses"] = a.misses.into();
+        }
+    }
+    json["device_histograms"] = device_histograms_json(cache);
     json
+}
+
+/// The L2ARC-hit histogram of each cache-device slot that has one, as
+/// sparse `[low_ns, count]` buckets (the per-device heat maps).
+fn device_histograms_json(cache: &Cache) -> serde_json::Value {
+    let slots: serde_json::Map<String, serde_json::Value> = cache
+        .analytics()
+        .device_histograms()
+        .into_iter()
+        .map(|(slot, h)| {
+            let buckets: Vec<[u64; 2]> = h
+                .counts
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c > 0)
+                .map(|(b, c)| [l2arc::latency::bucket_low_ns(b), *c])
+                .collect();
+            (slot.to_string(), serde_json::json!({ "buckets": buckets }))
+        })
+        .collect();
+    slots.into()
 }
 
 /// `/api/history?window=SECS[&end=MS]` (default: the last hour, now).

@@ -7,9 +7,10 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod events;
+mod gen_cmd;
 mod life;
 mod mount_cmd;
 mod nbd_cmd;
@@ -22,10 +23,24 @@ mod trace_cmd;
 // The decoders of outside bytes live in the library (fuzzed there).
 use l2arc_cli::{control, service};
 
+/// `l2arc --version`: the version, the commit it was built from (`-dirty`
+/// with uncommitted changes), the enabled features and the profile
+/// (stamped by build.rs).
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit: ",
+    env!("L2ARC_COMMIT"),
+    "\nfeatures: ",
+    env!("L2ARC_FEATURES"),
+    "\nprofile: ",
+    env!("L2ARC_PROFILE"),
+);
+
 #[derive(Parser)]
 #[command(
     name = "l2arc",
     version,
+    long_version = LONG_VERSION,
     about = "The ZFS ARC and L2ARC read cache, in front of any slow storage"
 )]
 struct Cli {
@@ -52,6 +67,11 @@ enum Command {
     Ctl(control::CtlArgs),
     /// arcstat for a running mount or serve-nbd: one line of rates per interval (`l2arc stat -s SOCK 1 10`).
     Stat(stat::StatArgs),
+    /// Print the shell completion script for bash, zsh or fish (`l2arc completions bash > /etc/bash_completion.d/l2arc`).
+    Completions(gen_cmd::CompletionsArgs),
+    /// Write the man pages (l2arc.1 and one per subcommand) into a directory.
+    #[command(hide = true)]
+    Manpages(gen_cmd::ManpagesArgs),
 }
 
 /// `l2arc bench ARGS` is `l2arc-bench ARGS`: the benchmarks and their
@@ -82,6 +102,8 @@ fn main() -> ExitCode {
         Command::ServeNbd(args) => nbd_cmd::run(args),
         Command::Ctl(args) => control::run(args),
         Command::Stat(args) => stat::run(args),
+        Command::Completions(args) => gen_cmd::completions(args, Cli::command()),
+        Command::Manpages(args) => gen_cmd::manpages(args, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

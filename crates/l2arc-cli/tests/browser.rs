@@ -1,15 +1,20 @@
 //! The live page in a real browser: headless Chromium (Debian `chromium`)
 //! driven by Playwright for Python (`tests/browser/live_page.py`), against
-//! a `serve-nbd` with fio reading through it. The page must load with no
-//! console error, every chart must gain points within 5 s, the heat maps
-//! of the front end, the ARC, the L2ARC and the disk must fill, and the
+//! a `serve-nbd` with two cache devices and fio reading through it. The
+//! page must load with no console error, every chart must gain points
+//! within 5 s (the breakdown, eligibility and errors charts among them),
+//! the heat maps of the front end, the ARC, the L2ARC, the disk and of
+//! each cache device must fill, the breakdowns by dataset and by file must
+//! name the dataset and the image being read, live and over the "1 h"
+//! window, the status line and tiles must follow the window shown, and the
 //! drill-down must list the image being read.
 //!
 //! Every tool is required: chromium, fio and the Python environment that
 //! `scripts/setup.sh` makes in `.tools/venv` (Playwright, using the system
 //! Chromium: no browser is downloaded). A missing one fails the test with
 //! a pointer to the script, never a skip. `L2ARC_SCREENSHOT=PATH` keeps the
-//! screenshot (docs/img/analytics.png was taken so).
+//! screenshot, and the one of the 1 h window beside it with `-1h`
+//! (docs/img/analytics.png and analytics-1h.png were taken so).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -61,8 +66,10 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
         .listen_unix(&socket)
         .args(["--arc-max", "16MiB", "--http", "127.0.0.1:0"])
         .arg("--cache")
-        .arg(dir.path().join("l2.img"))
-        .args(["--cache-size", "64MiB"])
+        .arg(dir.path().join("l2a.img"))
+        .arg("--cache")
+        .arg(dir.path().join("l2b.img"))
+        .args(["--cache-size", "32MiB"])
         .arg("--history")
         .arg(dir.path().join("history.bin"))
         .start();
@@ -112,6 +119,16 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
         result["objects"].as_str().unwrap().contains("(the image)"),
         "{result}"
     );
+    // Both cache devices have their heat map, filled.
+    assert_eq!(
+        result["device_slots"],
+        serde_json::json!([0, 1]),
+        "{result}"
+    );
+    for slot in 0..2 {
+        let events = &result["heat_events"][format!("heat-dev-{slot}")];
+        assert!(events.as_u64().unwrap() > 0, "{result}");
+    }
     let size = std::fs::metadata(&screenshot).unwrap().len();
     assert!(size > 10_000, "screenshot of {size} bytes");
     assert!(served.child.try_wait().unwrap().is_none(), "serve-nbd died");

@@ -1,8 +1,10 @@
 //! The analytics of a real `l2arc mount`: `--http` on the mount (metrics
 //! through promtool, the drill-down naming the files read through the
-//! mount by their paths) and `--history` (samples every second, kept
-//! across a restart of the mount, refused over a file that is not a
-//! history). Needs FUSE (root) and promtool; a missing tool fails the test.
+//! mount by their paths) and `--history` (samples every second, with the
+//! datasets' counters and the busiest objects of each second for the
+//! breakdowns, the eligibility and error counters; kept across a restart
+//! of the mount, refused over a file that is not a history or is one of
+//! an older version). Needs FUSE (root) and promtool; a missing tool fails the test.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -131,6 +133,7 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
         samples(m.http, 60).iter().any(|s| s.2 > 0)
     });
     let first_run = samples(m.http, 60);
+    check_breakdown_slots(m.http);
     let boot = first_run[0].1;
     assert!(first_run.iter().all(|s| s.1 == boot));
     assert!(first_run.windows(2).all(|w| w[0].0 < w[1].0));
@@ -168,4 +171,88 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not an l2arc history"), "{stderr}");
     assert_eq!(std::fs::read(&notes).unwrap(), b"keep me");
+
+    check_older_version_refused(&src, &mnt, dir.path());
+}
+
+/// The slots carry the breakdowns: the dataset's cumulative counts, and the
+/// file read, by its path, among the busiest objects of a second; and the
+/// eligibility and error counters.
+fn check_breakdown_slots(http: SocketAddr) {
+    let h = json(http, "/api/history?window=60");
+    assert_eq!(
+        h["breakdown_fields"],
+        serde_json::json!(["reads", "misses", "l2_hits", "primary_reads", "bytes_below"])
+    );
+    let fields: Vec<&str> = h["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    for f in [
+        "evict_l2_eligible",
+        "evict_l2_ineligible",
+        "l2_cksum_bad",
+        "l2_io_error",
+        "primary_errors",
+    ] {
+        assert!(fields.contains(&f), "{f} not kept: {fields:?}");
+    }
+    let last = h["samples"].as_array().unwrap().last().unwrap().clone();
+    let datasets = last[4].as_array().unwrap();
+    assert_eq!(datasets.len(), 1, "{datasets:?}");
+    assert_eq!(datasets[0][0], "mount");
+    let counts = &datasets[0][1];
+    assert!(
+        counts[1].as_u64().unwrap() > 0,
+        "no misses counted: {counts}"
+    );
+    assert!(
+        counts[4].as_u64().unwrap() >= 1 << 20,
+        "bytes below: {counts}"
+    );
+    let busiest: Vec<serde_json::Value> = h["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s[5].as_array().unwrap().clone())
+        .collect();
+    let hot = busiest
+        .iter()
+        .find(|o| o[2] == "sub/deeper/hot.bin")
+        .unwrap_or_else(|| panic!("the file read is in no slot's objects: {busiest:?}"));
+    assert_eq!(hot[0], "mount");
+    // Over the seconds, its misses add up to the file's records at least once.
+    let misses: u64 = busiest
+        .iter()
+        .filter(|o| o[2] == "sub/deeper/hot.bin")
+        .map(|o| o[3][1].as_u64().unwrap())
+        .sum();
+    assert!(misses >= 1, "{busiest:?}");
+}
+
+/// A history of the previous version is refused with its version, in one
+/// line, and kept.
+fn check_older_version_refused(src: &Path, mnt: &Path, dir: &Path) {
+    let old = dir.join("old-history.bin");
+    let mut v1 = b"l2arc-history\n\0\x01".to_vec();
+    v1.resize(4096, 0);
+    std::fs::write(&old, &v1).unwrap();
+    let out = l2arc()
+        .arg("mount")
+        .arg(src)
+        .arg(mnt)
+        .arg("--history")
+        .arg(&old)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is an l2arc history of version 1 (this l2arc writes version 2)"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert_eq!(std::fs::read(&old).unwrap(), v1);
 }

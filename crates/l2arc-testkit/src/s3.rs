@@ -55,7 +55,7 @@ pub fn versitygw_path() -> PathBuf {
         }
     }
     panic!(
-        "versitygw is not installed: run scripts/setup.sh (it runs `go install github.com/versity/versitygw/cmd/versitygw@latest` into $HOME/go/bin)"
+        "versitygw is not installed: run scripts/setup.sh (it runs `go install github.com/versity/versitygw/cmd/versitygw@v1.8.0` into $HOME/go/bin)"
     );
 }
 

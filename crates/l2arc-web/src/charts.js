@@ -9,7 +9,8 @@
 // L2Charts.drawAll(root)       draws every <canvas data-chart="KIND" data-spec="JSON">
 //
 // Each draw leaves what it drew in data attributes (data-points, data-bars,
-// data-columns, data-events) for tests to read. Colours come from the CSS
+// data-columns, data-events; data-series, the names of a line chart's
+// series) for tests to read. Colours come from the CSS
 // variables --chart-fg, --chart-dim and --chart-grid when the page sets
 // them, so a dark page and a white report share the code.
 "use strict";
@@ -97,7 +98,7 @@ const L2Charts = (() => {
     if (spec.xLabel) g.fillText(spec.xLabel, box.left + box.w / 2 - g.measureText(spec.xLabel).width / 2, h - 4);
   }
 
-  // spec: {series: [{name, points: [[x, y]...], right}], xMin, xMax, xFmt,
+  // spec: {series: [{name, points: [[x, y]...], right, colour}], xMin, xMax, xFmt,
   // xLabel, xTicks, yFmt, yLabel, yRightFmt, yRightLabel, gap (x distance
   // that breaks a line), lastInLegend}. A point whose y is null (not
   // measured) is skipped and breaks the line; right-axis lines are dashed.
@@ -109,7 +110,7 @@ const L2Charts = (() => {
     spec.series.forEach((s, k) => {
       const lastY = s.points.length ? s.points[s.points.length - 1][1] : null;
       const f = formatter(s.right ? (spec.yRightFmt || spec.yFmt) : spec.yFmt);
-      names.push([s.name + (s.right ? " (right)" : "") + (spec.lastInLegend && lastY !== null ? " " + f(lastY) : ""), PALETTE[k % PALETTE.length]]);
+      names.push([s.name + (s.right ? " (right)" : "") + (spec.lastInLegend && lastY !== null ? " " + f(lastY) : ""), s.colour || PALETTE[k % PALETTE.length]]);
     });
     const axes = [spec.yLabel, hasRight && spec.yRightLabel ? spec.yRightLabel + " (right)" : null].filter(Boolean);
     if (axes.length) names.unshift([axes.join(" · ") + ":", col.dim]);
@@ -131,7 +132,7 @@ const L2Charts = (() => {
     let points = 0;
     spec.series.forEach((s, k) => {
       const max = s.right ? maxR : maxL;
-      g.strokeStyle = PALETTE[k % PALETTE.length]; g.lineWidth = 1.5;
+      g.strokeStyle = s.colour || PALETTE[k % PALETTE.length]; g.lineWidth = 1.5;
       g.setLineDash(s.right ? [6, 3] : []);
       g.beginPath();
       let last = null, drawn = 0;
@@ -150,6 +151,7 @@ const L2Charts = (() => {
     legend(g, names, box.left, w - 8);
     xAxis(g, box, spec, h, col, true);
     c.dataset.points = String(points);
+    c.dataset.series = JSON.stringify(spec.series.map(s => s.name));
   }
 
   // spec: {categories: [...], series: [{name, values}], yFmt, yLabel}; a

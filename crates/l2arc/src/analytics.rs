@@ -20,6 +20,17 @@
 //!   recorded by the front end through [`Analytics::start`] and
 //!   [`LatencyHistogram::finish`].
 //!
+//! - `l2_hit` again per cache device (`device_histograms`, slots below
+//!   `DEVICE_HISTOGRAMS_MAX`): the L2ARC's reader notes on its thread
+//!   which slot served the hit, and the same elapsed time goes to that
+//!   slot's histogram, so a slow device shows as its own band. One
+//!   thread-local write and one more histogram record per L2 hit, which
+//!   costs microseconds anyway.
+//!
+//! Per dataset, the counters below the ARC and reads and misses (fills
+//! count one read and one miss; sampled ARC hits count their weight), so
+//! every rate chart of the live page can be broken down by dataset.
+//!
 //! Reads below the ARC are timed every time: they cost microseconds to
 //! milliseconds, so the clock is noise there. A read that waited for
 //! another reader's fill (an I/O hit) is in none of the first three: its
@@ -42,11 +53,27 @@ pub const ARC_HIT_SAMPLE_PERIOD: u32 = 64;
 /// Datasets with counters of their own; later ones share the last slot.
 pub const DATASETS_TRACKED_MAX: usize = 64;
 
+/// Cache-device slots with a latency histogram of their own (16 KiB or so
+/// each); hits on later slots are in the `l2_hit` tier only.
+pub const DEVICE_HISTOGRAMS_MAX: usize = 8;
+
+/// No slot noted (`LAST_L2_SLOT`).
+const NO_SLOT: u8 = u8::MAX;
+
 thread_local! {
     /// Reads left until this thread times one.
     static SAMPLE_COUNTDOWN: Cell<u32> = const { Cell::new(0) };
     /// Set when a timed read went below the ARC (or waited for a fill).
     static WENT_BELOW: Cell<bool> = const { Cell::new(false) };
+    /// The cache-device slot of this thread's last L2ARC hit, until the
+    /// hit is counted (`Analytics::l2_hit_done`).
+    static LAST_L2_SLOT: Cell<u8> = const { Cell::new(NO_SLOT) };
+}
+
+/// Notes that this thread's L2ARC read was served by device `slot`.
+#[inline]
+pub(crate) fn note_l2_device(slot: u8) {
+    LAST_L2_SLOT.with(|s| s.set(slot));
 }
 
 /// The tier histograms and per-dataset counters of a cache.
@@ -60,6 +87,8 @@ pub struct Analytics {
     pub primary: LatencyHistogram,
     /// Time of whole front-end requests (NBD, FUSE), as the front end reports them.
     pub frontend: LatencyHistogram,
+    /// Time of reads served by the L2ARC, per cache-device slot.
+    devices: Box<[LatencyHistogram]>,
     datasets: Box<[DatasetCounters]>,
     top: crate::top_objects::TopObjects,
 }
@@ -68,6 +97,8 @@ pub struct Analytics {
 /// costs nothing next to the I/O).
 #[derive(Default)]
 struct DatasetCounters {
+    reads: AtomicU64,
+    misses: AtomicU64,
     l2_hits: AtomicU64,
     l2_read_bytes: AtomicU64,
     primary_reads: AtomicU64,
@@ -77,6 +108,10 @@ struct DatasetCounters {
 /// A snapshot of one dataset's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DatasetAnalytics {
+    /// Demand reads: fills plus sampled ARC hits (estimated, weighted).
+    pub reads: u64,
+    /// Reads that missed the ARC (fills from below it).
+    pub misses: u64,
     /// Reads served by the L2ARC.
     pub l2_hits: u64,
     /// Bytes read from the L2ARC.
@@ -101,6 +136,9 @@ impl Default for Analytics {
             l2_hit: LatencyHistogram::default(),
             primary: LatencyHistogram::default(),
             frontend: LatencyHistogram::default(),
+            devices: (0..DEVICE_HISTOGRAMS_MAX)
+                .map(|_| LatencyHistogram::default())
+                .collect(),
             datasets: (0..DATASETS_TRACKED_MAX)
                 .map(|_| DatasetCounters::default())
                 .collect(),
@@ -170,6 +208,9 @@ impl Analytics {
             self.arc_hit
                 .record_n(start.elapsed().as_nanos() as u64, weight);
             self.top.sampled_hit(dataset, object, weight);
+            self.dataset_counters(dataset as usize)
+                .reads
+                .fetch_add(weight, Ordering::Relaxed);
         }
     }
 
@@ -193,9 +234,18 @@ impl Analytics {
     /// Counts an L2ARC hit of `bytes` for `object` of dataset `index`.
     pub(crate) fn l2_hit_done(&self, timer: Timer, dataset: usize, object: u64, bytes: u64) {
         self.note_below();
-        self.l2_hit.finish(timer);
+        let slot = LAST_L2_SLOT.with(|s| s.replace(NO_SLOT));
+        if let Timer(Some(start)) = timer {
+            let ns = start.elapsed().as_nanos() as u64;
+            self.l2_hit.record(ns);
+            if let Some(h) = self.devices.get(usize::from(slot)) {
+                h.record(ns);
+            }
+        }
         self.top.fill(dataset as u32, object, true, bytes);
-        let d = &self.datasets[dataset.min(DATASETS_TRACKED_MAX - 1)];
+        let d = self.dataset_counters(dataset);
+        d.reads.fetch_add(1, Ordering::Relaxed);
+        d.misses.fetch_add(1, Ordering::Relaxed);
         d.l2_hits.fetch_add(1, Ordering::Relaxed);
         d.l2_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -205,7 +255,9 @@ impl Analytics {
         self.note_below();
         self.primary.finish(timer);
         self.top.fill(dataset as u32, object, false, bytes);
-        let d = &self.datasets[dataset.min(DATASETS_TRACKED_MAX - 1)];
+        let d = self.dataset_counters(dataset);
+        d.reads.fetch_add(1, Ordering::Relaxed);
+        d.misses.fetch_add(1, Ordering::Relaxed);
         d.primary_reads.fetch_add(1, Ordering::Relaxed);
         d.primary_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -213,14 +265,30 @@ impl Analytics {
     /// The counters of dataset `index` (the last slot sums datasets past
     /// `DATASETS_TRACKED_MAX`).
     pub fn dataset(&self, index: usize) -> DatasetAnalytics {
-        let d = &self.datasets[index.min(DATASETS_TRACKED_MAX - 1)];
+        let d = self.dataset_counters(index);
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         DatasetAnalytics {
+            reads: get(&d.reads),
+            misses: get(&d.misses),
             l2_hits: get(&d.l2_hits),
             l2_read_bytes: get(&d.l2_read_bytes),
             primary_reads: get(&d.primary_reads),
             primary_read_bytes: get(&d.primary_read_bytes),
         }
+    }
+
+    fn dataset_counters(&self, index: usize) -> &DatasetCounters {
+        &self.datasets[index.min(DATASETS_TRACKED_MAX - 1)]
+    }
+
+    /// The L2ARC-hit histogram of each cache-device slot below
+    /// `DEVICE_HISTOGRAMS_MAX`, by slot.
+    pub fn device_histograms(&self) -> Vec<(u8, HistogramSnapshot)> {
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(slot, h)| (slot as u8, h.snapshot()))
+            .collect()
     }
 
     /// The four histograms by name: `arc_hit`, `l2_hit`, `primary`, `frontend`.
@@ -295,5 +363,32 @@ mod tests {
         assert_eq!((last.primary_reads, last.l2_hits), (1, 1));
         assert_eq!(a.primary.snapshot().count(), 2);
         assert_eq!(a.l2_hit.snapshot().count(), 1);
+        assert_eq!((a.dataset(3).reads, a.dataset(3).misses), (1, 1));
+        assert_eq!((last.reads, last.misses), (2, 2));
+    }
+
+    #[test]
+    fn an_l2_hit_is_counted_for_the_device_that_served_it() {
+        let a = Analytics::default();
+        std::thread::spawn(move || {
+            note_l2_device(2);
+            a.l2_hit_done(a.start(), 0, 1, 4096);
+            // The slot is taken by the hit: the next one without a note
+            // (another tier) goes to no device.
+            a.l2_hit_done(a.start(), 0, 1, 4096);
+            note_l2_device(DEVICE_HISTOGRAMS_MAX as u8); // past the bound
+            a.l2_hit_done(a.start(), 0, 1, 4096);
+            let counts: Vec<u64> = a
+                .device_histograms()
+                .iter()
+                .map(|(_, h)| h.count())
+                .collect();
+            assert_eq!(counts.len(), DEVICE_HISTOGRAMS_MAX);
+            assert_eq!(counts[2], 1);
+            assert_eq!(counts.iter().sum::<u64>(), 1);
+            assert_eq!(a.l2_hit.snapshot().count(), 3);
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -224,6 +224,7 @@ impl L2Arc {
             Some(_) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 device.counters.hits.fetch_add(1, Ordering::Relaxed);
+                crate::analytics::note_l2_device(device.slot);
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -308,6 +309,7 @@ impl L2Arc {
         let wanted = result?;
         self.hits.fetch_add(1, Ordering::Relaxed);
         c.hits.fetch_add(1, Ordering::Relaxed);
+        crate::analytics::note_l2_device(device.slot);
         c.sector_hits.fetch_add(1, Ordering::Relaxed);
         Some((buf, wanted, record_bytes))
     }
