@@ -213,6 +213,8 @@ pub enum ControlCommand {
     /// `iostat`: operations, bytes and latency histograms of primary
     /// storage and each cache device, as one JSON object (`l2arc iostat`).
     Iostat,
+    /// `get [TUNABLE]`: the live tunables in force (`name value` lines).
+    Get(Option<String>),
 }
 
 impl ControlCommand {
@@ -251,8 +253,9 @@ impl ControlCommand {
                     anyhow::anyhow!("`{slot}` is not a device slot (see `devices`)")
                 })?,
             },
+            ["get"] | ["get", _] => ControlCommand::Get(words.get(1).map(|s| s.to_string())),
             _ => bail!(
-                "unknown command `{line}`: expected stats, devices, datasets, history, iostat, set DATASET PROPERTY=VALUE, add-cache PATH [SIZE] or remove-cache SLOT"
+                "unknown command `{line}`: expected stats, devices, datasets, history, iostat, set DATASET PROPERTY=VALUE, get [TUNABLE], add-cache PATH [SIZE] or remove-cache SLOT"
             ),
         })
     }
@@ -274,6 +277,7 @@ impl ControlCommand {
                 format!("add-cache {path} {size_bytes}")
             }
             ControlCommand::RemoveCache { slot } => format!("remove-cache {slot}"),
+            ControlCommand::Get(name) => format!("get {}", name.as_deref().unwrap_or("")),
         }
     }
 }
@@ -324,6 +328,7 @@ fn execute(cache: &Arc<Cache>, line: &str) -> Result<String> {
         }
         ControlCommand::History => Ok(history_text()),
         ControlCommand::Iostat => Ok(format!("{}\n", iostat_json(cache))),
+        ControlCommand::Get(name) => get_tunables(cache, name.as_deref()),
     }
 }
 
@@ -381,6 +386,22 @@ fn changed(event: &str) -> String {
     log::info!("ctl: {event}");
     record_history(event);
     format!("{event}\n")
+}
+
+/// `get [TUNABLE]`: `name value` lines of the live tunables (or of one).
+fn get_tunables(cache: &Cache, name: Option<&str>) -> Result<String> {
+    let list = cache.tunables();
+    let chosen: Vec<_> = list
+        .iter()
+        .filter(|(n, _)| name.is_none_or(|want| want == *n))
+        .collect();
+    if chosen.is_empty() {
+        bail!(
+            "{}",
+            l2arc::TunableError::Unknown(name.unwrap_or("").to_string())
+        );
+    }
+    Ok(chosen.iter().map(|(n, v)| format!("{n} {v}\n")).collect())
 }
 
 fn mode_name(mode: l2arc::CacheMode) -> &'static str {
@@ -518,6 +539,11 @@ pub enum CtlCommand {
         /// PROPERTY=VALUE
         assignment: String,
     },
+    /// Print the live L2ARC tunables in force (or one), `name value` per line.
+    Get {
+        /// One tunable (l2arc_write_max, l2arc_dwpd, ...); all if omitted.
+        tunable: Option<String>,
+    },
 }
 
 /// Runs one `l2arc ctl` command and prints the answer.
@@ -540,6 +566,7 @@ pub fn run(args: CtlArgs) -> Result<()> {
         CtlCommand::RemoveCache { slot } => format!("remove-cache {slot}"),
         CtlCommand::Datasets => "datasets".to_string(),
         CtlCommand::History => "history".to_string(),
+        CtlCommand::Get { tunable } => format!("get {}", tunable.as_deref().unwrap_or("")),
         CtlCommand::Set {
             dataset,
             assignment,

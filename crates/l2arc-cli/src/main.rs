@@ -11,10 +11,14 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+mod events;
 mod gen_cmd;
 mod iostat;
+mod life;
 mod mount_cmd;
 mod nbd_cmd;
+mod notify;
+mod reload;
 mod s3_opts;
 mod stat;
 mod trace_cmd;

@@ -774,7 +774,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = Cache::new(l2arc::CacheConfig::default()).unwrap();
         cache
-            .add_cache_path(&dir.path().join("d.img"), Some(64 << 20))
+            .add_cache_path(dir.path().join("d.img"), Some(64 << 20))
             .unwrap();
         let stats = cache.stats();
         let kstats = stats.kstats();

@@ -8,8 +8,9 @@
 //! watcher survives; if a mount is ever left behind ("Transport endpoint is
 //! not connected"), `fusermount3 -u MNT` or `umount -l MNT` removes it. Once the mount is
 //! ready it prints `l2arc: mounted SRC at MNT` to stderr (scripts and tests
-//! wait for that line); on exit it prints the cache's statistics under
-//! their arcstats names.
+//! wait for that line) and tells systemd (`READY=1`, `life`); SIGHUP
+//! reloads the config file (`reload`); on exit it prints the cache's
+//! statistics under their arcstats names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use l2arc::primary::dir::DirPrimary;
 use l2arc_fuse::{CachedFs, FsOptions, MountOptions, Session};
 
 use crate::s3_opts::{S3Options, is_s3};
-use crate::service::CacheOptions;
+use crate::service::{CacheOptions, ResolvedOptions};
 
 /// Read-ahead window of the directory mount when not given, in records
 /// (it ramps up to it from one).
@@ -82,11 +83,12 @@ pub(crate) struct MountArgs {
     pub s3: S3Options,
 }
 
-pub(crate) fn run(args: MountArgs) -> Result<()> {
+pub(crate) fn run(mut args: MountArgs) -> Result<()> {
     if is_s3(&args.src) {
         return run_s3(args);
     }
-    let resolved = args.cache.resolve(128 << 10)?;
+    let resolved = args.cache.resolve(DIR_RECORDSIZE_DEFAULT_BYTES)?;
+    merge_file_options(&mut args, &resolved);
     check_local_args(&args)?;
     let primary = Arc::new(DirPrimary::new(&args.src)?);
     let cache = resolved.build_cache()?;
@@ -127,7 +129,7 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
         bounds.max_open_handles,
     );
     // Signals first: a SIGTERM right after the ready line must unmount.
-    let stop = stop_on_signals()?;
+    let signals = crate::life::Signals::register(Arc::new(AtomicBool::new(false)))?;
     let session = l2arc_fuse::mount(fs, &args.mnt, &mount_options(&args))
         .with_context(|| mount_failed(&args.src.display().to_string(), &args))?;
     eprintln!(
@@ -135,9 +137,58 @@ pub(crate) fn run(args: MountArgs) -> Result<()> {
         args.src.display(),
         args.mnt.display()
     );
-    serve_until_stopped(session, &args, &stop)?;
+    let what = args.src.display().to_string();
+    let reloader = reloader(
+        &args,
+        DIR_RECORDSIZE_DEFAULT_BYTES,
+        "mount",
+        &cache,
+        resolved,
+    );
+    serve_until_stopped(session, &args, &signals, &what, reloader)?;
     print_kstats(&cache);
     Ok(())
+}
+
+/// Records of a directory mount unless set.
+const DIR_RECORDSIZE_DEFAULT_BYTES: u64 = 128 << 10;
+
+/// The file's `allow_other`, `threads` and `allow_remote` where no flag
+/// was given (a flag left at its default counts as not given), and the
+/// log level.
+fn merge_file_options(args: &mut MountArgs, resolved: &ResolvedOptions) {
+    let file = &resolved.front_end;
+    args.allow_other |= file.allow_other == Some(true);
+    args.allow_remote |= file.allow_remote == Some(true);
+    if args.threads == l2arc_fuse::MountOptions::default().threads
+        && let Some(threads) = file.threads
+    {
+        args.threads = threads;
+    }
+    l2arc_cli::log_sink::set_level(resolved.log_level);
+}
+
+/// How a SIGHUP re-reads the settings of this mount.
+fn reloader(
+    args: &MountArgs,
+    default_recordsize_bytes: u64,
+    dataset: &str,
+    cache: &Arc<l2arc::Cache>,
+    applied: ResolvedOptions,
+) -> crate::reload::Reloader {
+    let s3 = is_s3(&args.src);
+    crate::reload::Reloader {
+        flags: args.cache.clone(),
+        default_recordsize_bytes,
+        adjust: Box::new(move |r: &mut ResolvedOptions| {
+            if s3 && !r.l2arc_noprefetch_set {
+                r.cache_config.l2arc.l2arc_noprefetch = false;
+            }
+        }),
+        dataset: dataset.to_string(),
+        cache: Arc::clone(cache),
+        applied,
+    }
 }
 
 /// Checks every front end shares: the thread count and the mount point.
@@ -197,21 +248,33 @@ fn mount_failed(src: &str, args: &MountArgs) -> String {
     )
 }
 
-/// A flag raised by SIGINT or SIGTERM.
-fn stop_on_signals() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
-    }
-    Ok(stop)
-}
-
 /// Serves until a signal or an outside unmount, then unmounts (or
-/// detaches a busy mount) and waits for the session's threads.
-fn serve_until_stopped(session: Session, args: &MountArgs, stop: &AtomicBool) -> Result<()> {
+/// detaches a busy mount) and waits for the session's threads. The
+/// housekeeping thread (`life`) runs meanwhile: this loop is its heartbeat.
+fn serve_until_stopped(
+    session: Session,
+    args: &MountArgs,
+    signals: &crate::life::Signals,
+    what: &str,
+    mut reloader: crate::reload::Reloader,
+) -> Result<()> {
+    let heartbeat = crate::life::Heartbeat::new();
+    heartbeat.beat();
+    let beat = heartbeat.clone();
+    let cache = Arc::clone(&reloader.cache);
+    let duties = crate::life::Duties {
+        heartbeat_age_ms: Box::new(move || beat.age_ms()),
+        reload: Box::new(move || reloader.reload()),
+        errors: Box::new(move || crate::events::ErrorSample::of_cache(&cache)),
+    };
+    let status = format!("serving {what} at {}", args.mnt.display());
+    let life = crate::life::Life::start(signals, &status, duties)?;
+    let stop = &signals.stop;
     while !stop.load(Ordering::Relaxed) && !session.guard.is_finished() {
+        heartbeat.beat();
         std::thread::sleep(Duration::from_millis(50));
     }
+    life.stopping();
     if !session.guard.is_finished()
         && let Err(e) = l2arc_fuse::unmount(&args.mnt)
     {
@@ -229,6 +292,7 @@ fn serve_until_stopped(session: Session, args: &MountArgs, stop: &AtomicBool) ->
     if let Err(e) = session.join() {
         eprintln!("l2arc: FUSE session ended with an error: {e}");
     }
+    drop(life);
     eprintln!("l2arc: unmounted {}", args.mnt.display());
     Ok(())
 }
@@ -244,9 +308,10 @@ fn print_kstats(cache: &l2arc::Cache) {
 /// serves at full speed (measured in docs/benchmarks.md).
 const S3_RECORDSIZE_DEFAULT_BYTES: u64 = 1 << 20;
 
-fn run_s3(args: MountArgs) -> Result<()> {
+fn run_s3(mut args: MountArgs) -> Result<()> {
     let uri = args.src.to_str().expect("is_s3 checked UTF-8").to_string();
     let mut resolved = args.cache.resolve(S3_RECORDSIZE_DEFAULT_BYTES)?;
+    merge_file_options(&mut args, &resolved);
     if !resolved.l2arc_noprefetch_set {
         // A read-ahead record of an object cost a GET: worth keeping on
         // flash (OpenZFS's default of leaving prefetches out assumes a disk).
@@ -267,6 +332,7 @@ fn run_s3(args: MountArgs) -> Result<()> {
         Arc::clone(&store) as Arc<dyn l2arc::primary::Primary>,
         resolved.dataset_config,
     )?;
+    let reloader = reloader(&args, S3_RECORDSIZE_DEFAULT_BYTES, "s3", &cache, resolved);
     let ttl = Duration::from_millis(store.config().metadata_ttl_ms);
     let fs = l2arc_fuse::ObjectFs::new(
         Arc::clone(&cache),
@@ -284,7 +350,7 @@ fn run_s3(args: MountArgs) -> Result<()> {
             ..l2arc_fuse::ObjectFsOptions::default()
         },
     )?;
-    let stop = stop_on_signals()?;
+    let signals = crate::life::Signals::register(Arc::new(AtomicBool::new(false)))?;
     let session = l2arc_fuse::mount_objects(fs, &args.mnt, &mount_options(&args))
         .with_context(|| mount_failed(&uri, &args))?;
     eprintln!(
@@ -292,7 +358,7 @@ fn run_s3(args: MountArgs) -> Result<()> {
         args.mnt.display(),
         ttl.as_secs_f64()
     );
-    serve_until_stopped(session, &args, &stop)?;
+    serve_until_stopped(session, &args, &signals, &uri, reloader)?;
     crate::s3_opts::print_requests(&store);
     print_kstats(&cache);
     Ok(())

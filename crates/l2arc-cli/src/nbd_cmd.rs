@@ -6,8 +6,10 @@
 //! otherwise: NBD has no authentication, so exposing a disk to the network
 //! must be a deliberate choice (`--allow-remote`). Once it accepts clients
 //! it prints `l2arc: serving IMAGE on ADDR` to stderr (scripts and tests
-//! wait for that line); on exit it prints the cache's statistics under
-//! their arcstats names.
+//! wait for that line) and tells systemd (`READY=1`, `life`). A stop
+//! drains the export (`--stop-timeout`) and says so; SIGHUP reloads the
+//! config file (`reload`). On exit it prints the cache's statistics
+//! under their arcstats names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,28 +19,34 @@ use clap::Args;
 use l2arc::primary::image::ImagePrimary;
 use l2arc_nbd::{ListenAddr, Listener, Server, ServerConfig};
 
-use crate::service::CacheOptions;
+use crate::service::{CacheOptions, FrontEndFileOptions, ResolvedOptions};
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeNbdArgs {
     /// Image file or block device to export, or s3://BUCKET/KEY (an image
     /// object, exported read-only).
     pub image: PathBuf,
-    /// Where to listen: unix:PATH or HOST:PORT (loopback only without --allow-remote).
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    pub listen: ListenAddr,
+    /// Where to listen: unix:PATH or HOST:PORT (loopback only without
+    /// --allow-remote; default 127.0.0.1:10809).
+    #[arg(long)]
+    pub listen: Option<ListenAddr>,
     /// Allow listening on a non-loopback address (NBD has no authentication; also --http).
     #[arg(long)]
     pub allow_remote: bool,
     /// Export read-only: writes, trims and zeroing are refused (EPERM).
     #[arg(long)]
     pub read_only: bool,
-    /// Name of the export (NBD_OPT_LIST shows it; other names are refused).
-    #[arg(long, default_value = "")]
-    pub export_name: String,
-    /// Most client connections at once.
-    #[arg(long, default_value_t = 64)]
-    pub max_connections: usize,
+    /// Name of the export (NBD_OPT_LIST shows it; other names are refused; default "").
+    #[arg(long)]
+    pub export_name: Option<String>,
+    /// Most client connections at once (default 64).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a stop (SIGTERM, SIGINT) waits for the clients to take the
+    /// replies of their requests in flight and disconnect (later requests
+    /// are answered ESHUTDOWN) before it closes their connections (default 10).
+    #[arg(long)]
+    pub stop_timeout: Option<f64>,
     /// Most worker threads per connection (requests served in parallel on
     /// one connection; each of 8 at first, more while all are busy).
     #[arg(long, default_value_t = l2arc_nbd::server::WORKERS_DEFAULT)]
@@ -83,21 +91,15 @@ fn is_block_device(path: &std::path::Path) -> bool {
 /// serve-nbd's `sector_table_min` unless set: records of 128 KiB and up.
 const NBD_SECTOR_TABLE_MIN_BYTES: u32 = 128 << 10;
 
-pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
+pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     l2arc_nbd::pool::map_large_buffers_alone();
     // Objects: 1 MiB records (one GET a MiB), as for an s3:// mount.
     let s3 = crate::s3_opts::is_s3(&args.image);
-    let mut resolved = args.cache.resolve(if s3 { 1 << 20 } else { 64 << 10 })?;
-    if !resolved.sector_table_min_set {
-        // A volume is read in small pieces at random: a 4 KiB read of a
-        // 128 KiB record that only flash holds reads 8 KiB, not 128.
-        resolved.dataset_config.sector_table_min_bytes = NBD_SECTOR_TABLE_MIN_BYTES;
-    }
-    if s3 && !resolved.l2arc_noprefetch_set {
-        // A read-ahead record of an object cost a GET: worth keeping on
-        // flash (OpenZFS's default of leaving prefetches out assumes a disk).
-        resolved.cache_config.l2arc.l2arc_noprefetch = false;
-    }
+    let default_recordsize_bytes = if s3 { 1 << 20 } else { 64 << 10 };
+    let mut resolved = args.cache.resolve(default_recordsize_bytes)?;
+    adjust_defaults(s3)(&mut resolved);
+    merge_file_options(&mut args, &resolved.front_end)?;
+    l2arc_cli::log_sink::set_level(resolved.log_level);
     check_args(&args, s3)?;
     let writable = !args.read_only;
     let store = if s3 {
@@ -125,14 +127,79 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
     // NBD's families on /metrics while it serves.
     let _metrics =
         l2arc_cli::metrics::register(l2arc_cli::metrics::nbd_source(server.stats_reader()));
-    let stop = server.stop_flag();
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))?;
-    }
-    let listener =
-        Listener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
+    let signals = crate::life::Signals::register(server.stop_flag())?;
+    let listen = listen_addr(&args);
+    let listener = Listener::bind(&listen).with_context(|| format!("listen on {listen}"))?;
     let addr = listener.local_addr()?;
     eprintln!("l2arc: serving {} on {addr}", args.image.display());
+    print_notes(&args, &resolved, s3);
+    let status = format!(
+        "serving {} on {addr}, {} cache devices",
+        args.image.display(),
+        resolved.cache_devices.len()
+    );
+    let reloader = crate::reload::Reloader {
+        flags: args.cache.clone(),
+        default_recordsize_bytes,
+        adjust: Box::new(adjust_defaults(s3)),
+        dataset: "nbd".into(),
+        cache: Arc::clone(&cache),
+        applied: resolved,
+    };
+    let life = crate::life::Life::start(&signals, &status, duties(&server, &cache, reloader))?;
+    server.serve(listener)?;
+    life.stopping();
+    drop(life);
+    if let Some(store) = &store {
+        crate::s3_opts::print_requests(store);
+    }
+    print_stopped(&server, &cache);
+    Ok(())
+}
+
+/// serve-nbd's own defaults over the resolved settings (at start and at
+/// each reload).
+fn adjust_defaults(s3: bool) -> impl Fn(&mut ResolvedOptions) + Send + 'static {
+    move |resolved: &mut ResolvedOptions| {
+        if !resolved.sector_table_min_set {
+            // A volume is read in small pieces at random: a 4 KiB read of a
+            // 128 KiB record that only flash holds reads 8 KiB, not 128.
+            resolved.dataset_config.sector_table_min_bytes = NBD_SECTOR_TABLE_MIN_BYTES;
+        }
+        if s3 && !resolved.l2arc_noprefetch_set {
+            // A read-ahead record of an object cost a GET: worth keeping on
+            // flash (OpenZFS's default of leaving prefetches out assumes a disk).
+            resolved.cache_config.l2arc.l2arc_noprefetch = false;
+        }
+    }
+}
+
+/// The file's `listen`, `read_only`, ... where no flag was given.
+fn merge_file_options(args: &mut ServeNbdArgs, file: &FrontEndFileOptions) -> Result<()> {
+    if args.listen.is_none()
+        && let Some(listen) = &file.listen
+    {
+        let addr = listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("listen = {listen:?} in the config file: {e}"))?;
+        args.listen = Some(addr);
+    }
+    args.read_only |= file.read_only == Some(true);
+    args.allow_remote |= file.allow_remote == Some(true);
+    args.export_name = args.export_name.take().or(file.export_name.clone());
+    args.max_connections = args.max_connections.or(file.max_connections);
+    args.stop_timeout = args.stop_timeout.or(file.stop_timeout);
+    Ok(())
+}
+
+fn listen_addr(args: &ServeNbdArgs) -> ListenAddr {
+    args.listen
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:10809".parse().expect("a valid address"))
+}
+
+/// The memory line, and the warning about block devices.
+fn print_notes(args: &ServeNbdArgs, resolved: &ResolvedOptions, s3: bool) {
     eprintln!(
         "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
         resolved.cache_config.arc_max_bytes >> 20,
@@ -145,12 +212,25 @@ pub(crate) fn run(args: ServeNbdArgs) -> Result<()> {
             args.image.display()
         );
     }
-    server.serve(listener)?;
-    if let Some(store) = &store {
-        crate::s3_opts::print_requests(store);
+}
+
+/// The housekeeping thread's duties for an export.
+fn duties(
+    server: &Server,
+    cache: &Arc<l2arc::Cache>,
+    mut reloader: crate::reload::Reloader,
+) -> crate::life::Duties {
+    let beat = server.clone();
+    let errors = (server.clone(), Arc::clone(cache));
+    crate::life::Duties {
+        heartbeat_age_ms: Box::new(move || beat.heartbeat_age_ms()),
+        reload: Box::new(move || reloader.reload()),
+        errors: Box::new(move || {
+            let mut sample = crate::events::ErrorSample::of_cache(&errors.1);
+            sample.add("nbd", "protocol errors", errors.0.stats().protocol_errors);
+            sample
+        }),
     }
-    print_stopped(&server, &cache);
-    Ok(())
 }
 
 /// Opens the image; a block device is refused if something else may
@@ -193,7 +273,7 @@ fn refuse_shared_writers(device: &std::path::Path) -> Result<()> {
 
 /// Refuses what would be unsafe or out of bounds before anything starts.
 fn check_args(args: &ServeNbdArgs, s3: bool) -> Result<()> {
-    if let ListenAddr::Tcp(addr) = &args.listen
+    if let ListenAddr::Tcp(addr) = &listen_addr(args)
         && !addr.ip().is_loopback()
         && !args.allow_remote
     {
@@ -214,8 +294,16 @@ fn check_args(args: &ServeNbdArgs, s3: bool) -> Result<()> {
             args.revalidate_secs
         );
     }
-    if args.export_name.len() > l2arc_nbd::protocol::NAME_MAX_BYTES {
+    if args.export_name.as_ref().map_or(0, String::len) > l2arc_nbd::protocol::NAME_MAX_BYTES {
         bail!("--export-name is longer than 4096 bytes");
+    }
+    if let Some(t) = args.stop_timeout
+        && !(t.is_finite() && (0.0..=3600.0).contains(&t))
+    {
+        bail!("--stop-timeout must be from 0 to 3600 seconds, not {t}");
+    }
+    if args.max_connections == Some(0) {
+        bail!("--max-connections must be at least 1");
     }
     if s3 && !args.read_only {
         bail!(
@@ -228,9 +316,10 @@ fn check_args(args: &ServeNbdArgs, s3: bool) -> Result<()> {
 
 fn server_config(args: &ServeNbdArgs) -> ServerConfig {
     ServerConfig {
-        export_name: args.export_name.clone(),
+        export_name: args.export_name.clone().unwrap_or_default(),
         read_only: args.read_only,
-        max_connections: args.max_connections,
+        max_connections: args.max_connections.unwrap_or(64),
+        stop_timeout: std::time::Duration::from_secs_f64(args.stop_timeout.unwrap_or(10.0)),
         idle_timeout: std::time::Duration::from_secs_f64(args.idle_timeout),
         workers_per_connection: args.workers.clamp(1, 256),
         read_queue_depth: usize::from(args.read_queue_depth),
@@ -244,6 +333,17 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
 
 /// What the server and the cache did, printed at exit.
 fn print_stopped(server: &Server, cache: &l2arc::Cache) {
+    if let Some(d) = server.drain_report() {
+        eprintln!(
+            "l2arc: stopping: drained {} requests in flight on {} connections in {} ms ({} requests sent after the stop answered ESHUTDOWN); {} connections closed after the {} s --stop-timeout",
+            d.requests_in_flight,
+            d.connections,
+            d.elapsed_ms,
+            d.requests_refused,
+            d.connections_cut,
+            d.timeout_ms as f64 / 1000.0
+        );
+    }
     let s = server.stats();
     eprintln!(
         "l2arc: stopped: {} connections ({} refused; {} idle, {} negotiating and {} leaving replies unread bumped), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers; {} worker threads started), {} protocol errors, buffers: peak {} MiB, {} reclaimed, {} image changes seen behind the export",

@@ -28,9 +28,10 @@ pub struct CacheOptions {
     /// Unix socket for `l2arc ctl` (stats, adding and removing cache devices while running).
     #[arg(long)]
     pub control: Option<PathBuf>,
-    /// Read-only HTTP endpoint: /metrics (Prometheus), / (live page); loopback only without --allow-remote.
+    /// Read-only HTTP endpoint: /metrics (Prometheus), / (live page): HOST:PORT (a name such as
+    /// localhost resolves); loopback only without --allow-remote.
     #[arg(long)]
-    pub http: Option<std::net::SocketAddr>,
+    pub http: Option<String>,
     /// Keep the analytics' history (per second for an hour, per minute for
     /// 7 days) in this file (about 16 MiB, fixed); the live page shows it.
     #[arg(long)]
@@ -101,6 +102,22 @@ pub struct CacheOptions {
     /// `l2arc_writeback_max`: most bytes of evicted records held for the feeder (DRAM beyond arc_max; default 32MiB, 0 = off).
     #[arg(long, value_parser = parse_size)]
     pub l2arc_writeback_max: Option<u64>,
+    /// `l2arc_feed_secs`: feeder period when there is nothing to write, seconds (default 1; 0.001 to 3600).
+    #[arg(long)]
+    pub l2arc_feed_secs: Option<f64>,
+    /// `l2arc_feed_min_ms`: feeder period while it finds records to write (default 200; 1 to 3600000).
+    #[arg(long)]
+    pub l2arc_feed_min_ms: Option<u64>,
+    /// `force_init_foreign`: initialise a cache device that holds data that is not an l2arc
+    /// cache (its contents are lost); without it such a device is refused.
+    #[arg(long)]
+    pub force_init_foreign: bool,
+    /// `dram_policy`: arc (default) or lru (a baseline for benchmarks).
+    #[arg(long, value_parser = parse_dram_policy)]
+    pub dram_policy: Option<l2arc::arc::DramPolicy>,
+    /// `log_level`: error, warn, info (default) or debug; changes on reload (SIGHUP).
+    #[arg(long, value_parser = crate::log_sink::parse_level)]
+    pub log_level: Option<log::LevelFilter>,
     /// Make the primary behave like an HDD array (benchmarks): number of spindles; 0 = off.
     #[arg(long)]
     pub emulate_hdd_spindles: Option<usize>,
@@ -126,8 +143,22 @@ struct FileOptions {
     compression: Option<String>,
     sector_table_min: Option<SizeValue>,
     control: Option<PathBuf>,
-    http: Option<std::net::SocketAddr>,
+    http: Option<String>,
     history: Option<PathBuf>,
+    l2arc_feed_secs: Option<f64>,
+    l2arc_feed_min_ms: Option<u64>,
+    force_init_foreign: Option<bool>,
+    dram_policy: Option<String>,
+    log_level: Option<String>,
+    // The front ends' own settings (flags win; checked where they are used).
+    listen: Option<String>,
+    read_only: Option<bool>,
+    export_name: Option<String>,
+    max_connections: Option<usize>,
+    stop_timeout: Option<f64>,
+    allow_remote: Option<bool>,
+    allow_other: Option<bool>,
+    threads: Option<usize>,
     #[serde(default)]
     cache: Vec<PathBuf>,
     cache_size: Option<SizeValue>,
@@ -176,6 +207,30 @@ pub struct S3FileOptions {
     pub read_deadline: Option<f64>,
     /// `stale_if_error`.
     pub stale_if_error: Option<bool>,
+}
+
+/// The front ends' own settings as read from the file: `serve-nbd`'s
+/// `listen`, `read_only`, `export_name`, `max_connections`,
+/// `stop_timeout`; `mount`'s `allow_other`, `threads`; both's
+/// `allow_remote`. A flag wins over each.
+#[derive(Clone, Debug, Default)]
+pub struct FrontEndFileOptions {
+    /// `listen`.
+    pub listen: Option<String>,
+    /// `read_only`.
+    pub read_only: Option<bool>,
+    /// `export_name`.
+    pub export_name: Option<String>,
+    /// `max_connections`.
+    pub max_connections: Option<usize>,
+    /// `stop_timeout`, seconds.
+    pub stop_timeout: Option<f64>,
+    /// `allow_remote`.
+    pub allow_remote: Option<bool>,
+    /// `allow_other`.
+    pub allow_other: Option<bool>,
+    /// `threads`.
+    pub threads: Option<usize>,
 }
 
 /// Longest poll a blocking flash read may be given (`l2arc_read_poll_us`).
@@ -230,8 +285,13 @@ pub struct ResolvedOptions {
     pub cache_size_bytes: u64,
     /// Where to listen for `l2arc ctl`.
     pub control_socket: Option<PathBuf>,
-    /// Where to serve /metrics and the live page.
-    pub http: Option<std::net::SocketAddr>,
+    /// Where to serve /metrics and the live page: HOST:PORT, resolved
+    /// when the endpoint starts (the decoder touches no network).
+    pub http: Option<String>,
+    /// `log_level`.
+    pub log_level: log::LevelFilter,
+    /// The front ends' own settings from the file.
+    pub front_end: FrontEndFileOptions,
     /// Where to keep the analytics' history.
     pub history: Option<PathBuf>,
     /// Some: wrap the primary in an emulated HDD array.
@@ -264,8 +324,7 @@ impl CacheOptions {
         text: &str,
         default_recordsize_bytes: u64,
     ) -> Result<ResolvedOptions> {
-        let file: FileOptions =
-            toml::from_str(text).map_err(|e| anyhow::anyhow!("config file: {e}"))?;
+        let file = parse_config(text).map_err(|e| anyhow::anyhow!("config file: {e}"))?;
         self.resolve_with(file, default_recordsize_bytes)
     }
 
@@ -291,7 +350,15 @@ impl CacheOptions {
         )? {
             cache_config.zfetch_max_distance_bytes = v;
         }
+        match (self.dram_policy, &file.dram_policy) {
+            (Some(p), _) => cache_config.dram_policy = p,
+            (None, Some(s)) => {
+                cache_config.dram_policy = parse_dram_policy(s).map_err(anyhow::Error::msg)?
+            }
+            (None, None) => {}
+        }
         self.resolve_l2arc(&file, &mut cache_config.l2arc)?;
+        self.resolve_feed(&file, &mut cache_config.l2arc)?;
         let dataset_config = self.resolve_dataset(&file, default_recordsize_bytes)?;
         let mut cache_devices = self.cache.clone();
         if cache_devices.is_empty() {
@@ -305,7 +372,9 @@ impl CacheOptions {
             cache_devices,
             cache_size_bytes,
             control_socket: self.control.clone().or(file.control.clone()),
-            http: self.http.or(file.http),
+            http: self.http.clone().or(file.http.clone()),
+            log_level: self.resolve_log_level(&file)?,
+            front_end: front_end_options(&file),
             history: self.history.clone().or(file.history.clone()),
             emulate_hdd: self.resolve_emulated_hdd(&file)?,
             l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
@@ -380,6 +449,35 @@ impl CacheOptions {
         )? {
             l2.l2arc_writeback_max_bytes = v;
         }
+        Ok(())
+    }
+
+    /// `log_level`: the flag, else the file, else info.
+    fn resolve_log_level(&self, file: &FileOptions) -> Result<log::LevelFilter> {
+        Ok(match (self.log_level, &file.log_level) {
+            (Some(l), _) => l,
+            (None, Some(s)) => {
+                crate::log_sink::parse_level(s).map_err(|e| anyhow::anyhow!("log_level: {e}"))?
+            }
+            (None, None) => log::LevelFilter::Info,
+        })
+    }
+
+    /// The feeder's periods and `force_init_foreign`: flags over the file.
+    fn resolve_feed(&self, file: &FileOptions, l2: &mut L2ArcConfig) -> Result<()> {
+        if let Some(v) = self.l2arc_feed_secs.or(file.l2arc_feed_secs) {
+            if !(v.is_finite() && (0.001..=3600.0).contains(&v)) {
+                bail!("l2arc_feed_secs must be seconds from 0.001 to 3600, not {v}");
+            }
+            l2.l2arc_feed_secs = v;
+        }
+        if let Some(v) = self.l2arc_feed_min_ms.or(file.l2arc_feed_min_ms) {
+            if !(1..=3_600_000).contains(&v) {
+                bail!("l2arc_feed_min_ms must be ms from 1 to 3600000, not {v}");
+            }
+            l2.l2arc_feed_min_ms = v;
+        }
+        l2.force_init_foreign = self.force_init_foreign || file.force_init_foreign == Some(true);
         Ok(())
     }
 
@@ -503,7 +601,7 @@ impl ResolvedOptions {
             Some(path) => Some(Arc::new(crate::history::History::open(path)?)),
             None => None,
         };
-        let http = match self.http {
+        let http = match resolve_http(self.http.as_ref())? {
             Some(addr) => {
                 let server = crate::http::HttpServer::start(
                     Arc::clone(cache),
@@ -544,7 +642,107 @@ impl ResolvedOptions {
 fn read_config_file(path: &Path) -> Result<FileOptions> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("config file {}", path.display()))?;
-    toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+    parse_config(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+}
+
+/// The file's settings; an unknown key is named with the closest known one.
+fn parse_config(text: &str) -> Result<FileOptions, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| {
+        let message = e.message();
+        match unknown_key(message) {
+            Some((key, known)) => match closest(&key, &known) {
+                Some(near) => format!("unknown key {key}; did you mean {near}?"),
+                None => format!("unknown key {key} (docs/configuration.md lists the keys)"),
+            },
+            None => e.to_string(),
+        }
+    })
+}
+
+/// From serde's "unknown field `k`, expected one of `a`, `b`": k and the keys.
+fn unknown_key(message: &str) -> Option<(String, Vec<String>)> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (key, rest) = rest.split_once('`')?;
+    let known = rest
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    Some((key.to_string(), known))
+}
+
+/// Every key the config file takes.
+pub fn config_keys() -> Vec<String> {
+    let e = toml::from_str::<FileOptions>("no_such_key_at_all = 0").expect_err("not a key");
+    let (_, known) = unknown_key(e.message()).expect("serde names the keys it takes");
+    assert!(known.len() > 10, "{known:?}");
+    known
+}
+
+/// The known key nearest `key` by edit distance, if near enough to be a typo.
+fn closest<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
+    let (distance, near) = known
+        .iter()
+        .map(|k| (edit_distance(key, k), k.as_str()))
+        .min()?;
+    (distance <= (key.len() / 3).max(2)).then_some(near)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The front ends' own keys, as the file gives them.
+fn front_end_options(file: &FileOptions) -> FrontEndFileOptions {
+    FrontEndFileOptions {
+        listen: file.listen.clone(),
+        read_only: file.read_only,
+        export_name: file.export_name.clone(),
+        max_connections: file.max_connections,
+        stop_timeout: file.stop_timeout,
+        allow_remote: file.allow_remote,
+        allow_other: file.allow_other,
+        threads: file.threads,
+    }
+}
+
+/// `--http`/`http`: HOST:PORT, a host name resolved (the first address).
+fn resolve_http(spec: Option<&String>) -> Result<Option<std::net::SocketAddr>> {
+    use std::net::ToSocketAddrs;
+    let Some(spec) = spec else { return Ok(None) };
+    let mut addrs = spec.to_socket_addrs().map_err(|e| {
+        anyhow::anyhow!("--http {spec}: {e}: give HOST:PORT, e.g. 127.0.0.1:9112 or localhost:9112")
+    })?;
+    // A loopback address first, if the name has one (localhost: ::1 and 127.0.0.1).
+    let all: Vec<_> = addrs.by_ref().collect();
+    let chosen = all.iter().find(|a| a.ip().is_loopback()).or(all.first());
+    chosen
+        .copied()
+        .map(Some)
+        .ok_or_else(|| anyhow::anyhow!("--http {spec}: the name has no address"))
+}
+
+fn parse_dram_policy(s: &str) -> Result<l2arc::arc::DramPolicy, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "arc" => Ok(l2arc::arc::DramPolicy::Arc),
+        "lru" => Ok(l2arc::arc::DramPolicy::Lru),
+        _ => Err(format!("`{s}` is not a dram_policy: expected arc or lru")),
+    }
 }
 
 /// A size such as `256MiB` or a number of bytes (for flags).
@@ -680,6 +878,49 @@ mod tests {
         .resolve(4096)
         .unwrap_err();
         assert!(format!("{missing:#}").contains("/nonexistent/l2arc.toml"));
+    }
+
+    #[test]
+    fn new_keys_are_read_checked_and_a_typo_names_the_closest_key() {
+        let r = resolve_file(
+            "l2arc_feed_secs = 0.5\nl2arc_feed_min_ms = 50\ndram_policy = \"lru\"\nforce_init_foreign = true\nlog_level = \"debug\"\nlisten = \"unix:/tmp/x.sock\"\nread_only = true\nhttp = \"localhost:9112\"\n",
+            CacheOptions::default(),
+        )
+        .unwrap();
+        let l2 = &r.cache_config.l2arc;
+        assert_eq!((l2.l2arc_feed_secs, l2.l2arc_feed_min_ms), (0.5, 50));
+        assert!(l2.force_init_foreign);
+        assert_eq!(r.cache_config.dram_policy, l2arc::arc::DramPolicy::Lru);
+        assert_eq!(r.log_level, log::LevelFilter::Debug);
+        assert_eq!(r.front_end.listen.as_deref(), Some("unix:/tmp/x.sock"));
+        assert_eq!(r.front_end.read_only, Some(true));
+        let http = resolve_http(r.http.as_ref()).unwrap().unwrap();
+        assert!(http.ip().is_loopback() && http.port() == 9112);
+        let e = resolve_http(Some(&"no-port".to_string())).unwrap_err();
+        assert!(format!("{e:#}").contains("give HOST:PORT"), "{e:#}");
+        for bad in ["nan", "0", "-1", "inf"] {
+            let e = resolve_file(
+                &format!("l2arc_feed_secs = {bad}\n"),
+                CacheOptions::default(),
+            )
+            .unwrap_err();
+            assert!(
+                format!("{e:#}").contains("l2arc_feed_secs must be"),
+                "{e:#}"
+            );
+        }
+        let typo = resolve_file("arc_maxx = 5\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{typo:#}").contains("unknown key arc_maxx; did you mean arc_max?"),
+            "{typo:#}"
+        );
+        let far = resolve_file("colour = 5\n", CacheOptions::default()).unwrap_err();
+        assert!(
+            format!("{far:#}").contains("unknown key colour ("),
+            "{far:#}"
+        );
+        assert!(config_keys().iter().any(|k| k == "l2arc_feed_min_ms"));
+        assert_eq!(edit_distance("arc_maxx", "arc_max"), 1);
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub(crate) fn run(args: TraceArgs) -> Result<()> {
     let policies: Vec<PolicyName> =
         parse_policy_list(&args.policy).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
     let sizes = parse_size_list(&args.sizes).map_err(|e| anyhow::anyhow!("--sizes: {e}"))?;
+    // The OS error once, with the path (the loader's own message repeats it).
+    std::fs::File::open(&args.file)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", args.file.display()))?;
     let trace = load_trace(&args.file, format)?;
     anyhow::ensure!(
         !trace.is_empty(),

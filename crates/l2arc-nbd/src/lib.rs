@@ -11,4 +11,4 @@ pub mod protocol;
 pub mod server;
 mod watch;
 
-pub use server::{ListenAddr, Listener, Server, ServerConfig, ServerStats};
+pub use server::{DrainReport, ListenAddr, Listener, Server, ServerConfig, ServerStats};

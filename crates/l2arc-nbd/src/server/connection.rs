@@ -495,6 +495,8 @@ fn submit(
         }
     };
     if shared.stop.load(Ordering::Relaxed) {
+        // Stopping: the soft disconnect (the client should finish and leave).
+        counters.shutdown_replies.fetch_add(1, Ordering::Relaxed);
         link.replier.reply(request.cookie, NBD_ESHUTDOWN);
         return true;
     }
@@ -556,6 +558,10 @@ fn write_header(
         return refuse(pending, errno);
     }
     if shared.stop.load(Ordering::Relaxed) {
+        shared
+            .counters
+            .shutdown_replies
+            .fetch_add(1, Ordering::Relaxed);
         return refuse(pending, NBD_ESHUTDOWN);
     }
     let length_bytes = request.length_bytes;

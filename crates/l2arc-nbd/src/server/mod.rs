@@ -53,9 +53,15 @@
 //!   them (EINVAL for reads, ENOSPC for writes): nothing outside the image
 //!   is ever read or written.
 //!
-//! A framing error (bad request magic) disconnects that client only; a
-//! stop (SIGTERM in the CLI) shuts every socket down, lets the workers
-//! finish the requests they hold, and joins every thread.
+//! A framing error (bad request magic) disconnects that client only. A
+//! stop (SIGTERM in the CLI) drains: the listener closes, every request
+//! in flight is answered, a request that arrives after the stop began is
+//! answered `NBD_ESHUTDOWN` (the protocol's soft disconnect: the client
+//! should finish and disconnect), and the server waits for the clients to
+//! leave, at most `stop_timeout`; then it shuts the remaining sockets
+//! down and joins every thread (`DrainReport` says how it went). A client
+//! whose sockets were shut under it mid-request, as before, saw its
+//! requests lost (fio: `err=-1 ... func=get_events`).
 //!
 //! Modules. Policy is pure code, decided on plain data and unit-tested:
 //! `admission.rs` (who gets a slot, whom a newcomer bumps, when a quiet
@@ -184,6 +190,9 @@ pub struct ServerConfig {
     /// `pool::PAYLOAD_RATE_MIN_BYTES_PER_SEC`) is disconnected when
     /// another connection waits for pool memory.
     pub stall_timeout: Duration,
+    /// At a stop, how long the clients are given to take their last
+    /// replies and disconnect before their sockets are shut down.
+    pub stop_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -203,6 +212,7 @@ impl Default for ServerConfig {
             stall_timeout: Duration::from_secs(5),
             image_path: None,
             revalidate_interval: Some(Duration::from_secs(1)),
+            stop_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -351,8 +361,28 @@ impl StatsReader {
     }
 }
 
+/// How a stop went: what was drained, and what the timeout cut.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Requests in flight when the stop began (all answered unless a
+    /// connection was closed at the timeout).
+    pub requests_in_flight: u64,
+    /// Requests that arrived after the stop began, answered `NBD_ESHUTDOWN`.
+    pub requests_refused: u64,
+    /// Connections open when the stop began.
+    pub connections: u64,
+    /// Connections still open at `stop_timeout`, shut down then.
+    pub connections_cut: u64,
+    /// From the stop to the last connection gone, ms.
+    pub elapsed_ms: u64,
+    /// The timeout in force, ms.
+    pub timeout_ms: u64,
+}
+
 #[derive(Default)]
 struct Counters {
+    /// Requests answered `NBD_ESHUTDOWN` because the server was stopping.
+    shutdown_replies: AtomicU64,
     connections_accepted: AtomicU64,
     connections_refused: AtomicU64,
     connections_evicted: AtomicU64,
@@ -400,9 +430,15 @@ struct Shared {
     latency: Arc<Latency>,
     /// Every connection's request and reply buffers.
     pool: Arc<BufferPool>,
+    /// When the serving loop last went round (ms since `started`).
+    heartbeat_ms: AtomicU64,
+    /// How the last stop went.
+    drain: Mutex<Option<DrainReport>>,
 }
 
-/// An NBD server exporting one object of the cache.
+/// An NBD server exporting one object of the cache (a clone is another
+/// handle on the same server: its stats, its heartbeat).
+#[derive(Clone)]
 pub struct Server {
     shared: Arc<Shared>,
 }
@@ -435,6 +471,8 @@ impl Server {
                 counters: Counters::default(),
                 latency: Arc::default(),
                 pool: Arc::new(BufferPool::new(config.buffer_max_bytes)),
+                heartbeat_ms: AtomicU64::new(0),
+                drain: Mutex::new(None),
                 config,
             }),
         })
@@ -460,8 +498,61 @@ impl Server {
         StatsReader(Arc::clone(&self.shared))
     }
 
-    /// Accepts clients until the stop flag is set, then disconnects them
-    /// all, waits for their threads, and flushes the image.
+    /// Milliseconds since the serving loop last went round (it goes round
+    /// at least every 100 ms while it serves or drains): a watchdog's
+    /// sign of life.
+    pub fn heartbeat_age_ms(&self) -> u64 {
+        let shared = &self.shared;
+        shared
+            .now_ms()
+            .saturating_sub(shared.heartbeat_ms.load(Ordering::Relaxed))
+    }
+
+    /// How the stop went, once [`Self::serve`] returned.
+    pub fn drain_report(&self) -> Option<DrainReport> {
+        *self.shared.drain.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After the stop flag: waits for every connection to end (their
+    /// requests answered, later ones refused), at most `stop_timeout`, then
+    /// shuts the rest down and joins every thread.
+    fn drain(&self, threads: Vec<JoinHandle<()>>) {
+        let shared = &self.shared;
+        let began = std::time::Instant::now();
+        let refused_before = shared.counters.shutdown_replies.load(Ordering::SeqCst);
+        let (connections, in_flight) = shared.table.in_flight_now();
+        let mut threads = threads;
+        let timeout = shared.config.stop_timeout;
+        loop {
+            shared
+                .heartbeat_ms
+                .store(shared.now_ms(), Ordering::Relaxed);
+            threads.retain(|t| !t.is_finished());
+            if threads.is_empty() || began.elapsed() >= timeout {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let cut = threads.len() as u64;
+        shared.table.shut_all_down();
+        for t in threads {
+            let _ = t.join();
+        }
+        let report = DrainReport {
+            requests_in_flight: in_flight,
+            requests_refused: shared.counters.shutdown_replies.load(Ordering::SeqCst)
+                - refused_before,
+            connections,
+            connections_cut: cut,
+            elapsed_ms: began.elapsed().as_millis() as u64,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        assert!(report.connections_cut <= report.connections || report.connections == 0);
+        *shared.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+    }
+
+    /// Accepts clients until the stop flag is set, then drains them (see
+    /// [`ServerConfig::stop_timeout`]) and flushes the image.
     pub fn serve(&self, listener: Listener) -> io::Result<()> {
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let mut next_id = 0u64;
@@ -469,6 +560,9 @@ impl Server {
         let mut watch =
             watch::ImageWatch::new(config.image_path.as_deref(), config.revalidate_interval);
         let result = loop {
+            self.shared
+                .heartbeat_ms
+                .store(self.shared.now_ms(), Ordering::Relaxed);
             if self.shared.stop.load(Ordering::SeqCst) {
                 break Ok(());
             }
@@ -490,10 +584,7 @@ impl Server {
             next_id += 1;
         };
         drop(listener);
-        self.shared.table.shut_all_down();
-        for t in threads {
-            let _ = t.join();
-        }
+        self.drain(threads);
         if !self.shared.config.read_only {
             self.shared.cache.sync(&self.shared.handle)?;
         }

@@ -107,6 +107,16 @@ impl Table {
         assert!(before > 0);
     }
 
+    /// Connections open and their requests in flight, now.
+    pub(super) fn in_flight_now(&self) -> (u64, u64) {
+        let open = self.open();
+        let in_flight: usize = open
+            .values()
+            .map(|s| s.in_flight.load(Ordering::SeqCst))
+            .sum();
+        (open.len() as u64, in_flight as u64)
+    }
+
     /// Shuts down every connection (the server is stopping).
     pub(super) fn shut_all_down(&self) {
         for slot in self.open().values() {

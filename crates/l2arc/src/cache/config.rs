@@ -43,6 +43,9 @@ pub enum ConfigError {
     #[error("sector_table_min {0} bytes is too small: it must be at least 64K (65536 bytes)")]
     /// A sector table threshold under `SECTOR_TABLE_RECORD_BYTES_FLOOR`.
     SectorTableMin(u32),
+    #[error("{0}")]
+    /// An L2ARC tunable out of range (`l2arc_feed_secs`, ...).
+    Tunable(String),
 }
 
 /// ZFS's `primarycache` / `secondarycache` property values.

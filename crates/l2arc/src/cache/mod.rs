@@ -60,6 +60,7 @@ mod queue;
 mod read;
 mod read_ahead;
 mod tiers;
+pub(crate) mod tunables;
 mod view;
 mod write;
 pub(crate) mod zstream;
@@ -121,6 +122,9 @@ pub struct Cache {
     ioengine: (IoEngine, Option<String>),
     /// Latency by tier (see `analytics`).
     pub(crate) analytics: crate::analytics::Analytics,
+    /// The L2ARC tunables that change while running (`tunables`), shared
+    /// with the L2ARC once it is made.
+    pub(crate) tunables: Arc<tunables::LiveTunables>,
 }
 
 impl Drop for Cache {
@@ -151,6 +155,8 @@ impl Cache {
             (1..=1024).contains(&config.arc_shards)
                 && config.arc_max_bytes >= u64::from(RECORDSIZE_MIN_BYTES)
         );
+        let live = tunables::LiveTunables::from_config(&config.l2arc)
+            .map_err(|e| ConfigError::Tunable(e.to_string()))?;
         // Resolved: io_uring or psync, and a reason only for a fallback.
         assert!(ioengine.0 != IoEngine::Auto);
         assert!(ioengine.1.is_none() || ioengine.0 == IoEngine::Psync);
@@ -174,6 +180,7 @@ impl Cache {
             invalidation_sequence: AtomicU64::new(0),
             ioengine,
             analytics: crate::analytics::Analytics::default(),
+            tunables: Arc::new(live),
         }))
     }
 

@@ -135,7 +135,11 @@ impl Cache {
                 // Polling is through io_uring too: psync means no ring.
                 config.l2arc_read_poll_us = 0;
             }
-            let l2 = Arc::new(L2Arc::new(config, expected_records.min(1 << 20)));
+            let l2 = Arc::new(L2Arc::with_tunables(
+                config,
+                expected_records.min(1 << 20),
+                Arc::clone(&self.tunables),
+            ));
             let source: Weak<dyn FeedSource> = Arc::downgrade(self) as Weak<dyn FeedSource>;
             // Wake the feeder after a quarter of the ARC, at most half a batch.
             let feed_wake_bytes =

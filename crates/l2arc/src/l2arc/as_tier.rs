@@ -51,13 +51,13 @@ impl Tier for L2Arc {
         debug_assert!(
             bytes <= u64::from(super::format::MAX_ASIZE_BLOCKS) * super::format::BLOCK_BYTES
         );
-        if self.config.l2arc_feed_again {
+        if self.live.feed_again() {
             self.feed_wake.note_insert(bytes);
         }
     }
 
     fn offer_evicted(&self, evicted: &mut dyn Iterator<Item = EvictedRecord>) {
-        let config = &self.config;
+        let (noprefetch, mfuonly) = (self.live.noprefetch(), self.live.mfuonly());
         let counters = &self.evict_counters;
         let takes_writes = self.takes_writes();
         let mut wake = false;
@@ -79,8 +79,8 @@ impl Tier for L2Arc {
                 continue;
             }
             let eligible = keeping.below_arc
-                && !(prefetched && config.l2arc_noprefetch)
-                && !(config.l2arc_mfuonly && from != ListId::Mfu);
+                && !(prefetched && noprefetch)
+                && !(mfuonly && from != ListId::Mfu);
             if !eligible {
                 counters.ineligible.fetch_add(bytes, Ordering::Relaxed);
                 continue;

@@ -530,7 +530,7 @@ impl<'a> Feeder<'a> {
     /// while the batch is written.
     fn select_for_feed(self, budget_bytes: u64, claims: &mut FeedClaims<'_>) -> Vec<Selected> {
         let l2 = self.l2;
-        let config = l2.config();
+        let config = &l2.live_config();
         let mut selected = Vec::new();
         let mut batch_bytes = 0u64;
         let mut queued = Vec::new();
@@ -677,7 +677,7 @@ fn device_feeder_loop(l2: &Weak<L2Arc>, device: &Weak<CacheDevice>) {
         if woken {
             l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
         }
-        let config = l2.config().clone();
+        let config = l2.live_config();
         let feeder = Feeder {
             l2: &l2,
             source: &*source,

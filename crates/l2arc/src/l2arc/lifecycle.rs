@@ -174,7 +174,7 @@ impl L2Arc {
                         io::ErrorKind::InvalidData,
                         format!(
                             "cache device {name} holds data that is not an l2arc cache ({e}); \
-                             refusing to overwrite it (force_init_foreign to use it anyway)"
+                             refusing to overwrite it (--force-init-foreign or force_init_foreign = true uses it anyway, losing its contents)"
                         ),
                     ));
                 }

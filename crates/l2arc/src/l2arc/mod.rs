@@ -152,6 +152,8 @@ impl Default for L2ArcConfig {
 /// The flash tier: devices, the index, and the rotor between them.
 pub struct L2Arc {
     config: L2ArcConfig,
+    /// The feed tunables in force (`cache::tunables`): read on every use.
+    live: Arc<crate::cache::tunables::LiveTunables>,
     cache_guid: u128,
     devices: RankedRwLock<DeviceList, { rank::LEAF }>,
     index: L2Index,
@@ -238,8 +240,23 @@ fn random_u128() -> u128 {
 
 impl L2Arc {
     /// An L2ARC with no devices yet; `expected_records` pre-sizes the index.
+    ///
+    /// # Panics
+    /// If a feed tunable is out of range (`Cache::new` refuses those).
     pub fn new(config: L2ArcConfig, expected_records: usize) -> Self {
+        let live = crate::cache::tunables::LiveTunables::from_config(&config)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self::with_tunables(config, expected_records, Arc::new(live))
+    }
+
+    /// [`Self::new`] reading its feed tunables from `live` (the cache's).
+    pub(crate) fn with_tunables(
+        config: L2ArcConfig,
+        expected_records: usize,
+        live: Arc<crate::cache::tunables::LiveTunables>,
+    ) -> Self {
         let l2 = Self {
+            live,
             cache_guid: random_u128(),
             devices: RankedRwLock::new(DeviceList::default()),
             index: L2Index::new(64, expected_records),
@@ -268,10 +285,29 @@ impl L2Arc {
         l2
     }
 
-    /// The tunables this L2ARC runs with.
+    /// The tunables this L2ARC started with (the feed tunables that
+    /// change while running are in [`Self::live_config`]).
     pub fn config(&self) -> &L2ArcConfig {
         debug_assert_ne!(self.cache_guid, 0);
         &self.config
+    }
+
+    /// The tunables in force now: the start's, with the live feed tunables.
+    pub fn live_config(&self) -> L2ArcConfig {
+        let live = &self.live;
+        let config = self
+            .config
+            .clone()
+            .l2arc_write_max_bytes(live.write_max_bytes())
+            .l2arc_headroom(live.headroom())
+            .l2arc_noprefetch(live.noprefetch())
+            .l2arc_mfuonly(live.mfuonly())
+            .l2arc_feed_again(live.feed_again())
+            .l2arc_dwpd(live.dwpd())
+            .l2arc_feed_secs(live.feed_secs())
+            .l2arc_feed_min_ms(live.feed_min_ms());
+        debug_assert!(config.l2arc_headroom >= 1);
+        config
     }
 
     /// Attaches the tier to the ARC it copies records from: its feeders

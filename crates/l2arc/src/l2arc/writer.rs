@@ -114,10 +114,11 @@ impl L2Arc {
     /// `batch_bytes` capped by `l2arc_write_max` and the endurance credit.
     fn capped_budget_bytes(&self, batch_bytes: u64) -> u64 {
         let mut budget = batch_bytes;
-        if self.config.l2arc_write_max_bytes > 0 {
-            budget = budget.min(self.config.l2arc_write_max_bytes);
+        let write_max_bytes = self.live.write_max_bytes();
+        if write_max_bytes > 0 {
+            budget = budget.min(write_max_bytes);
         }
-        if self.config.l2arc_dwpd > 0.0 {
+        if self.live.dwpd() > 0.0 {
             let per_sec = self.dwpd_bytes_per_day() as f64 / 86_400.0;
             let mut bucket = self.budget_bytes.lock().expect("budget poisoned");
             let now = std::time::Instant::now();
@@ -136,7 +137,7 @@ impl L2Arc {
     /// `l2arc_dwpd` in bytes: what the online devices may be written per
     /// day (0 = unlimited).
     pub(crate) fn dwpd_bytes_per_day(&self) -> u64 {
-        if self.config.l2arc_dwpd <= 0.0 {
+        if self.live.dwpd() <= 0.0 {
             return 0;
         }
         let online_bytes: u64 = self
@@ -146,13 +147,13 @@ impl L2Arc {
             .map(|d| d.data_blocks() * BLOCK_BYTES)
             .sum();
         debug_assert!(online_bytes.is_multiple_of(BLOCK_BYTES));
-        (self.config.l2arc_dwpd * online_bytes as f64) as u64
+        (self.live.dwpd() * online_bytes as f64) as u64
     }
 
     /// Bytes the endurance budget lets the feeder write now (as of its last
     /// refill; at most one batch). 0 when there is no budget.
     pub(crate) fn dwpd_credit_bytes(&self) -> u64 {
-        if self.config.l2arc_dwpd <= 0.0 {
+        if self.live.dwpd() <= 0.0 {
             return 0;
         }
         let bucket = self.budget_bytes.lock().expect("budget poisoned");
@@ -163,7 +164,7 @@ impl L2Arc {
     pub(super) fn spend_budget(&self, bytes: u64) {
         // A finished batch: at least its log block.
         debug_assert!(bytes >= BLOCK_BYTES && bytes.is_multiple_of(BLOCK_BYTES));
-        if self.config.l2arc_dwpd > 0.0 {
+        if self.live.dwpd() > 0.0 {
             let mut bucket = self.budget_bytes.lock().expect("budget poisoned");
             bucket.0 -= bytes as f64;
         }
