@@ -53,9 +53,9 @@ mod stats;
 mod tier;
 mod top_objects;
 
+pub use crate::l2arc::tunables::{TUNABLE_NAMES, TunableError};
 pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use cache::properties::PropertyError;
-pub use cache::tunables::{TUNABLE_NAMES, TunableError};
 pub use cache::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle,
     RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,

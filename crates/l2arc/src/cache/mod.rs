@@ -124,7 +124,7 @@ pub struct Cache {
     pub(crate) analytics: crate::analytics::Analytics,
     /// The L2ARC tunables that change while running (`tunables`), shared
     /// with the L2ARC once it is made.
-    pub(crate) tunables: Arc<tunables::LiveTunables>,
+    pub(crate) tunables: Arc<crate::l2arc::tunables::LiveTunables>,
 }
 
 impl Drop for Cache {
@@ -155,7 +155,7 @@ impl Cache {
             (1..=1024).contains(&config.arc_shards)
                 && config.arc_max_bytes >= u64::from(RECORDSIZE_MIN_BYTES)
         );
-        let live = tunables::LiveTunables::from_config(&config.l2arc)
+        let live = crate::l2arc::tunables::LiveTunables::from_config(&config.l2arc)
             .map_err(|e| ConfigError::Tunable(e.to_string()))?;
         // Resolved: io_uring or psync, and a reason only for a fallback.
         assert!(ioengine.0 != IoEngine::Auto);

@@ -58,6 +58,7 @@ mod sector_tables;
 mod space;
 mod stats;
 mod sweep;
+pub(crate) mod tunables;
 pub(crate) mod writeback;
 mod writer;
 
@@ -153,7 +154,7 @@ impl Default for L2ArcConfig {
 pub struct L2Arc {
     config: L2ArcConfig,
     /// The feed tunables in force (`cache::tunables`): read on every use.
-    live: Arc<crate::cache::tunables::LiveTunables>,
+    live: Arc<tunables::LiveTunables>,
     cache_guid: u128,
     devices: RankedRwLock<DeviceList, { rank::LEAF }>,
     index: L2Index,
@@ -244,8 +245,7 @@ impl L2Arc {
     /// # Panics
     /// If a feed tunable is out of range (`Cache::new` refuses those).
     pub fn new(config: L2ArcConfig, expected_records: usize) -> Self {
-        let live = crate::cache::tunables::LiveTunables::from_config(&config)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let live = tunables::LiveTunables::from_config(&config).unwrap_or_else(|e| panic!("{e}"));
         Self::with_tunables(config, expected_records, Arc::new(live))
     }
 
@@ -253,7 +253,7 @@ impl L2Arc {
     pub(crate) fn with_tunables(
         config: L2ArcConfig,
         expected_records: usize,
-        live: Arc<crate::cache::tunables::LiveTunables>,
+        live: Arc<tunables::LiveTunables>,
     ) -> Self {
         let l2 = Self {
             live,
