@@ -82,33 +82,6 @@ fn scrape(addr: SocketAddr) -> String {
     body.to_string()
 }
 
-/// `promtool check metrics` says nothing at all: no error, no lint.
-fn promtool_silent(page: &str) {
-    let mut child = l2arc_testkit::tool("promtool", "prometheus, which has promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start promtool");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool check metrics: {said}"
-    );
-}
-
 /// Sample values by series (name with labels).
 fn samples(page: &str) -> HashMap<String, f64> {
     page.lines()
@@ -140,7 +113,7 @@ fn metrics_pass_promtool_silently_and_name_their_units() {
     let served = Served::start();
     served.read_records(64);
     let page = scrape(served.http);
-    promtool_silent(&page);
+    l2arc_testkit::promtool_check(&page);
     let families = families(&page);
     for (name, (kind, help)) in &families {
         assert!(!kind.is_empty(), "{name} has no TYPE");
@@ -415,7 +388,7 @@ fn scrape_a_mount() -> String {
         samples(&page)["l2arc_fuse_requests_total{op=\"read\"}"] >= 1.0,
         "{page}"
     );
-    promtool_silent(&page);
+    l2arc_testkit::promtool_check(&page);
     assert!(service.stop().0.success());
     page
 }
