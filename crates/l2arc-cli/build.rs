@@ -1,7 +1,8 @@
 //! Stamps the binary with what it was built from, for `l2arc --version`:
 //! the commit (`git rev-parse HEAD`), whether the files that go into it
 //! (`crates/`, the workspace manifest and lock file) had uncommitted
-//! changes then, the enabled cargo features and the profile. The same
+//! changes then, and the profile (the engine's features are its own
+//! `l2arc::FEATURES`). The same
 //! approach as crates/l2arc-bench/build.rs: git when there is one, no
 //! network, "unknown" from a tree without git.
 
@@ -15,22 +16,6 @@ fn git(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// The package's enabled features, as cargo hands them to build scripts.
-fn features() -> String {
-    let mut names: Vec<String> = std::env::vars()
-        .filter_map(|(k, _)| {
-            k.strip_prefix("CARGO_FEATURE_")
-                .map(|f| f.to_lowercase().replace('_', "-"))
-        })
-        .collect();
-    names.sort();
-    if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(",")
-    }
-}
-
 fn main() {
     const INPUTS: [&str; 3] = ["../", "../../Cargo.toml", "../../Cargo.lock"];
     let commit = git(&["rev-parse", "HEAD"]).filter(|c| !c.is_empty());
@@ -40,7 +25,6 @@ fn main() {
     let commit = commit.unwrap_or_else(|| "unknown".to_string());
     let suffix = if dirty { "-dirty" } else { "" };
     println!("cargo:rustc-env=L2ARC_COMMIT={commit}{suffix}");
-    println!("cargo:rustc-env=L2ARC_FEATURES={}", features());
     let profile = std::env::var("PROFILE").unwrap_or_else(|_| "unknown".to_string());
     println!("cargo:rustc-env=L2ARC_PROFILE={profile}");
     // Again when the code changes or another commit is checked out.

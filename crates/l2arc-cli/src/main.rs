@@ -27,23 +27,31 @@ mod trace_cmd;
 use l2arc_cli::{control, service};
 
 /// `l2arc --version`: the version, the commit it was built from (`-dirty`
-/// with uncommitted changes), the enabled features and the profile
-/// (stamped by build.rs).
-const LONG_VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    "\ncommit: ",
-    env!("L2ARC_COMMIT"),
-    "\nfeatures: ",
-    env!("L2ARC_FEATURES"),
-    "\nprofile: ",
-    env!("L2ARC_PROFILE"),
-);
+/// with uncommitted changes, stamped by build.rs), the engine's features
+/// compiled in, and the profile.
+fn long_version() -> String {
+    let features: Vec<&str> = l2arc::FEATURES
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect();
+    format!(
+        "{}\ncommit: {}\nfeatures: {}\nprofile: {}",
+        env!("CARGO_PKG_VERSION"),
+        env!("L2ARC_COMMIT"),
+        if features.is_empty() {
+            "none".to_string()
+        } else {
+            features.join(",")
+        },
+        env!("L2ARC_PROFILE"),
+    )
+}
 
 #[derive(Parser)]
 #[command(
     name = "l2arc",
     version,
-    long_version = LONG_VERSION,
     about = "The ZFS ARC and L2ARC read cache, in front of any slow storage"
 )]
 struct Cli {
@@ -98,7 +106,11 @@ fn run_bench(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::FromArgMatches;
+    // Built once per run; clap keeps `&'static str`s.
+    let version: &'static str = Box::leak(long_version().into_boxed_str());
+    let matches = Cli::command().long_version(version).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     l2arc_cli::log_sink::install();
     let result = match cli.command {
         Command::Trace(args) => trace_cmd::run(args),

@@ -54,6 +54,16 @@ mod tier;
 mod top_objects;
 
 pub use crate::l2arc::tunables::{TUNABLE_NAMES, TunableError};
+
+/// The engine's cargo features compiled in, by name (`l2arc --version`
+/// lists them): a build with `invariants` runs O(n) checks on every
+/// change, one without `object-store` cannot read `s3://` sources.
+pub const FEATURES: [(&str, bool); 4] = [
+    ("object-store", cfg!(feature = "object-store")),
+    ("invariants", cfg!(feature = "invariants")),
+    ("internals", cfg!(feature = "internals")),
+    ("test-utils", cfg!(feature = "test-utils")),
+];
 pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use cache::properties::PropertyError;
 pub use cache::{
