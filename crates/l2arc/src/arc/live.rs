@@ -295,9 +295,9 @@ pub struct ArcStats {
     pub demand_iohit_predictive_prefetch: u64,
     /// Hits on a record whose object changed since it was read: dropped.
     pub stale_drops: u64,
-    /// Bytes evicted from the MRU list.
+    /// Records evicted from the MRU list (a count, not bytes).
     pub evicted_mru: u64,
-    /// Bytes evicted from the MFU list.
+    /// Records evicted from the MFU list (a count, not bytes).
     pub evicted_mfu: u64,
     /// Inserts refused because every eviction candidate was referenced.
     pub insert_no_room: u64,
