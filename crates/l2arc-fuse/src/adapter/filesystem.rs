@@ -64,17 +64,17 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        crate::ops::count("lookup");
+        crate::ops::count(crate::ops::Op::Lookup);
         reply_entry(reply, &self.ttl(), self.namespace.lookup(parent, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        crate::ops::count("forget");
+        crate::ops::count(crate::ops::Op::Forget);
         self.namespace.forget(ino, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        crate::ops::count("getattr");
+        crate::ops::count(crate::ops::Op::Getattr);
         let file = self.file_if_open(fh);
         match self.namespace.getattr(ino, file.as_deref()) {
             Ok((attr, after)) => {
@@ -86,7 +86,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        crate::ops::count("open");
+        crate::ops::count(crate::ops::Op::Open);
         let opened = self
             .namespace
             .open(ino, flags, req.pid())
@@ -108,7 +108,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        crate::ops::count("read");
+        crate::ops::count(crate::ops::Op::Read);
         self.read_file(fh, offset, size, reply);
     }
 
@@ -122,13 +122,13 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("release");
+        crate::ops::count(crate::ops::Op::Release);
         self.files.remove(fh.0);
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        crate::ops::count("opendir");
+        crate::ops::count(crate::ops::Op::Opendir);
         let opened = self
             .namespace
             .list(ino)
@@ -147,7 +147,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        crate::ops::count("readdir");
+        crate::ops::count(crate::ops::Op::Readdir);
         let listing = match self.files.dir(fh.0) {
             Ok(d) => d,
             Err(e) => return reply.error(e),
@@ -170,13 +170,13 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("releasedir");
+        crate::ops::count(crate::ops::Op::Releasedir);
         self.files.remove(fh.0);
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        crate::ops::count("statfs");
+        crate::ops::count(crate::ops::Op::Statfs);
         match self.namespace.statfs(ino) {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -193,7 +193,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        crate::ops::count("access");
+        crate::ops::count(crate::ops::Op::Access);
         reply_empty(reply, self.namespace.access(ino, mask));
     }
 
@@ -215,7 +215,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        crate::ops::count("setattr");
+        crate::ops::count(crate::ops::Op::Setattr);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.setattr(
                 req, ino, mode, uid, gid, size, atime, mtime, ctime, fh, crtime, chgtime, bkuptime,
@@ -238,7 +238,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        crate::ops::count("readlink");
+        crate::ops::count(crate::ops::Op::Readlink);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.readlink(req, ino, reply);
         };
@@ -258,7 +258,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        crate::ops::count("mknod");
+        crate::ops::count(crate::ops::Op::Mknod);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.mknod(req, parent, name, mode, umask, rdev, reply);
         };
@@ -275,7 +275,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        crate::ops::count("mkdir");
+        crate::ops::count(crate::ops::Op::Mkdir);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.mkdir(req, parent, name, mode, umask, reply);
         };
@@ -287,7 +287,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        crate::ops::count("unlink");
+        crate::ops::count(crate::ops::Op::Unlink);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.unlink(req, parent, name, reply);
         };
@@ -295,7 +295,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        crate::ops::count("rmdir");
+        crate::ops::count(crate::ops::Op::Rmdir);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.rmdir(req, parent, name, reply);
         };
@@ -310,7 +310,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        crate::ops::count("symlink");
+        crate::ops::count(crate::ops::Op::Symlink);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.symlink(req, parent, link_name, target, reply);
         };
@@ -331,7 +331,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("rename");
+        crate::ops::count(crate::ops::Op::Rename);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.rename(req, parent, name, newparent, newname, flags, reply);
         };
@@ -346,7 +346,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        crate::ops::count("link");
+        crate::ops::count(crate::ops::Op::Link);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.link(req, ino, newparent, newname, reply);
         };
@@ -363,7 +363,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        crate::ops::count("create");
+        crate::ops::count(crate::ops::Op::Create);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.create(req, parent, name, mode, umask, flags, reply);
         };
@@ -399,7 +399,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        crate::ops::count("write");
+        crate::ops::count(crate::ops::Op::Write);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.write(
                 req,
@@ -431,7 +431,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("flush");
+        crate::ops::count(crate::ops::Op::Flush);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.flush(req, ino, fh, lock_owner, reply);
         };
@@ -447,7 +447,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("fsync");
+        crate::ops::count(crate::ops::Op::Fsync);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.fsync(req, ino, fh, datasync, reply);
         };
@@ -462,7 +462,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("fsyncdir");
+        crate::ops::count(crate::ops::Op::Fsyncdir);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.fsyncdir(req, ino, fh, datasync, reply);
         };
@@ -479,7 +479,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("setxattr");
+        crate::ops::count(crate::ops::Op::Setxattr);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.setxattr(req, ino, name, value, flags, position, reply);
         };
@@ -487,7 +487,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        crate::ops::count("getxattr");
+        crate::ops::count(crate::ops::Op::Getxattr);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.getxattr(req, ino, name, size, reply);
         };
@@ -495,7 +495,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        crate::ops::count("listxattr");
+        crate::ops::count(crate::ops::Op::Listxattr);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.listxattr(req, ino, size, reply);
         };
@@ -503,7 +503,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        crate::ops::count("removexattr");
+        crate::ops::count(crate::ops::Op::Removexattr);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.removexattr(req, ino, name, reply);
         };
@@ -522,7 +522,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         pid: u32,
         reply: ReplyLock,
     ) {
-        crate::ops::count("getlk");
+        crate::ops::count(crate::ops::Op::Getlk);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.getlk(req, ino, fh, lock_owner, start, end, typ, pid, reply);
         };
@@ -546,7 +546,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("setlk");
+        crate::ops::count(crate::ops::Op::Setlk);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.setlk(req, ino, fh, lock_owner, start, end, typ, pid, sleep, reply);
         };
@@ -563,7 +563,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        crate::ops::count("fallocate");
+        crate::ops::count(crate::ops::Op::Fallocate);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.fallocate(req, ino, fh, offset, length, mode, reply);
         };
@@ -583,7 +583,7 @@ impl<N: Namespace> Filesystem for FuseAdapter<N> {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        crate::ops::count("lseek");
+        crate::ops::count(crate::ops::Op::Lseek);
         let Some(tree) = self.namespace.passthrough() else {
             return ReadOnly.lseek(req, ino, fh, offset, whence, reply);
         };
