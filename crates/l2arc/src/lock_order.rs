@@ -79,7 +79,9 @@ pub(crate) mod rank {
     /// tables.
     pub(crate) const LEAF: u8 = 12;
 
-    /// A rank's name, for the message of a violation.
+    /// A rank's name, for the message of a violation (checked in debug
+    /// builds only: a release build has no use for it).
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub(crate) fn name(rank: u8) -> &'static str {
         match rank {
             COMMIT_ORDER => "CommitOrder",
