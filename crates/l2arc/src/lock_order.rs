@@ -24,6 +24,7 @@
 //! (`RankedCondvar`): while waiting the thread is still counted as holding
 //! it, which is right, as it holds nothing else it could block on.
 
+#[cfg(debug_assertions)]
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::{
