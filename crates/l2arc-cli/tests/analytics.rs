@@ -251,16 +251,6 @@ fn stat_bad_input_is_one_clear_line() {
 }
 
 /// `name value` pairs of a Prometheus text page, keyed by the name with its labels.
-fn samples(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (name, value) = l.rsplit_once(' ').unwrap();
-            (name.to_string(), value.parse().unwrap())
-        })
-        .collect()
-}
-
 #[test]
 fn metrics_pass_promtool_and_agree_with_ctl_stats() {
     let served = Served::start();
@@ -270,7 +260,7 @@ fn metrics_pass_promtool_and_agree_with_ctl_stats() {
     l2arc_testkit::promtool_check(&page);
 
     // Histograms by tier: every ARC hit path and fill was timed.
-    let m = samples(&page);
+    let m = l2arc_testkit::prometheus_samples(&page);
     let primary = m["l2arc_read_latency_seconds_count{tier=\"primary\"}"];
     assert!(primary >= 32.0, "{page}");
     assert!(m["l2arc_read_latency_seconds_count{tier=\"frontend\"}"] >= 96.0);
@@ -294,7 +284,7 @@ fn metrics_pass_promtool_and_agree_with_ctl_stats() {
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
-        let m = samples(&page);
+        let m = l2arc_testkit::prometheus_samples(&page);
         for (name, value) in &a {
             let found = ["_total", "_bytes_total", "_bytes", ""]
                 .iter()

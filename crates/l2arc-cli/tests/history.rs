@@ -6,8 +6,7 @@
 //! of the mount, refused over a file that is not a history or is one of
 //! an older version). Needs FUSE (root) and promtool; a missing tool fails the test.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
@@ -45,20 +44,8 @@ impl Mounted {
     }
 }
 
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = text.split_once("\r\n\r\n").unwrap().1.to_string();
-    (status, body)
-}
-
 fn json(addr: SocketAddr, path: &str) -> serde_json::Value {
-    let (status, body) = get(addr, path);
+    let (status, body) = l2arc_testkit::http_get(addr, path);
     assert_eq!(status, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap()
 }
@@ -125,7 +112,7 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
         "top objects: {names:?}"
     );
     // /metrics of the mount passes promtool.
-    let (status, metrics) = get(m.http, "/metrics");
+    let (status, metrics) = l2arc_testkit::http_get(m.http, "/metrics");
     assert_eq!(status, 200);
     l2arc_testkit::promtool_check(&metrics);
     // A sample a second, with the reads counted.
@@ -150,10 +137,19 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
         assert!(both.contains(s), "sample {s:?} of the first run lost");
     }
     // Bad queries get a clear 400; the endpoint keeps serving.
-    assert_eq!(get(m.http, "/api/history?window=0").0, 400);
-    assert_eq!(get(m.http, "/api/history?window=x").0, 400);
-    assert_eq!(get(m.http, "/api/history?bogus=1").0, 400);
-    assert_eq!(get(m.http, "/api/stats").0, 200);
+    assert_eq!(
+        l2arc_testkit::http_get(m.http, "/api/history?window=0").0,
+        400
+    );
+    assert_eq!(
+        l2arc_testkit::http_get(m.http, "/api/history?window=x").0,
+        400
+    );
+    assert_eq!(
+        l2arc_testkit::http_get(m.http, "/api/history?bogus=1").0,
+        400
+    );
+    assert_eq!(l2arc_testkit::http_get(m.http, "/api/stats").0, 200);
     drop(m);
 
     // A file that is not a history is refused and left as it was.

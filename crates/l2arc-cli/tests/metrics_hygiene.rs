@@ -7,11 +7,9 @@
 //! dashboard (packaging/grafana/l2arc.json) asks only for names served.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use l2arc_testkit::nbd::NbdClient;
 use l2arc_testkit::service::{Running, Service};
@@ -70,27 +68,11 @@ impl Served {
     }
 }
 
+/// `/metrics`, which must answer 200.
 fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_string()
-}
-
-/// Sample values by series (name with labels).
-fn samples(page: &str) -> HashMap<String, f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').unwrap();
-            (series.to_string(), value.parse().unwrap())
-        })
-        .collect()
+    let (status, body) = l2arc_testkit::http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    body
 }
 
 /// Family name -> (TYPE, HELP).
@@ -141,7 +123,7 @@ fn metrics_pass_promtool_silently_and_name_their_units() {
         families["l2arc_arcstats_evict_l2_eligible_bytes_total"].0,
         "counter"
     );
-    let m = samples(&page);
+    let m = l2arc_testkit::prometheus_samples(&page);
     let version = env!("CARGO_PKG_VERSION");
     let build = m
         .iter()
@@ -186,7 +168,7 @@ fn counters_never_fall_between_scrapes() {
     let extra = served.dir.path().join("extra.img");
     let mut last: HashMap<String, f64> = HashMap::new();
     let check = |last: &mut HashMap<String, f64>, page: &str| {
-        for (series, value) in samples(page) {
+        for (series, value) in l2arc_testkit::prometheus_samples(page) {
             let name = series.split('{').next().unwrap();
             if !(name.ends_with("_total") || name.ends_with("_count") || name.ends_with("_bucket"))
             {
@@ -295,7 +277,7 @@ fn find_word(text: &str, word: &str) -> Option<usize> {
 
 /// The family of a served sample's name (`x_bucket` of a histogram is `x`'s).
 fn served_names(page: &str) -> BTreeSet<String> {
-    samples(page)
+    l2arc_testkit::prometheus_samples(page)
         .keys()
         .map(|s| s.split('{').next().unwrap().to_string())
         .collect()
@@ -385,7 +367,7 @@ fn scrape_a_mount() -> String {
     assert_eq!(std::fs::read(mnt.join("f")).unwrap().len(), 1 << 20);
     let page = scrape(service.http().expect("no `l2arc: http on` line"));
     assert!(
-        samples(&page)["l2arc_fuse_requests_total{op=\"read\"}"] >= 1.0,
+        l2arc_testkit::prometheus_samples(&page)["l2arc_fuse_requests_total{op=\"read\"}"] >= 1.0,
         "{page}"
     );
     l2arc_testkit::promtool_check(&page);

@@ -128,6 +128,40 @@ pub fn stderr_log(
     (log, rx)
 }
 
+/// `GET path` from a service's HTTP endpoint: the status and the body
+/// (10 s at most for the answer).
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("a read timeout");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send the request");
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// The samples of a Prometheus text page by series (name with labels).
+pub fn prometheus_samples(page: &str) -> std::collections::HashMap<String, f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("a series and a value");
+            (series.to_string(), value.parse().expect("a number"))
+        })
+        .collect()
+}
+
 /// Checks a Prometheus text page with `promtool check metrics` (Debian
 /// `prometheus`); fails with promtool's words if it says anything at all,
 /// an error or a lint.
