@@ -9,9 +9,10 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-
-use l2arc_testkit::service::{Running, Service};
 use std::time::{Duration, Instant};
+
+use l2arc_testkit::http_get;
+use l2arc_testkit::service::{Running, Service};
 
 fn l2arc() -> Command {
     Command::new(env!("CARGO_BIN_EXE_l2arc"))
@@ -45,7 +46,7 @@ impl Mounted {
 }
 
 fn json(addr: SocketAddr, path: &str) -> serde_json::Value {
-    let (status, body) = l2arc_testkit::http_get(addr, path);
+    let (status, body) = http_get(addr, path);
     assert_eq!(status, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap()
 }
@@ -112,7 +113,7 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
         "top objects: {names:?}"
     );
     // /metrics of the mount passes promtool.
-    let (status, metrics) = l2arc_testkit::http_get(m.http, "/metrics");
+    let (status, metrics) = http_get(m.http, "/metrics");
     assert_eq!(status, 200);
     l2arc_testkit::promtool_check(&metrics);
     // A sample a second, with the reads counted.
@@ -137,19 +138,10 @@ fn the_mount_serves_metrics_names_files_and_keeps_its_history_across_a_restart()
         assert!(both.contains(s), "sample {s:?} of the first run lost");
     }
     // Bad queries get a clear 400; the endpoint keeps serving.
-    assert_eq!(
-        l2arc_testkit::http_get(m.http, "/api/history?window=0").0,
-        400
-    );
-    assert_eq!(
-        l2arc_testkit::http_get(m.http, "/api/history?window=x").0,
-        400
-    );
-    assert_eq!(
-        l2arc_testkit::http_get(m.http, "/api/history?bogus=1").0,
-        400
-    );
-    assert_eq!(l2arc_testkit::http_get(m.http, "/api/stats").0, 200);
+    assert_eq!(http_get(m.http, "/api/history?window=0").0, 400);
+    assert_eq!(http_get(m.http, "/api/history?window=x").0, 400);
+    assert_eq!(http_get(m.http, "/api/history?bogus=1").0, 400);
+    assert_eq!(http_get(m.http, "/api/stats").0, 200);
     drop(m);
 
     // A file that is not a history is refused and left as it was.
