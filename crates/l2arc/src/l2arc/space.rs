@@ -195,8 +195,10 @@ impl Space {
         let lap = u32::from(location.lap_mod32());
         debug_assert!(lap < 32);
         for (amount, sub) in bucket.iter().zip(amounts(location)) {
+            // `then`, not `then_some`: the subtraction must not run when
+            // the bucket counts another lap (its word may be below `sub`).
             let _ = amount.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                (lap_of(w) == lap && w & AMOUNT_MASK >= sub).then_some(w - sub)
+                (lap_of(w) == lap && w & AMOUNT_MASK >= sub).then(|| w - sub)
             });
         }
     }
@@ -319,5 +321,19 @@ mod tests {
         // The next lap: everything of lap 0 is gone.
         space.advance((1, 266), (2, 266));
         assert_eq!(space.held().entries, 0);
+    }
+
+    #[test]
+    fn removing_a_record_of_another_lap_from_an_empty_bucket_subtracts_nothing() {
+        // Lap 0's buckets hold nothing; a stale entry of lap 1 (a device
+        // whose hand was reset) is let go: the word is 0, below the
+        // amount, and must stay 0 (this overflowed in CI, issue 32).
+        let space = Space::new(256, 1256, 100, 0, 256);
+        space.remove(at(256, 10, 1));
+        space.remove(at(900, 3, 31));
+        assert_eq!(space.held(), Held::default());
+        assert!(space.add(at(256, 10, 0)));
+        space.remove(at(256, 10, 1));
+        assert_eq!(space.held().entries, 1);
     }
 }
