@@ -619,7 +619,9 @@ fn about_l2(name: &str) -> &'static str {
         "l2_rebuild_dh_errors" => "Device headers that rebuilds could not use",
         "l2_rebuild_unsupported" => "Rebuilds refused for an unsupported log format",
         "l2_rebuild_time_us" => "Time the last index rebuild took",
-        "l2_stop_flush_records" => "Records only the ARC held that clean stops wrote to cache devices",
+        "l2_stop_flush_records" => {
+            "Records only the ARC held that clean stops wrote to cache devices"
+        }
         "l2_stop_flush_bytes" => "Data only the ARC held that clean stops wrote to cache devices",
         "l2_stop_flush_left_records" => {
             "Eligible records clean stops left unwritten (stop budget, endurance budget or no device)"

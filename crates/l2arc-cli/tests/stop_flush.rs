@@ -25,7 +25,13 @@ fn l2arc() -> &'static Path {
 }
 
 fn ctl(socket: &Path, args: &[&str]) -> String {
-    let out = l2arc_testkit::run(Command::new(l2arc()).arg("ctl").arg("--socket").arg(socket).args(args));
+    let out = l2arc_testkit::run(
+        Command::new(l2arc())
+            .arg("ctl")
+            .arg("--socket")
+            .arg(socket)
+            .args(args),
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -50,7 +56,10 @@ fn wait_online(control: &Path) {
         if devices.starts_with("0 online") {
             return;
         }
-        assert!(Instant::now() < deadline, "the device did not come online: {devices}");
+        assert!(
+            Instant::now() < deadline,
+            "the device did not come online: {devices}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -62,7 +71,9 @@ fn stop_flush(lines: &[String]) -> Option<(String, u64, u64)> {
         .iter()
         .find(|l| l.starts_with("l2arc: stopping: wrote "))?;
     let number_after = |word: &str| -> u64 {
-        let at = line.find(word).unwrap_or_else(|| panic!("no `{word}` in {line}"));
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("no `{word}` in {line}"));
         line[at + word.len()..]
             .split_whitespace()
             .next()
@@ -123,7 +134,10 @@ fn serve_nbd_keeps_what_only_the_arc_held_across_a_clean_stop() {
                 .arg(uri)
                 .arg(&copy),
         );
-        assert!(std::fs::read(&copy).unwrap() == data, "the copy differs from the image");
+        assert!(
+            std::fs::read(&copy).unwrap() == data,
+            "the copy differs from the image"
+        );
     };
 
     let mut first = start();
@@ -220,7 +234,12 @@ fn an_s3_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
             .arg(&device)
             .args(["--cache-size", "64MiB", "--control"])
             .arg(&control)
-            .args(["--l2arc-feed-secs", "3600", "--l2arc-feed-min-ms", "3600000"])
+            .args([
+                "--l2arc-feed-secs",
+                "3600",
+                "--l2arc-feed-min-ms",
+                "3600000",
+            ])
             .args(["--l2arc-feed-again", "false", "--config"])
             .arg(&config)
             .env_remove("AWS_PROFILE")
@@ -244,7 +263,11 @@ fn an_s3_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
     read_all();
     let cold = ctl(&control, &["stats"]);
     assert!(kstat(&cold, "primary_reads") > 0, "{cold}");
-    assert_eq!(kstat(&cold, "l2_bufs"), 0, "the quiet feeder wrote:\n{cold}");
+    assert_eq!(
+        kstat(&cold, "l2_bufs"),
+        0,
+        "the quiet feeder wrote:\n{cold}"
+    );
     let (first_stop, first_log) = stop(&mut first);
 
     let mut second = start();

@@ -8,12 +8,14 @@ mod l2arc_util;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use l2arc::internals::{Faults, FaultyDevice};
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{
-    Cache, CacheConfig, CacheMode, Compression, DatasetConfig, DatasetId, DeviceOpen, L2ArcConfig,
-    StopFlushCut,
+    Cache, CacheConfig, CacheMode, Compression, DatasetConfig, DatasetId, DeviceOpen, FileDevice,
+    L2ArcConfig, StopFlushCut,
 };
 use l2arc_util::*;
 
@@ -90,7 +92,11 @@ fn a_clean_stop_writes_every_arc_only_record_to_flash() {
         assert_eq!(l2(&cache).get("l2_bufs"), 0, "the feeder wrote: {before:?}");
 
         let flushed = cache.flush_arc_to_l2(Duration::from_secs(30));
-        assert_eq!(flushed.records_written as usize, records(&data), "{flushed:?}");
+        assert_eq!(
+            flushed.records_written as usize,
+            records(&data),
+            "{flushed:?}"
+        );
         assert_eq!(flushed.bytes_written, data.len() as u64);
         assert_eq!((flushed.records_left, flushed.bytes_left), (0, 0));
         assert_eq!(flushed.cut, None);
@@ -212,5 +218,102 @@ fn a_tiny_budget_writes_mfu_before_mru() {
         records(&cold) + records(&hot) - written,
         "the batch written was not the MFU records"
     );
+    shutdown(cache);
+}
+
+fn faulty_device(path: &Path) -> (FaultyDevice, Arc<Faults>) {
+    let device = FaultyDevice::new(Box::new(
+        FileDevice::open(path, Some(DEVICE_BYTES)).unwrap(),
+    ));
+    let faults = Arc::clone(&device.faults);
+    (device, faults)
+}
+
+/// Two devices are written side by side (each slow enough that one
+/// cannot take every batch before the other starts), and a restart with
+/// both reads nothing from primary.
+#[test]
+fn the_flush_spreads_over_every_online_device() {
+    let mut world = World::new();
+    let data = world.add_file("a", 3 << 20, 47);
+    let paths = [world.device_path("c0.dev"), world.device_path("c1.dev")];
+    {
+        let (cache, ds) = cache_over(&world.src, Compression::Off, quiet_l2());
+        for path in &paths {
+            let (device, faults) = faulty_device(path);
+            faults.write_delay_us.store(300_000, Ordering::Relaxed);
+            add_device(&cache, Box::new(device)).unwrap();
+        }
+        read_into_arc(&cache, ds, "a", &data);
+        let flushed = cache.flush_arc_to_l2(Duration::from_secs(60));
+        assert_eq!(
+            flushed.records_written as usize,
+            records(&data),
+            "{flushed:?}"
+        );
+        assert_eq!((flushed.records_left, flushed.cut), (0, None));
+        let stats = l2(&cache);
+        for slot in [0, 1] {
+            assert!(
+                dev_stat(&stats, slot, "l2_bufs") > 0,
+                "device {slot} took no batch: {stats:?}"
+            );
+        }
+        shutdown(cache);
+    }
+    let (cache, ds) = cache_over(&world.src, Compression::Off, quiet_l2());
+    for path in &paths {
+        add_path(&cache, path, None).unwrap();
+    }
+    wait_rebuild(&cache);
+    read_into_arc(&cache, ds, "a", &data);
+    assert_eq!(cache.stats().primary_reads, 0, "{:?}", cache.stats());
+    shutdown(cache);
+}
+
+/// A device whose writes fail gives its records back: the other device
+/// takes them, and nothing is left.
+#[test]
+fn a_failing_device_leaves_its_records_to_another() {
+    let mut world = World::new();
+    let data = world.add_file("a", 3 << 20, 48);
+    let (cache, ds) = cache_over(&world.src, Compression::Off, quiet_l2());
+    let (failing, failing_faults) = faulty_device(&world.device_path("c0.dev"));
+    let (slow, slow_faults) = faulty_device(&world.device_path("c1.dev"));
+    add_device(&cache, Box::new(failing)).unwrap();
+    // Slow: the failing device's worker always finds a batch to try.
+    slow_faults.write_delay_us.store(100_000, Ordering::Relaxed);
+    add_device(&cache, Box::new(slow)).unwrap();
+    failing_faults.fail_writes.store(true, Ordering::Relaxed);
+    read_into_arc(&cache, ds, "a", &data);
+    let flushed = cache.flush_arc_to_l2(Duration::from_secs(60));
+    assert_eq!(
+        flushed.records_written as usize,
+        records(&data),
+        "{flushed:?}"
+    );
+    assert_eq!((flushed.records_left, flushed.cut), (0, None));
+    let stats = l2(&cache);
+    assert!(dev_stat(&stats, 0, "l2_writes_error") >= 1, "{stats:?}");
+    assert_eq!(dev_stat(&stats, 0, "l2_bufs"), 0);
+    assert_eq!(dev_stat(&stats, 1, "l2_bufs") as usize, records(&data));
+    shutdown(cache);
+}
+
+/// With every device failing, every record is left, and the reason says
+/// no device took writes.
+#[test]
+fn no_device_taking_writes_leaves_everything() {
+    let mut world = World::new();
+    let data = world.add_file("a", 2 << 20, 49);
+    let (cache, ds) = cache_over(&world.src, Compression::Lz4, quiet_l2());
+    let (device, faults) = faulty_device(&world.device_path("c0.dev"));
+    add_device(&cache, Box::new(device)).unwrap();
+    faults.fail_writes.store(true, Ordering::Relaxed);
+    read_into_arc(&cache, ds, "a", &data);
+    let flushed = cache.flush_arc_to_l2(Duration::from_secs(60));
+    assert_eq!(flushed.records_written, 0, "{flushed:?}");
+    assert_eq!(flushed.records_left as usize, records(&data));
+    assert_eq!(flushed.cut, Some(StopFlushCut::NoDevice));
     shutdown(cache);
 }

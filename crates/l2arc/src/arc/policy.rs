@@ -406,7 +406,10 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
 
     /// Resident keys from the most recently used (hot) end of `list`
     /// towards the eviction end: [`Self::iter_from_cold_end`] reversed.
-    pub fn iter_from_hot_end(&self, list: ListId) -> impl Iterator<Item = (&K, u64, &V, bool)> + '_ {
+    pub fn iter_from_hot_end(
+        &self,
+        list: ListId,
+    ) -> impl Iterator<Item = (&K, u64, &V, bool)> + '_ {
         debug_assert!(
             matches!(list, ListId::Mru | ListId::Mfu),
             "a ghost list holds no value"

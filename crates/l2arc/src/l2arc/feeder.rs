@@ -29,6 +29,8 @@
 //! them has chosen is claimed (`L2Arc::feeding`) until it is indexed or
 //! given up, so no two write it. The scan reaches `l2arc_headroom` batches
 //! deep, so a second feeder finds the next batch behind the first's claims.
+//! While a stop flush runs (`stop_flush`) the feeders stay quiet: it is the
+//! only writer, and a burst in progress ends after its batch in flight.
 //!
 //! Writes overlap the next batch. A device's feeder hands each batch to a
 //! writer thread of its own (`BatchWriter`) and selects and encodes the

@@ -54,6 +54,7 @@ use super::feeder::{FeedClaims, StaleWriteGate};
 use super::writeback::Queued;
 use super::{FeedRecord, L2Arc};
 use crate::arc::live::{Record, RecordKey};
+use crate::lock_order::{RankedMutex, rank};
 use crate::tier::{ColdRecord, FeedSource, Keeping};
 
 /// What a stop flush did ([`crate::Cache::flush_arc_to_l2`]).
@@ -167,8 +168,16 @@ struct Held {
     keeping: Keeping,
     /// The invalidation sequence its bytes are known good at.
     since: u64,
-    /// Taken off the write-back queue (put back there if left).
-    queued: bool,
+    from: HeldFrom,
+}
+
+/// Where a held record came from, and where it goes back if unwritten.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HeldFrom {
+    /// The ARC snapshot, at this index (back to `Flush::returned`).
+    Candidate(usize),
+    /// The write-back queue (back to its front).
+    Queue,
 }
 
 /// One flush: the candidates, the cursor the device workers share, and
@@ -179,6 +188,9 @@ struct Flush<'a> {
     candidates: Vec<ColdRecord>,
     /// The next candidate to take (may run past the end).
     next: AtomicUsize,
+    /// Candidates a worker took and gave back unwritten (its device
+    /// failed or left): taken again before the cursor's, by any worker.
+    returned: RankedMutex<Vec<usize>, { rank::LEAF }>,
     deadline: Instant,
     /// Batches begun by every worker.
     batches_begun: AtomicU64,
@@ -211,6 +223,7 @@ impl L2Arc {
             source,
             candidates,
             next: AtomicUsize::new(0),
+            returned: RankedMutex::new(Vec::new()),
             deadline: started + budget,
             batches_begun: AtomicU64::new(0),
             noprefetch: config.l2arc_noprefetch,
@@ -223,16 +236,14 @@ impl L2Arc {
             .into_iter()
             .filter(|d| d.is_online())
             .collect();
-        let carried = if budget.is_zero() {
+        if budget.is_zero() {
             flush.note_cut(StopFlushCut::Budget);
-            (0, 0)
         } else if online.is_empty() {
             flush.note_cut(StopFlushCut::NoDevice);
-            (0, 0)
         } else {
-            flush.write_devices(&online)
-        };
-        let (left_records, left_bytes) = flush.left(carried);
+            flush.write_devices(&online);
+        }
+        let (left_records, left_bytes) = flush.left();
         let cut = StopFlushCut::of_code(flush.cut.load(Ordering::SeqCst));
         let report = StopFlush {
             records_written: flush.records_written.load(Ordering::SeqCst),
@@ -295,9 +306,8 @@ impl Flush<'_> {
         first
     }
 
-    /// One worker per device, side by side (the first on this thread);
-    /// returns the records and bytes the workers were left holding.
-    fn write_devices(&self, devices: &[Arc<CacheDevice>]) -> (u64, u64) {
+    /// One worker per device, side by side (the first on this thread).
+    fn write_devices(&self, devices: &[Arc<CacheDevice>]) {
         assert!(!devices.is_empty());
         let (first, others) = devices.split_first().expect("one device at least");
         std::thread::scope(|scope| {
@@ -313,24 +323,29 @@ impl Flush<'_> {
                     Err(_) => inline.push(device),
                 }
             }
-            let mut carried = self.write_device(first);
+            self.write_device(first);
             for device in inline {
-                let (records, bytes) = self.write_device(device);
-                carried = (carried.0 + records, carried.1 + bytes);
+                self.write_device(device);
             }
             for worker in workers {
-                let (records, bytes) = worker.join().expect("a stop flush worker panicked");
-                carried = (carried.0 + records, carried.1 + bytes);
+                worker.join().expect("a stop flush worker panicked");
             }
-            carried
-        })
+        });
+        // What the workers gave back names candidates, each taken before.
+        let next = self.next.load(Ordering::SeqCst);
+        debug_assert!(
+            self.returned
+                .lock()
+                .expect("returned poisoned")
+                .iter()
+                .all(|&at| at < self.candidates.len() && at < next)
+        );
     }
 
     /// Writes batches to `device` until the candidates run out, a budget
-    /// does, or the device stops taking writes. Returns the ARC records
-    /// (count, bytes) it was left holding; queued ones go back to the
-    /// write-back queue.
-    fn write_device(&self, device: &CacheDevice) -> (u64, u64) {
+    /// does, or the device stops taking writes; then gives back what it
+    /// holds unwritten (`give_back`).
+    fn write_device(&self, device: &CacheDevice) {
         let mut claims = FeedClaims::new(self.l2);
         let mut carry: Vec<Held> = Vec::new();
         loop {
@@ -356,18 +371,32 @@ impl Flush<'_> {
                 }
                 None => {
                     // A failed write (the device counted it) or a device
-                    // gone offline: its records stay with this worker.
+                    // gone offline: another device may take its records.
                     carry = batch;
                     break;
                 }
             }
         }
-        let (queued, arc): (Vec<Held>, Vec<Held>) = carry.into_iter().partition(|h| h.queued);
-        self.requeue(queued, &mut claims);
-        let left_bytes = arc.iter().map(|h| h.record.data.len() as u64).sum();
-        // Claims are released as `claims` drops: another worker's flush
-        // ended too, and the feeders may have them once the flush ends.
-        (arc.len() as u64, left_bytes)
+        self.give_back(carry, &mut claims);
+    }
+
+    /// Puts records a worker holds unwritten back where others find them:
+    /// ARC records to `returned`, queued ones to the write-back queue's
+    /// front (their claims let go first, as a feed does).
+    fn give_back(&self, held: Vec<Held>, claims: &mut FeedClaims<'_>) {
+        let (queued, arc): (Vec<Held>, Vec<Held>) =
+            held.into_iter().partition(|h| h.from == HeldFrom::Queue);
+        claims.release(arc.iter().map(|h| h.key_hash));
+        let mut returned = self.returned.lock().expect("returned poisoned");
+        for h in &arc {
+            let HeldFrom::Candidate(at) = h.from else {
+                unreachable!("partitioned");
+            };
+            debug_assert!(at < self.candidates.len());
+            returned.push(at);
+        }
+        drop(returned);
+        self.requeue(queued, claims);
     }
 
     /// The next batch: the records carried from the last one first, then
@@ -384,11 +413,13 @@ impl Flush<'_> {
         // Taken before any buffer is: a write after it is seen by the gate.
         let since = self.source.write_sequence();
         while bytes < batch_bytes {
-            let at = self.next.fetch_add(1, Ordering::SeqCst);
-            let Some(candidate) = self.candidates.get(at) else {
+            // Given back by a worker whose device failed, else the next.
+            let returned = self.returned.lock().expect("returned poisoned").pop();
+            let at = returned.unwrap_or_else(|| self.next.fetch_add(1, Ordering::SeqCst));
+            if at >= self.candidates.len() {
                 break;
-            };
-            if let Some(held) = self.claim_candidate(candidate, since, claims) {
+            }
+            if let Some(held) = self.claim_candidate(at, since, claims) {
                 bytes += held.record.data.len() as u64;
                 batch.push(held);
             }
@@ -413,7 +444,7 @@ impl Flush<'_> {
                     since: record.fill_sequence,
                     record,
                     keeping,
-                    queued: true,
+                    from: HeldFrom::Queue,
                 });
             }
         }
@@ -424,12 +455,8 @@ impl Flush<'_> {
 
     /// The candidate, claimed and held, if it is still resident, eligible
     /// (the feeder's rules) and not on flash.
-    fn claim_candidate(
-        &self,
-        candidate: &ColdRecord,
-        since: u64,
-        claims: &mut FeedClaims<'_>,
-    ) -> Option<Held> {
+    fn claim_candidate(&self, at: usize, since: u64, claims: &mut FeedClaims<'_>) -> Option<Held> {
+        let candidate = &self.candidates[at];
         let record = self.eligible(candidate)?;
         let key_hash = candidate
             .keeping
@@ -444,7 +471,7 @@ impl Flush<'_> {
             record,
             keeping: candidate.keeping,
             since,
-            queued: false,
+            from: HeldFrom::Candidate(at),
         })
     }
 
@@ -453,9 +480,8 @@ impl Flush<'_> {
     fn eligible(&self, candidate: &ColdRecord) -> Option<Arc<Record>> {
         // Evicted since the snapshot: in the write-back queue, or gone.
         let record = candidate.record.upgrade()?;
-        let eligible = !record.data.is_empty()
-            && !(candidate.prefetched && self.noprefetch)
-            && candidate.keeping.below_arc;
+        let only_read_ahead = candidate.prefetched && self.noprefetch;
+        let eligible = !record.data.is_empty() && !only_read_ahead && candidate.keeping.below_arc;
         debug_assert!(
             record.data.len() as u64
                 <= u64::from(super::format::MAX_ASIZE_BLOCKS) * super::format::BLOCK_BYTES
@@ -515,7 +541,7 @@ impl Flush<'_> {
         if queued.is_empty() {
             return;
         }
-        debug_assert!(queued.iter().all(|h| h.queued));
+        debug_assert!(queued.iter().all(|h| h.from == HeldFrom::Queue));
         let _in_transit = self.l2.begin_transit();
         claims.release(queued.iter().map(|h| h.key_hash));
         let requeue = queued
@@ -534,13 +560,15 @@ impl Flush<'_> {
             .fetch_add(skipped, Ordering::Relaxed);
     }
 
-    /// The eligible records not on flash once the workers are done: those
-    /// they were left holding (`carried`), the candidates no worker took,
-    /// and the write-back queue.
-    fn left(&self, carried: (u64, u64)) -> (u64, u64) {
-        let (mut records, mut bytes) = carried;
+    /// The eligible records not on flash once the workers are done: the
+    /// candidates no worker took or that were given back, and the
+    /// write-back queue.
+    fn left(&self) -> (u64, u64) {
+        let (mut records, mut bytes) = (0u64, 0u64);
         let from = self.next.load(Ordering::SeqCst).min(self.candidates.len());
-        for candidate in &self.candidates[from..] {
+        let returned = std::mem::take(&mut *self.returned.lock().expect("returned poisoned"));
+        let untaken = self.candidates[from..].iter();
+        for candidate in untaken.chain(returned.iter().map(|&at| &self.candidates[at])) {
             let Some(record) = self.eligible(candidate) else {
                 continue;
             };
@@ -553,7 +581,8 @@ impl Flush<'_> {
             }
         }
         let (queued_records, queued_bytes) = self.l2.writeback.held_records();
-        debug_assert!(records >= carried.0 && bytes >= carried.1);
+        // A record counts once: no worker holds one any more.
+        debug_assert!(records <= self.candidates.len() as u64);
         (records + queued_records, bytes + queued_bytes)
     }
 }
