@@ -73,7 +73,7 @@ pub struct CacheOptions {
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
     /// `l2arc_write_max`: most bytes per feed (0 = no cap).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size_or_off)]
     pub l2arc_write_max: Option<u64>,
     /// `l2arc_headroom`: feeder scan depth in multiples of the write size.
     #[arg(long)]
@@ -100,7 +100,7 @@ pub struct CacheOptions {
     #[arg(long)]
     pub l2arc_read_poll_us: Option<u64>,
     /// `l2arc_writeback_max`: most bytes of evicted records held for the feeder (DRAM beyond arc_max; default 32MiB, 0 = off).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size_or_off)]
     pub l2arc_writeback_max: Option<u64>,
     /// `l2arc_feed_secs`: feeder period when there is nothing to write, seconds (default 1; 0.001 to 3600).
     #[arg(long)]
@@ -762,6 +762,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }
 
+/// A size whose 0 means "off" or "no cap" (`l2arc_write_max`,
+/// `l2arc_writeback_max`), as the same keys accept in the config file.
+fn parse_size_or_off(s: &str) -> Result<u64, String> {
+    let zero = s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if !zero.is_empty() && zero.bytes().all(|b| b == b'0') {
+        return Ok(0);
+    }
+    parse_size(s)
+}
+
 fn parse_compression(s: &str) -> Result<Compression, String> {
     s.parse().map_err(|e: l2arc::FormatError| e.to_string())
 }
@@ -777,6 +787,28 @@ fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_turns_off_the_sizes_that_say_so() {
+        for zero in ["0", "0MiB", " 0 "] {
+            assert_eq!(parse_size_or_off(zero), Ok(0), "{zero}");
+        }
+        assert_eq!(parse_size_or_off("32MiB"), Ok(32 << 20));
+        assert!(parse_size_or_off("0.5MiB").is_err());
+        assert!(parse_size_or_off("MiB").is_err());
+        assert!(
+            parse_size("0").is_err(),
+            "arc_max and friends keep refusing 0"
+        );
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            cache: CacheOptions,
+        }
+        use clap::Parser as _;
+        let flags = Flags::try_parse_from(["x", "--l2arc-writeback-max", "0"]).unwrap();
+        assert_eq!(flags.cache.l2arc_writeback_max, Some(0));
+    }
 
     fn resolve_file(text: &str, flags: CacheOptions) -> Result<ResolvedOptions> {
         let dir = tempfile::tempdir()?;
