@@ -807,7 +807,6 @@ fn parse_dram_policy(s: &str) -> Result<l2arc::arc::DramPolicy, String> {
     }
 }
 
-/// A size such as `256MiB` or a number of bytes (for flags).
 /// `arc_max`: "auto" (0, as ZFS's `zfs_arc_max=0`) or a size.
 pub fn parse_arc_max(s: &str) -> Result<u64, String> {
     if s.trim().eq_ignore_ascii_case("auto") {
@@ -816,6 +815,7 @@ pub fn parse_arc_max(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
+/// A size such as `256MiB` or a number of bytes (for flags).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
 }

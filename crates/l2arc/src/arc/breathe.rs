@@ -42,75 +42,22 @@
 //! 512 KiB a thread and are not worth chasing.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::live::LiveArc;
+pub use super::memory::{
+    ARC_MIN_DEFAULT_BYTES, ARC_SYS_FREE_MIN_BYTES, BreatheConfig, HOST_RESERVE_BYTES,
+};
 use super::memory::{MemoryLimits, MemorySample, MemorySource, Stopper, Wake, Wakeups};
 
 /// How often the watcher samples memory without a notification.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// `arc_min`'s default (ZFS: max(1/32 of memory, 32 MiB); ours is a
-/// user-space cache next to other programs, so a fixed small floor).
-pub const ARC_MIN_DEFAULT_BYTES: u64 = 64 << 20;
-/// `arc_sys_free`'s least default.
-pub const ARC_SYS_FREE_MIN_BYTES: u64 = 256 << 20;
-/// What `arc_max = auto` leaves the host at least (of `MemTotal`).
-pub const HOST_RESERVE_BYTES: u64 = 1 << 30;
 /// Samples `arc_no_grow` stays set after a shortage or a pressure
 /// notification (about two seconds at the poll interval).
 const NO_GROW_TICKS: u32 = 20;
 /// The least step of a grow.
 const GROW_STEP_MIN_BYTES: u64 = 32 << 20;
-
-/// The bounds the ARC breathes within, resolved at start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BreatheConfig {
-    /// `c_min` (`arc_min`): the floor.
-    pub c_min_bytes: u64,
-    /// `c_max`: the ceiling (the LiveArc's `arc_max`).
-    pub c_max_bytes: u64,
-    /// `arc_sys_free`: memory kept free for everybody else.
-    pub arc_sys_free_bytes: u64,
-}
-
-impl BreatheConfig {
-    /// Resolves `arc_max = auto`: `arc_sys_free` (0 = default: 1/32 of the
-    /// limit, at least 256 MiB), the ceiling (all but 1 GiB of `MemTotal`,
-    /// or the cgroup's limit less `arc_sys_free`, whichever is less; at
-    /// least `floor_bytes`, the least the ARC can be built with) and
-    /// `arc_min` (0 = 64 MiB; never above the ceiling).
-    pub fn resolve(
-        limits: MemoryLimits,
-        arc_min_bytes: u64,
-        arc_sys_free_bytes: u64,
-        floor_bytes: u64,
-    ) -> BreatheConfig {
-        let arc_sys_free_bytes = if arc_sys_free_bytes == 0 {
-            (limits.limit_bytes() / 32).max(ARC_SYS_FREE_MIN_BYTES)
-        } else {
-            arc_sys_free_bytes
-        };
-        let host = limits.mem_total_bytes.saturating_sub(HOST_RESERVE_BYTES);
-        let cgroup = limits
-            .cgroup_limit_bytes
-            .map_or(u64::MAX, |l| l.saturating_sub(arc_sys_free_bytes));
-        let c_max_bytes = host.min(cgroup).max(floor_bytes);
-        let c_min_bytes = if arc_min_bytes == 0 {
-            ARC_MIN_DEFAULT_BYTES
-        } else {
-            arc_min_bytes
-        }
-        .clamp(floor_bytes, c_max_bytes);
-        let config = BreatheConfig {
-            c_min_bytes,
-            c_max_bytes,
-            arc_sys_free_bytes,
-        };
-        assert!(config.c_min_bytes <= config.c_max_bytes);
-        config
-    }
-}
 
 /// The ARC's sizes a decision needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -177,6 +124,7 @@ impl Breather {
 
     /// The bounds it keeps `c` within.
     pub fn config(&self) -> BreatheConfig {
+        debug_assert!(self.config.c_min_bytes <= self.config.c_max_bytes);
         self.config
     }
 
@@ -253,25 +201,15 @@ impl Breather {
     }
 }
 
-/// The breathing ARC's counters and gauges (arcstats names), kept in the
-/// ARC so that its `stats` reports them. For a fixed `arc_max`, `c_min` =
-/// `c_max` = `arc_max` and the rest stay 0.
-#[derive(Debug, Default)]
-pub(crate) struct MemoryCounters {
-    pub c_min: AtomicU64,
-    pub c_max: AtomicU64,
-    pub arc_no_grow: AtomicU64,
-    pub memory_throttle_count: AtomicU64,
-    pub memory_available_bytes: AtomicU64,
-    pub arc_sys_free: AtomicU64,
-    pub arc_shrinks: AtomicU64,
-    pub arc_shrunk_bytes: AtomicU64,
-}
-
 /// Applies one verdict to the ARC and counts it. Returns the bytes a
 /// shrink evicted.
 pub(crate) fn apply(arc: &LiveArc, sample: &MemorySample, verdict: Verdict) -> u64 {
     let counters = arc.memory_counters();
+    debug_assert!(match verdict.decision {
+        Decision::Shrink { c_bytes } | Decision::Trim { c_bytes } | Decision::Grow { c_bytes } =>
+            c_bytes >= counters.c_min.load(Ordering::Relaxed),
+        Decision::Hold => true,
+    });
     counters
         .memory_available_bytes
         .store(sample.available_bytes(), Ordering::Relaxed);
@@ -305,14 +243,14 @@ pub(crate) fn apply(arc: &LiveArc, sample: &MemorySample, verdict: Verdict) -> u
 pub fn release_freed_memory() {
     // SAFETY: malloc_trim takes the allocator's own locks; no memory of
     // ours is touched.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    let released = unsafe { libc::malloc_trim(0) };
+    debug_assert!(released == 0 || released == 1);
 }
 
 /// The ARC's sizes for a decision.
 pub(crate) fn sizes(arc: &LiveArc) -> ArcSizes {
     let stats = arc.stats();
+    debug_assert!(stats.size <= stats.c);
     ArcSizes {
         c_bytes: stats.c,
         size_bytes: stats.size,
@@ -351,6 +289,7 @@ impl Watcher {
         cgroup: Option<&super::memory::Cgroup>,
         cgroup_limit_bytes: Option<u64>,
     ) -> std::io::Result<Watcher> {
+        assert!(config.c_max_bytes <= arc.config().arc_max_bytes);
         let threshold = cgroup_limit_bytes.map(|l| l.saturating_sub(config.arc_sys_free_bytes));
         let (mut wakeups, stopper) = Wakeups::arm(cgroup, threshold)?;
         let unarmed = std::mem::take(&mut wakeups.unarmed);

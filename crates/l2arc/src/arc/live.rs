@@ -464,7 +464,7 @@ pub struct LiveArc {
     config: ArcConfig,
     sink: std::sync::OnceLock<Box<dyn EvictionSink>>,
     /// The breathing ARC's bounds and counters (`breathe`).
-    memory: super::breathe::MemoryCounters,
+    memory: super::memory::MemoryCounters,
 }
 
 /// Most bytes one shard evicts under its lock in one step of a shrink, so
@@ -494,7 +494,7 @@ impl LiveArc {
                 }))
             })
             .collect();
-        let memory = super::breathe::MemoryCounters::default();
+        let memory = super::memory::MemoryCounters::default();
         memory.c_min.store(config.arc_max_bytes, Ordering::Relaxed);
         memory.c_max.store(config.arc_max_bytes, Ordering::Relaxed);
         Self {
@@ -506,13 +506,13 @@ impl LiveArc {
     }
 
     /// The breathing ARC's counters (`breathe::apply` updates them).
-    pub(crate) fn memory_counters(&self) -> &super::breathe::MemoryCounters {
+    pub(crate) fn memory_counters(&self) -> &super::memory::MemoryCounters {
         debug_assert!(self.memory.c_max.load(Ordering::Relaxed) <= self.config.arc_max_bytes);
         &self.memory
     }
 
     /// Records the bounds `c` breathes within (`arc_max = auto`).
-    pub fn set_breathing(&self, config: super::breathe::BreatheConfig) {
+    pub fn set_breathing(&self, config: super::memory::BreatheConfig) {
         assert!(config.c_max_bytes <= self.config.arc_max_bytes);
         assert!(config.c_min_bytes <= config.c_max_bytes);
         let m = &self.memory;

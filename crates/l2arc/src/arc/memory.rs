@@ -35,6 +35,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// A cgroup limit at or above this is no limit (v1 writes 2^63 less a page).
@@ -112,6 +113,77 @@ impl MemoryLimits {
     }
 }
 
+/// `arc_min`'s default (ZFS: max(1/32 of memory, 32 MiB); ours is a
+/// user-space cache next to other programs, so a fixed small floor).
+pub const ARC_MIN_DEFAULT_BYTES: u64 = 64 << 20;
+/// `arc_sys_free`'s least default.
+pub const ARC_SYS_FREE_MIN_BYTES: u64 = 256 << 20;
+/// What `arc_max = auto` leaves the host at least (of `MemTotal`).
+pub const HOST_RESERVE_BYTES: u64 = 1 << 30;
+/// The bounds the ARC breathes within, resolved at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreatheConfig {
+    /// `c_min` (`arc_min`): the floor.
+    pub c_min_bytes: u64,
+    /// `c_max`: the ceiling (the LiveArc's `arc_max`).
+    pub c_max_bytes: u64,
+    /// `arc_sys_free`: memory kept free for everybody else.
+    pub arc_sys_free_bytes: u64,
+}
+
+impl BreatheConfig {
+    /// Resolves `arc_max = auto`: `arc_sys_free` (0 = default: 1/32 of the
+    /// limit, at least 256 MiB), the ceiling (all but 1 GiB of `MemTotal`,
+    /// or the cgroup's limit less `arc_sys_free`, whichever is less; at
+    /// least `floor_bytes`, the least the ARC can be built with) and
+    /// `arc_min` (0 = 64 MiB; never above the ceiling).
+    pub fn resolve(
+        limits: MemoryLimits,
+        arc_min_bytes: u64,
+        arc_sys_free_bytes: u64,
+        floor_bytes: u64,
+    ) -> BreatheConfig {
+        let arc_sys_free_bytes = if arc_sys_free_bytes == 0 {
+            (limits.limit_bytes() / 32).max(ARC_SYS_FREE_MIN_BYTES)
+        } else {
+            arc_sys_free_bytes
+        };
+        let host = limits.mem_total_bytes.saturating_sub(HOST_RESERVE_BYTES);
+        let cgroup = limits
+            .cgroup_limit_bytes
+            .map_or(u64::MAX, |l| l.saturating_sub(arc_sys_free_bytes));
+        let c_max_bytes = host.min(cgroup).max(floor_bytes);
+        let c_min_bytes = if arc_min_bytes == 0 {
+            ARC_MIN_DEFAULT_BYTES
+        } else {
+            arc_min_bytes
+        }
+        .clamp(floor_bytes, c_max_bytes);
+        let config = BreatheConfig {
+            c_min_bytes,
+            c_max_bytes,
+            arc_sys_free_bytes,
+        };
+        assert!(config.c_min_bytes <= config.c_max_bytes);
+        config
+    }
+}
+
+/// The breathing ARC's counters and gauges (arcstats names), kept in the
+/// ARC so that its `stats` reports them. For a fixed `arc_max`, `c_min` =
+/// `c_max` = `arc_max` and the rest stay 0.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryCounters {
+    pub c_min: AtomicU64,
+    pub c_max: AtomicU64,
+    pub arc_no_grow: AtomicU64,
+    pub memory_throttle_count: AtomicU64,
+    pub memory_available_bytes: AtomicU64,
+    pub arc_sys_free: AtomicU64,
+    pub arc_shrinks: AtomicU64,
+    pub arc_shrunk_bytes: AtomicU64,
+}
+
 /// The system's memory: /proc/meminfo and the process's memory cgroup.
 pub struct SystemMemory {
     cgroup: Option<Cgroup>,
@@ -162,6 +234,7 @@ impl MemorySource for SystemMemory {
             },
             None => (None, 0),
         };
+        debug_assert!(cgroup_limit_bytes.is_some() || cgroup_usage_bytes == 0);
         Ok(MemorySample {
             host_available_bytes,
             cgroup_limit_bytes,
@@ -180,6 +253,7 @@ fn read_into(path: &Path, text: &mut String) -> io::Result<()> {
 
 /// A `Key:   123 kB` line of /proc/meminfo, in bytes.
 fn meminfo_bytes(text: &mut String, key: &str) -> io::Result<u64> {
+    debug_assert!(key.ends_with(':'));
     read_into(Path::new("/proc/meminfo"), text)?;
     parse_meminfo(text, key)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in meminfo")))
@@ -195,6 +269,7 @@ pub(crate) fn parse_meminfo(text: &str, key: &str) -> Option<u64> {
 
 /// `key value` in a memory.stat text.
 pub(crate) fn parse_stat(text: &str, key: &str) -> Option<u64> {
+    debug_assert!(!key.contains(' '));
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
@@ -208,7 +283,9 @@ pub(crate) fn parse_limit(text: &str) -> Option<u64> {
         return None;
     }
     let bytes: u64 = text.parse().ok()?;
-    (bytes < CGROUP_LIMIT_NONE_BYTES).then_some(bytes)
+    let limit = (bytes < CGROUP_LIMIT_NONE_BYTES).then_some(bytes);
+    debug_assert!(limit.is_none_or(|l| l < CGROUP_LIMIT_NONE_BYTES));
+    limit
 }
 
 /// This process's memory cgroup under `root` (normally /sys/fs/cgroup),
@@ -217,6 +294,7 @@ pub(crate) fn own_cgroup(root: &Path) -> Option<Cgroup> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let (version, mount, relative) = parse_proc_cgroup(&text, root)?;
     let dir = mount.join(relative.trim_start_matches('/'));
+    debug_assert!(dir.starts_with(&mount));
     // In a cgroup namespace the path is relative to the namespace's root,
     // which is what is mounted: fall back to the mount itself.
     let dir = if dir.is_dir() { dir } else { mount };
@@ -241,6 +319,7 @@ pub(crate) fn parse_proc_cgroup(text: &str, root: &Path) -> Option<(CgroupVersio
             .then(|| path.to_string())
     });
     let mount_v1 = root.join("memory");
+    debug_assert!(mount_v1.starts_with(root));
     if let Some(path) = v1
         && mount_v1.is_dir()
     {
@@ -257,6 +336,7 @@ pub(crate) fn parse_proc_cgroup(text: &str, root: &Path) -> Option<(CgroupVersio
 /// The cgroup's limit: v1's hierarchical limit (the least of its and its
 /// ancestors'), v2's least `memory.max` up to the root.
 fn cgroup_limit(cgroup: &Cgroup, text: &mut String) -> Option<u64> {
+    debug_assert!(cgroup.dir.is_absolute());
     match cgroup.version {
         CgroupVersion::V1 => {
             if read_into(&cgroup.dir.join("memory.stat"), text).is_ok()
@@ -297,6 +377,7 @@ fn cgroup_usage(cgroup: &Cgroup, text: &mut String) -> io::Result<u64> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, usage_file))?;
     read_into(&cgroup.dir.join("memory.stat"), text)?;
     let inactive = parse_stat(text, inactive_key).unwrap_or(0);
+    debug_assert!(usage < CGROUP_LIMIT_NONE_BYTES, "usage {usage} of a cgroup");
     Ok(usage.saturating_sub(inactive))
 }
 
@@ -343,6 +424,7 @@ fn eventfd() -> io::Result<OwnedFd> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    debug_assert!(fd >= 0);
     // SAFETY: a new fd no one else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -376,6 +458,7 @@ impl Wakeups {
             }
             _ => {}
         }
+        debug_assert!(threshold.is_none() || events.is_none(), "one cgroup version");
         let wakeups = Wakeups {
             stop,
             psi,
@@ -397,6 +480,7 @@ impl Wakeups {
             libc::pollfd { fd: fd(self.events.as_ref().map(|f| f.as_raw_fd())), events: libc::POLLPRI, revents: 0 },
         ];
         let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        debug_assert!(timeout_ms >= 0);
         // SAFETY: `fds` is a live array of pollfd; negative fds are ignored.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if n <= 0 {
@@ -427,15 +511,23 @@ impl Wakeups {
 }
 
 /// Opens a PSI file and writes a trigger: 100 ms of "some" stall within a
-/// one-second window (the shortest window the kernel takes is 500 ms).
+/// one-second window; without CAP_SYS_RESOURCE (a hardened unit) the
+/// kernel takes only windows of whole 2 s, so then 200 ms within 2 s.
 fn psi_trigger(path: &Path) -> io::Result<OwnedFd> {
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags_nonblock()
-        .open(path)?;
-    file.write_all(b"some 100000 1000000\0")?;
-    Ok(OwnedFd::from(file))
+    debug_assert!(path.is_absolute());
+    let mut last = None;
+    for trigger in [&b"some 100000 1000000\0"[..], &b"some 200000 2000000\0"[..]] {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags_nonblock()
+            .open(path)?;
+        match file.write_all(trigger) {
+            Ok(()) => return Ok(OwnedFd::from(file)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("two triggers tried"))
 }
 
 /// Registers an eventfd on v1's `memory.usage_in_bytes` at `bytes`.
@@ -443,6 +535,7 @@ fn usage_threshold(cgroup: &Cgroup, bytes: u64) -> io::Result<(OwnedFd, File)> {
     let efd = eventfd()?;
     let usage = File::open(cgroup.dir.join("memory.usage_in_bytes"))?;
     let line = format!("{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd());
+    debug_assert!(bytes < CGROUP_LIMIT_NONE_BYTES);
     std::fs::OpenOptions::new()
         .write(true)
         .open(cgroup.dir.join("cgroup.event_control"))?
@@ -458,6 +551,7 @@ trait NonBlock {
 impl NonBlock for std::fs::OpenOptions {
     fn custom_flags_nonblock(&mut self) -> &mut Self {
         use std::os::unix::fs::OpenOptionsExt;
+        debug_assert!(libc::O_NONBLOCK != 0);
         self.custom_flags(libc::O_NONBLOCK)
     }
 }

@@ -997,7 +997,7 @@ mod tests {
                         prop_assert!(evicted.iter().all(|e| !e.value), "a pinned record was evicted");
                         match outcome {
                             InsertOutcome::Inserted { .. } => prop_assert!(arc.peek(&key).is_some()),
-                            InsertOutcome::TooLarge => prop_assert!(u64::from(size) > c),
+                            InsertOutcome::TooLarge => prop_assert!(u64::from(size) > arc.capacity_bytes()),
                             InsertOutcome::NoRoom { .. } => prop_assert!(arc.peek(&key).is_none()),
                         }
                     }
