@@ -57,10 +57,18 @@ fn kind_of(name: &str) -> Kind {
         // Bytes, without `_bytes` in ZFS's names (`evict_mru` and
         // `evict_mfu` count records).
         n if n.starts_with("evict_l2_") => Kind::CounterBytes,
-        "size" | "c" | "c_max" | "c_min" | "p" | "arc_sys_free" | "memory_available_bytes"
-        | "l2_size" | "l2_asize" | "l2_hdr_size" | "l2_dwpd_credit" | "l2_dwpd_limit" => {
-            Kind::GaugeBytes
-        }
+        "size"
+        | "c"
+        | "c_max"
+        | "c_min"
+        | "p"
+        | "arc_sys_free"
+        | "memory_available_bytes"
+        | "l2_size"
+        | "l2_asize"
+        | "l2_hdr_size"
+        | "l2_dwpd_credit"
+        | "l2_dwpd_limit" => Kind::GaugeBytes,
         "arc_no_grow" => Kind::Gauge,
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,

@@ -847,6 +847,30 @@ mod tests {
         .resolve(128 << 10)
     }
 
+    /// `arc_max` is auto unless a size is given; `auto` is a value of the
+    /// key and of the flag; `arc_min` and `arc_sys_free` are sizes.
+    #[test]
+    fn arc_max_auto_is_the_default_and_a_value() {
+        let r = resolve_file("", CacheOptions::default()).unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, l2arc::ARC_MAX_AUTO);
+        let r = resolve_file(
+            "arc_max = \"auto\"\narc_min = \"128MiB\"\narc_sys_free = \"1GiB\"\n",
+            CacheOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, l2arc::ARC_MAX_AUTO);
+        assert_eq!(r.cache_config.arc_min_bytes, 128 << 20);
+        assert_eq!(r.cache_config.arc_sys_free_bytes, 1 << 30);
+        let r = resolve_file("arc_max = \"2GiB\"\n", CacheOptions::default()).unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, 2 << 30);
+        assert_eq!(parse_arc_max("auto"), Ok(l2arc::ARC_MAX_AUTO));
+        assert_eq!(parse_arc_max("AUTO"), Ok(l2arc::ARC_MAX_AUTO));
+        assert_eq!(parse_arc_max("1GiB"), Ok(1 << 30));
+        assert!(parse_arc_max("lots").is_err());
+        let bad = resolve_file("arc_max = \"sometimes\"\n", CacheOptions::default()).unwrap_err();
+        assert!(format!("{bad:#}").contains("arc_max"), "{bad:#}");
+    }
+
     #[test]
     fn file_settings_apply_and_flags_win() {
         let r = resolve_file(

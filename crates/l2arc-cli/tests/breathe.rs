@@ -77,7 +77,10 @@ impl Cgroup {
                 .find_map(|l| {
                     let mut parts = l.splitn(3, ':');
                     let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-                    controllers.split(',').any(|c| c == "memory").then_some(path)
+                    controllers
+                        .split(',')
+                        .any(|c| c == "memory")
+                        .then_some(path)
                 })
                 .expect("a memory controller in /proc/self/cgroup");
             (PathBuf::from("/sys/fs/cgroup/memory"), path.to_string())
@@ -253,7 +256,10 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         .ready_within(Duration::from_secs(60));
     cgroup.enter(service.command_mut());
     let mut served = service.start();
-    assert!(cgroup.pids().contains(&served.pid()), "the service is in the cgroup");
+    assert!(
+        cgroup.pids().contains(&served.pid()),
+        "the service is in the cgroup"
+    );
     let memory = served
         .next_line("l2arc: memory:", Duration::from_secs(5))
         .expect("a memory line");
@@ -304,6 +310,7 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         kstat(&stats, "memory_available_bytes") >> 20
     );
     let shrinks_before = kstat(&stats, "arc_shrinks");
+    let (rss_grown, _) = l2arc_testkit::rss_and_peak_bytes(served.pid());
 
     // The balloon, in the same cgroup, touches most of the limit.
     let oom_before = cgroup.oom_kills();
@@ -312,7 +319,9 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         .args(["-c", BALLOON, &BALLOON_BYTES.to_string()])
         .stdout(Stdio::piped());
     cgroup.enter(&mut balloon);
-    let mut balloon = balloon.spawn().expect("python3 (installed on this machine)");
+    let mut balloon = balloon
+        .spawn()
+        .expect("python3 (installed on this machine)");
     let lines = stdout_lines(&mut balloon);
     let full = lines
         .recv_timeout(Duration::from_secs(60))
@@ -330,8 +339,11 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let size_shrunk = kstat(&stats, "size");
+    let (rss_shrunk, _) = l2arc_testkit::rss_and_peak_bytes(served.pid());
     eprintln!(
-        "after the balloon: size {} MiB, c {} MiB, arc_shrinks {}, arc_shrunk_bytes {} MiB, memory_throttle_count {}",
+        "after the balloon: shrunk within {shrunk_in:?} of it filling; service RSS {} MiB -> {} MiB; size {} MiB, c {} MiB, arc_shrinks {}, arc_shrunk_bytes {} MiB, memory_throttle_count {}",
+        rss_grown >> 20,
+        rss_shrunk >> 20,
         size_shrunk >> 20,
         kstat(&stats, "c") >> 20,
         kstat(&stats, "arc_shrinks"),
@@ -345,6 +357,15 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         BALLOON_BYTES >> 20
     );
     assert!(kstat(&stats, "arc_shrinks") > shrinks_before);
+    // What the ARC let go left the process (malloc_trim after a shrink).
+    assert!(
+        rss_shrunk + (size_grown - size_shrunk) / 2 <= rss_grown,
+        "RSS {} MiB -> {} MiB while the ARC went {} MiB -> {} MiB",
+        rss_grown >> 20,
+        rss_shrunk >> 20,
+        size_grown >> 20,
+        size_shrunk >> 20
+    );
     assert!(kstat(&stats, "memory_throttle_count") > 0);
     let status = balloon.wait().unwrap();
     assert!(status.success(), "the balloon was killed: {status:?}");

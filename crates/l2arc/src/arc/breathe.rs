@@ -217,7 +217,9 @@ pub(crate) fn apply(arc: &LiveArc, sample: &MemorySample, verdict: Verdict) -> u
         .arc_no_grow
         .store(u64::from(verdict.no_grow), Ordering::Relaxed);
     if verdict.throttled {
-        counters.memory_throttle_count.fetch_add(1, Ordering::Relaxed);
+        counters
+            .memory_throttle_count
+            .fetch_add(1, Ordering::Relaxed);
     }
     match verdict.decision {
         Decision::Hold => 0,
@@ -434,7 +436,12 @@ mod tests {
         );
         // Nothing free: the whole reserve and the slack.
         let v = b.decide(&free(0), arc);
-        assert_eq!(v.decision, Decision::Shrink { c_bytes: (600 - 256 - 32) * MIB });
+        assert_eq!(
+            v.decision,
+            Decision::Shrink {
+                c_bytes: (600 - 256 - 32) * MIB
+            }
+        );
         // A small ARC: down to the floor, never below.
         let small = ArcSizes {
             c_bytes: 700 * MIB,
@@ -477,7 +484,10 @@ mod tests {
             misses,
         };
         // Room (600 free, 256 reserved) but no misses yet: hold.
-        assert_eq!(b.decide(&free(600 * MIB), full(100 * MIB, 0)).decision, Decision::Hold);
+        assert_eq!(
+            b.decide(&free(600 * MIB), full(100 * MIB, 0)).decision,
+            Decision::Hold
+        );
         // Misses: one step (32 MiB, the least step).
         let v = b.decide(&free(600 * MIB), full(100 * MIB, 5));
         assert_eq!(v.decision, Decision::Grow { c_bytes: 132 * MIB });
@@ -505,7 +515,10 @@ mod tests {
             size_bytes: 200 * MIB,
             misses,
         };
-        assert!(matches!(b.decide(&free(100 * MIB), full(1)).decision, Decision::Shrink { .. }));
+        assert!(matches!(
+            b.decide(&free(100 * MIB), full(1)).decision,
+            Decision::Shrink { .. }
+        ));
         // Room again, with misses: no grow for NO_GROW_TICKS samples.
         for tick in 0..NO_GROW_TICKS - 1 {
             let v = b.decide(&free(800 * MIB), full(2 + u64::from(tick)));
@@ -541,7 +554,11 @@ mod tests {
         };
         arc.set_breathing(config);
         for record in 0..(48 * MIB / 65536) {
-            let key = RecordKey { dataset: 0, object: 1, record };
+            let key = RecordKey {
+                dataset: 0,
+                object: 1,
+                record,
+            };
             if let Lookup::Claimed(claim) = arc.lookup(key, 1, AccessKind::Demand) {
                 claim.complete(Ok(Arc::new(Record {
                     data: AlignedBuf::zeroed(65536),
@@ -565,10 +582,16 @@ mod tests {
         assert_eq!(s.c, 38 * MIB);
         assert!(s.size <= s.c);
         assert_eq!(evicted, 48 * MIB - s.size);
-        assert_eq!((s.arc_shrinks, s.memory_throttle_count, s.arc_no_grow), (1, 1, 1));
+        assert_eq!(
+            (s.arc_shrinks, s.memory_throttle_count, s.arc_no_grow),
+            (1, 1, 1)
+        );
         assert_eq!(s.arc_shrunk_bytes, evicted);
         assert_eq!(s.memory_available_bytes, 8 * MIB);
-        assert_eq!((s.c_min, s.c_max, s.arc_sys_free), (4 * MIB, 128 * MIB, 16 * MIB));
+        assert_eq!(
+            (s.c_min, s.c_max, s.arc_sys_free),
+            (4 * MIB, 128 * MIB, 16 * MIB)
+        );
         arc.assert_consistent();
         arc.set_target_bytes(64 * MIB);
         assert_eq!(arc.stats().c, 64 * MIB);

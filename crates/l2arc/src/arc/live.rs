@@ -914,7 +914,11 @@ impl LiveArc {
         total.arc_sys_free = m.arc_sys_free.load(Ordering::Relaxed);
         total.arc_shrinks = m.arc_shrinks.load(Ordering::Relaxed);
         total.arc_shrunk_bytes = m.arc_shrunk_bytes.load(Ordering::Relaxed);
-        assert!(total.c <= self.config.arc_max_bytes, "c {} over arc_max", total.c);
+        assert!(
+            total.c <= self.config.arc_max_bytes,
+            "c {} over arc_max",
+            total.c
+        );
         // The ARC's bound: record bytes in DRAM never exceed arc_max.
         assert!(
             total.size <= self.config.arc_max_bytes,

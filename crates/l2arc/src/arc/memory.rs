@@ -77,9 +77,9 @@ impl MemorySample {
     /// What can be allocated now: the host's available memory, or what is
     /// left under the cgroup's limit, whichever is less.
     pub fn available_bytes(&self) -> u64 {
-        let cgroup_free = self
-            .cgroup_limit_bytes
-            .map_or(u64::MAX, |limit| limit.saturating_sub(self.cgroup_usage_bytes));
+        let cgroup_free = self.cgroup_limit_bytes.map_or(u64::MAX, |limit| {
+            limit.saturating_sub(self.cgroup_usage_bytes)
+        });
         let available = self.host_available_bytes.min(cgroup_free);
         debug_assert!(available <= self.host_available_bytes);
         available
@@ -309,7 +309,10 @@ pub(crate) fn own_cgroup(root: &Path) -> Option<Cgroup> {
 
 /// The version, mount point and path of the memory cgroup named in a
 /// /proc/self/cgroup text.
-pub(crate) fn parse_proc_cgroup(text: &str, root: &Path) -> Option<(CgroupVersion, PathBuf, String)> {
+pub(crate) fn parse_proc_cgroup(
+    text: &str,
+    root: &Path,
+) -> Option<(CgroupVersion, PathBuf, String)> {
     let v1 = text.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -432,7 +435,10 @@ fn eventfd() -> io::Result<OwnedFd> {
 impl Wakeups {
     /// Arms what it can: a PSI trigger, and the cgroup's notification with
     /// the usage threshold at `threshold_bytes` (v1).
-    pub fn arm(cgroup: Option<&Cgroup>, threshold_bytes: Option<u64>) -> io::Result<(Wakeups, Stopper)> {
+    pub fn arm(
+        cgroup: Option<&Cgroup>,
+        threshold_bytes: Option<u64>,
+    ) -> io::Result<(Wakeups, Stopper)> {
         let stop = eventfd()?;
         let stopper = Stopper(std::sync::Arc::new(stop.try_clone()?));
         let mut unarmed = Vec::new();
@@ -458,7 +464,10 @@ impl Wakeups {
             }
             _ => {}
         }
-        debug_assert!(threshold.is_none() || events.is_none(), "one cgroup version");
+        debug_assert!(
+            threshold.is_none() || events.is_none(),
+            "one cgroup version"
+        );
         let wakeups = Wakeups {
             stop,
             psi,
@@ -474,10 +483,26 @@ impl Wakeups {
         const NONE: i32 = -1;
         let fd = |f: Option<i32>| f.unwrap_or(NONE);
         let mut fds = [
-            libc::pollfd { fd: self.stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: fd(self.psi.as_ref().map(|f| f.as_raw_fd())), events: libc::POLLPRI, revents: 0 },
-            libc::pollfd { fd: fd(self.threshold.as_ref().map(|(f, _)| f.as_raw_fd())), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: fd(self.events.as_ref().map(|f| f.as_raw_fd())), events: libc::POLLPRI, revents: 0 },
+            libc::pollfd {
+                fd: self.stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: fd(self.psi.as_ref().map(|f| f.as_raw_fd())),
+                events: libc::POLLPRI,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: fd(self.threshold.as_ref().map(|(f, _)| f.as_raw_fd())),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: fd(self.events.as_ref().map(|f| f.as_raw_fd())),
+                events: libc::POLLPRI,
+                revents: 0,
+            },
         ];
         let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         debug_assert!(timeout_ms >= 0);
@@ -501,7 +526,9 @@ impl Wakeups {
         {
             // Re-read to re-arm (kernfs notifies once per change seen).
             let mut text = String::new();
-            let _ = events.rewind().and_then(|()| events.read_to_string(&mut text));
+            let _ = events
+                .rewind()
+                .and_then(|()| events.read_to_string(&mut text));
         }
         if fds[1].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
             self.psi = None; // the trigger's file went away: stop polling it
@@ -564,7 +591,10 @@ mod tests {
     fn parses_the_kernels_files() {
         let meminfo = "MemTotal:       24684544 kB\nMemFree:        22374400 kB\nMemAvailable:   24201216 kB\n";
         assert_eq!(parse_meminfo(meminfo, "MemTotal:"), Some(24684544 * 1024));
-        assert_eq!(parse_meminfo(meminfo, "MemAvailable:"), Some(24201216 * 1024));
+        assert_eq!(
+            parse_meminfo(meminfo, "MemAvailable:"),
+            Some(24201216 * 1024)
+        );
         assert_eq!(parse_meminfo(meminfo, "SwapTotal:"), None);
         let stat = "cache 47706112\nrss 161640448\ninactive_file 23511040\ntotal_inactive_file 99\nhierarchical_memory_limit 9223372036854771712\n";
         assert_eq!(parse_stat(stat, "inactive_file"), Some(23511040));
@@ -586,7 +616,8 @@ mod tests {
         assert_eq!(path, "/a/b");
         let v2_root = tempfile::tempdir().unwrap();
         std::fs::write(v2_root.path().join("cgroup.controllers"), "memory\n").unwrap();
-        let (version, mount, path) = parse_proc_cgroup("0::/system.slice/x.service\n", v2_root.path()).unwrap();
+        let (version, mount, path) =
+            parse_proc_cgroup("0::/system.slice/x.service\n", v2_root.path()).unwrap();
         assert_eq!(version, CgroupVersion::V2);
         assert_eq!(mount, v2_root.path());
         assert_eq!(path, "/system.slice/x.service");
