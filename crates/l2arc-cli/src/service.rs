@@ -346,22 +346,7 @@ impl CacheOptions {
         default_recordsize_bytes: u64,
     ) -> Result<ResolvedOptions> {
         let mut cache_config = CacheConfig::default();
-        let arc_max = match (self.arc_max, &file.arc_max) {
-            (Some(v), _) => Some(v),
-            (None, Some(SizeValue::Text(t))) => {
-                Some(parse_arc_max(t).map_err(|e| anyhow::anyhow!("arc_max: {e}"))?)
-            }
-            (None, other) => size_of(None, "arc_max", other)?,
-        };
-        if let Some(v) = arc_max {
-            cache_config.arc_max_bytes = v;
-        }
-        if let Some(v) = size_of(self.arc_min, "arc_min", &file.arc_min)? {
-            cache_config.arc_min_bytes = v;
-        }
-        if let Some(v) = size_of(self.arc_sys_free, "arc_sys_free", &file.arc_sys_free)? {
-            cache_config.arc_sys_free_bytes = v;
-        }
+        self.resolve_arc_size(&file, &mut cache_config)?;
         if let Some(v) = self.arc_shards.or(file.arc_shards) {
             cache_config.arc_shards = v;
         }
@@ -416,6 +401,27 @@ impl CacheOptions {
                 stale_if_error: file.stale_if_error,
             },
         })
+    }
+
+    /// `arc_max` (a size or auto), `arc_min`, `arc_sys_free`.
+    fn resolve_arc_size(&self, file: &FileOptions, cache_config: &mut CacheConfig) -> Result<()> {
+        let arc_max = match (self.arc_max, &file.arc_max) {
+            (Some(v), _) => Some(v),
+            (None, Some(SizeValue::Text(t))) => {
+                Some(parse_arc_max(t).map_err(|e| anyhow::anyhow!("arc_max: {e}"))?)
+            }
+            (None, other) => size_of(None, "arc_max", other)?,
+        };
+        if let Some(v) = arc_max {
+            cache_config.arc_max_bytes = v;
+        }
+        if let Some(v) = size_of(self.arc_min, "arc_min", &file.arc_min)? {
+            cache_config.arc_min_bytes = v;
+        }
+        if let Some(v) = size_of(self.arc_sys_free, "arc_sys_free", &file.arc_sys_free)? {
+            cache_config.arc_sys_free_bytes = v;
+        }
+        Ok(())
     }
 
     /// The L2ARC tunables: flags over the file over ZFS's defaults.

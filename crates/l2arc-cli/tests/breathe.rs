@@ -34,7 +34,7 @@ const READ_BYTES: u32 = 1 << 20;
 
 /// The image's bytes at `offset`: a word per 8 bytes, from its offset.
 fn fill_pattern(offset: u64, buf: &mut [u8]) {
-    debug_assert!(offset % 8 == 0 && buf.len() % 8 == 0);
+    debug_assert!(offset.is_multiple_of(8) && buf.len().is_multiple_of(8));
     for (i, word) in buf.chunks_exact_mut(8).enumerate() {
         let at = offset + 8 * i as u64;
         word.copy_from_slice(&at.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
@@ -62,8 +62,10 @@ struct Cgroup {
 
 impl Cgroup {
     fn make(limit_bytes: u64) -> Cgroup {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
         assert!(
-            unsafe { libc::geteuid() } == 0,
+            euid == 0,
             "the breathing test makes a memory cgroup: run it as root"
         );
         let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();

@@ -541,13 +541,14 @@ impl Wakeups {
 /// one-second window; without CAP_SYS_RESOURCE (a hardened unit) the
 /// kernel takes only windows of whole 2 s, so then 200 ms within 2 s.
 fn psi_trigger(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
     debug_assert!(path.is_absolute());
     let mut last = None;
     for trigger in [&b"some 100000 1000000\0"[..], &b"some 200000 2000000\0"[..]] {
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags_nonblock()
+            .custom_flags(libc::O_NONBLOCK)
             .open(path)?;
         match file.write_all(trigger) {
             Ok(()) => return Ok(OwnedFd::from(file)),
@@ -568,19 +569,6 @@ fn usage_threshold(cgroup: &Cgroup, bytes: u64) -> io::Result<(OwnedFd, File)> {
         .open(cgroup.dir.join("cgroup.event_control"))?
         .write_all(line.as_bytes())?;
     Ok((efd, usage))
-}
-
-/// `O_NONBLOCK` on an `OpenOptions`.
-trait NonBlock {
-    fn custom_flags_nonblock(&mut self) -> &mut Self;
-}
-
-impl NonBlock for std::fs::OpenOptions {
-    fn custom_flags_nonblock(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        debug_assert!(libc::O_NONBLOCK != 0);
-        self.custom_flags(libc::O_NONBLOCK)
-    }
 }
 
 #[cfg(test)]

@@ -88,6 +88,14 @@ use crate::stats::{CacheStats, ReadPathCounters};
 use objects::{Dataset, ObjectState};
 use write::Invalidations;
 
+/// What `arc_max = auto` resolved at start: the bounds, the limits they
+/// came from, and the memory source the watcher then reads.
+type AutoResolved = (
+    crate::arc::breathe::BreatheConfig,
+    crate::arc::memory::MemoryLimits,
+    crate::arc::memory::SystemMemory,
+);
+
 /// The cache: datasets over primary storage, with the ARC (and, once cache
 /// devices are added, the L2ARC) in front.
 pub struct Cache {
@@ -145,29 +153,11 @@ impl Drop for Cache {
 impl Cache {
     /// Builds a cache with no datasets and no cache device.
     pub fn new(config: CacheConfig) -> Result<Arc<Self>, ConfigError> {
-        use crate::arc::breathe::{ArcAuto, BreatheConfig, Watcher};
-        use crate::arc::memory::SystemMemory;
         let mut config = config;
         if !(1..=1024).contains(&config.arc_shards) {
             return Err(ConfigError::Shards(config.arc_shards));
         }
-        // arc_max = auto: the ceiling from the host and the cgroup.
-        let mut auto = None;
-        if config.arc_max_bytes == ARC_MAX_AUTO {
-            let mut memory = SystemMemory::open();
-            let limits = memory
-                .limits()
-                .map_err(|e| ConfigError::Memory(e.to_string()))?;
-            let floor_bytes = u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64;
-            let breathe = BreatheConfig::resolve(
-                limits,
-                config.arc_min_bytes,
-                config.arc_sys_free_bytes,
-                floor_bytes,
-            );
-            config.arc_max_bytes = breathe.c_max_bytes;
-            auto = Some((breathe, limits, memory));
-        }
+        let auto = Self::resolve_arc_max_auto(&mut config)?;
         if config.arc_max_bytes < u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64 {
             return Err(ConfigError::ArcMax(config.arc_max_bytes));
         }
@@ -190,27 +180,13 @@ impl Cache {
             shards: config.arc_shards,
             dram_policy: config.dram_policy,
         }));
-        let mut arc_auto = None;
-        let mut watcher = None;
-        if let Some((breathe, limits, memory)) = auto {
-            arc.set_breathing(breathe);
-            let cgroup = memory.cgroup().cloned();
-            let started = Watcher::start(
-                Arc::clone(&arc),
-                breathe,
-                memory,
-                cgroup.as_ref(),
-                limits.cgroup_limit_bytes,
-            )
-            .map_err(|e| ConfigError::Memory(format!("memory watcher: {e}")))?;
-            arc_auto = Some(ArcAuto {
-                breathe,
-                limits,
-                cgroup,
-                unarmed: started.unarmed.clone(),
-            });
-            watcher = Some(started);
-        }
+        let (arc_auto, watcher) = match auto {
+            Some(auto) => {
+                let (arc_auto, watcher) = Self::start_breathing(&arc, auto)?;
+                (Some(arc_auto), Some(watcher))
+            }
+            None => (None, None),
+        };
         let cache = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             span_pool: OnceLock::new(),
@@ -236,6 +212,54 @@ impl Cache {
         }
         debug_assert_eq!(cache.arc_auto.is_some(), cache.watcher.get().is_some());
         Ok(cache)
+    }
+
+    /// `arc_max = auto`: the ceiling from the host and the memory cgroup,
+    /// written into `config.arc_max_bytes` (None with a fixed `arc_max`).
+    fn resolve_arc_max_auto(config: &mut CacheConfig) -> Result<Option<AutoResolved>, ConfigError> {
+        use crate::arc::breathe::BreatheConfig;
+        if config.arc_max_bytes != ARC_MAX_AUTO {
+            return Ok(None);
+        }
+        let mut memory = crate::arc::memory::SystemMemory::open();
+        let limits = memory
+            .limits()
+            .map_err(|e| ConfigError::Memory(e.to_string()))?;
+        let floor_bytes = u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64;
+        let breathe = BreatheConfig::resolve(
+            limits,
+            config.arc_min_bytes,
+            config.arc_sys_free_bytes,
+            floor_bytes,
+        );
+        config.arc_max_bytes = breathe.c_max_bytes;
+        assert!(config.arc_max_bytes >= floor_bytes);
+        Ok(Some((breathe, limits, memory)))
+    }
+
+    /// Starts the memory watcher of `arc_max = auto` on `arc`.
+    fn start_breathing(
+        arc: &Arc<LiveArc>,
+        (breathe, limits, memory): AutoResolved,
+    ) -> Result<(crate::arc::breathe::ArcAuto, crate::arc::breathe::Watcher), ConfigError> {
+        assert_eq!(arc.config().arc_max_bytes, breathe.c_max_bytes);
+        arc.set_breathing(breathe);
+        let cgroup = memory.cgroup().cloned();
+        let watcher = crate::arc::breathe::Watcher::start(
+            Arc::clone(arc),
+            breathe,
+            memory,
+            cgroup.as_ref(),
+            limits.cgroup_limit_bytes,
+        )
+        .map_err(|e| ConfigError::Memory(format!("memory watcher: {e}")))?;
+        let auto = crate::arc::breathe::ArcAuto {
+            breathe,
+            limits,
+            cgroup,
+            unarmed: watcher.unarmed.clone(),
+        };
+        Ok((auto, watcher))
     }
 
     /// What `arc_max = auto` resolved to: the ceiling `c_max`, the floor
