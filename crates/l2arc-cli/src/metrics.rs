@@ -61,6 +61,11 @@ fn kind_of(name: &str) -> Kind {
         | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,
+        "arc_checkpoint_bytes" => Kind::GaugeBytes,
+        "arc_prewarm_active"
+        | "arc_prewarm_queued_records"
+        | "arc_checkpoint_records"
+        | "arc_checkpoint_age_secs" => Kind::Gauge,
         "l2_rebuild_time_us" => Kind::CounterMicros,
         n if n.ends_with("_bytes") => Kind::CounterBytes,
         _ => Kind::Counter,
@@ -75,6 +80,7 @@ fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
             (format!("{prefix}{name}_total"), "counter")
         }
         Kind::CounterBytes => (format!("{prefix}{name}_bytes_total"), "counter"),
+        Kind::GaugeBytes if name.ends_with("_bytes") => (format!("{prefix}{name}"), "gauge"),
         Kind::GaugeBytes => (format!("{prefix}{name}_bytes"), "gauge"),
         Kind::Gauge => (format!("{prefix}{name}"), "gauge"),
         Kind::CounterMicros => (
@@ -182,7 +188,8 @@ fn help_of(name: &str, of_what: &str) -> String {
         Kind::Counter => "count",
         Kind::CounterBytes | Kind::GaugeBytes => "bytes",
         Kind::CounterMicros => "seconds",
-        Kind::Gauge if name == "l2_ioengine_uring" => "0 or 1",
+        Kind::Gauge if name == "l2_ioengine_uring" || name == "arc_prewarm_active" => "0 or 1",
+        Kind::Gauge if name.ends_with("_secs") => "seconds",
         Kind::Gauge => "count",
     };
     format!("{}{of_what} ({unit}; arcstats {name}).", about(name))
@@ -572,6 +579,27 @@ fn about(name: &str) -> &'static str {
         "evict_l2_ineligible" => "Data evicted from the ARC that was not for a cache device",
         "evict_l2_skip" => "Eligible data dropped because the L2ARC feed queue was full",
         "evict_l2_queued" => "Eligible data queued for a cache device",
+        "arc_prewarm_records" => "Records the prewarm read back from flash into the ARC at start",
+        "arc_prewarm_bytes" => "Data the prewarm read back from flash into the ARC at start",
+        "arc_prewarm_ms" => "Milliseconds the prewarm took, once it ended",
+        "arc_prewarm_joined" => "Reads that waited for the prewarm's read of their record",
+        "arc_prewarm_stale" => "Saved records not prewarmed because their object changed while stopped",
+        "arc_prewarm_missing" => "Saved records not prewarmed because no cache device held them",
+        "arc_prewarm_active" => "Whether the prewarm runs now",
+        "arc_prewarm_queued_records" => "Saved records the prewarm has still to consider",
+        "arc_checkpoints" => "Checkpoints of the ARC's shape saved",
+        "arc_checkpoint_bytes" => "Size of the last ARC checkpoint saved or restored",
+        "arc_checkpoint_records" => "Records in the last ARC checkpoint saved or restored",
+        "arc_checkpoint_age_secs" => "Age of the last ARC checkpoint saved or restored",
+        "arc_checkpoint_unnamed_records" => {
+            "ARC records left out of checkpoints because their object's name is unknown"
+        }
+        "arc_checkpoint_dropped_records" => "ARC entries left out of checkpoints by the size bound",
+        "arc_checkpoint_rejected_magic" => "ARC checkpoints rejected at start: not a checkpoint",
+        "arc_checkpoint_rejected_version" => "ARC checkpoints rejected at start: another version",
+        "arc_checkpoint_rejected_checksum" => "ARC checkpoints rejected at start: damaged",
+        "arc_checkpoint_rejected_truncated" => "ARC checkpoints rejected at start: torn",
+        "arc_checkpoint_rejected_invalid" => "ARC checkpoints rejected at start: inconsistent",
         _ => about_l2(name),
     }
 }

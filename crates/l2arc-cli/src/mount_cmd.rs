@@ -102,6 +102,8 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
         resolved.wrap_primary(Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>)?,
         resolved.dataset_config,
     )?;
+    // The ARC's shape of the last run, prewarmed in the background.
+    let shape = crate::shape::start(&cache, &resolved);
     let fs = CachedFs::new(
         Arc::clone(&cache),
         dataset,
@@ -146,6 +148,7 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
         resolved,
     );
     serve_until_stopped(session, &args, &signals, &what, reloader)?;
+    crate::shape::save_at_stop(shape, &cache);
     print_kstats(&cache);
     Ok(())
 }
@@ -332,6 +335,8 @@ fn run_s3(mut args: MountArgs) -> Result<()> {
         Arc::clone(&store) as Arc<dyn l2arc::primary::Primary>,
         resolved.dataset_config,
     )?;
+    // The ARC's shape of the last run, prewarmed in the background.
+    let shape = crate::shape::start(&cache, &resolved);
     let reloader = reloader(&args, S3_RECORDSIZE_DEFAULT_BYTES, "s3", &cache, resolved);
     let ttl = Duration::from_millis(store.config().metadata_ttl_ms);
     let fs = l2arc_fuse::ObjectFs::new(
@@ -359,6 +364,7 @@ fn run_s3(mut args: MountArgs) -> Result<()> {
         ttl.as_secs_f64()
     );
     serve_until_stopped(session, &args, &signals, &uri, reloader)?;
+    crate::shape::save_at_stop(shape, &cache);
     crate::s3_opts::print_requests(&store);
     print_kstats(&cache);
     Ok(())

@@ -122,6 +122,8 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     let handle = cache
         .open(dataset, "", writable)
         .with_context(|| format!("open {}", args.image.display()))?;
+    // The ARC's shape of the last run, prewarmed in the background.
+    let shape = crate::shape::start(&cache, &resolved);
     let server = Server::new(Arc::clone(&cache), handle, server_config(&args))
         .context("--nbd-buffer-max")?;
     // NBD's families on /metrics while it serves.
@@ -150,6 +152,7 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     server.serve(listener)?;
     life.stopping();
     drop(life);
+    crate::shape::save_at_stop(shape, &cache);
     if let Some(store) = &store {
         crate::s3_opts::print_requests(store);
     }

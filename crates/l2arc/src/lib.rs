@@ -71,7 +71,10 @@ pub use cache::{
     RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
     validate_recordsize,
 };
-pub use cache::{ReadCompletion, ReadQueue};
+pub use cache::{
+    ArcCheckpointer, ReadCompletion, ReadQueue, RestoreError, RestoredShape, SavedShapeSummary,
+    ShapeStats,
+};
 pub use l2arc::device::{DeviceIdentity, DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
 pub use l2arc::{DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats};

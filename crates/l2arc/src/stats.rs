@@ -65,6 +65,9 @@ pub struct CacheStats {
     pub zfetch_io_issued: u64,
     /// The L2ARC's statistics, when cache devices were added.
     pub l2: Option<crate::l2arc::L2Stats>,
+    /// The ARC's checkpoints and the prewarm (`arc_prewarm_*`,
+    /// `arc_checkpoint*`).
+    pub shape: crate::cache::ShapeStats,
 }
 
 impl CacheStats {
@@ -85,6 +88,7 @@ impl CacheStats {
             ("zfetch_io_issued", self.zfetch_io_issued),
             ("l2_ioengine_uring", u64::from(self.ioengine_uring)),
         ]);
+        all.extend(self.shape.kstats());
         if let Some(l2) = &self.l2 {
             all.extend(l2.kstats.iter().copied());
         }
@@ -119,7 +123,12 @@ pub enum KstatKind {
 /// here is a counter, so a counter added later is kept monotonic (and
 /// exported as one) without being listed.
 pub fn kstat_kind(name: &str) -> KstatKind {
-    const GAUGES: [&str; 13] = [
+    const GAUGES: [&str; 18] = [
+        "arc_prewarm_active",
+        "arc_prewarm_queued_records",
+        "arc_checkpoint_bytes",
+        "arc_checkpoint_records",
+        "arc_checkpoint_age_secs",
         "c",
         "p",
         "c_max",
