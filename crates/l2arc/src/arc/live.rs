@@ -1195,6 +1195,42 @@ mod tests {
         }
     }
 
+    /// A reader of a record the prewarm is reading waits for that read
+    /// (counted), gets its record, and the record goes in at the cold end;
+    /// a prewarm read that found nothing lets the waiter claim it itself.
+    #[test]
+    fn a_reader_joins_a_prewarm_read_of_its_record() {
+        let arc = LiveArc::new(ArcConfig {
+            arc_max_bytes: 1 << 20,
+            shards: 1,
+            dram_policy: DramPolicy::Arc,
+        });
+        fill(&arc, key(9), 1, 9); // a demand read: MRU head
+        let claim = arc.claim_prewarm(key(1)).expect("not resident, not in flight");
+        assert!(arc.claim_prewarm(key(1)).is_none(), "one claim a record");
+        assert!(arc.claim_prewarm(key(9)).is_none(), "resident already");
+        let Lookup::InFlight(joined) = arc.lookup(key(1), 1, AccessKind::Demand) else {
+            panic!("a reader of a record being prewarmed waits on it");
+        };
+        assert!(claim.complete(Some(record(1, 4096, 1)), ListId::Mru, false));
+        assert_eq!(joined.wait().unwrap().data[0], 1);
+        assert_eq!(arc.stats().prewarm_joined, 1);
+        // Inserted at the cold end: behind the demand read's record.
+        let mut out = Vec::new();
+        arc.feed_candidates(ListId::Mru, u64::MAX, &mut out);
+        let order: Vec<u64> = out.iter().map(|(k, ..)| k.record).collect();
+        assert_eq!(order, [1, 9], "coldest first");
+        // Nothing on flash: the waiter looks again and claims it itself.
+        let claim = arc.claim_prewarm(key(2)).unwrap();
+        let Lookup::InFlight(waiting) = arc.lookup(key(2), 1, AccessKind::Demand) else {
+            panic!("in flight");
+        };
+        assert!(!claim.complete(None, ListId::Mru, false));
+        assert!(waiting.wait().is_err_and(|e| e.is_abandoned()));
+        assert!(matches!(arc.lookup(key(2), 1, AccessKind::Demand), Lookup::Claimed(_)));
+        arc.assert_consistent();
+    }
+
     #[test]
     fn abandoned_claim_fails_waiters() {
         let arc = LiveArc::new(ArcConfig {
