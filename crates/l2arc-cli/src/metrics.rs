@@ -49,6 +49,10 @@ enum Kind {
     Gauge,
     /// A counter in microseconds, exported in seconds.
     CounterMicros,
+    /// A counter in milliseconds, exported in seconds.
+    CounterMillis,
+    /// A gauge in seconds (`_secs`), exported as `_seconds`.
+    GaugeSeconds,
 }
 
 fn kind_of(name: &str) -> Kind {
@@ -62,11 +66,12 @@ fn kind_of(name: &str) -> Kind {
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,
         "arc_checkpoint_bytes" => Kind::GaugeBytes,
-        "arc_prewarm_active"
-        | "arc_prewarm_queued_records"
-        | "arc_checkpoint_records"
-        | "arc_checkpoint_age_secs" => Kind::Gauge,
+        "arc_prewarm_active" | "arc_prewarm_queued_records" | "arc_checkpoint_records" => {
+            Kind::Gauge
+        }
         "l2_rebuild_time_us" => Kind::CounterMicros,
+        "arc_prewarm_ms" => Kind::CounterMillis,
+        "arc_checkpoint_age_secs" => Kind::GaugeSeconds,
         n if n.ends_with("_bytes") => Kind::CounterBytes,
         _ => Kind::Counter,
     }
@@ -87,12 +92,21 @@ fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
             format!("{prefix}{}_seconds_total", name.trim_end_matches("_us")),
             "counter",
         ),
+        Kind::CounterMillis => (
+            format!("{prefix}{}_seconds_total", name.trim_end_matches("_ms")),
+            "counter",
+        ),
+        Kind::GaugeSeconds => (
+            format!("{prefix}{}_seconds", name.trim_end_matches("_secs")),
+            "gauge",
+        ),
     }
 }
 
 fn exported_value(name: &str, value: u64) -> String {
     match kind_of(name) {
         Kind::CounterMicros => format!("{}", value as f64 / 1e6),
+        Kind::CounterMillis => format!("{}", value as f64 / 1e3),
         _ => value.to_string(),
     }
 }
@@ -187,9 +201,8 @@ fn help_of(name: &str, of_what: &str) -> String {
     let unit = match kind_of(name) {
         Kind::Counter => "count",
         Kind::CounterBytes | Kind::GaugeBytes => "bytes",
-        Kind::CounterMicros => "seconds",
+        Kind::CounterMicros | Kind::CounterMillis | Kind::GaugeSeconds => "seconds",
         Kind::Gauge if name == "l2_ioengine_uring" || name == "arc_prewarm_active" => "0 or 1",
-        Kind::Gauge if name.ends_with("_secs") => "seconds",
         Kind::Gauge => "count",
     };
     format!("{}{of_what} ({unit}; arcstats {name}).", about(name))
@@ -579,11 +592,22 @@ fn about(name: &str) -> &'static str {
         "evict_l2_ineligible" => "Data evicted from the ARC that was not for a cache device",
         "evict_l2_skip" => "Eligible data dropped because the L2ARC feed queue was full",
         "evict_l2_queued" => "Eligible data queued for a cache device",
+        n if n.starts_with("arc_prewarm_") || n.starts_with("arc_checkpoint") => about_shape(n),
+        _ => about_l2(name),
+    }
+}
+
+/// One sentence on what a kstat of the ARC's checkpoints and prewarm
+/// counts (docs/operations.md, "Restarts: the ARC comes back hot").
+fn about_shape(name: &str) -> &'static str {
+    match name {
         "arc_prewarm_records" => "Records the prewarm read back from flash into the ARC at start",
         "arc_prewarm_bytes" => "Data the prewarm read back from flash into the ARC at start",
         "arc_prewarm_ms" => "Milliseconds the prewarm took, once it ended",
         "arc_prewarm_joined" => "Reads that waited for the prewarm's read of their record",
-        "arc_prewarm_stale" => "Saved records not prewarmed because their object changed while stopped",
+        "arc_prewarm_stale" => {
+            "Saved records not prewarmed because their object changed while stopped"
+        }
         "arc_prewarm_missing" => "Saved records not prewarmed because no cache device held them",
         "arc_prewarm_active" => "Whether the prewarm runs now",
         "arc_prewarm_queued_records" => "Saved records the prewarm has still to consider",
@@ -600,7 +624,7 @@ fn about(name: &str) -> &'static str {
         "arc_checkpoint_rejected_checksum" => "ARC checkpoints rejected at start: damaged",
         "arc_checkpoint_rejected_truncated" => "ARC checkpoints rejected at start: torn",
         "arc_checkpoint_rejected_invalid" => "ARC checkpoints rejected at start: inconsistent",
-        _ => about_l2(name),
+        _ => "A counter of the ARC's checkpoints",
     }
 }
 
@@ -811,7 +835,7 @@ mod tests {
         for (name, _) in kstats.iter().chain(device.iter()) {
             let ours = matches!(
                 kind_of(name),
-                Kind::Counter | Kind::CounterBytes | Kind::CounterMicros
+                Kind::Counter | Kind::CounterBytes | Kind::CounterMicros | Kind::CounterMillis
             );
             let engine = l2arc::kstat_kind(name) == l2arc::KstatKind::Counter;
             assert_eq!(

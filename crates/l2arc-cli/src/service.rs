@@ -392,7 +392,9 @@ impl CacheOptions {
             .or(file.l2arc_arc_checkpoint_secs)
             .unwrap_or(60);
         if arc_checkpoint_secs > 86_400 {
-            bail!("l2arc_arc_checkpoint_secs must be seconds from 0 to 86400, not {arc_checkpoint_secs}");
+            bail!(
+                "l2arc_arc_checkpoint_secs must be seconds from 0 to 86400, not {arc_checkpoint_secs}"
+            );
         }
         Ok(ResolvedOptions {
             prewarm: self.l2arc_prewarm.or(file.l2arc_prewarm).unwrap_or(true),

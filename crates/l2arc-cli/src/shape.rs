@@ -65,7 +65,10 @@ pub(crate) fn start(cache: &Arc<Cache>, resolved: &ResolvedOptions) -> ShapeKeep
     let checkpointer = match cache.start_arc_checkpoints(&path, resolved.arc_checkpoint_secs) {
         Ok(c) => Some(c),
         Err(e) => {
-            eprintln!("l2arc: ARC checkpoints to {}: {e}; saved at stop only", path.display());
+            eprintln!(
+                "l2arc: ARC checkpoints to {}: {e}; saved at stop only",
+                path.display()
+            );
             None
         }
     };
@@ -98,7 +101,11 @@ fn restore(cache: &Arc<Cache>, path: &Path, prewarm: bool) {
             path.display(),
             r.ghosts,
             r.age_secs,
-            if prewarm { "has nothing to read" } else { "off (l2arc_prewarm)" }
+            if prewarm {
+                "has nothing to read"
+            } else {
+                "off (l2arc_prewarm)"
+            }
         ),
         Err(RestoreError::Missing) => eprintln!(
             "l2arc: no ARC checkpoint at {} yet: the ARC starts cold",

@@ -111,7 +111,10 @@ fn a_clean_stop_saves_the_shape_and_a_restart_prewarms_it() {
         .iter()
         .find(|l| l.starts_with("l2arc: stopping: saved the ARC's shape ("))
         .unwrap_or_else(|| panic!("no save line: {rest:?}"));
-    assert!(saved.ends_with(&format!("to {}", setup.checkpoint().display())), "{saved}");
+    assert!(
+        saved.ends_with(&format!("to {}", setup.checkpoint().display())),
+        "{saved}"
+    );
     let saved_records: u64 = saved
         .trim_start_matches("l2arc: stopping: saved the ARC's shape (")
         .split(' ')
@@ -147,14 +150,20 @@ fn after_a_sigkill_the_last_checkpoint_is_used() {
     std::thread::sleep(Duration::from_secs(4));
     served.child.kill().unwrap(); // SIGKILL: no stop line, no save at stop
     served.child.wait().unwrap();
-    assert!(setup.checkpoint().exists(), "a checkpoint was written while running");
+    assert!(
+        setup.checkpoint().exists(),
+        "a checkpoint was written while running"
+    );
 
     let served = setup.start(&[]);
     let line = served
         .line_before_ready("l2arc: prewarm: ")
         .unwrap_or_else(|| panic!("{:?}", served.before_ready));
     assert!(line.contains(" s ago"), "{line}");
-    assert!(done_records(&served) > 0, "the checkpoint's records were prewarmed");
+    assert!(
+        done_records(&served) > 0,
+        "the checkpoint's records were prewarmed"
+    );
     setup.read(&served, IMAGE_BYTES);
 }
 
@@ -191,7 +200,8 @@ fn a_damaged_checkpoint_is_rejected_and_the_service_starts_cold() {
     let (status, rest) = served.stop();
     assert!(status.success());
     assert!(
-        rest.iter().any(|l| l.starts_with("l2arc: stopping: saved the ARC's shape (")),
+        rest.iter()
+            .any(|l| l.starts_with("l2arc: stopping: saved the ARC's shape (")),
         "{rest:?}"
     );
 }

@@ -67,13 +67,13 @@ pub const FEATURES: [(&str, bool); 4] = [
 pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use cache::properties::PropertyError;
 pub use cache::{
+    ArcCheckpointer, ReadCompletion, ReadQueue, RestoreError, RestoredShape, SavedShapeSummary,
+    ShapeStats,
+};
+pub use cache::{
     Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle,
     RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
     validate_recordsize,
-};
-pub use cache::{
-    ArcCheckpointer, ReadCompletion, ReadQueue, RestoreError, RestoredShape, SavedShapeSummary,
-    ShapeStats,
 };
 pub use l2arc::device::{DeviceIdentity, DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use l2arc::arc::shape::{self, ShapeRejected};
-use l2arc::internals::{FaultyDevice, Faults};
+use l2arc::internals::{Faults, FaultyDevice};
 use l2arc::primary::dir::DirPrimary;
 use l2arc::{Cache, CacheConfig, CacheStats, DatasetConfig, DatasetId, FileDevice, RestoreError};
 use l2arc_util::{RS, World, quiet_l2};
@@ -131,7 +131,10 @@ fn a_restart_brings_back_the_lists_the_ghosts_and_p() {
         warm(&world, &cache, ds);
         let stats = cache.stats().arc;
         assert!(stats.mru_size > 0 && stats.mfu_size > 0, "{stats:?}");
-        assert!(stats.mru_ghost_size > 0 && stats.mfu_ghost_size > 0, "{stats:?}");
+        assert!(
+            stats.mru_ghost_size > 0 && stats.mfu_ghost_size > 0,
+            "{stats:?}"
+        );
         let saved = cache.save_arc_shape(&saved_path).unwrap().unwrap();
         assert_eq!(saved.records, stats.entries);
         assert_eq!(saved.unnamed_records, 0);
@@ -154,7 +157,10 @@ fn a_restart_brings_back_the_lists_the_ghosts_and_p() {
         ("mru_ghost_size", before.mru_ghost_size, a.mru_ghost_size),
         ("mfu_ghost_size", before.mfu_ghost_size, a.mfu_ghost_size),
     ] {
-        assert!(x.abs_diff(y) <= one, "{what}: {x} at the stop, {y} after: {a:?}");
+        assert!(
+            x.abs_diff(y) <= one,
+            "{what}: {x} at the stop, {y} after: {a:?}"
+        );
     }
     assert_eq!(kstat(&after, "arc_prewarm_records"), before.entries);
     assert_eq!(kstat(&after, "arc_prewarm_stale"), 0);
@@ -221,9 +227,21 @@ fn a_corrupt_or_torn_checkpoint_is_rejected_and_counted() {
     flipped[at] ^= 0x01;
     let torn = &good[..good.len() - 100];
     for (bytes, reason, expected) in [
-        (&flipped[..], "arc_checkpoint_rejected_checksum", ShapeRejected::Checksum),
-        (torn, "arc_checkpoint_rejected_truncated", ShapeRejected::Truncated),
-        (b"not a checkpoint at all".as_slice(), "arc_checkpoint_rejected_magic", ShapeRejected::Magic),
+        (
+            &flipped[..],
+            "arc_checkpoint_rejected_checksum",
+            ShapeRejected::Checksum,
+        ),
+        (
+            torn,
+            "arc_checkpoint_rejected_truncated",
+            ShapeRejected::Truncated,
+        ),
+        (
+            b"not a checkpoint at all".as_slice(),
+            "arc_checkpoint_rejected_magic",
+            ShapeRejected::Magic,
+        ),
     ] {
         std::fs::write(&saved_path, bytes).unwrap();
         let (cache, _) = start(&world, 16 * RS as u64, 2, &device);
@@ -277,7 +295,10 @@ fn an_object_changed_while_stopped_is_not_prewarmed() {
     assert!(cache.wait_for_prewarm(Duration::from_secs(60)));
     let stats = cache.stats();
     assert_eq!(kstat(&stats, "arc_prewarm_stale"), hot_records_resident);
-    assert!(kstat(&stats, "arc_prewarm_records") > 0, "the other files are prewarmed");
+    assert!(
+        kstat(&stats, "arc_prewarm_records") > 0,
+        "the other files are prewarmed"
+    );
     for r in 0..6 {
         read_record(&cache, ds, "hot", r, &new);
     }
@@ -302,7 +323,11 @@ fn the_prewarm_never_takes_the_arc_past_its_size() {
     assert!(cache.wait_for_prewarm(Duration::from_secs(60)));
     let stats = cache.stats();
     assert!(stats.arc.size <= small, "{} > {small}", stats.arc.size);
-    assert!(kstat(&stats, "arc_prewarm_records") >= 4, "it did fill: {:?}", stats.arc);
+    assert!(
+        kstat(&stats, "arc_prewarm_records") >= 4,
+        "it did fill: {:?}",
+        stats.arc
+    );
     assert!(stats.arc.p <= stats.arc.c);
     cache.assert_consistent();
 }

@@ -883,16 +883,14 @@ impl LiveArc {
             let entries = &mut out.lists[list as usize];
             entries.clear();
             entries.reserve(policy.list_len(list) as usize);
-            entries.extend(
-                policy
-                    .iter_from_hot_end(list)
-                    .map(|(key, size_bytes, record, prefetched)| ShapeEntry {
-                        key: *key,
-                        size_bytes,
-                        prefetched,
-                        token: record.map_or(0, |r| r.generation_token),
-                    }),
-            );
+            entries.extend(policy.iter_from_hot_end(list).map(
+                |(key, size_bytes, record, prefetched)| ShapeEntry {
+                    key: *key,
+                    size_bytes,
+                    prefetched,
+                    token: record.map_or(0, |r| r.generation_token),
+                },
+            ));
             debug_assert_eq!(entries.len() as u64, policy.list_len(list));
         }
     }
@@ -1206,7 +1204,9 @@ mod tests {
             dram_policy: DramPolicy::Arc,
         });
         fill(&arc, key(9), 1, 9); // a demand read: MRU head
-        let claim = arc.claim_prewarm(key(1)).expect("not resident, not in flight");
+        let claim = arc
+            .claim_prewarm(key(1))
+            .expect("not resident, not in flight");
         assert!(arc.claim_prewarm(key(1)).is_none(), "one claim a record");
         assert!(arc.claim_prewarm(key(9)).is_none(), "resident already");
         let Lookup::InFlight(joined) = arc.lookup(key(1), 1, AccessKind::Demand) else {
@@ -1227,7 +1227,10 @@ mod tests {
         };
         assert!(!claim.complete(None, ListId::Mru, false));
         assert!(waiting.wait().is_err_and(|e| e.is_abandoned()));
-        assert!(matches!(arc.lookup(key(2), 1, AccessKind::Demand), Lookup::Claimed(_)));
+        assert!(matches!(
+            arc.lookup(key(2), 1, AccessKind::Demand),
+            Lookup::Claimed(_)
+        ));
         arc.assert_consistent();
     }
 

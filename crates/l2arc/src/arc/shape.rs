@@ -162,7 +162,8 @@ impl SavedShape {
                     + (s.mru_ghost.len() + s.mfu_ghost.len()) as u64 * SHAPE_GHOST_ENTRY_BYTES
             })
             .sum();
-        let total = SHAPE_HEADER_BYTES as u64 + 4 + 8 * self.datasets.len() as u64 + 4 + objects + shards;
+        let total =
+            SHAPE_HEADER_BYTES as u64 + 4 + 8 * self.datasets.len() as u64 + 4 + objects + shards;
         debug_assert!(total >= SHAPE_HEADER_BYTES as u64);
         total
     }
@@ -200,7 +201,8 @@ impl ShapeRejected {
 }
 
 /// Every reason a checkpoint is rejected for.
-pub const SHAPE_REJECT_REASONS: [&str; 5] = ["magic", "version", "checksum", "truncated", "invalid"];
+pub const SHAPE_REJECT_REASONS: [&str; 5] =
+    ["magic", "version", "checksum", "truncated", "invalid"];
 
 impl std::fmt::Display for ShapeRejected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -342,16 +344,16 @@ fn invalid(why: String) -> ShapeRejected {
 }
 
 fn check_size(size_bytes: u32) -> Result<u32, ShapeRejected> {
-    debug_assert!(SHAPE_RECORD_BYTES_MAX > 0);
     if size_bytes == 0 || size_bytes > SHAPE_RECORD_BYTES_MAX {
         return Err(invalid(format!("a record of {size_bytes} bytes")));
     }
+    debug_assert!((1..=SHAPE_RECORD_BYTES_MAX).contains(&size_bytes));
     Ok(size_bytes)
 }
 
-/// Decodes and checks a checkpoint (see the module comment): any failure
-/// is a reason to start cold.
-pub fn decode(bytes: &[u8]) -> Result<SavedShape, ShapeRejected> {
+/// Checks the header and the payload's length and CRC: the payload, the
+/// shard count and the creation time.
+fn decode_header(bytes: &[u8]) -> Result<(&[u8], u32, u64), ShapeRejected> {
     if bytes.len() < SHAPE_MAGIC.len() {
         return Err(ShapeRejected::Truncated);
     }
@@ -383,7 +385,10 @@ pub fn decode(bytes: &[u8]) -> Result<SavedShape, ShapeRejected> {
         return Err(ShapeRejected::Truncated);
     }
     if bytes.len() > end {
-        return Err(invalid(format!("{} bytes after the payload", bytes.len() - end)));
+        return Err(invalid(format!(
+            "{} bytes after the payload",
+            bytes.len() - end
+        )));
     }
     let payload = &bytes[SHAPE_HEADER_BYTES..end];
     if crc32c(payload) != u32_at(24) {
@@ -393,14 +398,11 @@ pub fn decode(bytes: &[u8]) -> Result<SavedShape, ShapeRejected> {
     if shards == 0 || shards > SHAPE_SHARDS_MAX {
         return Err(invalid(format!("{shards} shards")));
     }
-    let mut r = Reader {
-        bytes: payload,
-        at: 0,
-    };
-    let mut shape = SavedShape {
-        created_unix_secs: u64_at(32),
-        ..SavedShape::default()
-    };
+    Ok((payload, shards, u64_at(32)))
+}
+
+/// The dataset and object tables.
+fn decode_tables(r: &mut Reader<'_>, shape: &mut SavedShape) -> Result<(), ShapeRejected> {
     let datasets = r.count(8, "datasets")?;
     for _ in 0..datasets {
         shape.datasets.push(r.u64()?);
@@ -427,67 +429,86 @@ pub fn decode(bytes: &[u8]) -> Result<SavedShape, ShapeRejected> {
             name,
         });
     }
+    debug_assert_eq!(shape.objects.len(), objects);
+    Ok(())
+}
+
+/// A resident list: entries whose object indices are checked.
+fn decode_records(r: &mut Reader<'_>, objects: usize) -> Result<Vec<SavedRecord>, ShapeRejected> {
+    let n = r.count(SHAPE_RECORD_ENTRY_BYTES, "records")?;
+    let mut list = Vec::with_capacity(n);
+    for _ in 0..n {
+        let object = r.u32()?;
+        if object as usize >= objects {
+            return Err(invalid(format!("a record of object {object}")));
+        }
+        let record = r.u64()?;
+        let size_bytes = check_size(r.u32()?)?;
+        let flags = r.u8()?;
+        if flags > 1 {
+            return Err(invalid(format!("flags {flags:#x}")));
+        }
+        list.push(SavedRecord {
+            object,
+            record,
+            size_bytes,
+            prefetched: flags == 1,
+        });
+    }
+    debug_assert_eq!(list.len(), n);
+    Ok(list)
+}
+
+/// A ghost list: entries whose dataset indices are checked.
+fn decode_ghosts(r: &mut Reader<'_>, datasets: usize) -> Result<Vec<SavedGhost>, ShapeRejected> {
+    let n = r.count(SHAPE_GHOST_ENTRY_BYTES, "ghosts")?;
+    let mut list = Vec::with_capacity(n);
+    for _ in 0..n {
+        let dataset = r.u32()?;
+        if dataset as usize >= datasets {
+            return Err(invalid(format!("a ghost of dataset {dataset}")));
+        }
+        list.push(SavedGhost {
+            dataset,
+            object: r.u64()?,
+            record: r.u64()?,
+            size_bytes: check_size(r.u32()?)?,
+        });
+    }
+    debug_assert_eq!(list.len(), n);
+    Ok(list)
+}
+
+/// Decodes and checks a checkpoint (see the module comment): any failure
+/// is a reason to start cold.
+pub fn decode(bytes: &[u8]) -> Result<SavedShape, ShapeRejected> {
+    let (payload, shards, created_unix_secs) = decode_header(bytes)?;
+    let mut r = Reader {
+        bytes: payload,
+        at: 0,
+    };
+    let mut shape = SavedShape {
+        created_unix_secs,
+        ..SavedShape::default()
+    };
+    decode_tables(&mut r, &mut shape)?;
     for _ in 0..shards {
-        let mut s = SavedShard {
-            p_bytes: r.u64()?,
-            c_bytes: r.u64()?,
-            ..SavedShard::default()
-        };
-        if s.p_bytes > s.c_bytes {
-            return Err(invalid(format!("p {} over c {}", s.p_bytes, s.c_bytes)));
+        let (p_bytes, c_bytes) = (r.u64()?, r.u64()?);
+        if p_bytes > c_bytes {
+            return Err(invalid(format!("p {p_bytes} over c {c_bytes}")));
         }
-        for resident in 0..2 {
-            let n = r.count(SHAPE_RECORD_ENTRY_BYTES, "records")?;
-            let mut list = Vec::with_capacity(n);
-            for _ in 0..n {
-                let object = r.u32()?;
-                if object as usize >= shape.objects.len() {
-                    return Err(invalid(format!("a record of object {object}")));
-                }
-                let record = r.u64()?;
-                let size_bytes = check_size(r.u32()?)?;
-                let flags = r.u8()?;
-                if flags > 1 {
-                    return Err(invalid(format!("flags {flags:#x}")));
-                }
-                list.push(SavedRecord {
-                    object,
-                    record,
-                    size_bytes,
-                    prefetched: flags == 1,
-                });
-            }
-            if resident == 0 {
-                s.mru = list;
-            } else {
-                s.mfu = list;
-            }
-        }
-        for ghost in 0..2 {
-            let n = r.count(SHAPE_GHOST_ENTRY_BYTES, "ghosts")?;
-            let mut list = Vec::with_capacity(n);
-            for _ in 0..n {
-                let dataset = r.u32()?;
-                if dataset as usize >= shape.datasets.len() {
-                    return Err(invalid(format!("a ghost of dataset {dataset}")));
-                }
-                let object = r.u64()?;
-                let record = r.u64()?;
-                let size_bytes = check_size(r.u32()?)?;
-                list.push(SavedGhost {
-                    dataset,
-                    object,
-                    record,
-                    size_bytes,
-                });
-            }
-            if ghost == 0 {
-                s.mru_ghost = list;
-            } else {
-                s.mfu_ghost = list;
-            }
-        }
-        shape.shards.push(s);
+        let mru = decode_records(&mut r, shape.objects.len())?;
+        let mfu = decode_records(&mut r, shape.objects.len())?;
+        let mru_ghost = decode_ghosts(&mut r, shape.datasets.len())?;
+        let mfu_ghost = decode_ghosts(&mut r, shape.datasets.len())?;
+        shape.shards.push(SavedShard {
+            p_bytes,
+            c_bytes,
+            mru,
+            mfu,
+            mru_ghost,
+            mfu_ghost,
+        });
     }
     if r.at != payload.len() {
         return Err(invalid(format!("{} bytes left over", payload.len() - r.at)));
@@ -560,7 +581,11 @@ mod tests {
         }
         // Any truncation: torn.
         for len in 8..bytes.len() {
-            assert_eq!(decode(&bytes[..len]), Err(ShapeRejected::Truncated), "{len}");
+            assert_eq!(
+                decode(&bytes[..len]),
+                Err(ShapeRejected::Truncated),
+                "{len}"
+            );
         }
         assert_eq!(decode(b"L2ARC"), Err(ShapeRejected::Truncated));
         let mut long = bytes.clone();
@@ -572,9 +597,15 @@ mod tests {
     fn an_index_out_of_range_is_invalid_even_with_good_checksums() {
         let mut shape = sample();
         shape.shards[0].mfu[0].object = 5;
-        assert!(matches!(decode(&encode(&shape)), Err(ShapeRejected::Invalid(_))));
+        assert!(matches!(
+            decode(&encode(&shape)),
+            Err(ShapeRejected::Invalid(_))
+        ));
         let mut shape = sample();
         shape.shards[0].p_bytes = shape.shards[0].c_bytes + 1;
-        assert!(matches!(decode(&encode(&shape)), Err(ShapeRejected::Invalid(_))));
+        assert!(matches!(
+            decode(&encode(&shape)),
+            Err(ShapeRejected::Invalid(_))
+        ));
     }
 }

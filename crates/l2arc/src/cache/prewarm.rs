@@ -46,7 +46,7 @@
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -55,12 +55,13 @@ use super::objects::DatasetId;
 use crate::arc::live::{Record, RecordKey, ShardShape};
 use crate::arc::policy::ListId;
 use crate::arc::shape::{
-    self, SHAPE_BYTES_MAX, SHAPE_GHOST_ENTRY_BYTES, SHAPE_NAME_BYTES_MAX,
-    SHAPE_RECORD_BYTES_MAX, SHAPE_RECORD_ENTRY_BYTES, SHAPE_REJECT_REASONS, SavedGhost,
-    SavedObject, SavedRecord, SavedShape, SavedShard, ShapeRejected,
+    self, SHAPE_BYTES_MAX, SHAPE_GHOST_ENTRY_BYTES, SHAPE_NAME_BYTES_MAX, SHAPE_RECORD_BYTES_MAX,
+    SHAPE_RECORD_ENTRY_BYTES, SHAPE_REJECT_REASONS, SavedGhost, SavedObject, SavedRecord,
+    SavedShape, SavedShard, ShapeRejected,
 };
 use crate::buf::AlignedBuf;
 use crate::hash::FastHashMap;
+pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
 /// Records claimed and read together: a demand read of one of them waits
@@ -88,81 +89,8 @@ pub(crate) struct ShapeCounters {
     checkpoint_unnamed: AtomicU64,
     checkpoint_dropped: AtomicU64,
     rejected: [AtomicU64; SHAPE_REJECT_REASONS.len()],
-}
-
-/// The shape's and the prewarm's statistics.
-#[derive(Clone, Copy, Debug, Default)]
-#[non_exhaustive]
-pub struct ShapeStats {
-    /// Records the prewarm brought into the ARC from flash.
-    pub prewarm_records: u64,
-    /// Their bytes.
-    pub prewarm_bytes: u64,
-    /// How long the last prewarm took, ms (set when it ends).
-    pub prewarm_ms: u64,
-    /// Reads that found a prewarm's read of their record in flight and
-    /// waited for it (the ARC counts them).
-    pub prewarm_joined: u64,
-    /// Saved records not prewarmed: their object changed (or is gone).
-    pub prewarm_stale: u64,
-    /// Saved records not prewarmed: not on flash.
-    pub prewarm_missing: u64,
-    /// 1 while a prewarm runs.
-    pub prewarm_active: u64,
-    /// Saved records the running prewarm has still to consider.
-    pub prewarm_queued_records: u64,
-    /// Checkpoints saved.
-    pub checkpoints: u64,
-    /// Size of the last checkpoint saved (or restored), bytes.
-    pub checkpoint_bytes: u64,
-    /// Resident records in it.
-    pub checkpoint_records: u64,
-    /// Seconds since it was made (0: none).
-    pub checkpoint_age_secs: u64,
-    /// Resident records left out of checkpoints: their object's name is
-    /// unknown (counted at each save).
-    pub checkpoint_unnamed_records: u64,
-    /// Entries left out of checkpoints by the size bound, coldest first.
-    pub checkpoint_dropped_records: u64,
-    /// Checkpoints rejected at start, by reason (`SHAPE_REJECT_REASONS`).
-    pub rejected: [u64; SHAPE_REJECT_REASONS.len()],
-}
-
-impl ShapeStats {
-    /// `(name, value)` pairs for `CacheStats::kstats`.
-    pub fn kstats(&self) -> Vec<(&'static str, u64)> {
-        const REJECTED: [&str; SHAPE_REJECT_REASONS.len()] = [
-            "arc_checkpoint_rejected_magic",
-            "arc_checkpoint_rejected_version",
-            "arc_checkpoint_rejected_checksum",
-            "arc_checkpoint_rejected_truncated",
-            "arc_checkpoint_rejected_invalid",
-        ];
-        debug_assert!(
-            REJECTED
-                .iter()
-                .zip(SHAPE_REJECT_REASONS)
-                .all(|(name, reason)| name.ends_with(reason))
-        );
-        let mut all = vec![
-            ("arc_prewarm_records", self.prewarm_records),
-            ("arc_prewarm_bytes", self.prewarm_bytes),
-            ("arc_prewarm_ms", self.prewarm_ms),
-            ("arc_prewarm_joined", self.prewarm_joined),
-            ("arc_prewarm_stale", self.prewarm_stale),
-            ("arc_prewarm_missing", self.prewarm_missing),
-            ("arc_prewarm_active", self.prewarm_active),
-            ("arc_prewarm_queued_records", self.prewarm_queued_records),
-            ("arc_checkpoints", self.checkpoints),
-            ("arc_checkpoint_bytes", self.checkpoint_bytes),
-            ("arc_checkpoint_records", self.checkpoint_records),
-            ("arc_checkpoint_age_secs", self.checkpoint_age_secs),
-            ("arc_checkpoint_unnamed_records", self.checkpoint_unnamed_records),
-            ("arc_checkpoint_dropped_records", self.checkpoint_dropped_records),
-        ];
-        all.extend(REJECTED.iter().copied().zip(self.rejected));
-        all
-    }
+    /// A save is writing the checkpoint.
+    saving: AtomicBool,
 }
 
 /// What a save wrote.
@@ -223,9 +151,12 @@ impl std::fmt::Display for RestoreError {
 impl std::error::Error for RestoreError {}
 
 fn unix_secs_now() -> u64 {
-    SystemTime::now()
+    let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| d.as_secs());
+    // 0 marks "never" in the checkpoint time (a clock before 1970 too).
+    debug_assert!(secs < u64::MAX / 2);
+    secs
 }
 
 /// One saved record in the prewarm's queue.
@@ -235,6 +166,14 @@ struct Planned {
     record: u64,
     list: ListId,
     prefetched: bool,
+}
+
+/// The object table of a shape being saved, and the names looked up.
+#[derive(Default)]
+struct ObjectTables {
+    /// (dataset, object, token) -> index in `SavedShape::objects`.
+    objects: FastHashMap<(u32, u64, u64), u32>,
+    names: FastHashMap<(u32, u64), Option<Arc<str>>>,
 }
 
 /// What the prewarm works from.
@@ -262,8 +201,7 @@ impl Cache {
             datasets,
             ..SavedShape::default()
         };
-        let mut objects: FastHashMap<(u32, u64, u64), u32> = FastHashMap::default();
-        let mut names: FastHashMap<(u32, u64), Option<Arc<str>>> = FastHashMap::default();
+        let mut tables = ObjectTables::default();
         let mut unnamed = 0u64;
         let mut copied = ShardShape::default();
         for index in 0..self.arc.shard_count() {
@@ -273,40 +211,7 @@ impl Cache {
                 c_bytes: copied.c_bytes,
                 ..SavedShard::default()
             };
-            for list in [ListId::Mru, ListId::Mfu] {
-                for e in &copied.lists[list as usize] {
-                    let name = names
-                        .entry((e.key.dataset, e.key.object))
-                        .or_insert_with(|| self.object_name(e.key.dataset, e.key.object));
-                    let Some(name) = name.as_ref().filter(|n| n.len() <= SHAPE_NAME_BYTES_MAX)
-                    else {
-                        unnamed += 1;
-                        continue;
-                    };
-                    let next = shape.objects.len() as u32;
-                    let object = *objects
-                        .entry((e.key.dataset, e.key.object, e.token))
-                        .or_insert_with(|| {
-                            shape.objects.push(SavedObject {
-                                dataset: e.key.dataset,
-                                object: e.key.object,
-                                token: e.token,
-                                name: name.to_string(),
-                            });
-                            next
-                        });
-                    let entry = SavedRecord {
-                        object,
-                        record: e.key.record,
-                        size_bytes: e.size_bytes.min(u64::from(SHAPE_RECORD_BYTES_MAX)) as u32,
-                        prefetched: e.prefetched,
-                    };
-                    match list {
-                        ListId::Mru => saved.mru.push(entry),
-                        _ => saved.mfu.push(entry),
-                    }
-                }
-            }
+            unnamed += self.save_residents(&copied, &mut shape, &mut saved, &mut tables);
             for list in [ListId::MruGhost, ListId::MfuGhost] {
                 let ghosts = copied.lists[list as usize].iter().map(|e| SavedGhost {
                     dataset: e.key.dataset,
@@ -323,8 +228,62 @@ impl Cache {
         }
         let dropped = bound_shape(&mut shape, SHAPE_BYTES_MAX);
         // Every index points into its table (decode checks it again).
-        debug_assert!(shape.objects.iter().all(|o| (o.dataset as usize) < shape.datasets.len()));
+        debug_assert!(
+            shape
+                .objects
+                .iter()
+                .all(|o| (o.dataset as usize) < shape.datasets.len())
+        );
         (shape, unnamed, dropped)
+    }
+
+    /// A shard's resident entries into `saved`, their objects into the
+    /// shape's table; returns the records left out for want of a name.
+    fn save_residents(
+        &self,
+        copied: &ShardShape,
+        shape: &mut SavedShape,
+        saved: &mut SavedShard,
+        tables: &mut ObjectTables,
+    ) -> u64 {
+        let mut unnamed = 0u64;
+        for list in [ListId::Mru, ListId::Mfu] {
+            for e in &copied.lists[list as usize] {
+                let name = tables
+                    .names
+                    .entry((e.key.dataset, e.key.object))
+                    .or_insert_with(|| self.object_name(e.key.dataset, e.key.object));
+                let Some(name) = name.as_ref().filter(|n| n.len() <= SHAPE_NAME_BYTES_MAX) else {
+                    unnamed += 1;
+                    continue;
+                };
+                let next = shape.objects.len() as u32;
+                let object = *tables
+                    .objects
+                    .entry((e.key.dataset, e.key.object, e.token))
+                    .or_insert_with(|| {
+                        shape.objects.push(SavedObject {
+                            dataset: e.key.dataset,
+                            object: e.key.object,
+                            token: e.token,
+                            name: name.to_string(),
+                        });
+                        next
+                    });
+                let entry = SavedRecord {
+                    object,
+                    record: e.key.record,
+                    size_bytes: e.size_bytes.clamp(1, u64::from(SHAPE_RECORD_BYTES_MAX)) as u32,
+                    prefetched: e.prefetched,
+                };
+                match list {
+                    ListId::Mru => saved.mru.push(entry),
+                    _ => saved.mfu.push(entry),
+                }
+            }
+        }
+        debug_assert!(unnamed as usize <= copied.lists[0].len() + copied.lists[1].len());
+        unnamed
     }
 
     /// The name the object `(dataset, object)` was last opened or named
@@ -350,9 +309,20 @@ impl Cache {
         if self.shape.prewarm_active.load(Ordering::Acquire) != 0 {
             return Ok(None);
         }
+        // One save at a time (they share the temporary file's name).
+        while self
+            .shape
+            .saving
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let (shape, unnamed, dropped) = self.snapshot_shape();
         let bytes = shape::encode(&shape);
-        write_atomically(path, &bytes)?;
+        let written = write_atomically(path, &bytes);
+        self.shape.saving.store(false, Ordering::Release);
+        written?;
         let summary = SavedShapeSummary {
             records: shape.records(),
             resident_bytes: shape.resident_bytes(),
@@ -367,8 +337,10 @@ impl Cache {
         };
         let c = &self.shape;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
-        c.checkpoint_bytes.store(summary.file_bytes, Ordering::Relaxed);
-        c.checkpoint_records.store(summary.records, Ordering::Relaxed);
+        c.checkpoint_bytes
+            .store(summary.file_bytes, Ordering::Relaxed);
+        c.checkpoint_records
+            .store(summary.records, Ordering::Relaxed);
         c.checkpoint_unix_secs
             .store(shape.created_unix_secs.max(1), Ordering::Relaxed);
         c.checkpoint_unnamed.fetch_add(unnamed, Ordering::Relaxed);
@@ -388,6 +360,12 @@ impl Cache {
         prewarm: bool,
     ) -> Result<RestoredShape, RestoreError> {
         let path = path.as_ref();
+        if self.shape.prewarm_active.load(Ordering::Acquire) != 0 {
+            return Err(RestoreError::Io(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a prewarm runs already",
+            )));
+        }
         let bytes = match read_bounded(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(RestoreError::Missing),
@@ -426,7 +404,8 @@ impl Cache {
         let c = &self.shape;
         c.checkpoint_bytes
             .store(bytes.len() as u64, Ordering::Relaxed);
-        c.checkpoint_records.store(shape.records(), Ordering::Relaxed);
+        c.checkpoint_records
+            .store(shape.records(), Ordering::Relaxed);
         c.checkpoint_unix_secs
             .store(shape.created_unix_secs.max(1), Ordering::Relaxed);
         let restored = RestoredShape {
@@ -436,27 +415,36 @@ impl Cache {
             age_secs: unix_secs_now().saturating_sub(shape.created_unix_secs),
             prewarm_started: prewarm && shape.records() > 0,
         };
+        debug_assert!(restored.ghosts <= shape.encoded_bytes() / SHAPE_GHOST_ENTRY_BYTES);
         if restored.prewarm_started {
-            let plan = PrewarmPlan {
+            self.start_prewarm(PrewarmPlan {
                 queue: plan_queue(&shape),
                 target_bytes: shape.resident_bytes(),
                 objects: shape.objects,
                 datasets,
-            };
-            c.prewarm_queued
-                .store(plan.queue.len() as u64, Ordering::Relaxed);
-            c.prewarm_active.store(1, Ordering::Release);
-            let weak = self.me.clone();
-            let spawned = std::thread::Builder::new()
-                .name("l2arc-prewarm".into())
-                .spawn(move || run_prewarm(weak, plan));
-            if let Err(e) = spawned {
-                c.prewarm_active.store(0, Ordering::Release);
-                c.prewarm_queued.store(0, Ordering::Relaxed);
-                return Err(RestoreError::Io(e));
-            }
+            })
+            .map_err(RestoreError::Io)?;
         }
         Ok(restored)
+    }
+
+    /// Starts the prewarm's thread (see the module comment).
+    fn start_prewarm(&self, plan: PrewarmPlan) -> io::Result<()> {
+        let c = &self.shape;
+        c.prewarm_queued
+            .store(plan.queue.len() as u64, Ordering::Relaxed);
+        c.prewarm_active.store(1, Ordering::Release);
+        let weak = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("l2arc-prewarm".into())
+            .spawn(move || run_prewarm(weak, plan));
+        if let Err(e) = spawned {
+            c.prewarm_active.store(0, Ordering::Release);
+            c.prewarm_queued.store(0, Ordering::Relaxed);
+            return Err(e);
+        }
+        debug_assert!(c.prewarm_active.load(Ordering::Acquire) <= 1);
+        Ok(())
     }
 
     /// Each shard's `p` from the checkpoint: its own when the shard count
@@ -498,15 +486,19 @@ impl Cache {
                         object: g.object,
                         record: g.record,
                     };
-                    restored += u64::from(self.arc.restore_ghost(
-                        key,
-                        u64::from(g.size_bytes),
-                        list,
-                    ));
+                    restored +=
+                        u64::from(self.arc.restore_ghost(key, u64::from(g.size_bytes), list));
                 }
             }
         }
-        debug_assert!(restored <= shape.shards.iter().map(|s| (s.mru_ghost.len() + s.mfu_ghost.len()) as u64).sum());
+        debug_assert!(
+            restored
+                <= shape
+                    .shards
+                    .iter()
+                    .map(|s| (s.mru_ghost.len() + s.mfu_ghost.len()) as u64)
+                    .sum()
+        );
         restored
     }
 
@@ -713,6 +705,10 @@ enum Reopened {
 /// a cache dropped meanwhile ends it.
 fn run_prewarm(weak: Weak<Cache>, plan: PrewarmPlan) {
     let started = Instant::now();
+    debug_assert!(
+        plan.queue.len() as u64 <= plan.target_bytes,
+        "every record is a byte or more"
+    );
     let finish = |weak: &Weak<Cache>| {
         if let Some(cache) = weak.upgrade() {
             let c = &cache.shape;
@@ -757,6 +753,7 @@ fn run_prewarm(weak: Weak<Cache>, plan: PrewarmPlan) {
             .prewarm_queued
             .store((plan.queue.len() - end) as u64, Ordering::Relaxed);
         at = end;
+        debug_assert!(at <= plan.queue.len());
         if full {
             break; // the ARC is at its c: nothing more fits
         }
@@ -774,6 +771,7 @@ impl Cache {
         };
         match self.open(*dataset, &saved.name, false) {
             Ok(handle) if handle.object_id() == saved.object && handle.token() == saved.token => {
+                debug_assert_eq!(handle.dataset(), *dataset);
                 Reopened::Current { handle, uid: *uid }
             }
             _ => Reopened::Stale,
@@ -818,31 +816,8 @@ impl Cache {
                 claimed.push((claim, *item, key_hash, recordsize, token));
             }
         }
-        // Several reads in flight: the window's reads split among readers.
-        let next = AtomicUsize::new(0);
-        let reads: Vec<Option<AlignedBuf>> = {
-            let mut results: Vec<Option<AlignedBuf>> = (0..claimed.len()).map(|_| None).collect();
-            let slots: Vec<std::sync::Mutex<&mut Option<AlignedBuf>>> =
-                results.iter_mut().map(std::sync::Mutex::new).collect();
-            let readers = PREWARM_READERS.min(claimed.len());
-            std::thread::scope(|s| {
-                for _ in 0..readers {
-                    s.spawn(|| {
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= claimed.len() {
-                                break;
-                            }
-                            let (_, _, key_hash, recordsize, _) = &claimed[i];
-                            let data = Tier::read(&**l2, *key_hash, *recordsize);
-                            **slots[i].lock().expect("prewarm slot poisoned") = data;
-                        }
-                    });
-                }
-            });
-            drop(slots);
-            results
-        };
+        let wanted: Vec<(u64, u32)> = claimed.iter().map(|c| (c.2, c.3)).collect();
+        let reads = read_in_parallel(l2, &wanted);
         let (mut bytes, mut inserted, mut refused) = (0u64, 0u64, 0u64);
         for ((claim, item, _, recordsize, token), data) in claimed.into_iter().zip(reads) {
             let Some(data) = data else {
@@ -850,7 +825,10 @@ impl Cache {
                 drop(claim); // waiters read it themselves
                 continue;
             };
-            assert!(data.len() <= recordsize as usize, "a tier returns at most a record");
+            assert!(
+                data.len() <= recordsize as usize,
+                "a tier returns at most a record"
+            );
             let record = Arc::new(Record {
                 data,
                 generation_token: token,
@@ -871,4 +849,36 @@ impl Cache {
         c.prewarm_missing.fetch_add(missing, Ordering::Relaxed);
         (bytes, refused > 0 && inserted == 0)
     }
+}
+
+/// Reads records `(key_hash, recordsize)` from flash, `PREWARM_READERS`
+/// at a time (the device's rate needs several reads in flight); a miss or
+/// a failed read is `None`. In the order asked.
+fn read_in_parallel(l2: &crate::l2arc::L2Arc, wanted: &[(u64, u32)]) -> Vec<Option<AlignedBuf>> {
+    let next = AtomicUsize::new(0);
+    let readers = PREWARM_READERS.min(wanted.len());
+    let mut reads: Vec<Option<AlignedBuf>> = (0..wanted.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..readers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut got = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(key_hash, recordsize)) = wanted.get(i) else {
+                            break got;
+                        };
+                        got.push((i, Tier::read(l2, key_hash, recordsize)));
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            for (i, data) in thread.join().expect("a prewarm reader panicked") {
+                reads[i] = data;
+            }
+        }
+    });
+    debug_assert_eq!(reads.len(), wanted.len());
+    reads
 }
