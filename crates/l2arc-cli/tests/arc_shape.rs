@@ -73,11 +73,21 @@ impl Setup {
     }
 }
 
+/// The prewarm's done line, printed before the ready line or after it
+/// (the prewarm runs in the background).
+fn done_line(served: &Running) -> String {
+    let prefix = "l2arc: prewarm: done:";
+    match served.line_before_ready(prefix) {
+        Some(line) => line.to_string(),
+        None => served
+            .next_line(prefix, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("no prewarm done line: {:?}", served.before_ready)),
+    }
+}
+
 /// `l2arc: prewarm: done: N records ...`: N.
 fn done_records(served: &Running) -> u64 {
-    let line = served
-        .next_line("l2arc: prewarm: done:", Duration::from_secs(60))
-        .expect("a prewarm done line");
+    let line = done_line(served);
     line.trim_start_matches("l2arc: prewarm: done: ")
         .split(' ')
         .next()
@@ -203,5 +213,70 @@ fn a_damaged_checkpoint_is_rejected_and_the_service_starts_cold() {
         rest.iter()
             .any(|l| l.starts_with("l2arc: stopping: saved the ARC's shape (")),
         "{rest:?}"
+    );
+}
+
+/// Through a directory mount: a file rewritten while the service was
+/// stopped, same size, its mtime put back (`touch -d`), is not prewarmed
+/// (its ctime moved) and its new bytes are read; the other file is.
+#[test]
+fn a_file_rewritten_while_stopped_is_not_prewarmed_through_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(src.join("kept"), pattern(4 << 20, 1)).unwrap();
+    std::fs::write(src.join("rewritten"), pattern(4 << 20, 2)).unwrap();
+    let cache = dir.path().join("cache.dev");
+    let mount = || {
+        Service::mount(Path::new(env!("CARGO_BIN_EXE_l2arc")), &src, &mnt)
+            .arg("--cache")
+            .arg(&cache)
+            .args([
+                "--cache-size",
+                "64MiB",
+                "--arc-max",
+                "32MiB",
+                "--l2arc-write-max",
+                "64MiB",
+            ])
+            .start()
+    };
+    let mut served = mount();
+    for name in ["kept", "rewritten"] {
+        assert_eq!(
+            std::fs::read(mnt.join(name)).unwrap(),
+            std::fs::read(src.join(name)).unwrap()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(served.stop().0.success());
+    drop(served);
+
+    let mtime = std::fs::metadata(src.join("rewritten"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let new = pattern(4 << 20, 3);
+    std::fs::write(src.join("rewritten"), &new).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(src.join("rewritten"))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+
+    let served = mount();
+    let line = done_line(&served);
+    // 4 MiB of 128 KiB records each.
+    assert!(line.contains(" 32 stale,"), "{line}");
+    assert!(
+        line.starts_with("l2arc: prewarm: done: 32 records"),
+        "{line}"
+    );
+    assert_eq!(std::fs::read(mnt.join("rewritten")).unwrap(), new);
+    assert_eq!(
+        std::fs::read(mnt.join("kept")).unwrap(),
+        pattern(4 << 20, 1)
     );
 }
