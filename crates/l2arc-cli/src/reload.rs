@@ -189,6 +189,12 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
         ("control", old.control_socket != new.control_socket),
         ("http", old.http != new.http),
         ("history", old.history != new.history),
+        ("l2arc_prewarm", old.prewarm != new.prewarm),
+        (
+            "l2arc_arc_checkpoint_secs",
+            old.arc_checkpoint_secs != new.arc_checkpoint_secs,
+        ),
+        ("arc_checkpoint", old.arc_checkpoint != new.arc_checkpoint),
         (
             "l2arc_rebuild_enabled",
             ol.l2arc_rebuild_enabled != nl.l2arc_rebuild_enabled,
