@@ -161,6 +161,12 @@ fn tunable_values(l2: &l2arc::L2ArcConfig) -> [(&'static str, String); 8] {
     values
 }
 
+/// Whether the ARC checkpoint's settings differ (read once, at start).
+fn shape_changed(old: &ResolvedOptions, new: &ResolvedOptions) -> bool {
+    (old.prewarm, old.arc_checkpoint_secs, &old.arc_checkpoint)
+        != (new.prewarm, new.arc_checkpoint_secs, &new.arc_checkpoint)
+}
+
 /// The settings that differ in `new` but cannot change while running.
 fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static str> {
     let (oc, nc) = (&old.cache_config, &new.cache_config);
@@ -189,12 +195,10 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
         ("control", old.control_socket != new.control_socket),
         ("http", old.http != new.http),
         ("history", old.history != new.history),
-        ("l2arc_prewarm", old.prewarm != new.prewarm),
         (
-            "l2arc_arc_checkpoint_secs",
-            old.arc_checkpoint_secs != new.arc_checkpoint_secs,
+            "l2arc_prewarm and *arc_checkpoint*",
+            shape_changed(old, new),
         ),
-        ("arc_checkpoint", old.arc_checkpoint != new.arc_checkpoint),
         (
             "l2arc_rebuild_enabled",
             ol.l2arc_rebuild_enabled != nl.l2arc_rebuild_enabled,
