@@ -20,6 +20,7 @@ mod nbd_cmd;
 mod notify;
 mod reload;
 mod s3_opts;
+mod shape;
 mod stat;
 mod stop;
 mod trace_cmd;

@@ -51,6 +51,8 @@ enum Kind {
     CounterMicros,
     /// A counter in milliseconds, exported in seconds.
     CounterMillis,
+    /// A gauge in seconds (`_secs`), exported as `_seconds`.
+    GaugeSeconds,
 }
 
 fn kind_of(name: &str) -> Kind {
@@ -74,8 +76,14 @@ fn kind_of(name: &str) -> Kind {
         "arc_no_grow" => Kind::Gauge,
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,
+        "arc_checkpoint_bytes" => Kind::GaugeBytes,
+        "arc_prewarm_active" | "arc_prewarm_queued_records" | "arc_checkpoint_records" => {
+            Kind::Gauge
+        }
         "l2_rebuild_time_us" => Kind::CounterMicros,
         "l2_stop_flush_ms" => Kind::CounterMillis,
+        "arc_prewarm_ms" => Kind::CounterMillis,
+        "arc_checkpoint_age_secs" => Kind::GaugeSeconds,
         n if n.ends_with("_bytes") => Kind::CounterBytes,
         _ => Kind::Counter,
     }
@@ -89,6 +97,7 @@ fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
             (format!("{prefix}{name}_total"), "counter")
         }
         Kind::CounterBytes => (format!("{prefix}{name}_bytes_total"), "counter"),
+        Kind::GaugeBytes if name.ends_with("_bytes") => (format!("{prefix}{name}"), "gauge"),
         Kind::GaugeBytes => (format!("{prefix}{name}_bytes"), "gauge"),
         Kind::Gauge => (format!("{prefix}{name}"), "gauge"),
         Kind::CounterMicros => (
@@ -98,6 +107,10 @@ fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
         Kind::CounterMillis => (
             format!("{prefix}{}_seconds_total", name.trim_end_matches("_ms")),
             "counter",
+        ),
+        Kind::GaugeSeconds => (
+            format!("{prefix}{}_seconds", name.trim_end_matches("_secs")),
+            "gauge",
         ),
     }
 }
@@ -200,8 +213,8 @@ fn help_of(name: &str, of_what: &str) -> String {
     let unit = match kind_of(name) {
         Kind::Counter => "count",
         Kind::CounterBytes | Kind::GaugeBytes => "bytes",
-        Kind::CounterMicros | Kind::CounterMillis => "seconds",
-        Kind::Gauge if name == "l2_ioengine_uring" => "0 or 1",
+        Kind::CounterMicros | Kind::CounterMillis | Kind::GaugeSeconds => "seconds",
+        Kind::Gauge if name == "l2_ioengine_uring" || name == "arc_prewarm_active" => "0 or 1",
         Kind::Gauge => "count",
     };
     format!("{}{of_what} ({unit}; arcstats {name}).", about(name))
@@ -598,7 +611,39 @@ fn about(name: &str) -> &'static str {
         "evict_l2_ineligible" => "Data evicted from the ARC that was not for a cache device",
         "evict_l2_skip" => "Eligible data dropped because the L2ARC feed queue was full",
         "evict_l2_queued" => "Eligible data queued for a cache device",
+        n if n.starts_with("arc_prewarm_") || n.starts_with("arc_checkpoint") => about_shape(n),
         _ => about_l2(name),
+    }
+}
+
+/// One sentence on what a kstat of the ARC's checkpoints and prewarm
+/// counts (docs/operations.md, "Restarts: the ARC comes back hot").
+fn about_shape(name: &str) -> &'static str {
+    match name {
+        "arc_prewarm_records" => "Records the prewarm read back from flash into the ARC at start",
+        "arc_prewarm_bytes" => "Data the prewarm read back from flash into the ARC at start",
+        "arc_prewarm_ms" => "Milliseconds the prewarm took, once it ended",
+        "arc_prewarm_joined" => "Reads that waited for the prewarm's read of their record",
+        "arc_prewarm_stale" => {
+            "Saved records not prewarmed because their object changed while stopped"
+        }
+        "arc_prewarm_missing" => "Saved records not prewarmed because no cache device held them",
+        "arc_prewarm_active" => "Whether the prewarm runs now",
+        "arc_prewarm_queued_records" => "Saved records the prewarm has still to consider",
+        "arc_checkpoints" => "Checkpoints of the ARC's shape saved",
+        "arc_checkpoint_bytes" => "Size of the last ARC checkpoint saved or restored",
+        "arc_checkpoint_records" => "Records in the last ARC checkpoint saved or restored",
+        "arc_checkpoint_age_secs" => "Age of the last ARC checkpoint saved or restored",
+        "arc_checkpoint_unnamed_records" => {
+            "ARC records left out of checkpoints because their object's name is unknown"
+        }
+        "arc_checkpoint_dropped_records" => "ARC entries left out of checkpoints by the size bound",
+        "arc_checkpoint_rejected_magic" => "ARC checkpoints rejected at start: not a checkpoint",
+        "arc_checkpoint_rejected_version" => "ARC checkpoints rejected at start: another version",
+        "arc_checkpoint_rejected_checksum" => "ARC checkpoints rejected at start: damaged",
+        "arc_checkpoint_rejected_truncated" => "ARC checkpoints rejected at start: torn",
+        "arc_checkpoint_rejected_invalid" => "ARC checkpoints rejected at start: inconsistent",
+        _ => "A counter of the ARC's checkpoints",
     }
 }
 

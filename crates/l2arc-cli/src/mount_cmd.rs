@@ -103,6 +103,8 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
         resolved.wrap_primary(Arc::clone(&primary) as Arc<dyn l2arc::primary::Primary>)?,
         resolved.dataset_config,
     )?;
+    // The ARC's shape of the last run, prewarmed in the background.
+    let shape = crate::shape::start(&cache, &resolved);
     let fs = CachedFs::new(
         Arc::clone(&cache),
         dataset,
@@ -148,7 +150,7 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
     );
     serve_until_stopped(session, &args, &signals, &what, reloader)?;
     // Unmounted: no reader is left, so the ARC may go to flash.
-    crate::stop::stop_cache(&cache);
+    crate::stop::stop_cache(&cache, shape);
     print_kstats(&cache);
     Ok(())
 }
@@ -335,6 +337,8 @@ fn run_s3(mut args: MountArgs) -> Result<()> {
         Arc::clone(&store) as Arc<dyn l2arc::primary::Primary>,
         resolved.dataset_config,
     )?;
+    // The ARC's shape of the last run, prewarmed in the background.
+    let shape = crate::shape::start(&cache, &resolved);
     let reloader = reloader(&args, S3_RECORDSIZE_DEFAULT_BYTES, "s3", &cache, resolved);
     let ttl = Duration::from_millis(store.config().metadata_ttl_ms);
     let fs = l2arc_fuse::ObjectFs::new(
@@ -363,7 +367,7 @@ fn run_s3(mut args: MountArgs) -> Result<()> {
     );
     serve_until_stopped(session, &args, &signals, &uri, reloader)?;
     // Unmounted: no reader is left, so the ARC may go to flash.
-    crate::stop::stop_cache(&cache);
+    crate::stop::stop_cache(&cache, shape);
     crate::s3_opts::print_requests(&store);
     print_kstats(&cache);
     Ok(())

@@ -123,6 +123,8 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     let handle = cache
         .open(dataset, "", writable)
         .with_context(|| format!("open {}", args.image.display()))?;
+    // The ARC's shape of the last run, prewarmed in the background.
+    let shape = crate::shape::start(&cache, &resolved);
     let server = Server::new(Arc::clone(&cache), handle, server_config(&args))
         .context("--nbd-buffer-max")?;
     // NBD's families on /metrics while it serves.
@@ -153,7 +155,7 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     drop(life);
     print_drained(&server);
     // Drained: no reader is left, so the ARC may go to flash.
-    crate::stop::stop_cache(&cache);
+    crate::stop::stop_cache(&cache, shape);
     if let Some(store) = &store {
         crate::s3_opts::print_requests(store);
     }

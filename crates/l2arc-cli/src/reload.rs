@@ -165,13 +165,15 @@ fn tunable_values(l2: &l2arc::L2ArcConfig) -> [(&'static str, String); 9] {
     values
 }
 
-/// The settings that differ in `new` but cannot change while running.
-fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static str> {
-    let (oc, nc) = (&old.cache_config, &new.cache_config);
-    let (ol, nl) = (&oc.l2arc, &nc.l2arc);
-    let (od, nd) = (&old.dataset_config, &new.dataset_config);
-    let (of, nf) = (&old.front_end, &new.front_end);
-    let differs = [
+/// Whether the ARC checkpoint's settings differ (read once, at start).
+fn shape_changed(old: &ResolvedOptions, new: &ResolvedOptions) -> bool {
+    (old.prewarm, old.arc_checkpoint_secs, &old.arc_checkpoint)
+        != (new.prewarm, new.arc_checkpoint_secs, &new.arc_checkpoint)
+}
+
+/// The ARC's settings, fixed at start, and whether each differs.
+fn arc_differs(oc: &l2arc::CacheConfig, nc: &l2arc::CacheConfig) -> [(&'static str, bool); 7] {
+    [
         ("arc_max", oc.arc_max_bytes != nc.arc_max_bytes),
         ("arc_min", oc.arc_min_bytes != nc.arc_min_bytes),
         (
@@ -188,6 +190,16 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
             "zfetch_max_distance",
             oc.zfetch_max_distance_bytes != nc.zfetch_max_distance_bytes,
         ),
+    ]
+}
+
+/// The settings that differ in `new` but cannot change while running.
+fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static str> {
+    let (oc, nc) = (&old.cache_config, &new.cache_config);
+    let (ol, nl) = (&oc.l2arc, &nc.l2arc);
+    let (od, nd) = (&old.dataset_config, &new.dataset_config);
+    let (of, nf) = (&old.front_end, &new.front_end);
+    let differs = [
         ("recordsize", od.recordsize_bytes != nd.recordsize_bytes),
         (
             "sector_table_min",
@@ -198,6 +210,10 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
         ("control", old.control_socket != new.control_socket),
         ("http", old.http != new.http),
         ("history", old.history != new.history),
+        (
+            "l2arc_prewarm and *arc_checkpoint*",
+            shape_changed(old, new),
+        ),
         (
             "l2arc_rebuild_enabled",
             ol.l2arc_rebuild_enabled != nl.l2arc_rebuild_enabled,
@@ -232,8 +248,9 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
         ("allow_other", of.allow_other != nf.allow_other),
         ("threads", of.threads != nf.threads),
     ];
-    differs
+    arc_differs(oc, nc)
         .into_iter()
+        .chain(differs)
         .filter(|(_, d)| *d)
         .map(|(name, _)| name)
         .collect()

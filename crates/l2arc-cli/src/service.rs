@@ -122,6 +122,18 @@ pub struct CacheOptions {
     /// the ARC holds to the cache devices, after the drain (default 5; 0 = no flush; up to 3600).
     #[arg(long)]
     pub l2arc_stop_budget_secs: Option<f64>,
+    /// `l2arc_prewarm`: at start, read the records the ARC held at the last
+    /// stop or checkpoint back from flash, in the background (default true).
+    #[arg(long)]
+    pub l2arc_prewarm: Option<bool>,
+    /// `l2arc_arc_checkpoint_secs`: save the ARC's shape every this many
+    /// seconds while running (default 60; 0 = only at a clean stop).
+    #[arg(long)]
+    pub l2arc_arc_checkpoint_secs: Option<u64>,
+    /// `arc_checkpoint`: where the ARC's shape is saved (default: the first
+    /// cache device's path with `.arc` appended, when it is a regular file).
+    #[arg(long)]
+    pub arc_checkpoint: Option<PathBuf>,
     /// `force_init_foreign`: initialise a cache device that holds data that is not an l2arc
     /// cache (its contents are lost); without it such a device is refused.
     #[arg(long)]
@@ -164,6 +176,9 @@ struct FileOptions {
     l2arc_feed_secs: Option<f64>,
     l2arc_feed_min_ms: Option<u64>,
     l2arc_stop_budget_secs: Option<f64>,
+    l2arc_prewarm: Option<bool>,
+    l2arc_arc_checkpoint_secs: Option<u64>,
+    arc_checkpoint: Option<PathBuf>,
     force_init_foreign: Option<bool>,
     dram_policy: Option<String>,
     log_level: Option<String>,
@@ -320,6 +335,12 @@ pub struct ResolvedOptions {
     /// The file's object-store settings (the flags are merged over them
     /// where the store is opened).
     pub s3: S3FileOptions,
+    /// `l2arc_prewarm`.
+    pub prewarm: bool,
+    /// `l2arc_arc_checkpoint_secs`.
+    pub arc_checkpoint_secs: u64,
+    /// `arc_checkpoint` as given (None: the default, see `crate::shape`).
+    pub arc_checkpoint: Option<PathBuf>,
 }
 
 impl CacheOptions {
@@ -381,7 +402,19 @@ impl CacheOptions {
         }
         let cache_size_bytes =
             size_of(self.cache_size, "cache_size", &file.cache_size)?.unwrap_or(1 << 30);
+        let arc_checkpoint_secs = self
+            .l2arc_arc_checkpoint_secs
+            .or(file.l2arc_arc_checkpoint_secs)
+            .unwrap_or(60);
+        if arc_checkpoint_secs > 86_400 {
+            bail!(
+                "l2arc_arc_checkpoint_secs must be seconds from 0 to 86400, not {arc_checkpoint_secs}"
+            );
+        }
         Ok(ResolvedOptions {
+            prewarm: self.l2arc_prewarm.or(file.l2arc_prewarm).unwrap_or(true),
+            arc_checkpoint_secs,
+            arc_checkpoint: self.arc_checkpoint.clone().or(file.arc_checkpoint.clone()),
             cache_config,
             dataset_config,
             cache_devices,

@@ -258,6 +258,18 @@ const COLUMNS: &[Column] = &[
         Bytes,
         "Primary storage bytes read per second [l2arc]",
     ),
+    col(
+        "pwrm",
+        5,
+        Bytes,
+        "Bytes per second the prewarm reads from flash into the ARC [l2arc]",
+    ),
+    col(
+        "pwq",
+        5,
+        Count,
+        "Saved records the prewarm has still to consider [l2arc]",
+    ),
 ];
 
 /// arcstat's classic default line, with the L2ARC's columns when there are cache devices.
@@ -366,6 +378,8 @@ fn value(column: &str, prev: &Counters, cur: &Counters, secs: f64) -> f64 {
         "rbytes" => rate("read_bytes"),
         "dkread" => rate("primary_reads"),
         "dkbytes" => rate("primary_read_bytes"),
+        "pwrm" => rate("arc_prewarm_bytes"),
+        "pwq" => now("arc_prewarm_queued_records"),
         other => rate(counter_of(other)),
     }
 }

@@ -12,6 +12,9 @@
 //!    goes to the cache devices, within `l2arc_stop_budget_secs`, so that
 //!    a restart finds it on flash instead of primary storage. One stop
 //!    line says what was written and what was left, and why.
+//! 2. The save of the ARC's shape (`shape::save_at_stop`), after the flush:
+//!    the shape names what is on flash now, so the prewarm at the next
+//!    start finds it there.
 //!
 //! Then the caller drops the cache, which stops the tiers: the L2ARC's log
 //! is consistent at every batch, so nothing else needs closing.
@@ -26,8 +29,9 @@ use l2arc::{Cache, StopFlush, StopFlushCut};
 
 /// The stop sequence of a front end whose readers are gone (see the
 /// module comment).
-pub(crate) fn stop_cache(cache: &Cache) {
+pub(crate) fn stop_cache(cache: &Cache, shape: crate::shape::ShapeKeeper) {
     flush_at_stop(cache, cache.l2arc_stop_budget());
+    crate::shape::save_at_stop(shape, cache);
 }
 
 /// Step 1: the stop flush within `budget`, and its stop line. `None`

@@ -290,13 +290,20 @@ fn metrics_pass_promtool_and_agree_with_ctl_stats() {
                 .iter()
                 .find_map(|suffix| m.get(&format!("l2arc_arcstats_{name}{suffix}")))
                 .or_else(|| {
-                    (name == "l2_rebuild_time_us")
-                        .then(|| m.get("l2arc_arcstats_l2_rebuild_time_seconds_total"))
-                        .flatten()
+                    // Times exported in seconds, under their unit's name.
+                    let exported = match name.as_str() {
+                        "l2_rebuild_time_us" => "l2arc_arcstats_l2_rebuild_time_seconds_total",
+                        "arc_prewarm_ms" => "l2arc_arcstats_arc_prewarm_seconds_total",
+                        "arc_checkpoint_age_secs" => "l2arc_arcstats_arc_checkpoint_age_seconds",
+                        _ => return None,
+                    };
+                    m.get(exported)
                 })
                 .unwrap_or_else(|| panic!("{name} missing from /metrics"));
             let want = if name.ends_with("_us") {
                 *value as f64 / 1e6
+            } else if name.ends_with("_ms") {
+                *value as f64 / 1e3
             } else {
                 *value as f64
             };

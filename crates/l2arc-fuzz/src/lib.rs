@@ -38,6 +38,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("log_block", log_block),
     ("control", control),
     ("config", config),
+    ("arc_shape", arc_shape),
 ];
 
 /// The target called `name`.
@@ -279,6 +280,90 @@ pub fn device_header(data: &[u8]) {
     }
 }
 
+/// An ARC checkpoint as read at start (`l2arc::arc::shape`; first byte:
+/// bit 0 fixes its payload length and both CRCs, so that the checks past
+/// them are reached). What decodes must encode to the same bytes' shape.
+pub fn arc_shape(data: &[u8]) {
+    use l2arc::arc::shape::{self, SHAPE_HEADER_BYTES};
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut file = rest.to_vec();
+    if flags & 1 != 0 && file.len() >= SHAPE_HEADER_BYTES {
+        let payload_bytes = (file.len() - SHAPE_HEADER_BYTES) as u64;
+        let payload_crc = crc32c::crc32c(&file[SHAPE_HEADER_BYTES..]);
+        file[16..24].copy_from_slice(&payload_bytes.to_le_bytes());
+        file[24..28].copy_from_slice(&payload_crc.to_le_bytes());
+        let header_crc = crc32c::crc32c(&file[..60]);
+        file[60..64].copy_from_slice(&header_crc.to_le_bytes());
+    }
+    if let Ok(decoded) = shape::decode(&file) {
+        let encoded = shape::encode(&decoded);
+        assert_eq!(encoded.len() as u64, decoded.encoded_bytes());
+        assert_eq!(
+            shape::decode(&encoded).expect("an encoded shape decodes"),
+            decoded
+        );
+    }
+}
+
+fn seeds_arc_shape() -> Vec<Vec<u8>> {
+    use l2arc::arc::shape::*;
+    let shape = SavedShape {
+        created_unix_secs: 1_700_000_000,
+        datasets: vec![11, 12],
+        objects: vec![
+            SavedObject {
+                dataset: 0,
+                object: 5,
+                token: 99,
+                name: "a/b".into(),
+            },
+            SavedObject {
+                dataset: 1,
+                object: 6,
+                token: 100,
+                name: String::new(),
+            },
+        ],
+        shards: vec![
+            SavedShard {
+                p_bytes: 1 << 16,
+                c_bytes: 1 << 20,
+                mru: vec![SavedRecord {
+                    object: 1,
+                    record: 2,
+                    size_bytes: 65536,
+                    prefetched: true,
+                }],
+                mfu: vec![SavedRecord {
+                    object: 0,
+                    record: 0,
+                    size_bytes: 4096,
+                    prefetched: false,
+                }],
+                mru_ghost: vec![SavedGhost {
+                    dataset: 1,
+                    object: 7,
+                    record: 3,
+                    size_bytes: 65536,
+                }],
+                mfu_ghost: vec![],
+            },
+            SavedShard::default(),
+        ],
+    };
+    let encoded = encode(&shape);
+    [0u8, 1]
+        .iter()
+        .map(|&flags| {
+            std::iter::once(flags)
+                .chain(encoded.iter().copied())
+                .collect()
+        })
+        .collect()
+}
+
 /// A log block as read by the rebuild (first byte: bit 0 fixes the CRC,
 /// bit 1 expects the device guid the block names, as a rebuild of the
 /// right device would).
@@ -348,6 +433,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         "nbd_requests" => seeds_requests(),
         "device_header" => seeds_header(),
         "log_block" => seeds_log_block(),
+        "arc_shape" => seeds_arc_shape(),
         "control" => [
             "stats\n",
             "devices\n",

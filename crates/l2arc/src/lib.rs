@@ -67,11 +67,11 @@ pub const FEATURES: [(&str, bool); 4] = [
 pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use cache::properties::PropertyError;
 pub use cache::{
-    ARC_MAX_AUTO, Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId,
-    ObjectHandle, RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
-    validate_recordsize,
+    ARC_MAX_AUTO, ArcCheckpointer, Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig,
+    DatasetId, ObjectHandle, RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES,
+    ReadCompletion, ReadQueue, ReadView, RestoreError, RestoredShape, SavedShapeSummary,
+    ShapeStats, validate_recordsize,
 };
-pub use cache::{ReadCompletion, ReadQueue};
 pub use l2arc::device::{DeviceIdentity, DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
 pub use l2arc::{

@@ -65,6 +65,9 @@ pub struct CacheStats {
     pub zfetch_io_issued: u64,
     /// The L2ARC's statistics, when cache devices were added.
     pub l2: Option<crate::l2arc::L2Stats>,
+    /// The ARC's checkpoints and the prewarm (`arc_prewarm_*`,
+    /// `arc_checkpoint*`).
+    pub shape: ShapeStats,
 }
 
 impl CacheStats {
@@ -85,6 +88,7 @@ impl CacheStats {
             ("zfetch_io_issued", self.zfetch_io_issued),
             ("l2_ioengine_uring", u64::from(self.ioengine_uring)),
         ]);
+        all.extend(self.shape.kstats());
         if let Some(l2) = &self.l2 {
             all.extend(l2.kstats.iter().copied());
         }
@@ -99,6 +103,87 @@ impl CacheStats {
         } else {
             self.arc.hits as f64 / total as f64
         }
+    }
+}
+
+/// The shape's and the prewarm's statistics.
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub struct ShapeStats {
+    /// Records the prewarm brought into the ARC from flash.
+    pub prewarm_records: u64,
+    /// Their bytes.
+    pub prewarm_bytes: u64,
+    /// How long the last prewarm took, ms (set when it ends).
+    pub prewarm_ms: u64,
+    /// Reads that found a prewarm's read of their record in flight and
+    /// waited for it (the ARC counts them).
+    pub prewarm_joined: u64,
+    /// Saved records not prewarmed: their object changed (or is gone).
+    pub prewarm_stale: u64,
+    /// Saved records not prewarmed: not on flash.
+    pub prewarm_missing: u64,
+    /// 1 while a prewarm runs.
+    pub prewarm_active: u64,
+    /// Saved records the running prewarm has still to consider.
+    pub prewarm_queued_records: u64,
+    /// Checkpoints saved.
+    pub checkpoints: u64,
+    /// Size of the last checkpoint saved (or restored), bytes.
+    pub checkpoint_bytes: u64,
+    /// Resident records in it.
+    pub checkpoint_records: u64,
+    /// Seconds since it was made (0: none).
+    pub checkpoint_age_secs: u64,
+    /// Resident records left out of checkpoints: their object's name is
+    /// unknown (counted at each save).
+    pub checkpoint_unnamed_records: u64,
+    /// Entries left out of checkpoints by the size bound, coldest first.
+    pub checkpoint_dropped_records: u64,
+    /// Checkpoints rejected at start, by reason (`crate::arc::shape::SHAPE_REJECT_REASONS`).
+    pub rejected: [u64; crate::arc::shape::SHAPE_REJECT_REASONS.len()],
+}
+
+impl ShapeStats {
+    /// `(name, value)` pairs for `CacheStats::kstats`.
+    pub fn kstats(&self) -> Vec<(&'static str, u64)> {
+        const REJECTED: [&str; crate::arc::shape::SHAPE_REJECT_REASONS.len()] = [
+            "arc_checkpoint_rejected_magic",
+            "arc_checkpoint_rejected_version",
+            "arc_checkpoint_rejected_checksum",
+            "arc_checkpoint_rejected_truncated",
+            "arc_checkpoint_rejected_invalid",
+        ];
+        debug_assert!(
+            REJECTED
+                .iter()
+                .zip(crate::arc::shape::SHAPE_REJECT_REASONS)
+                .all(|(name, reason)| name.ends_with(reason))
+        );
+        let mut all = vec![
+            ("arc_prewarm_records", self.prewarm_records),
+            ("arc_prewarm_bytes", self.prewarm_bytes),
+            ("arc_prewarm_ms", self.prewarm_ms),
+            ("arc_prewarm_joined", self.prewarm_joined),
+            ("arc_prewarm_stale", self.prewarm_stale),
+            ("arc_prewarm_missing", self.prewarm_missing),
+            ("arc_prewarm_active", self.prewarm_active),
+            ("arc_prewarm_queued_records", self.prewarm_queued_records),
+            ("arc_checkpoints", self.checkpoints),
+            ("arc_checkpoint_bytes", self.checkpoint_bytes),
+            ("arc_checkpoint_records", self.checkpoint_records),
+            ("arc_checkpoint_age_secs", self.checkpoint_age_secs),
+            (
+                "arc_checkpoint_unnamed_records",
+                self.checkpoint_unnamed_records,
+            ),
+            (
+                "arc_checkpoint_dropped_records",
+                self.checkpoint_dropped_records,
+            ),
+        ];
+        all.extend(REJECTED.iter().copied().zip(self.rejected));
+        all
     }
 }
 
@@ -119,7 +204,12 @@ pub enum KstatKind {
 /// here is a counter, so a counter added later is kept monotonic (and
 /// exported as one) without being listed.
 pub fn kstat_kind(name: &str) -> KstatKind {
-    const GAUGES: [&str; 17] = [
+    const GAUGES: [&str; 22] = [
+        "arc_prewarm_active",
+        "arc_prewarm_queued_records",
+        "arc_checkpoint_bytes",
+        "arc_checkpoint_records",
+        "arc_checkpoint_age_secs",
         "c",
         "p",
         "c_max",

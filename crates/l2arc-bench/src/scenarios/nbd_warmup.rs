@@ -62,7 +62,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     // The emulation's own defaults: what the one-pass time is computed for.
     let hdd = HddConfig::default();
     let cache = image.with_file_name("nbd-warmup-cache.img");
+    // From an empty cache: no L2ARC and no ARC checkpoint of an earlier run.
+    let checkpoint = image.with_file_name("nbd-warmup-cache.img.arc");
     let _ = std::fs::remove_file(&cache);
+    let _ = std::fs::remove_file(&checkpoint);
     let secs = args.measure_secs.unwrap_or(120.0).max(10.0);
     let one_pass = OnePass::measure(&image, &hdd, image_bytes / RECORDSIZE_BYTES, args.seed)?;
     let socket = tmp.path().join("ours.sock");
@@ -93,6 +96,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     .run(Some(tmp.path()))?;
     let stopped = server.stop();
     let _ = std::fs::remove_file(&cache);
+    let _ = std::fs::remove_file(&checkpoint);
     if read.iops_per_second.len() < 8 {
         bail!(
             "fio logged {} seconds of IOPS; too few",

@@ -124,6 +124,9 @@ pub struct Fill {
     /// sequential reader would leave every record it fetched flagged as
     /// prefetched, which the L2ARC leaves out under `l2arc_noprefetch`.
     demanded: AtomicBool,
+    /// The claimant is the prewarm (`claim_prewarm`): a reader that waits
+    /// on it is counted (`prewarm_joined`).
+    prewarm: bool,
 }
 
 impl Fill {
@@ -335,6 +338,9 @@ pub struct ArcStats {
     pub arc_shrinks: u64,
     /// Bytes those shrinks evicted.
     pub arc_shrunk_bytes: u64,
+    /// Reads that found a prewarm's read of their record in flight and
+    /// waited for it (listed as `arc_prewarm_joined` by `CacheStats`).
+    pub prewarm_joined: u64,
 }
 
 impl ArcStats {
@@ -370,6 +376,7 @@ impl ArcStats {
         self.mru_ghost_size += o.mru_ghost_size;
         self.mfu_ghost_size += o.mfu_ghost_size;
         self.entries += o.entries;
+        self.prewarm_joined += o.prewarm_joined;
     }
 
     /// `(name, value)` pairs in arcstats order, for printing and export.
@@ -411,6 +418,69 @@ impl ArcStats {
             ("arc_shrinks", self.arc_shrinks),
             ("arc_shrunk_bytes", self.arc_shrunk_bytes),
         ]
+    }
+}
+
+/// One entry of a shard's shape (`LiveArc::shape_of_shard`).
+#[derive(Clone, Copy, Debug)]
+pub struct ShapeEntry {
+    /// The record.
+    pub key: RecordKey,
+    /// DRAM it takes (or took, for a ghost).
+    pub size_bytes: u64,
+    /// Brought in by read-ahead and not yet demanded.
+    pub prefetched: bool,
+    /// The resident record's generation token (0 for a ghost).
+    pub token: u64,
+}
+
+/// A shard's `p`, `c` and lists (MRU, MFU, MRU ghost, MFU ghost), each hot
+/// to cold.
+#[derive(Clone, Debug, Default)]
+pub struct ShardShape {
+    /// `p`.
+    pub p_bytes: u64,
+    /// `c`.
+    pub c_bytes: u64,
+    /// By `ListId`.
+    pub lists: [Vec<ShapeEntry>; 4],
+}
+
+/// The prewarm's duty to fill one record (`LiveArc::claim_prewarm`).
+/// Dropped without completing, it fails the fill as abandoned (waiters look
+/// again and read for themselves).
+pub struct PrewarmClaim<'a> {
+    arc: &'a LiveArc,
+    key: RecordKey,
+    fill: Arc<Fill>,
+    completed: bool,
+}
+
+impl PrewarmClaim<'_> {
+    /// The record claimed.
+    pub fn key(&self) -> RecordKey {
+        debug_assert!(!self.completed);
+        self.key
+    }
+
+    /// Publishes the read (`None`: no copy on flash): see
+    /// `LiveArc::complete_prewarm`. True if the record went in.
+    pub fn complete(mut self, record: Option<Arc<Record>>, list: ListId, prefetched: bool) -> bool {
+        debug_assert!(!self.completed, "a claim completes once");
+        self.completed = true;
+        self.arc
+            .complete_prewarm(self.key, &self.fill, record, list, prefetched)
+    }
+}
+
+impl Drop for PrewarmClaim<'_> {
+    fn drop(&mut self) {
+        if !self.completed {
+            self.completed = true;
+            self.arc
+                .complete_prewarm(self.key, &self.fill, None, ListId::Mru, false);
+        }
+        debug_assert!(self.fill.try_result().is_some(), "no waiter is stranded");
     }
 }
 
@@ -722,6 +792,9 @@ impl LiveArc {
         }
         if let Some(fill) = shard.fills.get(&key) {
             shard.stats.iohits += 1;
+            if fill.prewarm {
+                shard.stats.prewarm_joined += 1;
+            }
             if kind == AccessKind::Demand && fill.prefetch {
                 fill.demanded.store(true, Ordering::Relaxed);
                 shard.stats.demand_iohit_predictive_prefetch += 1;
@@ -743,6 +816,7 @@ impl LiveArc {
             waiting: AtomicU32::new(0),
             prefetch: kind == AccessKind::Prefetch,
             demanded: AtomicBool::new(false),
+            prewarm: false,
         });
         let raced = shard.fills.insert(key, Arc::clone(&fill));
         // Single flight: one fill per key (a second reader waits on it).
@@ -929,6 +1003,144 @@ impl LiveArc {
         }
         // Every record of every shard's list, each once.
         debug_assert_eq!(out.len() - before, total);
+    }
+
+    /// Shards the key space is split into.
+    pub fn shard_count(&self) -> usize {
+        debug_assert_eq!(self.shards.len(), self.config.shards);
+        self.shards.len()
+    }
+
+    /// One shard's shape (see `arc::shape`): `p`, `c` and every list's
+    /// entries hot to cold, copied out under the shard's lock (keys, sizes,
+    /// flags and tokens only: nothing is encoded or written under it).
+    pub fn shape_of_shard(&self, shard: usize, out: &mut ShardShape) {
+        assert!(shard < self.shards.len());
+        let guard = self.shards[shard]
+            .0
+            .lock()
+            .expect("ARC shard lock poisoned");
+        let policy = &guard.policy;
+        out.p_bytes = policy.target_mru_bytes();
+        out.c_bytes = policy.capacity_bytes();
+        for list in ListId::ALL {
+            let entries = &mut out.lists[list as usize];
+            entries.clear();
+            entries.reserve(policy.list_len(list) as usize);
+            entries.extend(policy.iter_entries_from_hot_end(list).map(
+                |(key, size_bytes, record, prefetched)| ShapeEntry {
+                    key: *key,
+                    size_bytes,
+                    prefetched,
+                    token: record.map_or(0, |r| r.generation_token),
+                },
+            ));
+            debug_assert_eq!(entries.len() as u64, policy.list_len(list));
+        }
+    }
+
+    /// Which shard a key lives in.
+    pub fn shard_of(&self, key: &RecordKey) -> usize {
+        let hash = hash_one(key);
+        let index = (((hash >> 32) * self.shards.len() as u64) >> 32) as usize;
+        debug_assert!(index < self.shards.len());
+        index
+    }
+
+    /// Sets one shard's `p` (a restored shape's; clipped to its `c`).
+    pub fn restore_target_mru_bytes(&self, shard: usize, target_mru_bytes: u64) {
+        assert!(shard < self.shards.len());
+        let mut guard = self.shards[shard]
+            .0
+            .lock()
+            .expect("ARC shard lock poisoned");
+        guard.policy.set_target_mru_bytes(target_mru_bytes);
+        debug_assert!(guard.policy.target_mru_bytes() <= guard.policy.capacity_bytes());
+    }
+
+    /// Appends a restored ghost at the cold end of its list, within the
+    /// directory bounds (false: refused or known already).
+    pub fn restore_ghost(&self, key: RecordKey, size_bytes: u64, list: ListId) -> bool {
+        debug_assert!(list.is_ghost());
+        let mut guard = self.shard(&key);
+        guard.policy.push_ghost_cold(key, size_bytes, list)
+    }
+
+    /// Claims a record for the prewarm: `None` if it is resident already
+    /// (under any token: a demand read got there first) or being filled.
+    /// The claim is a fill like any other, so that a demand read of the
+    /// record waits for this one read (single flight), and a record the
+    /// prewarm has not reached is claimed by its reader as usual.
+    pub fn claim_prewarm(&self, key: RecordKey) -> Option<PrewarmClaim<'_>> {
+        let mut guard = self.shard(&key);
+        let shard = &mut *guard;
+        if shard.policy.peek(&key).is_some() || shard.fills.contains_key(&key) {
+            return None;
+        }
+        let fill = Arc::new(Fill {
+            result: RankedMutex::new(None),
+            ready: RankedCondvar::new(),
+            doomed: AtomicBool::new(false),
+            waiting: AtomicU32::new(0),
+            prefetch: false,
+            demanded: AtomicBool::new(false),
+            prewarm: true,
+        });
+        let raced = shard.fills.insert(key, Arc::clone(&fill));
+        debug_assert!(raced.is_none(), "two fills of one record");
+        Some(PrewarmClaim {
+            arc: self,
+            key,
+            fill,
+            completed: false,
+        })
+    }
+
+    /// Publishes a prewarm's read: the record (if any, and unless a write
+    /// doomed the fill) goes in at the cold end of `list` if it fits under
+    /// `c` as the shard is; waiters get it, or look again if there is none
+    /// (an abandoned fill). True if it was inserted.
+    fn complete_prewarm(
+        &self,
+        key: RecordKey,
+        fill: &Arc<Fill>,
+        record: Option<Arc<Record>>,
+        list: ListId,
+        prefetched: bool,
+    ) -> bool {
+        let inserted = {
+            let mut guard = self.shard(&key);
+            let shard = &mut *guard;
+            if shard.fills.get(&key).is_some_and(|f| Arc::ptr_eq(f, fill)) {
+                shard.fills.remove(&key);
+            }
+            let inserted = match &record {
+                Some(record) if !fill.doomed.load(Ordering::Acquire) => shard.policy.insert_cold(
+                    key,
+                    record.size_bytes(),
+                    Arc::clone(record),
+                    list,
+                    prefetched,
+                ),
+                _ => false,
+            };
+            assert!(shard.policy.resident_bytes() <= shard.policy.capacity_bytes());
+            inserted
+        };
+        let result = record.ok_or_else(|| FillError {
+            kind: ABANDONED_KIND,
+            message: "prewarm found no copy on flash".into(),
+        });
+        let waiting = {
+            let mut slot = fill.result.lock().expect("fill lock poisoned");
+            assert!(slot.is_none(), "a fill completes once");
+            *slot = Some(result);
+            fill.waiting.load(Ordering::Relaxed) != 0
+        };
+        if waiting {
+            fill.ready.notify_all();
+        }
+        inserted
     }
 
     /// Sums the counters and sizes of every shard.
@@ -1137,6 +1349,47 @@ mod tests {
             Lookup::Hit(r) => assert_eq!(r.data[0], 2),
             _ => panic!("expected the fresh record"),
         }
+    }
+
+    /// A reader of a record the prewarm is reading waits for that read
+    /// (counted), gets its record, and the record goes in at the cold end;
+    /// a prewarm read that found nothing lets the waiter claim it itself.
+    #[test]
+    fn a_reader_joins_a_prewarm_read_of_its_record() {
+        let arc = LiveArc::new(ArcConfig {
+            arc_max_bytes: 1 << 20,
+            shards: 1,
+            dram_policy: DramPolicy::Arc,
+        });
+        fill(&arc, key(9), 1, 9); // a demand read: MRU head
+        let claim = arc
+            .claim_prewarm(key(1))
+            .expect("not resident, not in flight");
+        assert!(arc.claim_prewarm(key(1)).is_none(), "one claim a record");
+        assert!(arc.claim_prewarm(key(9)).is_none(), "resident already");
+        let Lookup::InFlight(joined) = arc.lookup(key(1), 1, AccessKind::Demand) else {
+            panic!("a reader of a record being prewarmed waits on it");
+        };
+        assert!(claim.complete(Some(record(1, 4096, 1)), ListId::Mru, false));
+        assert_eq!(joined.wait().unwrap().data[0], 1);
+        assert_eq!(arc.stats().prewarm_joined, 1);
+        // Inserted at the cold end: behind the demand read's record.
+        let mut out = Vec::new();
+        arc.feed_candidates(ListId::Mru, u64::MAX, &mut out);
+        let order: Vec<u64> = out.iter().map(|(k, ..)| k.record).collect();
+        assert_eq!(order, [1, 9], "coldest first");
+        // Nothing on flash: the waiter looks again and claims it itself.
+        let claim = arc.claim_prewarm(key(2)).unwrap();
+        let Lookup::InFlight(waiting) = arc.lookup(key(2), 1, AccessKind::Demand) else {
+            panic!("in flight");
+        };
+        assert!(!claim.complete(None, ListId::Mru, false));
+        assert!(waiting.wait().is_err_and(|e| e.is_abandoned()));
+        assert!(matches!(
+            arc.lookup(key(2), 1, AccessKind::Demand),
+            Lookup::Claimed(_)
+        ));
+        arc.assert_consistent();
     }
 
     #[test]

@@ -4,11 +4,14 @@
 //! the live cache and trace replay. `live` wraps it with reference-counted
 //! buffers, per-shard locks and single-flight fills. `memory` reads the
 //! system's memory and `breathe` moves the live cache's `c` with it
-//! (`arc_max = auto`).
+//! (`arc_max = auto`). `shape` is the on-disk form of the ARC's lists,
+//! ghosts and `p`, saved at a stop and read back at start
+//! (`cache::prewarm`).
 
 pub mod breathe;
 pub(crate) mod live;
 pub mod memory;
 pub mod policy;
+pub mod shape;
 
 pub use policy::{AccessKind, ArcPolicy, DramPolicy, ListId};

@@ -463,6 +463,110 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         })
     }
 
+    /// Every entry of `list` (resident or ghost) from the hot end to the
+    /// cold end, with its size and prefetch flag: the order a saved shape
+    /// keeps (`arc::shape`).
+    pub fn iter_entries_from_hot_end(
+        &self,
+        list: ListId,
+    ) -> impl Iterator<Item = (&K, u64, Option<&V>, bool)> + '_ {
+        let mut slot = self.lists[list as usize].head;
+        std::iter::from_fn(move || {
+            if slot == NIL {
+                return None;
+            }
+            let entry = &self.entries[slot as usize];
+            debug_assert_eq!(entry.list, list, "a list holds its own entries");
+            slot = entry.next;
+            Some((
+                &entry.key,
+                entry.size_bytes,
+                entry.value.as_ref(),
+                entry.prefetched,
+            ))
+        })
+    }
+
+    /// Sets `p` (a restored shape's), clipped to `[0, c]`.
+    pub fn set_target_mru_bytes(&mut self, target_mru_bytes: u64) {
+        self.target_mru_bytes = target_mru_bytes.min(self.capacity_bytes) as f64;
+        debug_assert!((0.0..=self.capacity_bytes as f64).contains(&self.target_mru_bytes));
+    }
+
+    /// Appends a key the directory does not know at the COLD end of a
+    /// ghost list (a restored shape's ghosts, saved hot to cold), if the
+    /// directory bounds allow it (`T1 + B1 <= c`, the whole `<= 2c`).
+    /// No data, no adaptation. False if refused.
+    pub fn push_ghost_cold(&mut self, key: K, size_bytes: u64, list: ListId) -> bool {
+        assert!(list.is_ghost(), "only a ghost list takes a bare key");
+        let size_bytes = size_bytes.max(1);
+        if self.lru || self.index.contains_key(&key) {
+            return false;
+        }
+        let c = self.capacity_bytes;
+        let total: u64 = ListId::ALL.iter().map(|&l| self.list_bytes(l)).sum();
+        let l1 = self.list_bytes(ListId::Mru) + self.list_bytes(ListId::MruGhost);
+        if total + size_bytes > 2 * c || (list == ListId::MruGhost && l1 + size_bytes > c) {
+            return false;
+        }
+        let slot = self.alloc_slot(Entry {
+            key,
+            size_bytes,
+            prev: NIL,
+            next: NIL,
+            list,
+            prefetched: false,
+            value: None,
+        });
+        self.index.insert(key, slot);
+        self.push_tail(slot, list);
+        self.debug_check();
+        true
+    }
+
+    /// Inserts a record at the COLD end of a resident list (a prewarm from
+    /// a saved shape, walked hot to cold, so that the lists come back in
+    /// the saved order while demand reads meanwhile land at the hot ends).
+    /// No ghost adaptation and no eviction: refused (false) if the key is
+    /// resident already or the record does not fit under `c` as it is. A
+    /// ghost of the key is replaced; ghosts beyond the directory bounds
+    /// are trimmed from their cold ends, as after any insert.
+    pub fn insert_cold(
+        &mut self,
+        key: K,
+        size_bytes: u64,
+        value: V,
+        list: ListId,
+        prefetched: bool,
+    ) -> bool {
+        assert!(!list.is_ghost(), "a record goes on a resident list");
+        let size_bytes = size_bytes.max(1);
+        let list = if self.lru { ListId::Mru } else { list };
+        if self.resident_bytes() + size_bytes > self.capacity_bytes {
+            return false;
+        }
+        if let Some(&slot) = self.index.get(&key) {
+            if !self.entries[slot as usize].list.is_ghost() {
+                return false;
+            }
+            self.remove_slot(slot);
+        }
+        let slot = self.alloc_slot(Entry {
+            key,
+            size_bytes,
+            prev: NIL,
+            next: NIL,
+            list,
+            prefetched,
+            value: Some(value),
+        });
+        self.index.insert(key, slot);
+        self.push_tail(slot, list);
+        self.trim_ghosts();
+        self.debug_check();
+        true
+    }
+
     /// LRU mode: evict from the MRU tail, leaving no ghost, until
     /// `size_bytes` fits.
     fn evict_lru(
@@ -687,6 +791,27 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         l.head = slot;
         if l.tail == NIL {
             l.tail = slot;
+        }
+        l.size_bytes += size_bytes;
+        l.len += 1;
+    }
+
+    fn push_tail(&mut self, slot: u32, list: ListId) {
+        let old_tail = self.lists[list as usize].tail;
+        {
+            let e = &mut self.entries[slot as usize];
+            e.list = list;
+            e.prev = old_tail;
+            e.next = NIL;
+        }
+        if old_tail != NIL {
+            self.entries[old_tail as usize].next = slot;
+        }
+        let size_bytes = self.entries[slot as usize].size_bytes;
+        let l = &mut self.lists[list as usize];
+        l.tail = slot;
+        if l.head == NIL {
+            l.head = slot;
         }
         l.size_bytes += size_bytes;
         l.len += 1;
@@ -932,6 +1057,36 @@ mod tests {
         }
         assert_eq!(arc.resident_bytes(), 12);
         assert!(ev.is_empty());
+        arc.assert_consistent();
+    }
+
+    #[test]
+    fn cold_inserts_and_ghosts_keep_the_saved_order_and_the_bounds() {
+        let mut arc: ArcPolicy<u64, ()> = ArcPolicy::new(4);
+        assert!(arc.push_ghost_cold(10, 1, ListId::MruGhost));
+        assert!(arc.push_ghost_cold(11, 1, ListId::MfuGhost));
+        assert!(!arc.push_ghost_cold(10, 1, ListId::MfuGhost), "known key");
+        for k in [1, 2] {
+            assert!(arc.insert_cold(k, 1, (), ListId::Mfu, false));
+        }
+        assert!(arc.insert_cold(3, 1, (), ListId::Mru, true));
+        // A demand insert lands at the hot end, before the prewarmed ones.
+        arc.access(4, 1);
+        let mru: Vec<u64> = arc
+            .iter_entries_from_hot_end(ListId::Mru)
+            .map(|e| *e.0)
+            .collect();
+        assert_eq!(mru, [4, 3]);
+        let mfu: Vec<u64> = arc
+            .iter_entries_from_hot_end(ListId::Mfu)
+            .map(|e| *e.0)
+            .collect();
+        assert_eq!(mfu, [1, 2]);
+        // Full: refused, never past c.
+        assert!(!arc.insert_cold(5, 1, (), ListId::Mfu, false));
+        assert!(!arc.insert_cold(1, 1, (), ListId::Mfu, false), "resident");
+        arc.set_target_mru_bytes(99);
+        assert_eq!(arc.target_mru_bytes(), 4, "p clipped to c");
         arc.assert_consistent();
     }
 

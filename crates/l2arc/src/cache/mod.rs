@@ -41,7 +41,7 @@
 //! `write` (writes, holes, the invalidation log), `tiers`, `queue` (many
 //! reads in flight from one thread), `prefetch`, `read_ahead` and
 //! `zstream` (read-ahead of sequential readers), `properties` (what may
-//! change while running). No `impl Cache` lives outside it
+//! change while running), `prewarm` (the ARC's shape saved and restored). No `impl Cache` lives outside it
 //! (`scripts/import-cycles` checks).
 //!
 //! Locking: every lock of the engine has a rank, and the order in which
@@ -55,6 +55,7 @@
 mod config;
 mod objects;
 pub(crate) mod prefetch;
+mod prewarm;
 pub(crate) mod properties;
 mod queue;
 mod read;
@@ -72,6 +73,7 @@ pub use config::{
 #[cfg(feature = "internals")]
 pub use objects::OBJECT_STATES_MAX;
 pub use objects::{DatasetId, ObjectHandle};
+pub use prewarm::{ArcCheckpointer, RestoreError, RestoredShape, SavedShapeSummary, ShapeStats};
 pub use queue::{ReadCompletion, ReadQueue};
 pub use view::ReadView;
 
@@ -153,6 +155,8 @@ pub struct Cache {
     /// The L2ARC tunables that change while running (`tunables`), shared
     /// with the L2ARC once it is made.
     pub(crate) tunables: Arc<crate::l2arc::tunables::LiveTunables>,
+    /// The ARC's shape saved and restored, and the prewarm (`prewarm`).
+    shape: prewarm::ShapeCounters,
 }
 
 impl Drop for Cache {
@@ -221,6 +225,7 @@ impl Cache {
             ioengine,
             analytics: crate::analytics::Analytics::default(),
             tunables: Arc::new(live),
+            shape: prewarm::ShapeCounters::default(),
         });
         if let Some(w) = watcher {
             let _ = cache.watcher.set(w);
@@ -328,8 +333,10 @@ impl Cache {
     /// A snapshot of every counter.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
+        let arc = self.arc.stats();
         let stats = CacheStats {
-            arc: self.arc.stats(),
+            shape: self.shape_stats(arc.prewarm_joined),
+            arc,
             ioengine_uring: self.ioengine() == IoEngine::IoUring,
             arc_max: self.arc.config().arc_max_bytes,
             reads: c.reads.get(),

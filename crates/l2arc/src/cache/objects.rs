@@ -56,6 +56,9 @@ pub(super) struct ObjectState {
     /// Its sequential streams (`zstream`), made on the first read through
     /// a dataset that reads ahead in spans.
     pub(super) streams: OnceLock<Box<crate::cache::zstream::Streams>>,
+    /// The name the object was last opened or named by, relative to its
+    /// dataset: what a saved ARC shape reopens it by (`prewarm`).
+    pub(super) name: RankedMutex<Option<Arc<str>>, { rank::LEAF }>,
 }
 
 /// Counts a write through the cache in `ObjectState::writes_in_flight`
@@ -91,6 +94,22 @@ pub(super) struct GenerationState {
 }
 
 impl ObjectState {
+    /// Notes the name the object goes by now (unchanged: no allocation).
+    pub(super) fn set_name(&self, name: &str) {
+        let mut slot = self.name.lock().expect("object name poisoned");
+        if slot.as_deref() != Some(name) {
+            *slot = Some(Arc::from(name));
+        }
+        debug_assert_eq!(slot.as_deref(), Some(name));
+    }
+
+    /// The name the object was last opened or named by.
+    pub(super) fn name(&self) -> Option<Arc<str>> {
+        let name = self.name.lock().expect("object name poisoned").clone();
+        debug_assert!(name.as_ref().is_none_or(|n| n.len() < usize::MAX));
+        name
+    }
+
     /// The generation that `token` stands for, if it is still the object's
     /// token (`None`: the token moved on since the caller loaded it).
     pub(super) fn generation_of(&self, token: u64) -> Option<Generation> {
@@ -370,6 +389,7 @@ impl Cache {
         let object = dataset.primary.open(name, writable)?;
         let handle = self.open_object(dataset_id, dataset, object)?;
         debug_assert_eq!(handle.dataset_id, dataset_id);
+        handle.state.set_name(name);
         self.analytics
             .name_object(dataset_id.0, handle.state.id, name);
         Ok(handle)
@@ -398,6 +418,7 @@ impl Cache {
             handle.dataset.config.validate().is_ok(),
             "added, so checked"
         );
+        handle.state.set_name(name);
         self.analytics
             .name_object(handle.dataset_id.0, handle.state.id, name);
     }
@@ -461,6 +482,7 @@ impl Cache {
             }),
             writes_in_flight: AtomicU64::new(0),
             streams: OnceLock::new(),
+            name: RankedMutex::new(None),
         });
         objects.insert((dataset_id.0, info.id), Arc::clone(&state));
         // Past the bound only once unheld states were dropped (a table of

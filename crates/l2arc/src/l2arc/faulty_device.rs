@@ -35,6 +35,8 @@ pub struct Faults {
     pub writes_stalled: AtomicU64,
     /// Every write takes at least this long (a slow device), microseconds.
     pub write_delay_us: AtomicU64,
+    /// Every read takes at least this long (a slow device), microseconds.
+    pub read_delay_us: AtomicU64,
 }
 
 /// A device wrapper for tests: real I/O until a fault is switched on.
@@ -71,6 +73,10 @@ impl FaultyDevice {
         if f.fail_reads.load(Ordering::Relaxed) {
             f.reads_failed.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let delay_us = f.read_delay_us.load(Ordering::Relaxed);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
         }
         read(buf)?;
         if f.corrupt_reads.load(Ordering::Relaxed) && !buf.is_empty() {
