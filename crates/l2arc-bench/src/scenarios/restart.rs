@@ -185,6 +185,8 @@ struct Restarted {
     fio_start_secs: f64,
     iops_per_second: Vec<f64>,
     hit_ratio_first_10s: Option<f64>,
+    /// The same in the first second: how much of the ARC was back at once.
+    hit_ratio_first_1s: Option<f64>,
     /// The end of the first second at 90% of the warm IOPS, counted from
     /// the ready line.
     secs_to_90pct: Option<f64>,
@@ -544,6 +546,7 @@ fn restart(
         ready_secs,
         fio_start_secs,
         hit_ratio_first_10s: hit_ratio(&samples, HIT_WINDOW_SECS),
+        hit_ratio_first_1s: hit_ratio(&samples, 1.0),
         secs_to_90pct: None,
         primary_reads_in_window: samples.last().map_or(0, |s| s.get("primary_reads")),
         prewarm: samples.last().and_then(prewarm_of),
@@ -745,10 +748,11 @@ fn print_report(r: &Report) {
     }
     println!();
     println!(
-        "{:<26} {:>7} {:>7} {:>9} {:>10} {:>9} {:>10} {:>18}  IOPS per 5 s from the ready line",
+        "{:<26} {:>7} {:>7} {:>8} {:>9} {:>10} {:>9} {:>10} {:>18}  IOPS per 5 s from the ready line",
         "restart",
         "stop s",
         "ready s",
+        "hits 1s",
         "hits 10s",
         "ARC MiB 10s",
         "to 90% s",
@@ -769,13 +773,14 @@ fn print_report(r: &Report) {
             .iter()
             .find(|s| s.secs >= HIT_WINDOW_SECS)
             .map_or("-".into(), |s| format!("{}", s.get("size") >> 20));
+        let ratio = |r: Option<f64>| r.map_or("-".into(), |h| format!("{:.1}%", 100.0 * h));
         println!(
-            "{:<26} {:>7.1} {:>7.2} {:>9} {:>10} {:>9} {:>10} {:>18}  {}",
+            "{:<26} {:>7.1} {:>7.2} {:>8} {:>9} {:>10} {:>9} {:>10} {:>18}  {}",
             x.kind.name(),
             x.stop_secs,
             x.ready_secs,
-            x.hit_ratio_first_10s
-                .map_or("-".into(), |h| format!("{:.1}%", 100.0 * h)),
+            ratio(x.hit_ratio_first_1s),
+            ratio(x.hit_ratio_first_10s),
             arc_10s,
             x.secs_to_90pct
                 .map_or("never".into(), |t| format!("{t:.0}")),
@@ -803,7 +808,7 @@ fn print_report(r: &Report) {
         );
     }
     println!(
-        "hits 10s: the ARC's hits over hits and misses in the first {HIT_WINDOW_SECS:.0} s; ARC MiB 10s: its size then; to 90%: the end of the first second from which {SUSTAINED_SECS} s hold 90% of the warm IOPS on average, from the ready line (the socket accepting); prim reads: primary reads in the {:.0} s window",
+        "hits 1s, 10s: the ARC's hits over hits and misses in the first second and the first {HIT_WINDOW_SECS:.0} s (counted from the start); ARC MiB 10s: its size then; to 90%: the end of the first second from which {SUSTAINED_SECS} s hold 90% of the warm IOPS on average, from the ready line (the socket accepting); prim reads: primary reads in the {:.0} s window",
         r.after_secs
     );
     if let Some(path) = &r.series_path {
@@ -863,6 +868,7 @@ mod tests {
             fio_start_secs,
             iops_per_second: iops.to_vec(),
             hit_ratio_first_10s: None,
+            hit_ratio_first_1s: None,
             secs_to_90pct: None,
             primary_reads_in_window: 0,
             prewarm: None,
