@@ -274,8 +274,14 @@ impl Place {
             .arg(format!("--cache={}", self.cache.display()))
             .arg(format!("--cache-size={}", self.cache_bytes))
             .arg(format!("--emulate-hdd-spindles={}", self.hdd.spindles))
-            .arg(format!("--emulate-hdd-seek-ms-min={}", self.hdd.seek_ms_min))
-            .arg(format!("--emulate-hdd-seek-ms-max={}", self.hdd.seek_ms_max));
+            .arg(format!(
+                "--emulate-hdd-seek-ms-min={}",
+                self.hdd.seek_ms_min
+            ))
+            .arg(format!(
+                "--emulate-hdd-seek-ms-max={}",
+                self.hdd.seek_ms_max
+            ));
         if self.features.checkpoint_flag {
             cmd.arg(format!("--l2arc-arc-checkpoint-secs={CHECKPOINT_SECS}"));
         }
@@ -483,10 +489,9 @@ fn seq_read_cache(place: &Place) -> Result<SeqRead> {
     // The log fills the device from its start and the file is sparse: its
     // allocated bytes are the part written (holes would read as fast as
     // memory).
-    let allocated =
-        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&place.cache)?) * 512;
-    let size_bytes = allocated.clamp(SEQ_BLOCK_BYTES, place.cache_bytes) / SEQ_BLOCK_BYTES
-        * SEQ_BLOCK_BYTES;
+    let allocated = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&place.cache)?) * 512;
+    let size_bytes =
+        allocated.clamp(SEQ_BLOCK_BYTES, place.cache_bytes) / SEQ_BLOCK_BYTES * SEQ_BLOCK_BYTES;
     let job = FioJob::new(
         "restart-seq",
         "io_uring",
@@ -680,7 +685,10 @@ fn headline(r: &Report) -> Vec<Headline> {
     ));
     lines.push(Headline::versus(
         "clean_primary_reads",
-        &format!("restart after SIGTERM, prewarm on: primary reads in the first {:.0} s ({scale})", r.after_secs),
+        &format!(
+            "restart after SIGTERM, prewarm on: primary reads in the first {:.0} s ({scale})",
+            r.after_secs
+        ),
         "reads",
         (
             a.primary_reads_in_window as f64,
@@ -689,10 +697,7 @@ fn headline(r: &Report) -> Vec<Headline> {
         ),
         Goal::ours(false, 0.0),
     ));
-    if let (Some(seq), Some(rate)) = (
-        &r.seq_read,
-        a.prewarm.as_ref().and_then(|p| p.mib_per_sec),
-    ) {
+    if let (Some(seq), Some(rate)) = (&r.seq_read, a.prewarm.as_ref().and_then(|p| p.mib_per_sec)) {
         lines.push(Headline::versus(
             "prewarm_mib_per_sec",
             "prewarm after SIGTERM: arc_prewarm_bytes / arc_prewarm_ms",
@@ -913,7 +918,10 @@ mod tests {
         };
         let p = prewarm_of(&s).expect("the prewarm ran");
         assert_eq!(p.mib_per_sec, Some(256.0));
-        assert!(prewarm_of(&sample(60.0, 1, 1)).is_none(), "no prewarm, no rate");
+        assert!(
+            prewarm_of(&sample(60.0, 1, 1)).is_none(),
+            "no prewarm, no rate"
+        );
     }
 
     #[test]

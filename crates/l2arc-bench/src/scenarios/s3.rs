@@ -545,7 +545,11 @@ fn systems_under_test(
             Some((args.arc_max, args.cache_size)),
         ),
         // Room for the whole working set on flash, in whole MiB.
-        Mode::Defaults => (None, (data_bytes + data_bytes / 4).div_ceil(1 << 20) << 20, None),
+        Mode::Defaults => (
+            None,
+            (data_bytes + data_bytes / 4).div_ceil(1 << 20) << 20,
+            None,
+        ),
     };
     Ok(vec![
         Box::new(L2arcSystem {
