@@ -95,33 +95,35 @@ const SAMPLES_MAX: usize = 600;
 
 /// How the server was stopped and started again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
 enum Kind {
     /// SIGTERM, then start with the prewarm on.
-    CleanPrewarm,
+    #[serde(rename = "clean_prewarm")]
+    Clean,
     /// SIGKILL past a checkpoint, then start with the prewarm on.
-    KillPrewarm,
+    #[serde(rename = "kill_prewarm")]
+    Killed,
     /// SIGTERM, then start with the prewarm off (OpenZFS's behaviour).
-    CleanNoPrewarm,
+    #[serde(rename = "clean_no_prewarm")]
+    Cold,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::CleanPrewarm, Kind::KillPrewarm, Kind::CleanNoPrewarm];
+    const ALL: [Kind; 3] = [Kind::Clean, Kind::Killed, Kind::Cold];
 
     fn name(self) -> &'static str {
         match self {
-            Kind::CleanPrewarm => "(a) SIGTERM, prewarm on",
-            Kind::KillPrewarm => "(b) SIGKILL, prewarm on",
-            Kind::CleanNoPrewarm => "(c) SIGTERM, prewarm off",
+            Kind::Clean => "(a) SIGTERM, prewarm on",
+            Kind::Killed => "(b) SIGKILL, prewarm on",
+            Kind::Cold => "(c) SIGTERM, prewarm off",
         }
     }
 
     fn prewarm(self) -> bool {
-        self != Kind::CleanNoPrewarm
+        self != Kind::Cold
     }
 
     fn killed(self) -> bool {
-        self == Kind::KillPrewarm
+        self == Kind::Killed
     }
 }
 
@@ -255,6 +257,13 @@ impl Place {
         self.dir.join("restart.ctl")
     }
 
+    /// The ARC checkpoint's default path: the cache file's with `.arc`.
+    fn checkpoint(&self) -> PathBuf {
+        let mut path = self.cache.clone().into_os_string();
+        path.push(".arc");
+        PathBuf::from(path)
+    }
+
     fn uri(&self) -> String {
         format!("nbd+unix:///?socket={}", self.socket().display())
     }
@@ -321,6 +330,39 @@ impl Place {
     }
 }
 
+impl Place {
+    /// The image (made or found in `--data`), the cache file beside it
+    /// (removed first, with its checkpoint), and the server's settings.
+    fn new(args: &BenchArgs, tmp: &Path, binary: PathBuf, features: Features) -> Result<Place> {
+        let (image, image_bytes) =
+            scenario_image(args, tmp, "restart", "restart.img", RECORDSIZE_BYTES)?;
+        let cache = image.with_file_name("restart-cache.img");
+        let checkpoint = image.with_file_name("restart-cache.img.arc");
+        let _ = std::fs::remove_file(&cache);
+        let _ = std::fs::remove_file(&checkpoint);
+        if args.arc_max >= image_bytes {
+            bail!(
+                "--arc-max ({} MiB) must be below the image ({} MiB): the working set is bigger than the ARC",
+                args.arc_max >> 20,
+                image_bytes >> 20
+            );
+        }
+        let cache_bytes = args.cache_size.max(image_bytes + image_bytes / 4);
+        Ok(Place {
+            dir: tmp.to_path_buf(),
+            binary,
+            image,
+            image_bytes,
+            cache,
+            cache_bytes,
+            arc_max_bytes: args.arc_max,
+            hdd: HddConfig::default(),
+            features,
+            seed: args.seed,
+        })
+    }
+}
+
 /// Waits for the socket to accept; a bounded wait (a rebuild of a large
 /// device may take seconds, never minutes here).
 fn wait_ready(server: &mut ServerProcess, socket: &Path) -> Result<()> {
@@ -334,32 +376,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let tmp = tempfile::Builder::new()
         .prefix("l2arc-bench-restart")
         .tempdir()?;
-    let (image, image_bytes) =
-        scenario_image(args, tmp.path(), "restart", "restart.img", RECORDSIZE_BYTES)?;
-    let cache = image.with_file_name("restart-cache.img");
-    let checkpoint = image.with_file_name("restart-cache.img.arc");
-    let _ = std::fs::remove_file(&cache);
-    let _ = std::fs::remove_file(&checkpoint);
-    if args.arc_max >= image_bytes {
-        bail!(
-            "--arc-max ({} MiB) must be below the image ({} MiB): the working set is bigger than the ARC",
-            args.arc_max >> 20,
-            image_bytes >> 20
-        );
-    }
-    let cache_bytes = args.cache_size.max(image_bytes + image_bytes / 4);
-    let place = Place {
-        dir: tmp.path().to_path_buf(),
-        binary,
-        image,
-        image_bytes,
-        cache,
-        cache_bytes,
-        arc_max_bytes: args.arc_max,
-        hdd: HddConfig::default(),
-        features,
-        seed: args.seed,
-    };
+    let place = Place::new(args, tmp.path(), binary, features)?;
+    let checkpoint = place.checkpoint();
     if !(features.prewarm_flag && features.checkpoint_flag) {
         eprintln!(
             "restart: this l2arc has no --l2arc-prewarm/--l2arc-arc-checkpoint-secs: every restart runs without them (today's behaviour)"
@@ -381,9 +399,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     let _ = std::fs::remove_file(&checkpoint);
     let (warm_iops_per_second, warm_iops, warm_hit_ratio, seq_read, restarts) = result?;
     let mut report = Report {
-        image_bytes,
+        image_bytes: place.image_bytes,
         arc_max_bytes: args.arc_max,
-        cache_bytes,
+        cache_bytes: place.cache_bytes,
         recordsize_bytes: RECORDSIZE_BYTES,
         read_bytes: READ_BYTES,
         queue_depth: QUEUE_DEPTH,
@@ -432,7 +450,7 @@ fn measure(place: &Place, after_secs: f64, warm_secs_max: f64) -> Result<Measure
             server.stop()
         };
         let stop_secs = stopping.elapsed().as_secs_f64();
-        if kind == Kind::CleanPrewarm {
+        if kind == Kind::Clean {
             seq_read = Some(seq_read_cache(place)?);
         }
         eprintln!("restart: {}", kind.name());
@@ -653,11 +671,8 @@ fn of(r: &Report, kind: Kind) -> Option<&Restarted> {
 /// clean stop; the prewarm's rate against fio's sequential read.
 fn headline(r: &Report) -> Vec<Headline> {
     let mut lines = Vec::new();
-    let (Some(a), Some(b), Some(c)) = (
-        of(r, Kind::CleanPrewarm),
-        of(r, Kind::KillPrewarm),
-        of(r, Kind::CleanNoPrewarm),
-    ) else {
+    let (Some(a), Some(b), Some(c)) = (of(r, Kind::Clean), of(r, Kind::Killed), of(r, Kind::Cold))
+    else {
         return lines;
     };
     // Never within the window: the window's length plus one second.
@@ -752,6 +767,11 @@ fn print_report(r: &Report) {
         );
     }
     println!();
+    print_restarts(r);
+}
+
+/// One row per restart, the stop lines, the prewarm's rate and the legend.
+fn print_restarts(r: &Report) {
     println!(
         "{:<26} {:>7} {:>7} {:>8} {:>9} {:>10} {:>9} {:>10} {:>18}  IOPS per 5 s from the ready line",
         "restart",
@@ -803,7 +823,7 @@ fn print_report(r: &Report) {
     }
     if let (Some(seq), Some(rate)) = (
         &r.seq_read,
-        of(r, Kind::CleanPrewarm)
+        of(r, Kind::Clean)
             .and_then(|a| a.prewarm.as_ref())
             .and_then(|p| p.mib_per_sec),
     ) {
@@ -865,7 +885,7 @@ mod tests {
 
     fn restarted(fio_start_secs: f64, iops: &[f64]) -> Restarted {
         Restarted {
-            kind: Kind::CleanPrewarm,
+            kind: Kind::Clean,
             prewarm_flag: Some(true),
             stop_lines: Vec::new(),
             stop_secs: 0.0,
