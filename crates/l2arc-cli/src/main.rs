@@ -21,6 +21,7 @@ mod notify;
 mod reload;
 mod s3_opts;
 mod stat;
+mod stop;
 mod trace_cmd;
 
 // The decoders of outside bytes live in the library (fuzzed there).

@@ -49,6 +49,8 @@ enum Kind {
     Gauge,
     /// A counter in microseconds, exported in seconds.
     CounterMicros,
+    /// A counter in milliseconds, exported in seconds.
+    CounterMillis,
 }
 
 fn kind_of(name: &str) -> Kind {
@@ -62,6 +64,7 @@ fn kind_of(name: &str) -> Kind {
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,
         "l2_rebuild_time_us" => Kind::CounterMicros,
+        "l2_stop_flush_ms" => Kind::CounterMillis,
         n if n.ends_with("_bytes") => Kind::CounterBytes,
         _ => Kind::Counter,
     }
@@ -81,12 +84,17 @@ fn prometheus_name(prefix: &str, name: &str) -> (String, &'static str) {
             format!("{prefix}{}_seconds_total", name.trim_end_matches("_us")),
             "counter",
         ),
+        Kind::CounterMillis => (
+            format!("{prefix}{}_seconds_total", name.trim_end_matches("_ms")),
+            "counter",
+        ),
     }
 }
 
 fn exported_value(name: &str, value: u64) -> String {
     match kind_of(name) {
         Kind::CounterMicros => format!("{}", value as f64 / 1e6),
+        Kind::CounterMillis => format!("{}", value as f64 / 1e3),
         _ => value.to_string(),
     }
 }
@@ -181,7 +189,7 @@ fn help_of(name: &str, of_what: &str) -> String {
     let unit = match kind_of(name) {
         Kind::Counter => "count",
         Kind::CounterBytes | Kind::GaugeBytes => "bytes",
-        Kind::CounterMicros => "seconds",
+        Kind::CounterMicros | Kind::CounterMillis => "seconds",
         Kind::Gauge if name == "l2_ioengine_uring" => "0 or 1",
         Kind::Gauge => "count",
     };
@@ -611,6 +619,15 @@ fn about_l2(name: &str) -> &'static str {
         "l2_rebuild_dh_errors" => "Device headers that rebuilds could not use",
         "l2_rebuild_unsupported" => "Rebuilds refused for an unsupported log format",
         "l2_rebuild_time_us" => "Time the last index rebuild took",
+        "l2_stop_flush_records" => {
+            "Records only the ARC held that clean stops wrote to cache devices"
+        }
+        "l2_stop_flush_bytes" => "Data only the ARC held that clean stops wrote to cache devices",
+        "l2_stop_flush_left_records" => {
+            "Eligible records clean stops left unwritten (stop budget, endurance budget or no device)"
+        }
+        "l2_stop_flush_left_bytes" => "Eligible data clean stops left unwritten",
+        "l2_stop_flush_ms" => "Time clean stops spent writing the ARC to cache devices",
         _ => "An arcstats counter",
     }
 }
@@ -783,7 +800,7 @@ mod tests {
         for (name, _) in kstats.iter().chain(device.iter()) {
             let ours = matches!(
                 kind_of(name),
-                Kind::Counter | Kind::CounterBytes | Kind::CounterMicros
+                Kind::Counter | Kind::CounterBytes | Kind::CounterMicros | Kind::CounterMillis
             );
             let engine = l2arc::kstat_kind(name) == l2arc::KstatKind::Counter;
             assert_eq!(

@@ -9,7 +9,8 @@
 //! not connected"), `fusermount3 -u MNT` or `umount -l MNT` removes it. Once the mount is
 //! ready it prints `l2arc: mounted SRC at MNT` to stderr (scripts and tests
 //! wait for that line) and tells systemd (`READY=1`, `life`); SIGHUP
-//! reloads the config file (`reload`); on exit it prints the cache's
+//! reloads the config file (`reload`); once unmounted it writes what only
+//! the ARC holds to flash (`stop`), and on exit it prints the cache's
 //! statistics under their arcstats names.
 
 use std::path::PathBuf;
@@ -146,6 +147,8 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
         resolved,
     );
     serve_until_stopped(session, &args, &signals, &what, reloader)?;
+    // Unmounted: no reader is left, so the ARC may go to flash.
+    crate::stop::stop_cache(&cache);
     print_kstats(&cache);
     Ok(())
 }
@@ -359,6 +362,8 @@ fn run_s3(mut args: MountArgs) -> Result<()> {
         ttl.as_secs_f64()
     );
     serve_until_stopped(session, &args, &signals, &uri, reloader)?;
+    // Unmounted: no reader is left, so the ARC may go to flash.
+    crate::stop::stop_cache(&cache);
     crate::s3_opts::print_requests(&store);
     print_kstats(&cache);
     Ok(())

@@ -7,9 +7,10 @@
 //! must be a deliberate choice (`--allow-remote`). Once it accepts clients
 //! it prints `l2arc: serving IMAGE on ADDR` to stderr (scripts and tests
 //! wait for that line) and tells systemd (`READY=1`, `life`). A stop
-//! drains the export (`--stop-timeout`) and says so; SIGHUP reloads the
-//! config file (`reload`). On exit it prints the cache's statistics
-//! under their arcstats names.
+//! drains the export (`--stop-timeout`) and says so, then writes what only
+//! the ARC holds to flash (`stop`); SIGHUP reloads the config file
+//! (`reload`). On exit it prints the cache's statistics under their
+//! arcstats names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -150,6 +151,9 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     server.serve(listener)?;
     life.stopping();
     drop(life);
+    print_drained(&server);
+    // Drained: no reader is left, so the ARC may go to flash.
+    crate::stop::stop_cache(&cache);
     if let Some(store) = &store {
         crate::s3_opts::print_requests(store);
     }
@@ -331,8 +335,8 @@ fn server_config(args: &ServeNbdArgs) -> ServerConfig {
     }
 }
 
-/// What the server and the cache did, printed at exit.
-fn print_stopped(server: &Server, cache: &l2arc::Cache) {
+/// What the drain did, if the export drained.
+fn print_drained(server: &Server) {
     if let Some(d) = server.drain_report() {
         eprintln!(
             "l2arc: stopping: drained {} requests in flight on {} connections in {} ms ({} requests sent after the stop answered ESHUTDOWN); {} connections closed after the {} s --stop-timeout",
@@ -344,6 +348,10 @@ fn print_stopped(server: &Server, cache: &l2arc::Cache) {
             d.timeout_ms as f64 / 1000.0
         );
     }
+}
+
+/// What the server and the cache did, printed at exit.
+fn print_stopped(server: &Server, cache: &l2arc::Cache) {
     let s = server.stats();
     eprintln!(
         "l2arc: stopped: {} connections ({} refused; {} idle, {} negotiating and {} leaving replies unread bumped), {} requests ({} errors, {} split; reads: {} through read queues, {} passed on to workers; {} worker threads started), {} protocol errors, buffers: peak {} MiB, {} reclaimed, {} image changes seen behind the export",

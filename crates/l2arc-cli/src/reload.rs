@@ -146,7 +146,7 @@ fn mode(m: l2arc::CacheMode) -> String {
 }
 
 /// The live tunables of `l2` as `Cache::tunables` writes them.
-fn tunable_values(l2: &l2arc::L2ArcConfig) -> [(&'static str, String); 8] {
+fn tunable_values(l2: &l2arc::L2ArcConfig) -> [(&'static str, String); 9] {
     let values = [
         ("l2arc_write_max", l2.l2arc_write_max_bytes.to_string()),
         ("l2arc_headroom", l2.l2arc_headroom.to_string()),
@@ -156,6 +156,10 @@ fn tunable_values(l2: &l2arc::L2ArcConfig) -> [(&'static str, String); 8] {
         ("l2arc_dwpd", l2.l2arc_dwpd.to_string()),
         ("l2arc_feed_secs", l2.l2arc_feed_secs.to_string()),
         ("l2arc_feed_min_ms", l2.l2arc_feed_min_ms.to_string()),
+        (
+            "l2arc_stop_budget_secs",
+            l2.l2arc_stop_budget_secs.to_string(),
+        ),
     ];
     debug_assert!(values.iter().map(|v| v.0).eq(l2arc::TUNABLE_NAMES));
     values

@@ -108,6 +108,10 @@ pub struct CacheOptions {
     /// `l2arc_feed_min_ms`: feeder period while it finds records to write (default 200; 1 to 3600000).
     #[arg(long)]
     pub l2arc_feed_min_ms: Option<u64>,
+    /// `l2arc_stop_budget_secs`: seconds a clean stop (SIGTERM, SIGINT) may spend writing what only
+    /// the ARC holds to the cache devices, after the drain (default 5; 0 = no flush; up to 3600).
+    #[arg(long)]
+    pub l2arc_stop_budget_secs: Option<f64>,
     /// `force_init_foreign`: initialise a cache device that holds data that is not an l2arc
     /// cache (its contents are lost); without it such a device is refused.
     #[arg(long)]
@@ -147,6 +151,7 @@ struct FileOptions {
     history: Option<PathBuf>,
     l2arc_feed_secs: Option<f64>,
     l2arc_feed_min_ms: Option<u64>,
+    l2arc_stop_budget_secs: Option<f64>,
     force_init_foreign: Option<bool>,
     dram_policy: Option<String>,
     log_level: Option<String>,
@@ -463,7 +468,8 @@ impl CacheOptions {
         })
     }
 
-    /// The feeder's periods and `force_init_foreign`: flags over the file.
+    /// The feeder's periods, the stop budget and `force_init_foreign`:
+    /// flags over the file.
     fn resolve_feed(&self, file: &FileOptions, l2: &mut L2ArcConfig) -> Result<()> {
         if let Some(v) = self.l2arc_feed_secs.or(file.l2arc_feed_secs) {
             if !(v.is_finite() && (0.001..=3600.0).contains(&v)) {
@@ -476,6 +482,12 @@ impl CacheOptions {
                 bail!("l2arc_feed_min_ms must be ms from 1 to 3600000, not {v}");
             }
             l2.l2arc_feed_min_ms = v;
+        }
+        if let Some(v) = self.l2arc_stop_budget_secs.or(file.l2arc_stop_budget_secs) {
+            if !(v.is_finite() && (0.0..=3600.0).contains(&v)) {
+                bail!("l2arc_stop_budget_secs must be seconds from 0 to 3600, not {v}");
+            }
+            l2.l2arc_stop_budget_secs = v;
         }
         l2.force_init_foreign = self.force_init_foreign || file.force_init_foreign == Some(true);
         Ok(())
@@ -920,6 +932,20 @@ mod tests {
             "{far:#}"
         );
         assert!(config_keys().iter().any(|k| k == "l2arc_feed_min_ms"));
+        assert_eq!(r.cache_config.l2arc.l2arc_stop_budget_secs, 5.0);
+        let r = resolve_file("l2arc_stop_budget_secs = 0.5\n", CacheOptions::default()).unwrap();
+        assert_eq!(r.cache_config.l2arc.l2arc_stop_budget_secs, 0.5);
+        for bad in ["-1", "nan", "3601"] {
+            let e = resolve_file(
+                &format!("l2arc_stop_budget_secs = {bad}\n"),
+                CacheOptions::default(),
+            )
+            .unwrap_err();
+            assert!(
+                format!("{e:#}").contains("l2arc_stop_budget_secs must be"),
+                "{e:#}"
+            );
+        }
         assert_eq!(edit_distance("arc_maxx", "arc_max"), 1);
     }
 

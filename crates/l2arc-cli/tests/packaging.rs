@@ -198,6 +198,25 @@ const UNIT_MUST: [&str; 10] = [
     "--config /etc/l2arc/%i.toml",
 ];
 
+/// systemd waits `TimeoutStopSec` for the whole stop: the drain (serve-nbd's
+/// `--stop-timeout`, 10 s by default) and then the stop flush
+/// (`l2arc_stop_budget_secs`), with room to spare for the closing lines.
+fn assert_stop_fits(name: &str, unit: &str) {
+    const STOP_TIMEOUT_DEFAULT_SECS: f64 = 10.0;
+    let stop_budget_secs = l2arc::L2ArcConfig::default().l2arc_stop_budget_secs;
+    let timeout_secs: f64 = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+        .and_then(|v| v.strip_suffix('s'))
+        .unwrap_or_else(|| panic!("{name}: TimeoutStopSec= in seconds"))
+        .parse()
+        .unwrap();
+    assert!(
+        timeout_secs >= 2.0 * (STOP_TIMEOUT_DEFAULT_SECS + stop_budget_secs),
+        "{name}: TimeoutStopSec={timeout_secs}s leaves no room for the drain and the stop flush"
+    );
+}
+
 #[test]
 fn installed_units_pass_systemd_analyze_verify() {
     let root = tempfile::tempdir().unwrap();
@@ -208,6 +227,7 @@ fn installed_units_pass_systemd_analyze_verify() {
         for must in UNIT_MUST {
             assert!(text.contains(must), "{name} lacks {must}");
         }
+        assert_stop_fits(name, &text);
         // An instance of the template, as systemctl would load it; verify
         // checks that ExecStart's binary exists (here, the installed one).
         let instance = units.join(name.replace("@.", "@example."));

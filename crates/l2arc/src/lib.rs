@@ -74,7 +74,9 @@ pub use cache::{
 pub use cache::{ReadCompletion, ReadQueue};
 pub use l2arc::device::{DeviceIdentity, DeviceIo, FileDevice};
 pub use l2arc::format::{Compression, FormatError};
-pub use l2arc::{DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats};
+pub use l2arc::{
+    DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats, StopFlush, StopFlushCut,
+};
 pub use pace::Pace;
 pub use stats::{ArcStats, CacheStats, KstatKind, kstat_kind};
 

@@ -130,6 +130,11 @@ pub(crate) trait FeedSource: Send + Sync {
     /// `mfu_only`: about `scan_bytes_per_shard` deep in each shard.
     fn cold_records(&self, scan_bytes_per_shard: u64, mfu_only: bool, out: &mut Vec<ColdRecord>);
 
+    /// Every resident record of the ARC, hottest first: the MFU list,
+    /// then the MRU list unless `mfu_only`, each from its most recently
+    /// used end (the stop flush's order: what a restart most wants back).
+    fn resident_records(&self, mfu_only: bool, out: &mut Vec<ColdRecord>);
+
     /// Shards of the ARC (the scan's depth is per shard).
     fn arc_shards(&self) -> usize;
 
@@ -243,6 +248,18 @@ impl dyn FeedSource + '_ {
         debug_assert!(scan_bytes_per_shard > 0);
         let before = out.len();
         self.cold_records(scan_bytes_per_shard, mfu_only, out);
+        debug_assert!(out.len() >= before);
+        debug_assert!(out[before..].iter().all(|c| {
+            c.keeping.sector_table_min_bytes as usize
+                >= crate::l2arc::format::SECTOR_TABLE_RECORD_BYTES_FLOOR
+        }));
+    }
+
+    /// [`FeedSource::resident_records`]: appends (never removes), each
+    /// record kept as a checked dataset wants.
+    pub(crate) fn checked_resident_records(&self, mfu_only: bool, out: &mut Vec<ColdRecord>) {
+        let before = out.len();
+        self.resident_records(mfu_only, out);
         debug_assert!(out.len() >= before);
         debug_assert!(out[before..].iter().all(|c| {
             c.keeping.sector_table_min_bytes as usize

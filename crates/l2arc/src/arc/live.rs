@@ -787,6 +787,49 @@ impl LiveArc {
         }
     }
 
+    /// Every resident record of `list`, hottest first: each shard's list
+    /// from its most recently used end, the shards taken in turn (record
+    /// 0 of each shard, then record 1 of each, ...), so that the order
+    /// approximates one ARC's recency without a timestamp per record. Held
+    /// weakly, as [`Self::feed_candidates`] does, and for the same reason.
+    /// The stop flush's candidates: O(records), one shard locked at a time.
+    pub fn resident_hot_first(
+        &self,
+        list: ListId,
+        out: &mut Vec<(RecordKey, std::sync::Weak<Record>, bool)>,
+    ) {
+        debug_assert!(matches!(list, ListId::Mru | ListId::Mfu));
+        type Candidate = (RecordKey, std::sync::Weak<Record>, bool);
+        let per_shard: Vec<Vec<Candidate>> = self
+            .shards
+            .iter()
+            .map(|shard| {
+                let shard = shard.0.lock().expect("ARC shard lock poisoned");
+                let mut records = Vec::with_capacity(shard.policy.list_len(list) as usize);
+                for (key, _, record, prefetched) in shard.policy.iter_from_hot_end(list) {
+                    records.push((*key, Arc::downgrade(record), prefetched));
+                }
+                records
+            })
+            .collect();
+        let before = out.len();
+        let total: usize = per_shard.iter().map(Vec::len).sum();
+        out.reserve(total);
+        let mut shards: Vec<std::vec::IntoIter<Candidate>> =
+            per_shard.into_iter().map(Vec::into_iter).collect();
+        while !shards.is_empty() {
+            shards.retain_mut(|records| match records.next() {
+                Some(candidate) => {
+                    out.push(candidate);
+                    true
+                }
+                None => false,
+            });
+        }
+        // Every record of every shard's list, each once.
+        debug_assert_eq!(out.len() - before, total);
+    }
+
     /// Sums the counters and sizes of every shard.
     pub fn stats(&self) -> ArcStats {
         let mut total = ArcStats::default();

@@ -404,6 +404,29 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         })
     }
 
+    /// Resident keys from the most recently used (hot) end of `list`
+    /// towards the eviction end: [`Self::iter_from_cold_end`] reversed.
+    pub fn iter_from_hot_end(
+        &self,
+        list: ListId,
+    ) -> impl Iterator<Item = (&K, u64, &V, bool)> + '_ {
+        debug_assert!(
+            matches!(list, ListId::Mru | ListId::Mfu),
+            "a ghost list holds no value"
+        );
+        let mut slot = self.lists[list as usize].head;
+        std::iter::from_fn(move || {
+            while slot != NIL {
+                let entry = &self.entries[slot as usize];
+                slot = entry.next;
+                if let Some(value) = entry.value.as_ref() {
+                    return Some((&entry.key, entry.size_bytes, value, entry.prefetched));
+                }
+            }
+            None
+        })
+    }
+
     /// LRU mode: evict from the MRU tail, leaving no ghost, until
     /// `size_bytes` fits.
     fn evict_lru(

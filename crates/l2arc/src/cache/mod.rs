@@ -90,6 +90,21 @@ use write::Invalidations;
 
 /// The cache: datasets over primary storage, with the ARC (and, once cache
 /// devices are added, the L2ARC) in front.
+///
+/// Stopping. Dropping the cache stops its background work; the L2ARC's
+/// log on the cache devices is consistent at every batch, so a restart
+/// rebuilds what was on flash. What only DRAM held is lost, unless the
+/// program calls [`Cache::flush_arc_to_l2`] first, once its readers are
+/// done, with the budget it can spare (the configured one is
+/// [`Cache::l2arc_stop_budget`]):
+///
+/// ```no_run
+/// # fn stop(cache: std::sync::Arc<l2arc::Cache>) {
+/// let flushed = cache.flush_arc_to_l2(cache.l2arc_stop_budget());
+/// eprintln!("{} records to flash, {} left", flushed.records_written, flushed.records_left);
+/// drop(cache);
+/// # }
+/// ```
 pub struct Cache {
     /// Itself, for what must outlive a call (spans filled by the pool).
     pub(crate) me: std::sync::Weak<Cache>,

@@ -221,6 +221,37 @@ impl Cache {
         outcome
     }
 
+    /// The stop flush: writes the ARC's records that only DRAM holds to
+    /// the cache devices, so that a restart finds them on flash. Call it
+    /// at a clean stop once nothing reads any more (a front end has
+    /// drained), then drop the cache.
+    ///
+    /// Eligible is what the feeder would write (not on flash already, not
+    /// only read ahead under `l2arc_noprefetch`, not MRU under
+    /// `l2arc_mfuonly`, `secondarycache=all`); they go MFU first, then
+    /// MRU, hottest first in each, then the evicted records waiting in the
+    /// write-back queue. In batches of each online device's batch size,
+    /// the devices written side by side, while the device feeders wait;
+    /// bounded by `budget` (checked before each batch; a budget above zero
+    /// writes at least one) and by the endurance budget (`l2arc_dwpd`),
+    /// not by `l2arc_write_max`. A zero budget writes nothing and reports
+    /// every eligible record left. Without a cache device there is
+    /// nothing to do (an empty report); with none online every eligible
+    /// record is left. Counted in `l2_stop_flush_*`. The budget a service
+    /// was configured with is [`Cache::l2arc_stop_budget`].
+    pub fn flush_arc_to_l2(&self, budget: std::time::Duration) -> crate::l2arc::StopFlush {
+        let report = match self.l2.get() {
+            Some(l2) => l2.flush_from(self, budget),
+            None => crate::l2arc::StopFlush {
+                budget,
+                ..Default::default()
+            },
+        };
+        // Left records come with a reason, and only left records do.
+        debug_assert_eq!(report.records_left > 0, report.cut.is_some());
+        report
+    }
+
     /// Hands what the ARC let go to every tier, each record with how its
     /// dataset wants it kept.
     fn offer_evicted(&self, records: &mut dyn Iterator<Item = Evicted<RecordKey, Arc<Record>>>) {
@@ -272,18 +303,17 @@ impl Cache {
     }
 }
 
-impl FeedSource for Cache {
-    fn cold_records(&self, scan_bytes_per_shard: u64, mfu_only: bool, out: &mut Vec<ColdRecord>) {
+impl Cache {
+    /// `candidates` as the feed sees them: each with how its dataset wants
+    /// it kept (none of an unknown dataset).
+    fn resolve_candidates(
+        &self,
+        candidates: Vec<(RecordKey, std::sync::Weak<Record>, bool)>,
+        out: &mut Vec<ColdRecord>,
+    ) {
         let datasets: Vec<Arc<Dataset>> =
             self.datasets.read().expect("dataset lock poisoned").clone();
-        let mut candidates = Vec::new();
         let before = out.len();
-        self.arc
-            .feed_candidates(ListId::Mfu, scan_bytes_per_shard, &mut candidates);
-        if !mfu_only {
-            self.arc
-                .feed_candidates(ListId::Mru, scan_bytes_per_shard, &mut candidates);
-        }
         out.extend(
             candidates
                 .into_iter()
@@ -303,6 +333,31 @@ impl FeedSource for Cache {
                 .iter()
                 .all(|c| (c.key.dataset as usize) < datasets.len())
         );
+    }
+}
+
+impl FeedSource for Cache {
+    fn cold_records(&self, scan_bytes_per_shard: u64, mfu_only: bool, out: &mut Vec<ColdRecord>) {
+        debug_assert!(scan_bytes_per_shard > 0);
+        let mut candidates = Vec::new();
+        self.arc
+            .feed_candidates(ListId::Mfu, scan_bytes_per_shard, &mut candidates);
+        if !mfu_only {
+            self.arc
+                .feed_candidates(ListId::Mru, scan_bytes_per_shard, &mut candidates);
+        }
+        self.resolve_candidates(candidates, out);
+    }
+
+    fn resident_records(&self, mfu_only: bool, out: &mut Vec<ColdRecord>) {
+        let mut candidates = Vec::new();
+        self.arc.resident_hot_first(ListId::Mfu, &mut candidates);
+        if !mfu_only {
+            self.arc.resident_hot_first(ListId::Mru, &mut candidates);
+        }
+        // At most the ARC's records: a snapshot, O(records).
+        debug_assert!(candidates.len() as u64 <= self.arc.config().arc_max_bytes);
+        self.resolve_candidates(candidates, out);
     }
 
     fn arc_shards(&self) -> usize {

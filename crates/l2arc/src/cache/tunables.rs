@@ -16,6 +16,14 @@ impl Cache {
         Ok(())
     }
 
+    /// `l2arc_stop_budget_secs` in force: the budget a clean stop passes
+    /// to [`Cache::flush_arc_to_l2`] (zero: no flush).
+    pub fn l2arc_stop_budget(&self) -> std::time::Duration {
+        let secs = self.tunables.stop_budget_secs();
+        debug_assert!(secs.is_finite() && secs >= 0.0);
+        std::time::Duration::from_secs_f64(secs)
+    }
+
     /// The live tunables in force, as (name, value).
     pub fn tunables(&self) -> Vec<(&'static str, String)> {
         let list = self.tunables.list();

@@ -29,6 +29,8 @@
 //! them has chosen is claimed (`L2Arc::feeding`) until it is indexed or
 //! given up, so no two write it. The scan reaches `l2arc_headroom` batches
 //! deep, so a second feeder finds the next batch behind the first's claims.
+//! While a stop flush runs (`stop_flush`) the feeders stay quiet: it is the
+//! only writer, and a burst in progress ends after its batch in flight.
 //!
 //! Writes overlap the next batch. A device's feeder hands each batch to a
 //! writer thread of its own (`BatchWriter`) and selects and encodes the
@@ -131,15 +133,27 @@ impl FeedWake {
 
 /// The records a feed has claimed (`L2Arc::feeding`), released when the
 /// feed ends, however it ends.
-struct FeedClaims<'a> {
+pub(super) struct FeedClaims<'a> {
     l2: &'a L2Arc,
     key_hashes: Vec<u64>,
+}
+
+impl<'a> FeedClaims<'a> {
+    /// No claims yet.
+    pub(super) fn new(l2: &'a L2Arc) -> Self {
+        let claims = Self {
+            l2,
+            key_hashes: Vec::new(),
+        };
+        debug_assert!(claims.key_hashes.is_empty());
+        claims
+    }
 }
 
 impl FeedClaims<'_> {
     /// Claims `key_hash` for this feed unless it is on flash already or
     /// another feed has it.
-    fn claim(&mut self, key_hash: u64) -> bool {
+    pub(super) fn claim(&mut self, key_hash: u64) -> bool {
         if self.l2.contains(key_hash) {
             return false;
         }
@@ -161,7 +175,7 @@ impl FeedClaims<'_> {
 impl FeedClaims<'_> {
     /// Gives up this feed's claims on `key_hashes` before it ends (and
     /// forgets them, so that the end does not drop another feed's claims).
-    fn release(&mut self, key_hashes: impl Iterator<Item = u64>) {
+    pub(super) fn release(&mut self, key_hashes: impl Iterator<Item = u64>) {
         let mut feeding = self.l2.feeding.lock().expect("feed claims poisoned");
         for key_hash in key_hashes {
             if let Some(at) = self.key_hashes.iter().position(|&k| k == key_hash) {
@@ -217,11 +231,11 @@ impl SelectedBytes {
 /// lock order): for a record copied from the ARC, writes since the feed
 /// began; for an evicted record from the write-back queue, writes since it
 /// was read (`Record::fill_sequence`).
-struct StaleWriteGate<'a> {
-    source: &'a dyn FeedSource,
-    keys: &'a [RecordKey],
+pub(super) struct StaleWriteGate<'a> {
+    pub(super) source: &'a dyn FeedSource,
+    pub(super) keys: &'a [RecordKey],
     /// Per record: the invalidation sequence its bytes are known good at.
-    since: &'a [u64],
+    pub(super) since: &'a [u64],
 }
 
 impl WriteGate for StaleWriteGate<'_> {
@@ -488,10 +502,7 @@ impl<'a> Feeder<'a> {
     /// stale-write gate will need.
     fn select_feed(self, l2: &'a L2Arc, budget_bytes: u64) -> FeedSelection<'a> {
         let start_sequence = self.source.write_sequence();
-        let mut claims = FeedClaims {
-            l2,
-            key_hashes: Vec::new(),
-        };
+        let mut claims = FeedClaims::new(l2);
         let selected = self.select_for_feed(budget_bytes, &mut claims);
         let since = selected
             .iter()
@@ -632,6 +643,9 @@ fn requeue_left_out(
     debug_assert_eq!(claims.key_hashes.len(), records);
 }
 
+/// How often a quiet feeder looks whether the stop flush has ended.
+const STOP_FLUSH_PAUSE: Duration = Duration::from_millis(100);
+
 /// Starts the feeder thread of the device in `slot`: it feeds that device
 /// from `l2`'s feed source while there is work, sleeps when there is none,
 /// and ends with the tier (or its source) or when the device leaves its
@@ -673,6 +687,11 @@ fn device_feeder_loop(l2: &Weak<L2Arc>, device: &Weak<CacheDevice>) {
         };
         if device.is_removed() {
             return;
+        }
+        if l2.stop_flush_running() {
+            // The stop flush is the only writer while it runs.
+            pause = STOP_FLUSH_PAUSE;
+            continue;
         }
         if woken {
             l2.feed_wakeups.fetch_add(1, Ordering::Relaxed);
@@ -720,7 +739,11 @@ fn feed_while_full(
         outcome.records += feed.records;
         outcome.bytes += feed.bytes;
         outcome.full = feed.full;
-        if !(feed.full && feed_again) || device.is_removed() || feed.records == 0 {
+        if !(feed.full && feed_again)
+            || device.is_removed()
+            || feed.records == 0
+            || feeder.l2.stop_flush_running()
+        {
             break;
         }
     }

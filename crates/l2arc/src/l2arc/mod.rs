@@ -57,6 +57,7 @@ pub(crate) mod ring;
 mod sector_tables;
 mod space;
 mod stats;
+mod stop_flush;
 mod sweep;
 pub(crate) mod tunables;
 pub(crate) mod writeback;
@@ -71,6 +72,7 @@ pub use lifecycle::DeviceOpen;
 pub use rebuild::REBUILD_BUFFER_BYTES_MAX;
 pub use ring::IoEngine;
 pub use stats::{DeviceStats, L2Stats};
+pub use stop_flush::{StopFlush, StopFlushCut};
 pub use writer::FeedRecord;
 #[cfg(feature = "internals")]
 pub use writer::LogOnlyRecord;
@@ -124,6 +126,10 @@ pub struct L2ArcConfig {
     /// Most bytes of evicted records held for the feeder (`writeback`):
     /// DRAM beyond `arc_max`; 0 turns the write-back off.
     pub l2arc_writeback_max_bytes: u64,
+    /// Seconds a clean stop may spend writing what only the ARC holds to
+    /// the cache devices (`stop_flush`; 0: no flush). The front ends pass
+    /// it to `Cache::flush_arc_to_l2`.
+    pub l2arc_stop_budget_secs: f64,
 }
 }
 
@@ -143,6 +149,7 @@ impl Default for L2ArcConfig {
             l2arc_ioengine: IoEngine::Auto,
             l2arc_read_poll_us: 100,
             l2arc_writeback_max_bytes: 2 * BATCH_BYTES_MAX,
+            l2arc_stop_budget_secs: 5.0,
         };
         // The write-back queue holds at least a batch.
         debug_assert!(config.l2arc_writeback_max_bytes >= BATCH_BYTES_MAX);
@@ -188,6 +195,11 @@ pub struct L2Arc {
     /// back): with the claims, what `records_being_fed` counts, so that it
     /// and the queue's size are never both 0 while a record is in hand.
     records_in_transit: std::sync::atomic::AtomicUsize,
+    /// Stop flushes running (`stop_flush`): the device feeders are quiet
+    /// while there is one.
+    stop_flushes: std::sync::atomic::AtomicU32,
+    /// What the stop flushes wrote and left (`l2_stop_flush_*`).
+    stop_flush_counters: stop_flush::StopFlushCounters,
 }
 
 /// The devices by slot, and what the removed ones counted.
@@ -279,6 +291,8 @@ impl L2Arc {
             sector_tables: sector_tables::SectorTables::new(),
             feeding: RankedMutex::new(std::collections::HashSet::default()),
             records_in_transit: std::sync::atomic::AtomicUsize::new(0),
+            stop_flushes: std::sync::atomic::AtomicU32::new(0),
+            stop_flush_counters: stop_flush::StopFlushCounters::default(),
             config,
         };
         debug_assert!(l2.is_empty() && l2.writeback.held_bytes() == 0);
@@ -305,7 +319,8 @@ impl L2Arc {
             .l2arc_feed_again(live.feed_again())
             .l2arc_dwpd(live.dwpd())
             .l2arc_feed_secs(live.feed_secs())
-            .l2arc_feed_min_ms(live.feed_min_ms());
+            .l2arc_feed_min_ms(live.feed_min_ms())
+            .l2arc_stop_budget_secs(live.stop_budget_secs());
         debug_assert!(config.l2arc_headroom >= 1);
         config
     }

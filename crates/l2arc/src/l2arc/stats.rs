@@ -194,6 +194,7 @@ impl L2Arc {
             ("l2_dwpd_credit", self.dwpd_credit_bytes()),
         ];
         kstats.extend(self.evict_counters.kstats());
+        kstats.extend(self.stop_flush_counters.kstats());
         kstats.extend(total.into_iter().filter(|(n, _)| *n != "l2_hits"));
         // At most `DEVICES_MAX` devices; every name once.
         debug_assert!(devices.len() <= DEVICES_MAX);

@@ -18,10 +18,13 @@ use crate::l2arc::L2ArcConfig;
 
 /// Longest feed period (`l2arc_feed_secs`), and longest `l2arc_feed_min_ms`.
 const FEED_SECS_MAX: f64 = 3600.0;
+/// Longest stop budget (`l2arc_stop_budget_secs`): a unit's stop timeout
+/// waits for it, and an hour is past any an operator would set.
+pub(crate) const STOP_BUDGET_SECS_MAX: f64 = 3600.0;
 
 /// The names `Cache::set_tunable` takes, in the order `Cache::tunables`
 /// lists them.
-pub const TUNABLE_NAMES: [&str; 8] = [
+pub const TUNABLE_NAMES: [&str; 9] = [
     "l2arc_write_max",
     "l2arc_headroom",
     "l2arc_noprefetch",
@@ -30,6 +33,7 @@ pub const TUNABLE_NAMES: [&str; 8] = [
     "l2arc_dwpd",
     "l2arc_feed_secs",
     "l2arc_feed_min_ms",
+    "l2arc_stop_budget_secs",
 ];
 
 /// A tunable change that was refused: a one-line reason.
@@ -62,6 +66,7 @@ pub(crate) struct LiveTunables {
     dwpd_bits: AtomicU64,
     feed_secs_bits: AtomicU64,
     feed_min_ms: AtomicU64,
+    stop_budget_secs_bits: AtomicU64,
 }
 
 impl LiveTunables {
@@ -76,11 +81,16 @@ impl LiveTunables {
             dwpd_bits: AtomicU64::new(0),
             feed_secs_bits: AtomicU64::new(1f64.to_bits()),
             feed_min_ms: AtomicU64::new(200),
+            stop_budget_secs_bits: AtomicU64::new(5f64.to_bits()),
         };
         live.set("l2arc_headroom", &config.l2arc_headroom.to_string())?;
         live.set("l2arc_dwpd", &config.l2arc_dwpd.to_string())?;
         live.set("l2arc_feed_secs", &config.l2arc_feed_secs.to_string())?;
         live.set("l2arc_feed_min_ms", &config.l2arc_feed_min_ms.to_string())?;
+        live.set(
+            "l2arc_stop_budget_secs",
+            &config.l2arc_stop_budget_secs.to_string(),
+        )?;
         Ok(live)
     }
 
@@ -133,6 +143,12 @@ impl LiveTunables {
                 }
                 self.feed_min_ms.store(v, Ordering::Relaxed);
             }
+            "l2arc_stop_budget_secs" => {
+                let v = parse_f64(value).filter(|v| (0.0..=STOP_BUDGET_SECS_MAX).contains(v));
+                let v = v.ok_or_else(|| bad("l2arc_stop_budget_secs", "seconds from 0 to 3600"))?;
+                self.stop_budget_secs_bits
+                    .store(v.to_bits(), Ordering::Relaxed);
+            }
             _ => return Err(TunableError::Unknown(name.to_string())),
         }
         Ok(())
@@ -184,6 +200,13 @@ impl LiveTunables {
         self.feed_min_ms.load(Ordering::Relaxed)
     }
 
+    /// `l2arc_stop_budget_secs`, from 0 (no flush) to 3600.
+    pub(crate) fn stop_budget_secs(&self) -> f64 {
+        let v = f64::from_bits(self.stop_budget_secs_bits.load(Ordering::Relaxed));
+        debug_assert!((0.0..=STOP_BUDGET_SECS_MAX).contains(&v));
+        v
+    }
+
     /// Every tunable as (name, value), in [`TUNABLE_NAMES`] order.
     pub(crate) fn list(&self) -> Vec<(&'static str, String)> {
         let values = [
@@ -195,6 +218,7 @@ impl LiveTunables {
             self.dwpd().to_string(),
             self.feed_secs().to_string(),
             self.feed_min_ms().to_string(),
+            self.stop_budget_secs().to_string(),
         ];
         TUNABLE_NAMES.into_iter().zip(values).collect()
     }
@@ -231,12 +255,20 @@ mod tests {
             ("l2arc_dwpd", "inf"),
             ("l2arc_feed_min_ms", "0"),
             ("l2arc_mfuonly", "maybe"),
+            ("l2arc_stop_budget_secs", "-1"),
+            ("l2arc_stop_budget_secs", "NaN"),
+            ("l2arc_stop_budget_secs", "3601"),
         ] {
             let e = live.set(name, value).unwrap_err();
             assert!(e.to_string().starts_with(name), "{e}");
         }
         assert_eq!(live.feed_secs(), 1.0);
         assert_eq!(live.headroom(), 8);
+        assert_eq!(live.stop_budget_secs(), 5.0);
+        live.set("l2arc_stop_budget_secs", "0").unwrap();
+        assert_eq!(live.stop_budget_secs(), 0.0);
+        live.set("l2arc_stop_budget_secs", "0.25").unwrap();
+        assert_eq!(live.stop_budget_secs(), 0.25);
         assert!(matches!(
             live.set("arc_max", "1"),
             Err(TunableError::Unknown(_))

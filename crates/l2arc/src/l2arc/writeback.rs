@@ -167,6 +167,13 @@ impl WriteBack {
         skipped
     }
 
+    /// Records the queue holds, and their bytes.
+    pub(crate) fn held_records(&self) -> (u64, u64) {
+        let guard = self.queue.lock().expect("write-back queue poisoned");
+        debug_assert!(guard.1 <= self.bytes_max);
+        (guard.0.len() as u64, guard.1)
+    }
+
     /// Bytes of buffers the queue holds.
     pub(crate) fn held_bytes(&self) -> u64 {
         let guard = self.queue.lock().expect("write-back queue poisoned");

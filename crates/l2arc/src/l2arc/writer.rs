@@ -113,11 +113,20 @@ impl L2Arc {
 
     /// `batch_bytes` capped by `l2arc_write_max` and the endurance credit.
     fn capped_budget_bytes(&self, batch_bytes: u64) -> u64 {
-        let mut budget = batch_bytes;
+        // The credit holds up to a whole batch whatever `l2arc_write_max`.
+        let mut budget = self.endurance_capped_bytes(batch_bytes);
         let write_max_bytes = self.live.write_max_bytes();
         if write_max_bytes > 0 {
             budget = budget.min(write_max_bytes);
         }
+        debug_assert!(budget <= batch_bytes);
+        budget
+    }
+
+    /// `batch_bytes` capped by the endurance credit (`l2arc_dwpd`), which
+    /// refills with time and holds at most one batch.
+    pub(super) fn endurance_capped_bytes(&self, batch_bytes: u64) -> u64 {
+        let mut budget = batch_bytes;
         if self.live.dwpd() > 0.0 {
             let per_sec = self.dwpd_bytes_per_day() as f64 / 86_400.0;
             let mut bucket = self.budget_bytes.lock().expect("budget poisoned");
