@@ -59,8 +59,19 @@ fn kind_of(name: &str) -> Kind {
         // Bytes, without `_bytes` in ZFS's names (`evict_mru` and
         // `evict_mfu` count records).
         n if n.starts_with("evict_l2_") => Kind::CounterBytes,
-        "size" | "c" | "c_max" | "p" | "l2_size" | "l2_asize" | "l2_hdr_size"
-        | "l2_dwpd_credit" | "l2_dwpd_limit" => Kind::GaugeBytes,
+        "size"
+        | "c"
+        | "c_max"
+        | "c_min"
+        | "p"
+        | "arc_sys_free"
+        | "memory_available_bytes"
+        | "l2_size"
+        | "l2_asize"
+        | "l2_hdr_size"
+        | "l2_dwpd_credit"
+        | "l2_dwpd_limit" => Kind::GaugeBytes,
+        "arc_no_grow" => Kind::Gauge,
         n if n.ends_with("_size") => Kind::GaugeBytes,
         "entries" | "l2_bufs" | "l2_devices" => Kind::Gauge,
         "l2_rebuild_time_us" => Kind::CounterMicros,
@@ -559,7 +570,14 @@ fn about(name: &str) -> &'static str {
         "mru_ghost_size" => "Data the MRU ghost list remembers",
         "mfu_ghost_size" => "Data the MFU ghost list remembers",
         "entries" => "Records in the ARC",
-        "c_max" => "The ARC's largest size (arc_max)",
+        "c_max" => "The ARC's largest size (arc_max, or its ceiling with arc_max auto)",
+        "c_min" => "The ARC's least target size (arc_min; arc_max when fixed)",
+        "arc_no_grow" => "1 while the ARC may not grow (memory was short lately)",
+        "memory_throttle_count" => "Samples that found free memory under arc_sys_free",
+        "memory_available_bytes" => "Memory free at the last sample (host or cgroup, the lesser)",
+        "arc_sys_free" => "Memory the ARC leaves free for others (arc_max auto)",
+        "arc_shrinks" => "Shrinks of the ARC's target size for want of memory",
+        "arc_shrunk_bytes" => "Data evicted by those shrinks",
         "reads" => "Reads by the front end",
         "read_bytes" => "Data read by the front end",
         "writes" => "Writes by the front end, passed through to primary storage",

@@ -122,8 +122,8 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
     // node and handle bounds), for the peak RSS formula in docs/mount.md.
     let bounds = fs.options();
     eprintln!(
-        "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + l2arc_writeback_max + {} threads x 1 MiB + 32 MiB of records for the page cache + listings {} MiB + {} nodes + {} handles (docs/mount.md)",
-        resolved.cache_config.arc_max_bytes >> 20,
+        "l2arc: memory: {} + L2 index (l2_hdr_size) + l2arc_writeback_max + {} threads x 1 MiB + 32 MiB of records for the page cache + listings {} MiB + {} nodes + {} handles (docs/mount.md)",
+        crate::service::arc_max_text(&cache),
         args.threads,
         bounds.max_dir_listing_bytes >> 20,
         bounds.max_nodes,

@@ -133,7 +133,7 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     let listener = Listener::bind(&listen).with_context(|| format!("listen on {listen}"))?;
     let addr = listener.local_addr()?;
     eprintln!("l2arc: serving {} on {addr}", args.image.display());
-    print_notes(&args, &resolved, s3);
+    print_notes(&args, &cache, s3);
     let status = format!(
         "serving {} on {addr}, {} cache devices",
         args.image.display(),
@@ -203,10 +203,10 @@ fn listen_addr(args: &ServeNbdArgs) -> ListenAddr {
 }
 
 /// The memory line, and the warning about block devices.
-fn print_notes(args: &ServeNbdArgs, resolved: &ResolvedOptions, s3: bool) {
+fn print_notes(args: &ServeNbdArgs, cache: &l2arc::Cache, s3: bool) {
     eprintln!(
-        "l2arc: memory: arc_max {} MiB + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
-        resolved.cache_config.arc_max_bytes >> 20,
+        "l2arc: memory: {} + L2 index (l2_hdr_size) + NBD buffers {} MiB + {} KiB per connection (docs/nbd.md)",
+        crate::service::arc_max_text(cache),
         args.nbd_buffer_max >> 20,
         l2arc_nbd::server::connection_fixed_bytes(args.workers.clamp(1, 256)) >> 10,
     );

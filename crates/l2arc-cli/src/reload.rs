@@ -173,6 +173,11 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
     let (of, nf) = (&old.front_end, &new.front_end);
     let differs = [
         ("arc_max", oc.arc_max_bytes != nc.arc_max_bytes),
+        ("arc_min", oc.arc_min_bytes != nc.arc_min_bytes),
+        (
+            "arc_sys_free",
+            oc.arc_sys_free_bytes != nc.arc_sys_free_bytes,
+        ),
         ("arc_shards", oc.arc_shards != nc.arc_shards),
         ("dram_policy", oc.dram_policy != nc.dram_policy),
         (

@@ -36,9 +36,19 @@ pub struct CacheOptions {
     /// 7 days) in this file (about 16 MiB, fixed); the live page shows it.
     #[arg(long)]
     pub history: Option<PathBuf>,
-    /// `arc_max`: DRAM for cached records (default 1GiB).
-    #[arg(long, value_parser = parse_size)]
+    /// `arc_max`: DRAM for cached records: a size, or auto (the default): the ARC grows into
+    /// free memory and shrinks when others need it, up to all but 1GiB of RAM or the memory
+    /// cgroup's limit less arc_sys_free (docs/operations.md).
+    #[arg(long, value_parser = parse_arc_max)]
     pub arc_max: Option<u64>,
+    /// `arc_min`: with arc_max auto, the least the ARC shrinks to (default 64MiB; never above
+    /// the ceiling).
+    #[arg(long, value_parser = parse_size)]
+    pub arc_min: Option<u64>,
+    /// `arc_sys_free`: with arc_max auto, memory the ARC leaves free for other programs
+    /// (default 1/32 of the memory limit, at least 256MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub arc_sys_free: Option<u64>,
     /// ARC shards (locks); default 4 per core.
     #[arg(long)]
     pub arc_shards: Option<usize>,
@@ -73,7 +83,7 @@ pub struct CacheOptions {
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
     /// `l2arc_write_max`: most bytes per feed (0 = no cap).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size_or_off)]
     pub l2arc_write_max: Option<u64>,
     /// `l2arc_headroom`: feeder scan depth in multiples of the write size.
     #[arg(long)]
@@ -100,7 +110,7 @@ pub struct CacheOptions {
     #[arg(long)]
     pub l2arc_read_poll_us: Option<u64>,
     /// `l2arc_writeback_max`: most bytes of evicted records held for the feeder (DRAM beyond arc_max; default 32MiB, 0 = off).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size_or_off)]
     pub l2arc_writeback_max: Option<u64>,
     /// `l2arc_feed_secs`: feeder period when there is nothing to write, seconds (default 1; 0.001 to 3600).
     #[arg(long)]
@@ -138,6 +148,8 @@ pub struct CacheOptions {
 #[serde(deny_unknown_fields)]
 struct FileOptions {
     arc_max: Option<SizeValue>,
+    arc_min: Option<SizeValue>,
+    arc_sys_free: Option<SizeValue>,
     arc_shards: Option<usize>,
     zfs_prefetch_disable: Option<bool>,
     zfetch_max_distance: Option<SizeValue>,
@@ -339,9 +351,7 @@ impl CacheOptions {
         default_recordsize_bytes: u64,
     ) -> Result<ResolvedOptions> {
         let mut cache_config = CacheConfig::default();
-        if let Some(v) = size_of(self.arc_max, "arc_max", &file.arc_max)? {
-            cache_config.arc_max_bytes = v;
-        }
+        self.resolve_arc_size(&file, &mut cache_config)?;
         if let Some(v) = self.arc_shards.or(file.arc_shards) {
             cache_config.arc_shards = v;
         }
@@ -396,6 +406,27 @@ impl CacheOptions {
                 stale_if_error: file.stale_if_error,
             },
         })
+    }
+
+    /// `arc_max` (a size or auto), `arc_min`, `arc_sys_free`.
+    fn resolve_arc_size(&self, file: &FileOptions, cache_config: &mut CacheConfig) -> Result<()> {
+        let arc_max = match (self.arc_max, &file.arc_max) {
+            (Some(v), _) => Some(v),
+            (None, Some(SizeValue::Text(t))) => {
+                Some(parse_arc_max(t).map_err(|e| anyhow::anyhow!("arc_max: {e}"))?)
+            }
+            (None, other) => size_of(None, "arc_max", other)?,
+        };
+        if let Some(v) = arc_max {
+            cache_config.arc_max_bytes = v;
+        }
+        if let Some(v) = size_of(self.arc_min, "arc_min", &file.arc_min)? {
+            cache_config.arc_min_bytes = v;
+        }
+        if let Some(v) = size_of(self.arc_sys_free, "arc_sys_free", &file.arc_sys_free)? {
+            cache_config.arc_sys_free_bytes = v;
+        }
+        Ok(())
     }
 
     /// The L2ARC tunables: flags over the file over ZFS's defaults.
@@ -569,6 +600,43 @@ impl CacheOptions {
         hdd.validate()?;
         Ok(Some(hdd))
     }
+}
+
+/// The ARC's part of the memory line: `arc_max N MiB`, or what auto
+/// resolved to ("arc_max auto: c_max X MiB (cgroup limit Y MiB - Z), arc_min
+/// .., arc_sys_free ..").
+pub fn arc_max_text(cache: &Cache) -> String {
+    let Some(auto) = cache.arc_auto() else {
+        return format!("arc_max {} MiB", cache.arc_max_bytes() >> 20);
+    };
+    let b = &auto.breathe;
+    let mib = |bytes: u64| bytes >> 20;
+    let host = auto
+        .limits
+        .mem_total_bytes
+        .saturating_sub(l2arc::arc::breathe::HOST_RESERVE_BYTES);
+    let from = match auto.limits.cgroup_limit_bytes {
+        Some(limit) if b.c_max_bytes < host => format!(
+            "cgroup limit {} MiB - {} MiB",
+            mib(limit),
+            mib(b.arc_sys_free_bytes)
+        ),
+        _ => format!(
+            "MemTotal {} MiB - {} MiB",
+            mib(auto.limits.mem_total_bytes),
+            mib(l2arc::arc::breathe::HOST_RESERVE_BYTES)
+        ),
+    };
+    let mut text = format!(
+        "arc_max auto: c_max {} MiB ({from}), arc_min {} MiB, arc_sys_free {} MiB",
+        mib(b.c_max_bytes),
+        mib(b.c_min_bytes),
+        mib(b.arc_sys_free_bytes)
+    );
+    for why in &auto.unarmed {
+        text.push_str(&format!(" [not armed: {why}]"));
+    }
+    text
 }
 
 impl ResolvedOptions {
@@ -757,9 +825,27 @@ fn parse_dram_policy(s: &str) -> Result<l2arc::arc::DramPolicy, String> {
     }
 }
 
+/// `arc_max`: "auto" (0, as ZFS's `zfs_arc_max=0`) or a size.
+pub fn parse_arc_max(s: &str) -> Result<u64, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(l2arc::ARC_MAX_AUTO);
+    }
+    parse_size(s)
+}
+
 /// A size such as `256MiB` or a number of bytes (for flags).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     l2arc_sim::parse_size(s)
+}
+
+/// A size whose 0 means "off" or "no cap" (`l2arc_write_max`,
+/// `l2arc_writeback_max`), as the same keys accept in the config file.
+fn parse_size_or_off(s: &str) -> Result<u64, String> {
+    let zero = s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if !zero.is_empty() && zero.bytes().all(|b| b == b'0') {
+        return Ok(0);
+    }
+    parse_size(s)
 }
 
 fn parse_compression(s: &str) -> Result<Compression, String> {
@@ -778,6 +864,28 @@ fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn zero_turns_off_the_sizes_that_say_so() {
+        for zero in ["0", "0MiB", " 0 "] {
+            assert_eq!(parse_size_or_off(zero), Ok(0), "{zero}");
+        }
+        assert_eq!(parse_size_or_off("32MiB"), Ok(32 << 20));
+        assert!(parse_size_or_off("0.5MiB").is_err());
+        assert!(parse_size_or_off("MiB").is_err());
+        assert!(
+            parse_size("0").is_err(),
+            "arc_max and friends keep refusing 0"
+        );
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            cache: CacheOptions,
+        }
+        use clap::Parser as _;
+        let flags = Flags::try_parse_from(["x", "--l2arc-writeback-max", "0"]).unwrap();
+        assert_eq!(flags.cache.l2arc_writeback_max, Some(0));
+    }
+
     fn resolve_file(text: &str, flags: CacheOptions) -> Result<ResolvedOptions> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("l2arc.toml");
@@ -787,6 +895,30 @@ mod tests {
             ..flags
         }
         .resolve(128 << 10)
+    }
+
+    /// `arc_max` is auto unless a size is given; `auto` is a value of the
+    /// key and of the flag; `arc_min` and `arc_sys_free` are sizes.
+    #[test]
+    fn arc_max_auto_is_the_default_and_a_value() {
+        let r = resolve_file("", CacheOptions::default()).unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, l2arc::ARC_MAX_AUTO);
+        let r = resolve_file(
+            "arc_max = \"auto\"\narc_min = \"128MiB\"\narc_sys_free = \"1GiB\"\n",
+            CacheOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, l2arc::ARC_MAX_AUTO);
+        assert_eq!(r.cache_config.arc_min_bytes, 128 << 20);
+        assert_eq!(r.cache_config.arc_sys_free_bytes, 1 << 30);
+        let r = resolve_file("arc_max = \"2GiB\"\n", CacheOptions::default()).unwrap();
+        assert_eq!(r.cache_config.arc_max_bytes, 2 << 30);
+        assert_eq!(parse_arc_max("auto"), Ok(l2arc::ARC_MAX_AUTO));
+        assert_eq!(parse_arc_max("AUTO"), Ok(l2arc::ARC_MAX_AUTO));
+        assert_eq!(parse_arc_max("1GiB"), Ok(1 << 30));
+        assert!(parse_arc_max("lots").is_err());
+        let bad = resolve_file("arc_max = \"sometimes\"\n", CacheOptions::default()).unwrap_err();
+        assert!(format!("{bad:#}").contains("arc_max"), "{bad:#}");
     }
 
     #[test]

@@ -67,8 +67,8 @@ pub const FEATURES: [(&str, bool); 4] = [
 pub use cache::prefetch::{ClaimedSpan, PREFETCH_SPAN_BYTES_MAX};
 pub use cache::properties::PropertyError;
 pub use cache::{
-    Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId, ObjectHandle,
-    RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
+    ARC_MAX_AUTO, Cache, CacheConfig, CacheMode, ConfigError, DatasetConfig, DatasetId,
+    ObjectHandle, RECORDSIZE_DEFAULT_BYTES, RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, ReadView,
     validate_recordsize,
 };
 pub use cache::{ReadCompletion, ReadQueue};

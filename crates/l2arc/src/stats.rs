@@ -119,10 +119,14 @@ pub enum KstatKind {
 /// here is a counter, so a counter added later is kept monotonic (and
 /// exported as one) without being listed.
 pub fn kstat_kind(name: &str) -> KstatKind {
-    const GAUGES: [&str; 13] = [
+    const GAUGES: [&str; 17] = [
         "c",
         "p",
         "c_max",
+        "c_min",
+        "arc_no_grow",
+        "memory_available_bytes",
+        "arc_sys_free",
         "entries",
         "l2_ioengine_uring",
         "l2_devices",

@@ -319,6 +319,22 @@ pub struct ArcStats {
     pub mfu_ghost_size: u64,
     /// Records in DRAM.
     pub entries: u64,
+    /// `c_min` (`arc_min`): the least `c` (= `arc_max` when fixed).
+    pub c_min: u64,
+    /// `c_max`: the most `c` (`arc_max`, or its ceiling when auto).
+    pub c_max: u64,
+    /// `arc_no_grow`: 1 while `c` may not grow (memory short lately).
+    pub arc_no_grow: u64,
+    /// Samples that found free memory under `arc_sys_free`.
+    pub memory_throttle_count: u64,
+    /// Memory free at the last sample (host or cgroup, the lesser).
+    pub memory_available_bytes: u64,
+    /// `arc_sys_free`: memory kept free for others (0 when fixed).
+    pub arc_sys_free: u64,
+    /// Shrinks of `c` for want of memory.
+    pub arc_shrinks: u64,
+    /// Bytes those shrinks evicted.
+    pub arc_shrunk_bytes: u64,
 }
 
 impl ArcStats {
@@ -387,6 +403,13 @@ impl ArcStats {
             ("mru_ghost_size", self.mru_ghost_size),
             ("mfu_ghost_size", self.mfu_ghost_size),
             ("entries", self.entries),
+            ("c_min", self.c_min),
+            ("arc_no_grow", self.arc_no_grow),
+            ("memory_throttle_count", self.memory_throttle_count),
+            ("memory_available_bytes", self.memory_available_bytes),
+            ("arc_sys_free", self.arc_sys_free),
+            ("arc_shrinks", self.arc_shrinks),
+            ("arc_shrunk_bytes", self.arc_shrunk_bytes),
         ]
     }
 }
@@ -440,7 +463,13 @@ pub struct LiveArc {
     shards: Box<[PaddedShard]>,
     config: ArcConfig,
     sink: std::sync::OnceLock<Box<dyn EvictionSink>>,
+    /// The breathing ARC's bounds and counters (`breathe`).
+    memory: super::memory::MemoryCounters,
 }
+
+/// Most bytes one shard evicts under its lock in one step of a shrink, so
+/// that readers of the shard wait for a bounded eviction, not a whole one.
+const SHRINK_STEP_BYTES: u64 = 16 << 20;
 
 impl LiveArc {
     /// An empty ARC.
@@ -465,11 +494,83 @@ impl LiveArc {
                 }))
             })
             .collect();
+        let memory = super::memory::MemoryCounters::default();
+        memory.c_min.store(config.arc_max_bytes, Ordering::Relaxed);
+        memory.c_max.store(config.arc_max_bytes, Ordering::Relaxed);
         Self {
             shards,
             config,
             sink: std::sync::OnceLock::new(),
+            memory,
         }
+    }
+
+    /// The breathing ARC's counters (`breathe::apply` updates them).
+    pub(crate) fn memory_counters(&self) -> &super::memory::MemoryCounters {
+        debug_assert!(self.memory.c_max.load(Ordering::Relaxed) <= self.config.arc_max_bytes);
+        &self.memory
+    }
+
+    /// Records the bounds `c` breathes within (`arc_max = auto`).
+    pub fn set_breathing(&self, config: super::memory::BreatheConfig) {
+        assert!(config.c_max_bytes <= self.config.arc_max_bytes);
+        assert!(config.c_min_bytes <= config.c_max_bytes);
+        let m = &self.memory;
+        m.c_min.store(config.c_min_bytes, Ordering::Relaxed);
+        m.c_max.store(config.c_max_bytes, Ordering::Relaxed);
+        m.arc_sys_free
+            .store(config.arc_sys_free_bytes, Ordering::Relaxed);
+    }
+
+    /// Sets the target `c` (summed over the shards, each taking an equal
+    /// share) to `target_bytes`, within [one record per shard, `arc_max`].
+    /// A shrink evicts, a step of at most `SHRINK_STEP_BYTES` per shard
+    /// under its lock at a time, and hands what it evicted to the eviction
+    /// sink as any eviction (so the L2ARC's write-back sees it first).
+    /// Referenced records stay, and their shard's `c` with them. Returns
+    /// the bytes evicted.
+    pub fn set_target_bytes(&self, target_bytes: u64) -> u64 {
+        let shards = self.shards.len() as u64;
+        let share = (target_bytes.min(self.config.arc_max_bytes) / shards).max(1);
+        assert!(share * shards <= self.config.arc_max_bytes);
+        let mut evicted_bytes = 0u64;
+        let mut batch = Vec::new();
+        for padded in self.shards.iter() {
+            loop {
+                let done = {
+                    let mut guard = padded.0.lock().expect("ARC shard lock poisoned");
+                    let shard = &mut *guard;
+                    let resident = shard.policy.resident_bytes();
+                    let step = share.max(resident.saturating_sub(SHRINK_STEP_BYTES));
+                    let set = shard.policy.set_capacity(
+                        step,
+                        |_, buffer| Arc::strong_count(buffer) == 1,
+                        &mut shard.evicted,
+                    );
+                    for record in shard.evicted.drain(..) {
+                        match record.from {
+                            ListId::Mfu => shard.stats.evicted_mfu += 1,
+                            _ => shard.stats.evicted_mru += 1,
+                        }
+                        evicted_bytes += record.size_bytes;
+                        batch.push(record);
+                    }
+                    debug_assert!(shard.policy.resident_bytes() <= set);
+                    // Done at the share, or stuck above it (referenced records).
+                    step == share || set > step
+                };
+                if !batch.is_empty() {
+                    match self.sink.get() {
+                        Some(sink) => sink.evicted(&mut batch.drain(..)),
+                        None => batch.clear(),
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+        }
+        evicted_bytes
     }
 
     /// Sets where evicted records go (once; later calls are ignored).
@@ -847,6 +948,20 @@ impl LiveArc {
             s.entries = policy.resident_len();
             total.add(&s);
         }
+        let m = &self.memory;
+        total.c_min = m.c_min.load(Ordering::Relaxed);
+        total.c_max = m.c_max.load(Ordering::Relaxed);
+        total.arc_no_grow = m.arc_no_grow.load(Ordering::Relaxed);
+        total.memory_throttle_count = m.memory_throttle_count.load(Ordering::Relaxed);
+        total.memory_available_bytes = m.memory_available_bytes.load(Ordering::Relaxed);
+        total.arc_sys_free = m.arc_sys_free.load(Ordering::Relaxed);
+        total.arc_shrinks = m.arc_shrinks.load(Ordering::Relaxed);
+        total.arc_shrunk_bytes = m.arc_shrunk_bytes.load(Ordering::Relaxed);
+        assert!(
+            total.c <= self.config.arc_max_bytes,
+            "c {} over arc_max",
+            total.c
+        );
         // The ARC's bound: record bytes in DRAM never exceed arc_max.
         assert!(
             total.size <= self.config.arc_max_bytes,

@@ -385,6 +385,42 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         value
     }
 
+    /// Changes `c` while running (the breathing ARC, `arc::breathe`).
+    ///
+    /// A shrink evicts as REPLACE does (from MRU while it is over `p`, else
+    /// from MFU; LRU mode from its one list), leaving ghosts, then forgets
+    /// the ghosts that no longer fit the directory bounds of the new `c`
+    /// and clips `p` to it, so every bound of the module comment holds at
+    /// once. A record the caller may not evict stays: `c` then stops above
+    /// the bytes still resident, and the capacity set is returned (never
+    /// below `capacity_bytes`, never below what is resident). A grow only
+    /// raises `c`: new records fill it.
+    pub fn set_capacity(
+        &mut self,
+        capacity_bytes: u64,
+        mut evictable: impl FnMut(&K, &V) -> bool,
+        evicted: &mut Vec<Evicted<K, V>>,
+    ) -> u64 {
+        assert!(capacity_bytes > 0, "ARC capacity must be positive");
+        self.capacity_bytes = capacity_bytes;
+        self.target_mru_bytes = self.target_mru_bytes.min(capacity_bytes as f64);
+        if self.resident_bytes() > capacity_bytes {
+            let room = if self.lru {
+                self.evict_lru(0, &mut evictable, evicted)
+            } else {
+                self.replace(0, false, &mut evictable, evicted)
+            };
+            if !room {
+                // Pinned records at the cold ends: c stays above them.
+                self.capacity_bytes = self.resident_bytes();
+            }
+        }
+        self.trim_ghosts();
+        self.debug_check();
+        assert!(self.capacity_bytes >= capacity_bytes);
+        self.capacity_bytes
+    }
+
     /// Resident keys from the eviction (cold) end of `list` towards the hot
     /// end, with their sizes, values and prefetch flags.
     pub fn iter_from_cold_end(
@@ -864,6 +900,42 @@ mod tests {
     }
 
     #[test]
+    fn set_capacity_shrinks_by_evicting_and_grows_back() {
+        let mut arc: ArcPolicy<u64, bool> = ArcPolicy::new(10);
+        let mut ev = Vec::new();
+        for k in 0..10 {
+            arc.insert(k, 1, k == 9, AccessKind::Demand, |_, &p| !p, &mut ev);
+        }
+        for k in 0..5 {
+            arc.get(&k, AccessKind::Demand); // 0..5 to MFU
+        }
+        ev.clear();
+        assert_eq!(arc.set_capacity(4, |_, &p| !p, &mut ev), 4);
+        assert_eq!(arc.resident_bytes(), 4);
+        assert_eq!(ev.len(), 6);
+        assert!(ev.iter().all(|e| !e.value), "the pinned record 9 stays");
+        assert!(arc.peek(&9).is_some());
+        assert!(arc.target_mru_bytes() <= 4);
+        arc.assert_consistent();
+        // Everything pinned: c stops at what is resident.
+        let mut pinned: ArcPolicy<u64, bool> = ArcPolicy::new(4);
+        for k in 0..4 {
+            pinned.insert(k, 1, true, AccessKind::Demand, |_, &p| !p, &mut ev);
+        }
+        assert_eq!(pinned.set_capacity(1, |_, &p| !p, &mut ev), 4);
+        pinned.assert_consistent();
+        // A grow only raises c; new records fill it without evicting.
+        assert_eq!(arc.set_capacity(12, |_, &p| !p, &mut ev), 12);
+        ev.clear();
+        for k in 100..108 {
+            arc.insert(k, 1, false, AccessKind::Demand, |_, &p| !p, &mut ev);
+        }
+        assert_eq!(arc.resident_bytes(), 12);
+        assert!(ev.is_empty());
+        arc.assert_consistent();
+    }
+
+    #[test]
     fn too_large_is_refused() {
         let mut arc: ArcPolicy<u64, ()> = ArcPolicy::new(100);
         let mut ev = Vec::new();
@@ -903,6 +975,10 @@ mod tests {
         Remove {
             key: u8,
         },
+        SetCapacity {
+            c: u16,
+            pinned_ok: bool,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -911,6 +987,7 @@ mod tests {
             4 => (any::<u8>(), 1u16..300, any::<bool>(), prop::bool::weighted(0.1))
                 .prop_map(|(key, size, prefetch, pinned)| Op::Insert { key, size, prefetch, pinned }),
             1 => any::<u8>().prop_map(|key| Op::Remove { key }),
+            1 => (1u16..2000, any::<bool>()).prop_map(|(c, pinned_ok)| Op::SetCapacity { c, pinned_ok }),
         ]
     }
 
@@ -943,11 +1020,25 @@ mod tests {
                         prop_assert!(evicted.iter().all(|e| !e.value), "a pinned record was evicted");
                         match outcome {
                             InsertOutcome::Inserted { .. } => prop_assert!(arc.peek(&key).is_some()),
-                            InsertOutcome::TooLarge => prop_assert!(u64::from(size) > c),
+                            InsertOutcome::TooLarge => prop_assert!(u64::from(size) > arc.capacity_bytes()),
                             InsertOutcome::NoRoom { .. } => prop_assert!(arc.peek(&key).is_none()),
                         }
                     }
                     Op::Remove { key } => { arc.remove(&key); }
+                    Op::SetCapacity { c: new_c, pinned_ok } => {
+                        // A shrink or a grow while running: evicts only what
+                        // may be evicted, and c lands on the request unless
+                        // pinned bytes hold it up.
+                        evicted.clear();
+                        let set = arc.set_capacity(u64::from(new_c), |_, &p| !p || pinned_ok, &mut evicted);
+                        prop_assert!(pinned_ok || evicted.iter().all(|e| !e.value), "a pinned record was evicted");
+                        prop_assert!(set >= u64::from(new_c));
+                        prop_assert!(set == u64::from(new_c) || set == arc.resident_bytes());
+                        prop_assert_eq!(set, arc.capacity_bytes());
+                        if pinned_ok {
+                            prop_assert_eq!(set, u64::from(new_c), "nothing pinned: c is what was asked");
+                        }
+                    }
                 }
                 arc.assert_consistent();
             }

@@ -19,6 +19,9 @@ pub const RECORDSIZE_MAX_BYTES: u32 = 1024 * 1024;
 /// Default recordsize (ZFS's).
 pub const RECORDSIZE_DEFAULT_BYTES: u32 = 128 * 1024;
 
+/// `arc_max_bytes` of `arc_max = auto` (ZFS's `zfs_arc_max=0`).
+pub const ARC_MAX_AUTO: u64 = 0;
+
 /// Errors in configuration: always a one-line message naming the setting.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -31,6 +34,9 @@ pub enum ConfigError {
     #[error("arc_max {0} bytes is too small: it must hold at least one 4 KiB record per shard")]
     /// An arc_max too small to hold a record per shard.
     ArcMax(u64),
+    #[error("arc_max auto: cannot read the system's memory: {0}")]
+    /// `arc_max = auto` found no /proc/meminfo to size itself from.
+    Memory(String),
     #[error("arc_shards must be from 1 to 1024, not {0}")]
     /// A shard count out of range.
     Shards(usize),
@@ -123,8 +129,17 @@ crate::settings::settings! {
 /// Whole-cache settings.
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
-    /// `arc_max`: DRAM for record buffers.
+    /// `arc_max`: DRAM for record buffers. 0 is `auto` (the default, as
+    /// ZFS's `zfs_arc_max=0`): `c` breathes between `arc_min` and a ceiling
+    /// resolved from the host's memory and the memory cgroup's limit, with
+    /// `arc_sys_free` kept free (`arc::breathe`). A size fixes it.
     pub arc_max_bytes: u64,
+    /// `arc_min`: the floor of `c` with `arc_max = auto` (0 = 64 MiB;
+    /// never above the ceiling). Ignored with a fixed `arc_max`.
+    pub arc_min_bytes: u64,
+    /// `arc_sys_free`: memory the ARC leaves free for others with
+    /// `arc_max = auto` (0 = 1/32 of the memory limit, at least 256 MiB).
+    pub arc_sys_free_bytes: u64,
     /// Independent ARC shards (locks). Default: 4 per core, at least 1.
     pub arc_shards: usize,
     /// DRAM replacement: ARC (default), or LRU as a benchmark baseline.
@@ -144,7 +159,9 @@ impl Default for CacheConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let config = Self {
-            arc_max_bytes: 1 << 30,
+            arc_max_bytes: ARC_MAX_AUTO,
+            arc_min_bytes: 0,
+            arc_sys_free_bytes: 0,
             arc_shards: (cores * 4).clamp(1, 1024),
             dram_policy: DramPolicy::Arc,
             l2arc: L2ArcConfig::default(),
@@ -153,9 +170,7 @@ impl Default for CacheConfig {
         };
         // What `Cache::new` checks: the defaults always pass.
         debug_assert!((1..=1024).contains(&config.arc_shards));
-        debug_assert!(
-            config.arc_max_bytes >= u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64
-        );
+        debug_assert!(config.arc_max_bytes == ARC_MAX_AUTO);
         config
     }
 }

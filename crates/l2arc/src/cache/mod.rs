@@ -66,7 +66,7 @@ mod write;
 pub(crate) mod zstream;
 
 pub use config::{
-    CacheConfig, CacheMode, ConfigError, DatasetConfig, RECORDSIZE_DEFAULT_BYTES,
+    ARC_MAX_AUTO, CacheConfig, CacheMode, ConfigError, DatasetConfig, RECORDSIZE_DEFAULT_BYTES,
     RECORDSIZE_MAX_BYTES, RECORDSIZE_MIN_BYTES, validate_recordsize,
 };
 #[cfg(feature = "internals")]
@@ -87,6 +87,14 @@ use crate::lock_order::{RankedMutex, RankedRwLock, rank};
 use crate::stats::{CacheStats, ReadPathCounters};
 use objects::{Dataset, ObjectState};
 use write::Invalidations;
+
+/// What `arc_max = auto` resolved at start: the bounds, the limits they
+/// came from, and the memory source the watcher then reads.
+type AutoResolved = (
+    crate::arc::breathe::BreatheConfig,
+    crate::arc::memory::MemoryLimits,
+    crate::arc::memory::SystemMemory,
+);
 
 /// The cache: datasets over primary storage, with the ARC (and, once cache
 /// devices are added, the L2ARC) in front.
@@ -112,7 +120,12 @@ pub struct Cache {
     /// started with the first span; None inside if none could start.
     span_pool: OnceLock<Option<crate::cache::zstream::SpanPool>>,
     pub(crate) config: CacheConfig,
-    pub(crate) arc: LiveArc,
+    pub(crate) arc: Arc<LiveArc>,
+    /// What `arc_max = auto` resolved to (None with a fixed `arc_max`).
+    arc_auto: Option<crate::arc::breathe::ArcAuto>,
+    /// The memory watcher of `arc_max = auto`, stopped when the cache is
+    /// dropped.
+    watcher: OnceLock<crate::arc::breathe::Watcher>,
     pub(crate) datasets: RankedRwLock<Vec<Arc<Dataset>>, { rank::DATASETS }>,
     objects: RankedMutex<FastHashMap<(u32, u64), Arc<ObjectState>>, { rank::OBJECTS }>,
     /// Set once unheld object states were dropped (see `object_state`).
@@ -155,9 +168,11 @@ impl Drop for Cache {
 impl Cache {
     /// Builds a cache with no datasets and no cache device.
     pub fn new(config: CacheConfig) -> Result<Arc<Self>, ConfigError> {
+        let mut config = config;
         if !(1..=1024).contains(&config.arc_shards) {
             return Err(ConfigError::Shards(config.arc_shards));
         }
+        let auto = Self::resolve_arc_max_auto(&mut config)?;
         if config.arc_max_bytes < u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64 {
             return Err(ConfigError::ArcMax(config.arc_max_bytes));
         }
@@ -175,14 +190,24 @@ impl Cache {
         // Resolved: io_uring or psync, and a reason only for a fallback.
         assert!(ioengine.0 != IoEngine::Auto);
         assert!(ioengine.1.is_none() || ioengine.0 == IoEngine::Psync);
-        Ok(Arc::new_cyclic(|me| Self {
+        let arc = Arc::new(LiveArc::new(ArcConfig {
+            arc_max_bytes: config.arc_max_bytes,
+            shards: config.arc_shards,
+            dram_policy: config.dram_policy,
+        }));
+        let (arc_auto, watcher) = match auto {
+            Some(auto) => {
+                let (arc_auto, watcher) = Self::start_breathing(&arc, auto)?;
+                (Some(arc_auto), Some(watcher))
+            }
+            None => (None, None),
+        };
+        let cache = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             span_pool: OnceLock::new(),
-            arc: LiveArc::new(ArcConfig {
-                arc_max_bytes: config.arc_max_bytes,
-                shards: config.arc_shards,
-                dram_policy: config.dram_policy,
-            }),
+            arc,
+            arc_auto,
+            watcher: OnceLock::new(),
             config,
             datasets: RankedRwLock::new(Vec::new()),
             objects: RankedMutex::new(FastHashMap::default()),
@@ -196,7 +221,72 @@ impl Cache {
             ioengine,
             analytics: crate::analytics::Analytics::default(),
             tunables: Arc::new(live),
-        }))
+        });
+        if let Some(w) = watcher {
+            let _ = cache.watcher.set(w);
+        }
+        debug_assert_eq!(cache.arc_auto.is_some(), cache.watcher.get().is_some());
+        Ok(cache)
+    }
+
+    /// `arc_max = auto`: the ceiling from the host and the memory cgroup,
+    /// written into `config.arc_max_bytes` (None with a fixed `arc_max`).
+    fn resolve_arc_max_auto(config: &mut CacheConfig) -> Result<Option<AutoResolved>, ConfigError> {
+        use crate::arc::breathe::BreatheConfig;
+        if config.arc_max_bytes != ARC_MAX_AUTO {
+            return Ok(None);
+        }
+        let mut memory = crate::arc::memory::SystemMemory::open();
+        let limits = memory
+            .limits()
+            .map_err(|e| ConfigError::Memory(e.to_string()))?;
+        let floor_bytes = u64::from(RECORDSIZE_MIN_BYTES) * config.arc_shards as u64;
+        let breathe = BreatheConfig::resolve(
+            limits,
+            config.arc_min_bytes,
+            config.arc_sys_free_bytes,
+            floor_bytes,
+        );
+        config.arc_max_bytes = breathe.c_max_bytes;
+        assert!(config.arc_max_bytes >= floor_bytes);
+        Ok(Some((breathe, limits, memory)))
+    }
+
+    /// Starts the memory watcher of `arc_max = auto` on `arc`.
+    fn start_breathing(
+        arc: &Arc<LiveArc>,
+        (breathe, limits, memory): AutoResolved,
+    ) -> Result<(crate::arc::breathe::ArcAuto, crate::arc::breathe::Watcher), ConfigError> {
+        assert_eq!(arc.config().arc_max_bytes, breathe.c_max_bytes);
+        arc.set_breathing(breathe);
+        let cgroup = memory.cgroup().cloned();
+        let watcher = crate::arc::breathe::Watcher::start(
+            Arc::clone(arc),
+            breathe,
+            memory,
+            cgroup.as_ref(),
+            limits.cgroup_limit_bytes,
+        )
+        .map_err(|e| ConfigError::Memory(format!("memory watcher: {e}")))?;
+        let auto = crate::arc::breathe::ArcAuto {
+            breathe,
+            limits,
+            cgroup,
+            unarmed: watcher.unarmed.clone(),
+        };
+        Ok((auto, watcher))
+    }
+
+    /// What `arc_max = auto` resolved to: the ceiling `c_max`, the floor
+    /// `arc_min`, `arc_sys_free` and the limits they came from (None with
+    /// a fixed `arc_max`).
+    pub fn arc_auto(&self) -> Option<&crate::arc::breathe::ArcAuto> {
+        debug_assert!(
+            self.arc_auto
+                .as_ref()
+                .is_none_or(|a| a.breathe.c_max_bytes == self.config.arc_max_bytes)
+        );
+        self.arc_auto.as_ref()
     }
 
     /// The span fillers of sequential streams, started on first use.
