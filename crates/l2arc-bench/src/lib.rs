@@ -50,7 +50,7 @@ pub fn sample_report_html() -> String {
 
 /// Every scenario, in `--help` order: the one table `--scenario NAME` is
 /// looked up in.
-static SCENARIOS: [&dyn Scenario; 17] = [
+static SCENARIOS: [&dyn Scenario; 19] = [
     &scenarios::demo::DemoScenario,
     &scenarios::hit_path::ArcHit,
     &scenarios::l2_hit::L2Hit,
@@ -68,6 +68,8 @@ static SCENARIOS: [&dyn Scenario; 17] = [
     &scenarios::nbd_connections::NbdConnections,
     &scenarios::nbd_warmup::NbdWarmup,
     &scenarios::s3::S3,
+    &scenarios::s3::S3Defaults,
+    &scenarios::restart::Restart,
 ];
 
 /// The scenarios' names, in table order (what `table` orders its rows by).
@@ -119,20 +121,20 @@ pub struct BenchArgs {
     /// Directory for the generated dataset (reused when it matches); default: a temporary directory.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Dataset size (split over --files files).
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    /// Dataset size (split over --files files); 1 GiB with --scenario restart, 4 GiB with --scenario s3-defaults.
+    #[arg(long, default_value = "256MiB", default_value_ifs = DATASET_SIZE, value_parser = parse_size)]
     pub dataset_size: u64,
     /// Files the dataset is split into.
     #[arg(long, default_value_t = 16)]
     pub files: u32,
-    /// `arc_max`: DRAM for cached records (default 8 MiB with --scenario l2-hit, so that reads reach the L2ARC).
+    /// `arc_max`: DRAM for cached records (default 8 MiB with --scenario l2-hit, so that reads reach the L2ARC; 128 MiB with --scenario restart; not used by --scenario s3-defaults, which runs l2arc's default).
     #[arg(long, default_value = "64MiB", default_value_ifs = SEED_ARC_MAX, value_parser = parse_size)]
     pub arc_max: u64,
     /// ARC shards (locks); default: 4 per core.
     #[arg(long)]
     pub arc_shards: Option<usize>,
-    /// `recordsize` of the dataset (4K to 1M, a power of two).
-    #[arg(long, default_value = "128K", value_parser = parse_size)]
+    /// `recordsize` of the dataset (4K to 1M, a power of two); 1M with --scenario s3-defaults (the `s3://` mount's default).
+    #[arg(long, default_value = "128K", default_value_ifs = [("scenario", "s3-defaults", "1M")], value_parser = parse_size)]
     pub recordsize: u64,
     /// Size of each random read.
     #[arg(long, default_value = "8K", value_parser = parse_size)]
@@ -225,14 +227,23 @@ pub struct BenchArgs {
 
 /// Defaults of the seed experiments' scenarios: a deliberately small ARC, an L2ARC the
 /// datasets are sized against, content that LZ4 halves (like Silesia).
-const SEED_ARC_MAX: [(&str, &str, &str); 5] = [
+/// `restart` (seed experiment 2 through the export): an image 8 times the
+/// ARC, within the cache file; `s3-defaults`: a working set 4 times the
+/// old fixed `arc_max` of 1 GiB.
+const DATASET_SIZE: [(&str, &str, &str); 2] = [
+    ("scenario", "restart", "1GiB"),
+    ("scenario", "s3-defaults", "4GiB"),
+];
+const SEED_ARC_MAX: [(&str, &str, &str); 6] = [
+    ("scenario", "restart", "128MiB"),
     ("scenario", "l2-hit", "8MiB"),
     ("scenario", "throughput", "16MiB"),
     ("scenario", "latency", "16MiB"),
     ("scenario", "warmup", "16MiB"),
     ("scenario", "all", "16MiB"),
 ];
-const SEED_CACHE_SIZE: [(&str, &str, &str); 5] = [
+const SEED_CACHE_SIZE: [(&str, &str, &str); 6] = [
+    ("scenario", "restart", "2GiB"),
     ("scenario", "l2-hit", "1GiB"),
     ("scenario", "throughput", "128MiB"),
     ("scenario", "latency", "128MiB"),

@@ -197,3 +197,92 @@ fn s3_scenario_measures_l2arc_and_rclone() {
         "the restart did not read from the L2ARC: {restart}"
     );
 }
+
+/// `--scenario s3-defaults` at a tiny size: both systems at their default
+/// settings (no `--arc-max`, rclone without budgets), warm reads measured
+/// without a restart, the two headline figures of issue 33.
+#[test]
+fn s3_defaults_runs_both_systems_at_their_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
+        .args(["--scenario", "s3-defaults", "--dataset-size", "8MiB"])
+        .args(["--files", "2", "--measure-secs", "1", "--json", "--data"])
+        .arg(dir.path())
+        .output()
+        .expect("run l2arc-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(report["mode"], "defaults");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{report}");
+    let system = |i: usize| results[i]["system"].as_str().unwrap().to_string();
+    assert!(system(0).contains("arc_max default"), "{}", system(0));
+    assert!(system(1).contains("defaults otherwise"), "{}", system(1));
+    for r in results {
+        assert!(f(&r["warm_iops"]) > 0.0, "{r}");
+        assert!(f(&r["warm_p99_us"]) > 0.0, "{r}");
+        assert!(r["restart_secs"].is_null(), "no restart measured: {r}");
+    }
+    let keys: Vec<&str> = report["headline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["defaults_warm_iops", "defaults_warm_p99_us"]);
+}
+
+/// `--scenario restart` at a tiny size: warm, then the three restarts,
+/// each with its per-second IOPS, counters polled from the ready line and
+/// its figures; fio's sequential read of the cache file after the first
+/// clean stop.
+#[test]
+fn restart_scenario_measures_three_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
+        .args(["--scenario", "restart", "--dataset-size", "32MiB"])
+        .args(["--arc-max", "4MiB", "--cache-size", "64MiB"])
+        .args(["--warm-secs", "10", "--measure-secs", "12", "--json"])
+        .arg("--data")
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .output()
+        .expect("run l2arc-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert!(f(&report["warm_iops"]) > 0.0, "{report}");
+    let restarts = report["restarts"].as_array().expect("restarts");
+    let kinds: Vec<&str> = restarts
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["clean_prewarm", "kill_prewarm", "clean_no_prewarm"]);
+    for r in restarts {
+        assert!(
+            r["iops_per_second"].as_array().unwrap().len() >= 10,
+            "a window of 12 s logs at least 10 whole seconds: {r}"
+        );
+        let samples = r["samples"].as_array().unwrap();
+        assert!(samples.len() >= 10, "counters polled each second: {r}");
+        assert!(f(&r["hit_ratio_first_10s"]) <= 1.0, "{r}");
+        assert!(r["primary_reads_in_window"].is_u64(), "{r}");
+    }
+    // After SIGKILL the server printed nothing at the stop.
+    assert_eq!(restarts[1]["stop_lines"], serde_json::json!([]));
+    assert!(f(&report["seq_read"]["mib_per_sec"]) > 0.0, "{report}");
+    let series = dir.path().join(report["series_path"].as_str().unwrap());
+    assert!(series.is_file(), "the full series under target/bench-data");
+    let keys: Vec<&str> = report["headline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["key"].as_str().unwrap())
+        .collect();
+    assert!(keys.starts_with(&[
+        "clean_secs_to_90pct",
+        "kill_secs_to_90pct",
+        "clean_primary_reads"
+    ]));
+}

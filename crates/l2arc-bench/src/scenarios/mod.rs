@@ -25,6 +25,7 @@ pub(crate) mod nbd_connections;
 pub(crate) mod nbd_l2_hit;
 pub(crate) mod nbd_reread;
 pub(crate) mod nbd_warmup;
+pub(crate) mod restart;
 pub(crate) mod s3;
 pub(crate) mod throughput;
 pub(crate) mod warmup;
