@@ -294,6 +294,7 @@ fn metrics_pass_promtool_and_agree_with_ctl_stats() {
                     let exported = match name.as_str() {
                         "l2_rebuild_time_us" => "l2arc_arcstats_l2_rebuild_time_seconds_total",
                         "arc_prewarm_ms" => "l2arc_arcstats_arc_prewarm_seconds_total",
+                        "l2_stop_flush_ms" => "l2arc_arcstats_l2_stop_flush_seconds_total",
                         "arc_checkpoint_age_secs" => "l2arc_arcstats_arc_checkpoint_age_seconds",
                         _ => return None,
                     };

@@ -29,6 +29,17 @@ fn pattern(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// What each open descriptor of `pid` points at (for a failure message).
+fn fd_targets(pid: u32) -> Vec<String> {
+    let mut targets: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|t| t.display().to_string())
+        .collect();
+    targets.sort();
+    targets
+}
+
 fn threads_and_fds(pid: u32) -> (usize, usize) {
     let count = |dir: String| std::fs::read_dir(dir).unwrap().count();
     (
@@ -82,6 +93,7 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     let server = serve(dir.path());
     let pid = server.pid();
     let (threads_before, fds_before) = threads_and_fds(pid);
+    let fd_targets_before = fd_targets(pid);
     let (rss_before_bytes, _) = l2arc_testkit::rss_and_peak_bytes(pid);
     let budget_bytes = ARC_MAX_BYTES
         + POOL_BYTES
@@ -186,7 +198,8 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
         }
         assert!(
             Instant::now() < deadline,
-            "threads {threads_before} -> {threads}, descriptors {fds_before} -> {fds} after every client left"
+            "threads {threads_before} -> {threads}, descriptors {fds_before} -> {fds} after every client left: {fd_targets_before:?} -> {:?}",
+            fd_targets(pid)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
