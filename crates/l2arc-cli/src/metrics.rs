@@ -622,7 +622,9 @@ fn about_shape(name: &str) -> &'static str {
     match name {
         "arc_prewarm_records" => "Records the prewarm read back from flash into the ARC at start",
         "arc_prewarm_bytes" => "Data the prewarm read back from flash into the ARC at start",
-        "arc_prewarm_ms" => "Milliseconds the prewarm took, once it ended",
+        "arc_prewarm_ms" => {
+            "Time the prewarms spent reading from flash (from the L2ARC rebuild's end), once each ended"
+        }
         "arc_prewarm_joined" => "Reads that waited for the prewarm's read of their record",
         "arc_prewarm_stale" => {
             "Saved records not prewarmed because their object changed while stopped"

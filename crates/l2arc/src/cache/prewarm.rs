@@ -32,21 +32,22 @@
 //! that changed while the service was stopped (a rewrite, even one of the
 //! same size with its mtime put back, moves ctime; an S3 overwrite moves
 //! the ETag) is never prewarmed. Then it walks the saved records hottest
-//! first (MFU hot to cold across shards, then MRU), in windows: each record
-//! of a window is claimed through the ARC's fill table (so a demand read
-//! of it waits for that read, and a demand read of a record not claimed
-//! reads it itself, never waiting behind the queue), read from flash only
-//! (never from primary storage: a record not on flash is skipped) by
-//! several readers at once, and inserted at the COLD end of its saved
-//! list, so that the lists come back in the saved order while demand reads
+//! first (MFU hot to cold across shards, then MRU): each record is
+//! claimed through the ARC's fill table (so a demand read of it waits for
+//! that read, and a demand read of a record not claimed reads it itself,
+//! never waiting behind the queue), read from flash only (never from
+//! primary storage: a record not on flash is skipped) by several readers
+//! that always have reads queued (`PREWARM_IN_FLIGHT` claimed ahead), and
+//! published in the saved order at the COLD end of its saved list, so that the lists come back in the saved order while demand reads
 //! meanwhile land at the hot ends. It stops at the bytes the ARC held when
 //! the shape was saved, and an insert that does not fit under the shard's
 //! `c` as it is now is refused: the prewarm never evicts and never takes
 //! the ARC past `c`.
 
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -64,11 +65,14 @@ use crate::hash::FastHashMap;
 pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
-/// Records claimed and read together: a demand read of one of them waits
-/// at most for this window's reads, which run `PREWARM_READERS` at a time.
-const PREWARM_WINDOW: usize = 64;
-/// Flash reads the prewarm keeps in flight.
-const PREWARM_READERS: usize = 8;
+/// Records the prewarm has claimed and not yet published: a demand read of
+/// one waits at most for the reads ahead of it (they are published in the
+/// saved order). Bounds the buffers held too (64 records of at most 1 MiB).
+const PREWARM_IN_FLIGHT: usize = 64;
+/// Threads reading from flash for the prewarm: reads in flight on the
+/// device (blocking reads; a device needs several queued for its rate).
+const PREWARM_READERS: usize = 16;
+const _: () = assert!(PREWARM_IN_FLIGHT.is_multiple_of(PREWARM_READERS));
 /// The longest the prewarm waits for the L2ARC's rebuild.
 const PREWARM_REBUILD_WAIT: Duration = Duration::from_secs(600);
 
@@ -709,11 +713,15 @@ fn run_prewarm(weak: Weak<Cache>, plan: PrewarmPlan) {
         plan.queue.len() as u64 <= plan.target_bytes,
         "every record is a byte or more"
     );
-    let finish = |weak: &Weak<Cache>| {
+    // `arc_prewarm_ms` is the reading's time, from the rebuild's end: the
+    // rebuild has its own (`l2_rebuild_time`), and the rate of the
+    // prewarm is its bytes over this.
+    let finish = |weak: &Weak<Cache>, reading: Instant| {
         if let Some(cache) = weak.upgrade() {
             let c = &cache.shape;
+            // A counter: a later prewarm (a second restore) adds to it.
             c.prewarm_ms
-                .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                .fetch_add(reading.elapsed().as_millis() as u64, Ordering::Relaxed);
             c.prewarm_queued.store(0, Ordering::Relaxed);
             c.prewarm_active.store(0, Ordering::Release);
         }
@@ -737,28 +745,14 @@ fn run_prewarm(weak: Weak<Cache>, plan: PrewarmPlan) {
                 .prewarm_missing
                 .fetch_add(plan.queue.len() as u64, Ordering::Relaxed);
         }
-        finish(&weak);
+        finish(&weak, Instant::now());
         return;
     }
-    let mut reopened: Vec<Option<Reopened>> = (0..plan.objects.len()).map(|_| None).collect();
-    let mut done_bytes = 0u64;
-    let mut at = 0usize;
-    while at < plan.queue.len() && done_bytes < plan.target_bytes {
-        let Some(cache) = weak.upgrade() else { return };
-        let end = (at + PREWARM_WINDOW).min(plan.queue.len());
-        let (bytes, full) = cache.prewarm_window(&plan, &plan.queue[at..end], &mut reopened);
-        done_bytes += bytes;
-        cache
-            .shape
-            .prewarm_queued
-            .store((plan.queue.len() - end) as u64, Ordering::Relaxed);
-        at = end;
-        debug_assert!(at <= plan.queue.len());
-        if full {
-            break; // the ARC is at its c: nothing more fits
-        }
+    let reading = Instant::now();
+    if let Some(cache) = weak.upgrade() {
+        cache.prewarm_in_order(&plan);
     }
-    finish(&weak);
+    finish(&weak, reading);
 }
 
 impl Cache {
@@ -778,107 +772,199 @@ impl Cache {
         }
     }
 
-    /// One window of the prewarm: claims, reads from flash in parallel,
-    /// inserts at the cold ends in the saved order. Returns the bytes
-    /// inserted and whether the ARC refused every record it could have
-    /// taken (full).
-    fn prewarm_window(
-        &self,
-        plan: &PrewarmPlan,
-        window: &[Planned],
-        reopened: &mut [Option<Reopened>],
-    ) -> (u64, bool) {
-        assert!(window.len() <= PREWARM_WINDOW);
+    /// The prewarm's walk: claims the saved records in order, keeps
+    /// `PREWARM_IN_FLIGHT` of them being read by `PREWARM_READERS`
+    /// threads, and publishes each, in the saved order, as soon as it and
+    /// every record before it have been read (a reorder buffer). So the
+    /// device always has reads queued (no window that waits for its
+    /// slowest read), the lists come back in order, and a demand read of
+    /// a claimed record waits for at most the reads ahead of it in flight.
+    /// Stops claiming at the saved bytes, once the ARC refuses a run of
+    /// records (full at its `c`), or when only the prewarm still holds the
+    /// cache (it is being dropped).
+    fn prewarm_in_order(self: &Arc<Self>, plan: &PrewarmPlan) {
         let Some(l2) = self.l2.get() else {
-            return (0, true);
+            return;
         };
+        let l2: &crate::l2arc::L2Arc = l2;
         let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-        let mut claimed = Vec::with_capacity(window.len());
-        let (mut stale, mut missing) = (0u64, 0u64);
-        for item in window {
-            let slot = &mut reopened[item.object as usize];
+        let mut walk = PrewarmWalk {
+            reopened: (0..plan.objects.len()).map(|_| None).collect(),
+            at: 0,
+            claiming: true,
+            refused_run: 0,
+            done_bytes: 0,
+        };
+        let mut pending: VecDeque<Pending<'_>> = VecDeque::with_capacity(PREWARM_IN_FLIGHT);
+        let (done_tx, done_rx) =
+            mpsc::sync_channel::<(usize, Option<AlignedBuf>)>(PREWARM_IN_FLIGHT);
+        std::thread::scope(|s| {
+            let job_txs: Vec<mpsc::SyncSender<(usize, u64, u32)>> = (0..PREWARM_READERS)
+                .map(|_| {
+                    let (job_tx, job_rx) = mpsc::sync_channel::<(usize, u64, u32)>(
+                        PREWARM_IN_FLIGHT / PREWARM_READERS,
+                    );
+                    let done_tx = done_tx.clone();
+                    s.spawn(move || {
+                        for (seq, key_hash, recordsize) in job_rx {
+                            let data = Tier::read(l2, key_hash, recordsize);
+                            if done_tx.send((seq, data)).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    job_tx
+                })
+                .collect();
+            drop(done_tx);
+            let (mut next_seq, mut front_seq) = (0usize, 0usize);
+            loop {
+                while walk.claiming && pending.len() < PREWARM_IN_FLIGHT {
+                    let Some(claimed) = self.prewarm_claim_next(plan, &mut walk) else {
+                        break;
+                    };
+                    let job = (next_seq, claimed.key_hash, claimed.recordsize);
+                    // Seqs in flight are consecutive, so no reader has more
+                    // than its channel's bound queued: the send never waits.
+                    job_txs[next_seq % PREWARM_READERS]
+                        .send(job)
+                        .expect("a prewarm reader ended early");
+                    pending.push_back(claimed);
+                    next_seq += 1;
+                }
+                if pending.is_empty() {
+                    break;
+                }
+                let (seq, data) = done_rx.recv().expect("a prewarm reader ended early");
+                assert!(seq >= front_seq && seq - front_seq < pending.len());
+                pending[seq - front_seq].data = Some(data);
+                while pending.front().is_some_and(|p| p.data.is_some()) {
+                    let done = pending.pop_front().expect("checked");
+                    front_seq += 1;
+                    self.prewarm_publish(done, fill_sequence, plan, &mut walk);
+                }
+                if Arc::strong_count(self) == 1 {
+                    walk.claiming = false; // only the prewarm holds the cache
+                }
+                self.shape
+                    .prewarm_queued
+                    .store((plan.queue.len() - walk.at) as u64, Ordering::Relaxed);
+            }
+            drop(job_txs);
+        });
+        debug_assert!(pending.is_empty(), "every claim published");
+    }
+
+    /// The next record of the queue that can be claimed: its object is
+    /// current, flash holds it, and no reader has it or is filling it.
+    /// Counts what it passes over. `None` at the end of the queue.
+    fn prewarm_claim_next<'a>(
+        &'a self,
+        plan: &PrewarmPlan,
+        walk: &mut PrewarmWalk,
+    ) -> Option<Pending<'a>> {
+        let l2 = self.l2.get()?;
+        while walk.at < plan.queue.len() {
+            let item = plan.queue[walk.at];
+            walk.at += 1;
+            let slot = &mut walk.reopened[item.object as usize];
             if slot.is_none() {
                 *slot = Some(self.reopen(plan, item.object));
             }
             let Some(Reopened::Current { handle, uid }) = slot.as_ref() else {
-                stale += 1;
+                self.shape.prewarm_stale.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
             let token = handle.token();
             let key_hash = record_key_hash(*uid, handle.object_id(), item.record, token);
             if Tier::holds(&**l2, key_hash).is_none() {
-                missing += 1;
+                self.shape.prewarm_missing.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let key = handle.record_key(item.record);
-            if let Some(claim) = self.arc.claim_prewarm(key) {
-                let recordsize = handle.recordsize_bytes();
-                claimed.push((claim, *item, key_hash, recordsize, token));
+            let recordsize = handle.recordsize_bytes();
+            if let Some(claim) = self.arc.claim_prewarm(handle.record_key(item.record)) {
+                return Some(Pending {
+                    claim,
+                    item,
+                    key_hash,
+                    recordsize,
+                    token,
+                    data: None,
+                });
             }
         }
-        let wanted: Vec<(u64, u32)> = claimed.iter().map(|c| (c.2, c.3)).collect();
-        let reads = read_in_parallel(l2, &wanted);
-        let (mut bytes, mut inserted, mut refused) = (0u64, 0u64, 0u64);
-        for ((claim, item, _, recordsize, token), data) in claimed.into_iter().zip(reads) {
-            let Some(data) = data else {
-                missing += 1;
-                drop(claim); // waiters read it themselves
-                continue;
-            };
-            assert!(
-                data.len() <= recordsize as usize,
-                "a tier returns at most a record"
-            );
-            let record = Arc::new(Record {
-                data,
-                generation_token: token,
-                fill_sequence,
-            });
-            let size = record.size_bytes();
-            if claim.complete(Some(record), item.list, item.prefetched) {
-                bytes += size;
-                inserted += 1;
-            } else {
-                refused += 1;
-            }
+        debug_assert_eq!(walk.at, plan.queue.len());
+        None
+    }
+
+    /// Publishes one read record at the cold end of its list (or lets its
+    /// waiters read it themselves if flash had no copy), and counts it.
+    fn prewarm_publish(
+        &self,
+        done: Pending<'_>,
+        fill_sequence: u64,
+        plan: &PrewarmPlan,
+        walk: &mut PrewarmWalk,
+    ) {
+        let Pending {
+            claim,
+            item,
+            recordsize,
+            token,
+            data,
+            ..
+        } = done;
+        let Some(data) = data.expect("published once read") else {
+            self.shape.prewarm_missing.fetch_add(1, Ordering::Relaxed);
+            drop(claim); // waiters read it themselves
+            return;
+        };
+        assert!(
+            data.len() <= recordsize as usize,
+            "a tier returns at most a record"
+        );
+        let record = Arc::new(Record {
+            data,
+            generation_token: token,
+            fill_sequence,
+        });
+        let size = record.size_bytes();
+        if claim.complete(Some(record), item.list, item.prefetched) {
+            self.shape.prewarm_records.fetch_add(1, Ordering::Relaxed);
+            self.shape.prewarm_bytes.fetch_add(size, Ordering::Relaxed);
+            walk.done_bytes += size;
+            walk.refused_run = 0;
+        } else {
+            walk.refused_run += 1;
         }
-        let c = &self.shape;
-        c.prewarm_records.fetch_add(inserted, Ordering::Relaxed);
-        c.prewarm_bytes.fetch_add(bytes, Ordering::Relaxed);
-        c.prewarm_stale.fetch_add(stale, Ordering::Relaxed);
-        c.prewarm_missing.fetch_add(missing, Ordering::Relaxed);
-        (bytes, refused > 0 && inserted == 0)
+        if walk.done_bytes >= plan.target_bytes || walk.refused_run >= PREWARM_IN_FLIGHT {
+            walk.claiming = false; // the bytes saved, or the ARC is full at its c
+        }
     }
 }
 
-/// Reads records `(key_hash, recordsize)` from flash, `PREWARM_READERS`
-/// at a time (the device's rate needs several reads in flight); a miss or
-/// a failed read is `None`. In the order asked.
-fn read_in_parallel(l2: &crate::l2arc::L2Arc, wanted: &[(u64, u32)]) -> Vec<Option<AlignedBuf>> {
-    let next = AtomicUsize::new(0);
-    let readers = PREWARM_READERS.min(wanted.len());
-    let mut reads: Vec<Option<AlignedBuf>> = (0..wanted.len()).map(|_| None).collect();
-    std::thread::scope(|s| {
-        let threads: Vec<_> = (0..readers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut got = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(key_hash, recordsize)) = wanted.get(i) else {
-                            break got;
-                        };
-                        got.push((i, Tier::read(l2, key_hash, recordsize)));
-                    }
-                })
-            })
-            .collect();
-        for thread in threads {
-            for (i, data) in thread.join().expect("a prewarm reader panicked") {
-                reads[i] = data;
-            }
-        }
-    });
-    debug_assert_eq!(reads.len(), wanted.len());
-    reads
+/// Where the prewarm's walk of its queue stands.
+struct PrewarmWalk {
+    /// Each saved object reopened once, on its first record.
+    reopened: Vec<Option<Reopened>>,
+    /// The next record of the queue to look at.
+    at: usize,
+    /// Still claiming (not at the bytes saved, the ARC not full).
+    claiming: bool,
+    /// Records the ARC refused in a row.
+    refused_run: usize,
+    /// Bytes inserted so far.
+    done_bytes: u64,
+}
+
+/// A claimed record being read: its read (`data`, once it landed; inner
+/// `None`: flash had no intact copy) waits here until every record
+/// claimed before it is published.
+struct Pending<'a> {
+    claim: crate::arc::live::PrewarmClaim<'a>,
+    item: Planned,
+    key_hash: u64,
+    recordsize: u32,
+    token: u64,
+    data: Option<Option<AlignedBuf>>,
 }
