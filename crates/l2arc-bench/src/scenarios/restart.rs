@@ -513,7 +513,9 @@ fn seq_read_cache(place: &Place) -> Result<SeqRead> {
     let job = FioJob::new(
         "restart-seq",
         "io_uring",
-        FioTarget::Files(vec![place.cache.clone()]),
+        // Absolute: fio runs in the scenario's directory, and `--data` may
+        // be relative to where the bench was started.
+        FioTarget::Files(vec![std::fs::canonicalize(&place.cache)?]),
         "read",
         SEQ_BLOCK_BYTES,
         SEQ_SECS,
