@@ -67,11 +67,11 @@ use crate::tier::{Tier, record_key_hash};
 
 /// Records the prewarm has claimed and not yet published: a demand read of
 /// one waits at most for the reads ahead of it (they are published in the
-/// saved order). Bounds the buffers held too (64 records of at most 1 MiB).
-const PREWARM_IN_FLIGHT: usize = 64;
+/// saved order). Bounds the buffers held too (128 records of at most 1 MiB).
+const PREWARM_IN_FLIGHT: usize = 128;
 /// Threads reading from flash for the prewarm: reads in flight on the
 /// device (blocking reads; a device needs several queued for its rate).
-const PREWARM_READERS: usize = 16;
+const PREWARM_READERS: usize = 32;
 const _: () = assert!(PREWARM_IN_FLIGHT.is_multiple_of(PREWARM_READERS));
 /// The longest the prewarm waits for the L2ARC's rebuild.
 const PREWARM_REBUILD_WAIT: Duration = Duration::from_secs(600);
