@@ -392,7 +392,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
         .unwrap_or(WARM_SECS_MAX)
         .max(WARM_CHUNK_SECS as f64);
     let load_before = crate::load_average();
-    let command = shell_words(&place.command(true));
+    let command = relative_to_cwd(shell_words(&place.command(true)));
     let fio_command = place.job(after_secs as u64, place.seed).command_line();
     let result = measure(&place, after_secs, warm_secs_max);
     let _ = std::fs::remove_file(&place.cache);
@@ -528,8 +528,18 @@ fn seq_read_cache(place: &Place) -> Result<SeqRead> {
     Ok(SeqRead {
         size_bytes,
         mib_per_sec: read.mib_per_sec,
-        command: job.command_line(),
+        command: relative_to_cwd(job.command_line()),
     })
+}
+
+/// A command line as the report shows it: paths under the directory the
+/// bench runs in are written relative to it (no machine's paths in a
+/// committed report).
+fn relative_to_cwd(command: String) -> String {
+    match std::env::current_dir() {
+        Ok(dir) => command.replace(&format!("{}/", dir.display()), ""),
+        Err(_) => command,
+    }
 }
 
 /// Starts the server again after a stop of `kind` and reads for
