@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use l2arc_testkit::nbd::NbdClient;
-use l2arc_testkit::run;
 use l2arc_testkit::service::Service;
 
 const MIB: u64 = 1 << 20;
@@ -173,25 +172,6 @@ impl Drop for Cgroup {
     }
 }
 
-fn ctl(socket: &Path, args: &[&str]) -> String {
-    let out = run(Command::new(env!("CARGO_BIN_EXE_l2arc"))
-        .arg("ctl")
-        .arg("--socket")
-        .arg(socket)
-        .args(args));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn kstat(stats: &str, name: &str) -> u64 {
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in:\n{stats}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Reads 1 MiB pieces at pseudo-random offsets until told to stop, checking
 /// every byte; counts the bytes checked.
 fn reader(socket: PathBuf, stop: Arc<AtomicBool>, checked: Arc<AtomicU64>, seed: u64) {
@@ -273,9 +253,9 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         "{memory}"
     );
     let stats = ctl(&control, &["stats"]);
-    assert_eq!(kstat(&stats, "c_max"), 768 * MIB);
-    assert_eq!(kstat(&stats, "c_min"), 64 * MIB);
-    assert_eq!(kstat(&stats, "arc_sys_free"), 256 * MIB);
+    assert_eq!(l2arc_testkit::kstat(&stats, "c_max"), 768 * MIB);
+    assert_eq!(l2arc_testkit::kstat(&stats, "c_min"), 64 * MIB);
+    assert_eq!(l2arc_testkit::kstat(&stats, "arc_sys_free"), 256 * MIB);
 
     // A read load: the ARC grows into the cgroup's free memory.
     let stop = Arc::new(AtomicBool::new(false));
@@ -294,7 +274,7 @@ fn the_arc_breathes_in_a_memory_cgroup() {
     let mut stats;
     loop {
         stats = ctl(&control, &["stats"]);
-        if kstat(&stats, "size") >= 400 * MIB {
+        if l2arc_testkit::kstat(&stats, "size") >= 400 * MIB {
             break;
         }
         assert!(
@@ -303,15 +283,15 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let size_grown = kstat(&stats, "size");
+    let size_grown = l2arc_testkit::kstat(&stats, "size");
     eprintln!(
         "grown in {:.1} s: size {} MiB, c {} MiB, available {} MiB",
         grown.elapsed().as_secs_f64(),
         size_grown >> 20,
-        kstat(&stats, "c") >> 20,
-        kstat(&stats, "memory_available_bytes") >> 20
+        l2arc_testkit::kstat(&stats, "c") >> 20,
+        l2arc_testkit::kstat(&stats, "memory_available_bytes") >> 20
     );
-    let shrinks_before = kstat(&stats, "arc_shrinks");
+    let shrinks_before = l2arc_testkit::kstat(&stats, "arc_shrinks");
     let (rss_grown, _) = l2arc_testkit::rss_and_peak_bytes(served.pid());
 
     // The balloon, in the same cgroup, touches most of the limit.
@@ -334,23 +314,23 @@ fn the_arc_breathes_in_a_memory_cgroup() {
     while filled.elapsed() < SHRINK_WITHIN {
         stats = ctl(&control, &["stats"]);
         // The balloon's bytes, the service's and the reserve fit the limit.
-        if kstat(&stats, "size") + BALLOON_BYTES + 256 * MIB <= LIMIT_BYTES {
+        if l2arc_testkit::kstat(&stats, "size") + BALLOON_BYTES + 256 * MIB <= LIMIT_BYTES {
             shrunk_in = Some(filled.elapsed());
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let size_shrunk = kstat(&stats, "size");
+    let size_shrunk = l2arc_testkit::kstat(&stats, "size");
     let (rss_shrunk, _) = l2arc_testkit::rss_and_peak_bytes(served.pid());
     eprintln!(
         "after the balloon: shrunk within {shrunk_in:?} of it filling; service RSS {} MiB -> {} MiB; size {} MiB, c {} MiB, arc_shrinks {}, arc_shrunk_bytes {} MiB, memory_throttle_count {}",
         rss_grown >> 20,
         rss_shrunk >> 20,
         size_shrunk >> 20,
-        kstat(&stats, "c") >> 20,
-        kstat(&stats, "arc_shrinks"),
-        kstat(&stats, "arc_shrunk_bytes") >> 20,
-        kstat(&stats, "memory_throttle_count"),
+        l2arc_testkit::kstat(&stats, "c") >> 20,
+        l2arc_testkit::kstat(&stats, "arc_shrinks"),
+        l2arc_testkit::kstat(&stats, "arc_shrunk_bytes") >> 20,
+        l2arc_testkit::kstat(&stats, "memory_throttle_count"),
     );
     assert!(
         shrunk_in.is_some(),
@@ -358,7 +338,7 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         size_shrunk >> 20,
         BALLOON_BYTES >> 20
     );
-    assert!(kstat(&stats, "arc_shrinks") > shrinks_before);
+    assert!(l2arc_testkit::kstat(&stats, "arc_shrinks") > shrinks_before);
     // What the ARC let go left the process (malloc_trim after a shrink).
     assert!(
         rss_shrunk + (size_grown - size_shrunk) / 2 <= rss_grown,
@@ -368,7 +348,7 @@ fn the_arc_breathes_in_a_memory_cgroup() {
         size_grown >> 20,
         size_shrunk >> 20
     );
-    assert!(kstat(&stats, "memory_throttle_count") > 0);
+    assert!(l2arc_testkit::kstat(&stats, "memory_throttle_count") > 0);
     let status = balloon.wait().unwrap();
     assert!(status.success(), "the balloon was killed: {status:?}");
     assert_eq!(lines.recv().unwrap(), "done");
@@ -382,7 +362,7 @@ fn the_arc_breathes_in_a_memory_cgroup() {
     let regrow = Instant::now();
     loop {
         stats = ctl(&control, &["stats"]);
-        if kstat(&stats, "size") >= size_shrunk + 200 * MIB {
+        if l2arc_testkit::kstat(&stats, "size") >= size_shrunk + 200 * MIB {
             break;
         }
         assert!(
@@ -394,10 +374,10 @@ fn the_arc_breathes_in_a_memory_cgroup() {
     eprintln!(
         "grown again in {:.1} s: size {} MiB, c {} MiB",
         regrow.elapsed().as_secs_f64(),
-        kstat(&stats, "size") >> 20,
-        kstat(&stats, "c") >> 20
+        l2arc_testkit::kstat(&stats, "size") >> 20,
+        l2arc_testkit::kstat(&stats, "c") >> 20
     );
-    assert_eq!(kstat(&stats, "arc_no_grow"), 0);
+    assert_eq!(l2arc_testkit::kstat(&stats, "arc_no_grow"), 0);
 
     stop.store(true, Ordering::Relaxed);
     for r in readers {
@@ -407,4 +387,9 @@ fn the_arc_breathes_in_a_memory_cgroup() {
     let (status, _) = served.stop();
     assert!(status.success(), "{status:?}");
     assert_eq!(cgroup.oom_kills(), oom_before);
+}
+
+/// `l2arc ctl --socket SOCKET ARGS...` (the testkit's, with this binary).
+fn ctl(socket: &std::path::Path, args: &[&str]) -> String {
+    l2arc_testkit::ctl(Path::new(env!("CARGO_BIN_EXE_l2arc")), socket, args)
 }

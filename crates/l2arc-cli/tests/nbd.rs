@@ -276,25 +276,6 @@ fn tcp_on_loopback() {
     assert!(served.stop().0.success());
 }
 
-fn ctl(socket: &std::path::Path, args: &[&str]) -> String {
-    let out = run(Command::new(env!("CARGO_BIN_EXE_l2arc"))
-        .arg("ctl")
-        .arg("--socket")
-        .arg(socket)
-        .args(args));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn kstat(stats: &str, name: &str) -> u64 {
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in:\n{stats}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Settings from a TOML file, then cache devices added and removed through
 /// `l2arc ctl` while a client reads: the export keeps serving right bytes.
 #[test]
@@ -313,7 +294,7 @@ fn config_file_and_ctl_change_cache_devices_while_serving() {
     let mut served = Served::start(&["--config", config.to_str().unwrap()]);
     let stats = ctl(&control, &["stats"]);
     // The flag (--arc-max 16MiB in Served::start) wins over the file's 8MiB.
-    assert_eq!(kstat(&stats, "c_max"), 16 << 20);
+    assert_eq!(l2arc_testkit::kstat(&stats, "c_max"), 16 << 20);
     assert_eq!(ctl(&control, &["devices"]), "");
 
     let device = served.dir.path().join("l2.img");
@@ -333,7 +314,7 @@ fn config_file_and_ctl_change_cache_devices_while_serving() {
     }
     // The whole image is 4x the ARC: the feeder must have put records on flash.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while kstat(&ctl(&control, &["stats"]), "l2_size") == 0 {
+    while l2arc_testkit::kstat(&ctl(&control, &["stats"]), "l2_size") == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "nothing reached the L2ARC"
@@ -343,7 +324,10 @@ fn config_file_and_ctl_change_cache_devices_while_serving() {
     let listed = ctl(&control, &["devices"]);
     assert!(listed.starts_with("0 online"), "{listed}");
     ctl(&control, &["remove-cache", "0"]);
-    assert_eq!(kstat(&ctl(&control, &["stats"]), "l2_devices"), 0);
+    assert_eq!(
+        l2arc_testkit::kstat(&ctl(&control, &["stats"]), "l2_devices"),
+        0
+    );
     run(tool("nbdcopy").arg(served.uri()).arg(&copy));
     assert!(
         std::fs::read(&copy).unwrap() == expected,
@@ -430,7 +414,7 @@ fn random_small_reads_of_records_on_flash_read_only_their_pieces() {
         .arg(served.uri())
         .arg(served.dir.path().join("copy.img")));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while kstat(&ctl(&ctl_socket, &["stats"]), "l2_bufs") < 400 {
+    while l2arc_testkit::kstat(&ctl(&ctl_socket, &["stats"]), "l2_bufs") < 400 {
         assert!(
             std::time::Instant::now() < deadline,
             "the image did not reach flash: {}",
@@ -445,7 +429,7 @@ fn random_small_reads_of_records_on_flash_read_only_their_pieces() {
         "{text}"
     );
     let after = ctl(&ctl_socket, &["stats"]);
-    let delta = |name| kstat(&after, name) - kstat(&before, name);
+    let delta = |name| l2arc_testkit::kstat(&after, name) - l2arc_testkit::kstat(&before, name);
     let (sector_hits, l2_read_bytes) = (delta("l2_sector_hits"), delta("l2_read_bytes"));
     eprintln!("{sector_hits} sector hits, {l2_read_bytes} bytes from flash for 16384 reads");
     // Three quarters of the image only flash holds.
@@ -454,4 +438,13 @@ fn random_small_reads_of_records_on_flash_read_only_their_pieces() {
     assert!(l2_read_bytes < 16384 * 16 * 1024, "{l2_read_bytes} bytes");
     let (status, _) = served.stop();
     assert!(status.success());
+}
+
+/// `l2arc ctl --socket SOCKET ARGS...` (the testkit's, with this binary).
+fn ctl(socket: &std::path::Path, args: &[&str]) -> String {
+    l2arc_testkit::ctl(
+        std::path::Path::new(env!("CARGO_BIN_EXE_l2arc")),
+        socket,
+        args,
+    )
 }

@@ -112,15 +112,6 @@ fn gets_in(log: &str) -> u64 {
         .unwrap()
 }
 
-fn kstat(log: &str, name: &str) -> u64 {
-    log.lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some(name)).then(|| words.next().unwrap().parse().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no {name} in:\n{log}"))
-}
-
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
@@ -429,7 +420,7 @@ fn s3_mount_is_warm_after_a_restart() {
     let log = mount.stop();
     let cold_gets = gets_in(&log);
     assert!(cold_gets >= files.len() as u64 - 1, "{log}");
-    assert!(kstat(&log, "l2_write_bytes") > 0, "{log}");
+    assert!(l2arc_testkit::kstat(&log, "l2_write_bytes") > 0, "{log}");
 
     let mount = S3Service::mount(&server, &uri, &mnt, &args);
     // Small direct reads of 1 MiB records first: each takes 4 KiB and the
@@ -449,8 +440,8 @@ fn s3_mount_is_warm_after_a_restart() {
     run(Command::new("diff").arg("-r").arg(&local).arg(&mnt));
     let log = mount.stop();
     assert_eq!(gets_in(&log), 0, "a restarted mount went to S3:\n{log}");
-    assert!(kstat(&log, "l2_hits") > 0, "{log}");
-    assert!(kstat(&log, "l2_sector_hits") >= 4, "{log}");
+    assert!(l2arc_testkit::kstat(&log, "l2_hits") > 0, "{log}");
+    assert!(l2arc_testkit::kstat(&log, "l2_sector_hits") >= 4, "{log}");
 }
 
 /// An object overwritten while the mount was stopped (same size, a new
@@ -566,7 +557,7 @@ fn s3_nbd_export_of_an_image_object_reads_like_the_object() {
 }
 
 fn gets_in_nbd(log: &str) -> u64 {
-    kstat(log, "primary_reads")
+    l2arc_testkit::kstat(log, "primary_reads")
 }
 
 /// Runs `f` on a thread of its own and waits for it at most `within`, so

@@ -11,7 +11,6 @@
 //! fails the test with a pointer to `scripts/setup.sh`, never a skip.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use l2arc_testkit::nbd::pattern;
@@ -24,29 +23,8 @@ fn l2arc() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_l2arc"))
 }
 
-fn ctl(socket: &Path, args: &[&str]) -> String {
-    let out = l2arc_testkit::run(
-        Command::new(l2arc())
-            .arg("ctl")
-            .arg("--socket")
-            .arg(socket)
-            .args(args),
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// A kstat from `name value` lines (`ctl stats`, or the closing
 /// statistics a service prints).
-fn kstat(lines: &str, name: &str) -> u64 {
-    lines
-        .lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some(name)).then(|| words.next().unwrap().parse().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no {name} in:\n{lines}"))
-}
-
 /// Waits until the cache device has rebuilt its index and takes reads
 /// (a read before that would go to primary storage).
 fn wait_online(control: &Path) {
@@ -143,7 +121,7 @@ fn serve_nbd_keeps_what_only_the_arc_held_across_a_clean_stop() {
     let mut first = start();
     nbdcopy(&first.uri());
     let cold = ctl(&control, &["stats"]);
-    assert!(kstat(&cold, "primary_reads") > 0, "{cold}");
+    assert!(l2arc_testkit::kstat(&cold, "primary_reads") > 0, "{cold}");
     let (first_stop, first_log) = stop(&mut first);
 
     let mut second = start();
@@ -152,12 +130,12 @@ fn serve_nbd_keeps_what_only_the_arc_held_across_a_clean_stop() {
     let warm = ctl(&control, &["stats"]);
     let (_, second_log) = stop(&mut second);
     assert_eq!(
-        kstat(&warm, "primary_reads"),
+        l2arc_testkit::kstat(&warm, "primary_reads"),
         0,
         "the restart read the image again:\n{warm}\nfirst stop:\n{first_log}\nsecond stop:\n{second_log}"
     );
     assert_wrote_all(first_stop, &first_log);
-    assert!(kstat(&warm, "l2_hits") > 0, "{warm}");
+    assert!(l2arc_testkit::kstat(&warm, "l2_hits") > 0, "{warm}");
 }
 
 /// The directory mount: a 64 MiB file read through a 32 MiB ARC, the
@@ -191,7 +169,7 @@ fn a_directory_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
 
     let mut first = start();
     read_all();
-    assert!(kstat(&ctl(&control, &["stats"]), "primary_reads") > 0);
+    assert!(l2arc_testkit::kstat(&ctl(&control, &["stats"]), "primary_reads") > 0);
     let (first_stop, first_log) = stop(&mut first);
 
     let mut second = start();
@@ -200,7 +178,7 @@ fn a_directory_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
     let warm = ctl(&control, &["stats"]);
     let (_, second_log) = stop(&mut second);
     assert_eq!(
-        kstat(&warm, "primary_reads"),
+        l2arc_testkit::kstat(&warm, "primary_reads"),
         0,
         "the remount read the file again:\n{warm}\nfirst stop:\n{first_log}\nsecond stop:\n{second_log}"
     );
@@ -262,9 +240,9 @@ fn an_s3_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
     std::thread::sleep(Duration::from_millis(300));
     read_all();
     let cold = ctl(&control, &["stats"]);
-    assert!(kstat(&cold, "primary_reads") > 0, "{cold}");
+    assert!(l2arc_testkit::kstat(&cold, "primary_reads") > 0, "{cold}");
     assert_eq!(
-        kstat(&cold, "l2_bufs"),
+        l2arc_testkit::kstat(&cold, "l2_bufs"),
         0,
         "the quiet feeder wrote:\n{cold}"
     );
@@ -276,7 +254,7 @@ fn an_s3_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
     let warm = ctl(&control, &["stats"]);
     let (_, second_log) = stop(&mut second);
     assert_eq!(
-        kstat(&warm, "primary_reads"),
+        l2arc_testkit::kstat(&warm, "primary_reads"),
         0,
         "the remount read the bucket again:\n{warm}\nfirst stop:\n{first_log}\nsecond stop:\n{second_log}"
     );
@@ -286,4 +264,9 @@ fn an_s3_mount_keeps_what_only_the_arc_held_across_a_clean_stop() {
         .unwrap_or_else(|| panic!("no s3 requests line:\n{second_log}"));
     assert!(gets.starts_with("l2arc: s3 requests: 0 "), "{gets}");
     assert_wrote_all(first_stop, &first_log);
+}
+
+/// `l2arc ctl --socket SOCKET ARGS...` (the testkit's, with this binary).
+fn ctl(socket: &std::path::Path, args: &[&str]) -> String {
+    l2arc_testkit::ctl(l2arc(), socket, args)
 }

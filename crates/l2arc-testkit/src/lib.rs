@@ -81,6 +81,31 @@ pub fn run(cmd: &mut std::process::Command) -> Output {
     out
 }
 
+/// `BIN ctl --socket SOCKET ARGS...`: its standard output (the test
+/// fails if it fails).
+pub fn ctl(bin: &std::path::Path, socket: &std::path::Path, args: &[&str]) -> String {
+    let out = run(std::process::Command::new(bin)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args));
+    String::from_utf8(out.stdout).expect("ctl prints UTF-8")
+}
+
+/// The value of the kstat `name` in lines of `name value` (`ctl stats`,
+/// or a stop's counters); the test fails if it is not there.
+pub fn kstat(lines: &str, name: &str) -> u64 {
+    lines
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some(name)).then(|| words.next().map(str::parse::<u64>))
+        })
+        .flatten()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no {name} in:\n{lines}"))
+}
+
 /// The lines a spawned child writes to its stderr (piped), as they come,
 /// read by a thread of their own so the child never blocks on a full pipe.
 pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {

@@ -427,17 +427,7 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
         &self,
         list: ListId,
     ) -> impl Iterator<Item = (&K, u64, &V, bool)> + '_ {
-        let mut slot = self.lists[list as usize].tail;
-        std::iter::from_fn(move || {
-            while slot != NIL {
-                let entry = &self.entries[slot as usize];
-                slot = entry.prev;
-                if let Some(value) = entry.value.as_ref() {
-                    return Some((&entry.key, entry.size_bytes, value, entry.prefetched));
-                }
-            }
-            None
-        })
+        self.iter_resident(list, false)
     }
 
     /// Resident keys from the most recently used (hot) end of `list`
@@ -450,11 +440,22 @@ impl<K: Hash + Eq + Copy, V> ArcPolicy<K, V> {
             matches!(list, ListId::Mru | ListId::Mfu),
             "a ghost list holds no value"
         );
-        let mut slot = self.lists[list as usize].head;
+        self.iter_resident(list, true)
+    }
+
+    /// The resident entries of `list` from its hot end (`from_hot`) or
+    /// its cold end, with their sizes, values and prefetch flags.
+    fn iter_resident(
+        &self,
+        list: ListId,
+        from_hot: bool,
+    ) -> impl Iterator<Item = (&K, u64, &V, bool)> + '_ {
+        let ends = &self.lists[list as usize];
+        let mut slot = if from_hot { ends.head } else { ends.tail };
         std::iter::from_fn(move || {
             while slot != NIL {
                 let entry = &self.entries[slot as usize];
-                slot = entry.next;
+                slot = if from_hot { entry.next } else { entry.prev };
                 if let Some(value) = entry.value.as_ref() {
                     return Some((&entry.key, entry.size_bytes, value, entry.prefetched));
                 }
