@@ -37,8 +37,11 @@
 //! that read, and a demand read of a record not claimed reads it itself,
 //! never waiting behind the queue), read from flash only (never from
 //! primary storage: a record not on flash is skipped) by several readers
-//! that always have reads queued (`PREWARM_IN_FLIGHT` claimed ahead), and
-//! published in the saved order at the COLD end of its saved list, so that the lists come back in the saved order while demand reads
+//! that always have reads queued (`PREWARM_IN_FLIGHT` claimed ahead, in
+//! batches: records of a batch that lie back to back on flash, as the
+//! stop flush writes the ARC hottest first, are read in one device read
+//! of up to 1 MiB, as a sequential reader would, and each is checked on
+//! its own blocks), and published in the saved order at the COLD end of its saved list, so that the lists come back in the saved order while demand reads
 //! meanwhile land at the hot ends. It stops at the bytes the ARC held when
 //! the shape was saved, and an insert that does not fit under the shard's
 //! `c` as it is now is refused: the prewarm never evicts and never takes
@@ -62,6 +65,7 @@ use crate::arc::shape::{
 };
 use crate::buf::AlignedBuf;
 use crate::hash::FastHashMap;
+use crate::l2arc::COALESCED_READ_BYTES_MAX;
 pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
@@ -72,7 +76,10 @@ const PREWARM_IN_FLIGHT: usize = 128;
 /// Threads reading from flash for the prewarm: reads in flight on the
 /// device (blocking reads; a device needs several queued for its rate).
 const PREWARM_READERS: usize = 32;
-const _: () = assert!(PREWARM_IN_FLIGHT.is_multiple_of(PREWARM_READERS));
+/// Claims wait until this many records are published, so that a batch is
+/// large enough to find records back to back on flash to read together.
+const PREWARM_CLAIM_BATCH: usize = 32;
+const _: () = assert!(PREWARM_CLAIM_BATCH <= PREWARM_IN_FLIGHT && PREWARM_READERS >= 1);
 /// The longest the prewarm waits for the L2ARC's rebuild.
 const PREWARM_REBUILD_WAIT: Duration = Duration::from_secs(600);
 
@@ -82,6 +89,7 @@ pub(crate) struct ShapeCounters {
     prewarm_records: AtomicU64,
     prewarm_bytes: AtomicU64,
     prewarm_ms: AtomicU64,
+    prewarm_reads: AtomicU64,
     prewarm_stale: AtomicU64,
     prewarm_missing: AtomicU64,
     prewarm_active: AtomicU64,
@@ -514,6 +522,7 @@ impl Cache {
             prewarm_records: c.prewarm_records.load(Ordering::Relaxed),
             prewarm_bytes: c.prewarm_bytes.load(Ordering::Relaxed),
             prewarm_ms: c.prewarm_ms.load(Ordering::Relaxed),
+            prewarm_reads: c.prewarm_reads.load(Ordering::Relaxed),
             prewarm_joined,
             prewarm_stale: c.prewarm_stale.load(Ordering::Relaxed),
             prewarm_missing: c.prewarm_missing.load(Ordering::Relaxed),
@@ -796,41 +805,58 @@ impl Cache {
             done_bytes: 0,
         };
         let mut pending: VecDeque<Pending<'_>> = VecDeque::with_capacity(PREWARM_IN_FLIGHT);
+        // Every job and every result is one or more claimed records, and at
+        // most `PREWARM_IN_FLIGHT` are claimed: no send below ever waits.
+        let (job_tx, job_rx) = mpsc::sync_channel::<Vec<Job>>(PREWARM_IN_FLIGHT);
+        let job_rx = std::sync::Mutex::new(job_rx);
         let (done_tx, done_rx) =
             mpsc::sync_channel::<(usize, Option<AlignedBuf>)>(PREWARM_IN_FLIGHT);
         std::thread::scope(|s| {
-            let job_txs: Vec<mpsc::SyncSender<(usize, u64, u32)>> = (0..PREWARM_READERS)
-                .map(|_| {
-                    let (job_tx, job_rx) = mpsc::sync_channel::<(usize, u64, u32)>(
-                        PREWARM_IN_FLIGHT / PREWARM_READERS,
-                    );
-                    let done_tx = done_tx.clone();
-                    s.spawn(move || {
-                        for (seq, key_hash, recordsize) in job_rx {
-                            let data = Tier::read(l2, key_hash, recordsize);
-                            if done_tx.send((seq, data)).is_err() {
-                                break;
+            for _ in 0..PREWARM_READERS {
+                let (job_rx, done_tx) = (&job_rx, done_tx.clone());
+                s.spawn(move || {
+                    let mut wanted = Vec::with_capacity(PREWARM_IN_FLIGHT);
+                    let mut read = Vec::with_capacity(PREWARM_IN_FLIGHT);
+                    loop {
+                        let job = job_rx.lock().expect("a prewarm reader panicked").recv();
+                        let Ok(run) = job else { break };
+                        wanted.clear();
+                        wanted.extend(run.iter().map(|j| (j.key_hash, j.recordsize)));
+                        l2.read_coalesced(&wanted, &mut read);
+                        debug_assert_eq!(read.len(), run.len());
+                        for (job, data) in run.iter().zip(read.drain(..)) {
+                            if done_tx.send((job.seq, data)).is_err() {
+                                return;
                             }
                         }
-                    });
-                    job_tx
-                })
-                .collect();
+                    }
+                });
+            }
             drop(done_tx);
             let (mut next_seq, mut front_seq) = (0usize, 0usize);
+            let mut batch: Vec<Job> = Vec::with_capacity(PREWARM_IN_FLIGHT);
             loop {
-                while walk.claiming && pending.len() < PREWARM_IN_FLIGHT {
-                    let Some(claimed) = self.prewarm_claim_next(plan, &mut walk) else {
-                        break;
-                    };
-                    let job = (next_seq, claimed.key_hash, claimed.recordsize);
-                    // Seqs in flight are consecutive, so no reader has more
-                    // than its channel's bound queued: the send never waits.
-                    job_txs[next_seq % PREWARM_READERS]
-                        .send(job)
-                        .expect("a prewarm reader ended early");
-                    pending.push_back(claimed);
-                    next_seq += 1;
+                // Claims in batches, so that records back to back on flash
+                // can be read together (`read_coalesced`).
+                let room = PREWARM_IN_FLIGHT - pending.len();
+                if walk.claiming && (room >= PREWARM_CLAIM_BATCH || pending.is_empty()) {
+                    batch.clear();
+                    while batch.len() < room {
+                        let Some(claimed) = self.prewarm_claim_next(plan, &mut walk) else {
+                            break;
+                        };
+                        batch.push(Job {
+                            seq: next_seq,
+                            key_hash: claimed.key_hash,
+                            recordsize: claimed.recordsize,
+                        });
+                        pending.push_back(claimed);
+                        next_seq += 1;
+                    }
+                    for run in runs_on_flash(l2, &mut batch) {
+                        self.shape.prewarm_reads.fetch_add(1, Ordering::Relaxed);
+                        job_tx.send(run).expect("the prewarm readers ended early");
+                    }
                 }
                 if pending.is_empty() {
                     break;
@@ -850,7 +876,7 @@ impl Cache {
                     .prewarm_queued
                     .store((plan.queue.len() - walk.at) as u64, Ordering::Relaxed);
             }
-            drop(job_txs);
+            drop(job_tx);
         });
         debug_assert!(pending.is_empty(), "every claim published");
     }
@@ -941,6 +967,50 @@ impl Cache {
             walk.claiming = false; // the bytes saved, or the ARC is full at its c
         }
     }
+}
+
+/// One claimed record for a prewarm reader: its place in the claim order
+/// and what to read.
+struct Job {
+    seq: usize,
+    key_hash: u64,
+    recordsize: u32,
+}
+
+/// Splits a batch of claimed records into the reads to issue: records back
+/// to back on one device, in the device's order, up to
+/// `COALESCED_READ_BYTES_MAX` a read; a record flash no longer holds is a
+/// run of its own (its read is a counted miss). Empties `batch`.
+fn runs_on_flash(l2: &crate::l2arc::L2Arc, batch: &mut Vec<Job>) -> Vec<Vec<Job>> {
+    let claimed = batch.len();
+    let mut placed: Vec<(Option<(u8, std::ops::Range<u64>)>, Job)> = batch
+        .drain(..)
+        .map(|job| (l2.flash_extent(job.key_hash), job))
+        .collect();
+    placed.sort_unstable_by_key(|(extent, _)| extent.as_ref().map(|(d, r)| (*d, r.start)));
+    let mut runs: Vec<Vec<Job>> = Vec::new();
+    let mut run_extent: Option<(u8, std::ops::Range<u64>)> = None;
+    for (extent, job) in placed {
+        let joins = match (&run_extent, &extent) {
+            (Some((run_device, run)), Some((device, bytes))) => {
+                run_device == device
+                    && run.end == bytes.start
+                    && bytes.end - run.start <= COALESCED_READ_BYTES_MAX as u64
+            }
+            _ => false,
+        };
+        if joins {
+            let (_, run) = run_extent.as_mut().expect("joined a run");
+            run.end = extent.expect("joined with an extent").1.end;
+            runs.last_mut().expect("a run to join").push(job);
+        } else {
+            run_extent = extent;
+            runs.push(vec![job]);
+        }
+    }
+    debug_assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), claimed);
+    debug_assert!(runs.iter().all(|run| !run.is_empty()));
+    runs
 }
 
 /// Where the prewarm's walk of its queue stands.

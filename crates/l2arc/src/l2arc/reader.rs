@@ -15,6 +15,11 @@ use super::index::IndexEntry;
 use super::*;
 use crate::buf::AlignedBuf;
 
+/// The longest device read `read_coalesced` merges records into: what a
+/// sequential reader (fio's 1 MiB blocks) asks of a device at once.
+pub(crate) const COALESCED_READ_BYTES_MAX: usize = 1 << 20;
+const _: () = assert!(COALESCED_READ_BYTES_MAX as u64 >= 256 * BLOCK_BYTES);
+
 /// A flash read between [`L2Arc::begin_read`] and [`L2Arc::finish_read`]:
 /// the device it pins, the entry it found, and the buffer to read into.
 pub(crate) struct PendingRead {
@@ -156,6 +161,85 @@ impl L2Arc {
         let result = polled.unwrap_or_else(|| pending.read_psync());
         drop(blocking);
         self.finish_read(pending, result)
+    }
+
+    /// Where a record lies on flash: its device's slot and its bytes there.
+    /// No I/O and nothing pinned: only to order reads (the record may move
+    /// or go before it is read; `read_coalesced` looks again).
+    pub(crate) fn flash_extent(&self, key_hash: u64) -> Option<(u8, std::ops::Range<u64>)> {
+        let location = Location(self.index.get(key_hash)?.location);
+        debug_assert!(is_well_formed(location));
+        let start = location.offset_bytes();
+        Some((
+            location.device(),
+            start..start + location.asize_bytes() as u64,
+        ))
+    }
+
+    /// Reads several records, `out[i]` for `wanted[i]` (key hash, most
+    /// logical bytes), with one device read for each run of them that
+    /// lies back to back on one device, up to `COALESCED_READ_BYTES_MAX`:
+    /// what a sequential reader asks of the device. Each record is then
+    /// checked and decoded from its own blocks exactly as [`Self::read`]
+    /// does. A merged read that fails is tried again record by record, so
+    /// that a bad block costs only its own record (and counts one error).
+    pub(crate) fn read_coalesced(&self, wanted: &[(u64, u32)], out: &mut Vec<Option<AlignedBuf>>) {
+        out.clear();
+        out.resize_with(wanted.len(), || None);
+        let mut pending: Vec<(usize, PendingRead)> = wanted
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &(key_hash, lsize_max))| {
+                self.begin_read(key_hash, lsize_max).map(|p| (i, p))
+            })
+            .collect();
+        pending.sort_unstable_by_key(|(_, p)| (p.device.slot, p.offset_bytes()));
+        let mut rest = pending.into_iter().peekable();
+        let mut run: Vec<(usize, PendingRead)> = Vec::with_capacity(wanted.len());
+        while let Some(first) = rest.next() {
+            let start = first.1.offset_bytes();
+            let mut end = start + first.1.buf.as_ref().map_or(0, |b| b.len()) as u64;
+            run.clear();
+            run.push(first);
+            while let Some((_, next)) = rest.peek() {
+                let next_end =
+                    next.offset_bytes() + next.buf.as_ref().map_or(0, |b| b.len()) as u64;
+                let adjacent = Arc::ptr_eq(&next.device, &run[0].1.device)
+                    && next.offset_bytes() == end
+                    && next_end - start <= COALESCED_READ_BYTES_MAX as u64;
+                if !adjacent {
+                    break;
+                }
+                end = next_end;
+                run.push(rest.next().expect("peeked"));
+            }
+            debug_assert!(
+                end - start
+                    <= COALESCED_READ_BYTES_MAX.max(run[0].1.buf.as_ref().map_or(0, |b| b.len()))
+                        as u64
+            );
+            let merged = (run.len() > 1).then(|| {
+                let mut merged = AlignedBuf::for_overwrite((end - start) as usize);
+                let result = run[0].1.device_io().read_at(start, merged.as_mut_slice());
+                (merged, result)
+            });
+            for (i, mut one) in run.drain(..) {
+                let result = match &merged {
+                    Some((merged, Ok(()))) => {
+                        let at = (one.offset_bytes() - start) as usize;
+                        let buf = one.buf_mut();
+                        let len = buf.len();
+                        // Back to back: each record's blocks lie in the merged read.
+                        debug_assert!(at + len <= merged.len());
+                        buf.copy_from_slice(&merged[at..at + len]);
+                        Ok(())
+                    }
+                    Some((_, Err(_))) | None => one.read_psync(),
+                };
+                out[i] = self.finish_read(one, result);
+            }
+        }
+        debug_assert_eq!(out.len(), wanted.len());
     }
 
     /// First half of a read: finds the record and pins its device (a
