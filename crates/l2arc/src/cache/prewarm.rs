@@ -65,7 +65,8 @@ use crate::arc::shape::{
 };
 use crate::buf::AlignedBuf;
 use crate::hash::FastHashMap;
-use crate::l2arc::COALESCED_READ_BYTES_MAX;
+use crate::l2arc::RunRead;
+use crate::l2arc::ring::{IoEngine, ReadRing};
 pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
@@ -804,71 +805,51 @@ impl Cache {
             refused_run: 0,
             done_bytes: 0,
         };
-        let mut pending: VecDeque<Pending<'_>> = VecDeque::with_capacity(PREWARM_IN_FLIGHT);
+        let mut reads = PrewarmReads {
+            pending: VecDeque::with_capacity(PREWARM_IN_FLIGHT),
+            landed: Vec::with_capacity(PREWARM_IN_FLIGHT),
+            wanted: Vec::with_capacity(PREWARM_IN_FLIGHT),
+            runs: Vec::with_capacity(PREWARM_IN_FLIGHT),
+            next_seq: 0,
+            front_seq: 0,
+        };
+        // io_uring: this thread keeps every run in flight on one ring (no
+        // thread per read, no context switch per read). Else positioned
+        // reads in `PREWARM_READERS` threads.
+        let ring = match self.ioengine() {
+            IoEngine::IoUring => ReadRing::new(PREWARM_IN_FLIGHT as u32).ok(),
+            _ => None,
+        };
         // Every job and every result is one or more claimed records, and at
         // most `PREWARM_IN_FLIGHT` are claimed: no send below ever waits.
-        let (job_tx, job_rx) = mpsc::sync_channel::<Vec<Job>>(PREWARM_IN_FLIGHT);
+        let (job_tx, job_rx) = mpsc::sync_channel::<(RunRead, usize)>(PREWARM_IN_FLIGHT);
         let job_rx = std::sync::Mutex::new(job_rx);
         let (done_tx, done_rx) =
             mpsc::sync_channel::<(usize, Option<AlignedBuf>)>(PREWARM_IN_FLIGHT);
         std::thread::scope(|s| {
-            for _ in 0..PREWARM_READERS {
-                let (job_rx, done_tx) = (&job_rx, done_tx.clone());
-                s.spawn(move || {
-                    let mut wanted = Vec::with_capacity(PREWARM_IN_FLIGHT);
-                    let mut read = Vec::with_capacity(PREWARM_IN_FLIGHT);
-                    loop {
-                        let job = job_rx.lock().expect("a prewarm reader panicked").recv();
-                        let Ok(run) = job else { break };
-                        wanted.clear();
-                        wanted.extend(run.iter().map(|j| (j.key_hash, j.recordsize)));
-                        l2.read_coalesced(&wanted, &mut read);
-                        debug_assert_eq!(read.len(), run.len());
-                        for (job, data) in run.iter().zip(read.drain(..)) {
-                            if done_tx.send((job.seq, data)).is_err() {
-                                return;
-                            }
-                        }
+            let mut io = match ring {
+                Some(ring) => PrewarmIo::Ring(Box::new(PrewarmRing::new(ring))),
+                None => {
+                    for _ in 0..PREWARM_READERS {
+                        let (job_rx, done_tx) = (&job_rx, done_tx.clone());
+                        s.spawn(move || prewarm_reader(l2, job_rx, &done_tx));
                     }
-                });
-            }
-            drop(done_tx);
-            let (mut next_seq, mut front_seq) = (0usize, 0usize);
-            let mut batch: Vec<Job> = Vec::with_capacity(PREWARM_IN_FLIGHT);
+                    PrewarmIo::Threads(job_tx, done_rx)
+                }
+            };
             loop {
-                // Claims in batches, so that records back to back on flash
-                // can be read together (`read_coalesced`).
-                let room = PREWARM_IN_FLIGHT - pending.len();
-                if walk.claiming && (room >= PREWARM_CLAIM_BATCH || pending.is_empty()) {
-                    batch.clear();
-                    while batch.len() < room {
-                        let Some(claimed) = self.prewarm_claim_next(plan, &mut walk) else {
-                            break;
-                        };
-                        batch.push(Job {
-                            seq: next_seq,
-                            key_hash: claimed.key_hash,
-                            recordsize: claimed.recordsize,
-                        });
-                        pending.push_back(claimed);
-                        next_seq += 1;
+                let claimed = self.prewarm_claim_batch(plan, &mut walk, &mut reads, &mut io);
+                self.prewarm_land(&mut reads, fill_sequence, plan, &mut walk);
+                if reads.pending.is_empty() {
+                    if claimed == 0 {
+                        break; // the queue's end, or done claiming
                     }
-                    for run in runs_on_flash(l2, &mut batch) {
-                        self.shape.prewarm_reads.fetch_add(1, Ordering::Relaxed);
-                        job_tx.send(run).expect("the prewarm readers ended early");
-                    }
+                    continue;
                 }
-                if pending.is_empty() {
-                    break;
+                if reads.pending.front().is_none_or(|p| p.data.is_none()) {
+                    io.wait(l2, &mut reads.landed);
                 }
-                let (seq, data) = done_rx.recv().expect("a prewarm reader ended early");
-                assert!(seq >= front_seq && seq - front_seq < pending.len());
-                pending[seq - front_seq].data = Some(data);
-                while pending.front().is_some_and(|p| p.data.is_some()) {
-                    let done = pending.pop_front().expect("checked");
-                    front_seq += 1;
-                    self.prewarm_publish(done, fill_sequence, plan, &mut walk);
-                }
+                self.prewarm_land(&mut reads, fill_sequence, plan, &mut walk);
                 if Arc::strong_count(self) == 1 {
                     walk.claiming = false; // only the prewarm holds the cache
                 }
@@ -876,9 +857,73 @@ impl Cache {
                     .prewarm_queued
                     .store((plan.queue.len() - walk.at) as u64, Ordering::Relaxed);
             }
-            drop(job_tx);
+            // Dropping `io` ends the readers (their queue closes) or
+            // drains the ring.
         });
-        debug_assert!(pending.is_empty(), "every claim published");
+        drop(done_tx);
+        debug_assert!(reads.pending.is_empty(), "every claim published");
+    }
+
+    /// Claims the next records of the queue, up to the room in flight, in
+    /// one batch once at least `PREWARM_CLAIM_BATCH` are free (so that
+    /// records back to back on flash are read together: `begin_runs`),
+    /// and starts their reads. Returns how many it claimed.
+    fn prewarm_claim_batch<'a>(
+        &'a self,
+        plan: &PrewarmPlan,
+        walk: &mut PrewarmWalk,
+        reads: &mut PrewarmReads<'a>,
+        io: &mut PrewarmIo,
+    ) -> usize {
+        let room = PREWARM_IN_FLIGHT - reads.pending.len();
+        if !walk.claiming || (room < PREWARM_CLAIM_BATCH && !reads.pending.is_empty()) {
+            return 0;
+        }
+        let l2 = self.l2.get().expect("a prewarm has an L2ARC");
+        let first_seq = reads.next_seq;
+        reads.wanted.clear();
+        while reads.wanted.len() < room {
+            let Some(claimed) = self.prewarm_claim_next(plan, walk) else {
+                break;
+            };
+            reads.wanted.push((claimed.key_hash, claimed.recordsize));
+            reads.pending.push_back(claimed);
+            reads.next_seq += 1;
+        }
+        // Records flash no longer holds have no run: missed.
+        let landed = &mut reads.landed;
+        l2.begin_runs(&reads.wanted, &mut reads.runs, &mut |i| {
+            landed.push((first_seq + i, None));
+        });
+        for run in reads.runs.drain(..) {
+            self.shape.prewarm_reads.fetch_add(1, Ordering::Relaxed);
+            io.start(l2, run, first_seq, &mut reads.landed);
+        }
+        debug_assert!(reads.pending.len() <= PREWARM_IN_FLIGHT);
+        reads.wanted.len()
+    }
+
+    /// Puts the reads that landed in their places, and publishes, in the
+    /// claim order, every record whose read and predecessors' reads landed.
+    fn prewarm_land(
+        &self,
+        reads: &mut PrewarmReads<'_>,
+        fill_sequence: u64,
+        plan: &PrewarmPlan,
+        walk: &mut PrewarmWalk,
+    ) {
+        let front_seq = reads.front_seq;
+        for (seq, data) in reads.landed.drain(..) {
+            assert!(seq >= front_seq && seq - front_seq < reads.pending.len());
+            let slot = &mut reads.pending[seq - front_seq].data;
+            debug_assert!(slot.is_none(), "a record's read lands once");
+            *slot = Some(data);
+        }
+        while reads.pending.front().is_some_and(|p| p.data.is_some()) {
+            let done = reads.pending.pop_front().expect("checked");
+            reads.front_seq += 1;
+            self.prewarm_publish(done, fill_sequence, plan, walk);
+        }
     }
 
     /// The next record of the queue that can be claimed: its object is
@@ -969,48 +1014,175 @@ impl Cache {
     }
 }
 
-/// One claimed record for a prewarm reader: its place in the claim order
-/// and what to read.
-struct Job {
-    seq: usize,
-    key_hash: u64,
-    recordsize: u32,
+/// The prewarm's claimed records: read in flight (`pending`, in claim
+/// order from `front_seq`), and reads that landed, to be put in place.
+struct PrewarmReads<'a> {
+    pending: VecDeque<Pending<'a>>,
+    /// (claim order, the record's bytes or `None`: a miss).
+    landed: Vec<(usize, Option<AlignedBuf>)>,
+    /// The batch being claimed (scratch, kept for its capacity).
+    wanted: Vec<(u64, u32)>,
+    runs: Vec<RunRead>,
+    next_seq: usize,
+    front_seq: usize,
 }
 
-/// Splits a batch of claimed records into the reads to issue: records back
-/// to back on one device, in the device's order, up to
-/// `COALESCED_READ_BYTES_MAX` a read; a record flash no longer holds is a
-/// run of its own (its read is a counted miss). Empties `batch`.
-fn runs_on_flash(l2: &crate::l2arc::L2Arc, batch: &mut Vec<Job>) -> Vec<Vec<Job>> {
-    let claimed = batch.len();
-    let mut placed: Vec<(Option<(u8, std::ops::Range<u64>)>, Job)> = batch
-        .drain(..)
-        .map(|job| (l2.flash_extent(job.key_hash), job))
-        .collect();
-    placed.sort_unstable_by_key(|(extent, _)| extent.as_ref().map(|(d, r)| (*d, r.start)));
-    let mut runs: Vec<Vec<Job>> = Vec::new();
-    let mut run_extent: Option<(u8, std::ops::Range<u64>)> = None;
-    for (extent, job) in placed {
-        let joins = match (&run_extent, &extent) {
-            (Some((run_device, run)), Some((device, bytes))) => {
-                run_device == device
-                    && run.end == bytes.start
-                    && bytes.end - run.start <= COALESCED_READ_BYTES_MAX as u64
-            }
-            _ => false,
-        };
-        if joins {
-            let (_, run) = run_extent.as_mut().expect("joined a run");
-            run.end = extent.expect("joined with an extent").1.end;
-            runs.last_mut().expect("a run to join").push(job);
-        } else {
-            run_extent = extent;
-            runs.push(vec![job]);
+/// How the prewarm reads flash: its own ring, or reader threads.
+enum PrewarmIo {
+    Ring(Box<PrewarmRing>),
+    Threads(
+        mpsc::SyncSender<(RunRead, usize)>,
+        mpsc::Receiver<(usize, Option<AlignedBuf>)>,
+    ),
+}
+
+impl PrewarmIo {
+    /// Starts a run's read (the batch's first record is `first_seq`).
+    fn start(
+        &mut self,
+        l2: &crate::l2arc::L2Arc,
+        run: RunRead,
+        first_seq: usize,
+        landed: &mut Vec<(usize, Option<AlignedBuf>)>,
+    ) {
+        match self {
+            PrewarmIo::Ring(ring) => ring.start(l2, run, first_seq, landed),
+            PrewarmIo::Threads(jobs, _) => jobs
+                .send((run, first_seq))
+                .expect("the prewarm readers ended early"),
         }
     }
-    debug_assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), claimed);
-    debug_assert!(runs.iter().all(|run| !run.is_empty()));
-    runs
+
+    /// Waits until at least one read in flight has landed.
+    fn wait(&mut self, l2: &crate::l2arc::L2Arc, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
+        match self {
+            PrewarmIo::Ring(ring) => ring.wait(l2, landed),
+            PrewarmIo::Threads(_, done) => {
+                landed.push(done.recv().expect("a prewarm reader ended early"));
+            }
+        }
+    }
+}
+
+/// A prewarm reader thread: reads runs with positioned reads until the
+/// job queue closes (or the prewarm stopped listening).
+fn prewarm_reader(
+    l2: &crate::l2arc::L2Arc,
+    jobs: &std::sync::Mutex<mpsc::Receiver<(RunRead, usize)>>,
+    done: &mpsc::SyncSender<(usize, Option<AlignedBuf>)>,
+) {
+    loop {
+        let job = jobs.lock().expect("a prewarm reader panicked").recv();
+        let Ok((mut run, first_seq)) = job else {
+            return;
+        };
+        let result = run.read_psync();
+        let mut sent = true;
+        l2.finish_run(run, result, &mut |i, data| {
+            sent &= done.send((first_seq + i, data)).is_ok();
+        });
+        if !sent {
+            return;
+        }
+    }
+}
+
+/// The prewarm's io_uring: every run in flight on one ring, owned by the
+/// prewarm's thread. A run's buffer is the kernel's until its completion
+/// is reaped, so dropping this drains the ring first (a panic included).
+struct PrewarmRing {
+    ring: ReadRing,
+    /// The runs in flight, by slot (`user_data`), with the claim order
+    /// of their batch's first record.
+    runs: Vec<Option<(RunRead, usize)>>,
+    free: Vec<usize>,
+}
+
+impl PrewarmRing {
+    fn new(ring: ReadRing) -> Self {
+        // A run is one record or more: slots for every claimed record.
+        Self {
+            ring,
+            runs: (0..PREWARM_IN_FLIGHT).map(|_| None).collect(),
+            free: (0..PREWARM_IN_FLIGHT).rev().collect(),
+        }
+    }
+
+    /// Puts a run in flight; a device the ring cannot read (or a refused
+    /// submission) is read here at once. What lands goes to `landed`.
+    fn start(
+        &mut self,
+        l2: &crate::l2arc::L2Arc,
+        mut run: RunRead,
+        first_seq: usize,
+        landed: &mut Vec<(usize, Option<AlignedBuf>)>,
+    ) {
+        let slot = self.free.pop().expect("a slot per claimed record");
+        debug_assert!(self.runs[slot].is_none() && self.ring.has_room());
+        if let Some(fd) = run.device_io().ring_fd() {
+            let offset = run.offset_bytes();
+            let buf = run.buf_mut();
+            let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
+            // SAFETY: the buffer is the run's heap memory, kept in
+            // `self.runs` until its completion is reaped (it does not move
+            // with the run); the descriptor is the device's the run pins,
+            // not closed while a read on it is pending; `Drop` drains.
+            if unsafe { self.ring.push_read(fd, offset, ptr, len, slot as u64) }.is_ok() {
+                self.runs[slot] = Some((run, first_seq));
+                return;
+            }
+        }
+        self.free.push(slot);
+        let result = run.read_psync();
+        l2.finish_run(run, result, &mut |i, data| {
+            landed.push((first_seq + i, data))
+        });
+    }
+
+    /// Sends what is queued, waits for at least one completion (if any
+    /// read is in flight) and finishes every run that completed.
+    fn wait(&mut self, l2: &crate::l2arc::L2Arc, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
+        if self.ring.in_flight() == 0 {
+            return;
+        }
+        let mut completed: Vec<(u64, i32)> = Vec::with_capacity(self.ring.in_flight());
+        if self.ring.submit_and_wait(1).is_err() {
+            // The ring failed: its reads still complete; reap them as they
+            // do (a wait that fails is retried by the next call).
+            std::thread::yield_now();
+        }
+        self.ring.reap(PREWARM_IN_FLIGHT, |user_data, result| {
+            completed.push((user_data, result))
+        });
+        for (slot, result) in completed {
+            let slot = slot as usize;
+            let (mut run, first_seq) = self.runs[slot].take().expect("a run in flight");
+            self.free.push(slot);
+            let offset = run.offset_bytes();
+            let buf: *mut [u8] = run.buf_mut();
+            // SAFETY: the run's own buffer, no longer the kernel's (reaped).
+            let buf = unsafe { &mut *buf };
+            let outcome = crate::l2arc::ring::read_outcome(result, buf.len());
+            let result = run.device_io().finish_ring_read(offset, buf, outcome);
+            l2.finish_run(run, result, &mut |i, data| {
+                landed.push((first_seq + i, data))
+            });
+        }
+    }
+}
+
+impl Drop for PrewarmRing {
+    fn drop(&mut self) {
+        while self.ring.in_flight() > 0 {
+            if self.ring.submit_and_wait(1).is_err() {
+                std::thread::yield_now();
+            }
+            self.ring.reap(PREWARM_IN_FLIGHT, |_, _| {});
+        }
+        // Nothing in flight: the runs' buffers are ours to drop (their
+        // reads pinned their devices; dropping them unpins).
+        debug_assert!(self.ring.in_flight() == 0);
+    }
 }
 
 /// Where the prewarm's walk of its queue stands.

@@ -57,6 +57,11 @@ impl PendingRead {
         buf
     }
 
+    /// How many bytes the read is (the location's whole blocks).
+    fn len_bytes(&self) -> u64 {
+        Location(self.entry.location).asize_bytes() as u64
+    }
+
     /// The device to read from.
     pub(crate) fn device_io(&self) -> &dyn super::device::DeviceIo {
         // Pinned: its removal waits for this read.
@@ -80,6 +85,47 @@ impl Drop for PendingRead {
             let before = self.device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
             debug_assert!(before >= 1, "a pending read unpinned twice");
         }
+    }
+}
+
+/// Records back to back on one device, read with one device read between
+/// [`L2Arc::begin_runs`] and [`L2Arc::finish_run`]: into the one record's
+/// own buffer, or into a merged buffer that `finish_run` cuts up.
+pub(crate) struct RunRead {
+    /// (index in the caller's list, its pending read), in device order.
+    reads: Vec<(usize, PendingRead)>,
+    /// The merged read's buffer, when the run is more than one record.
+    merged: Option<AlignedBuf>,
+    /// Where the run starts on its device.
+    start: u64,
+}
+
+impl RunRead {
+    /// Where to read: whole 4 KiB blocks, aligned.
+    pub(crate) fn offset_bytes(&self) -> u64 {
+        debug_assert_eq!(self.start, self.reads[0].1.offset_bytes());
+        self.start
+    }
+
+    /// The buffer to read into (page-aligned, whole blocks). Its heap
+    /// memory stays put while the read is pending, moves or not.
+    pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
+        match &mut self.merged {
+            Some(merged) => merged.as_mut_slice(),
+            None => self.reads[0].1.buf_mut(),
+        }
+    }
+
+    /// The device to read from (pinned by the run's reads).
+    pub(crate) fn device_io(&self) -> &dyn super::device::DeviceIo {
+        self.reads[0].1.device_io()
+    }
+
+    /// Reads the run with a positioned read in this thread.
+    pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
+        let offset = self.offset_bytes();
+        let device = Arc::clone(&self.reads[0].1.device);
+        device.io.read_at(offset, self.buf_mut())
     }
 }
 
@@ -163,83 +209,94 @@ impl L2Arc {
         self.finish_read(pending, result)
     }
 
-    /// Where a record lies on flash: its device's slot and its bytes there.
-    /// No I/O and nothing pinned: only to order reads (the record may move
-    /// or go before it is read; `read_coalesced` looks again).
-    pub(crate) fn flash_extent(&self, key_hash: u64) -> Option<(u8, std::ops::Range<u64>)> {
-        let location = Location(self.index.get(key_hash)?.location);
-        debug_assert!(is_well_formed(location));
-        let start = location.offset_bytes();
-        Some((
-            location.device(),
-            start..start + location.asize_bytes() as u64,
-        ))
-    }
-
-    /// Reads several records, `out[i]` for `wanted[i]` (key hash, most
-    /// logical bytes), with one device read for each run of them that
-    /// lies back to back on one device, up to `COALESCED_READ_BYTES_MAX`:
-    /// what a sequential reader asks of the device. Each record is then
-    /// checked and decoded from its own blocks exactly as [`Self::read`]
-    /// does. A merged read that fails is tried again record by record, so
-    /// that a bad block costs only its own record (and counts one error).
-    pub(crate) fn read_coalesced(&self, wanted: &[(u64, u32)], out: &mut Vec<Option<AlignedBuf>>) {
-        out.clear();
-        out.resize_with(wanted.len(), || None);
-        let mut pending: Vec<(usize, PendingRead)> = wanted
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &(key_hash, lsize_max))| {
-                self.begin_read(key_hash, lsize_max).map(|p| (i, p))
-            })
-            .collect();
+    /// First half of reading several records (`wanted[i]`: key hash, most
+    /// logical bytes): finds and pins each, as [`Self::begin_read`] does
+    /// (a record not on flash is a counted miss, handed to `missed`, and
+    /// has no run), and
+    /// groups them into runs that lie back to back on one device, up to
+    /// `COALESCED_READ_BYTES_MAX` each: one device read a run, what a
+    /// sequential reader asks of a device. Every run must reach
+    /// [`Self::finish_run`].
+    pub(crate) fn begin_runs(
+        &self,
+        wanted: &[(u64, u32)],
+        runs: &mut Vec<RunRead>,
+        missed: &mut dyn FnMut(usize),
+    ) {
+        let mut pending: Vec<(usize, PendingRead)> = Vec::with_capacity(wanted.len());
+        for (i, &(key_hash, lsize_max)) in wanted.iter().enumerate() {
+            match self.begin_read(key_hash, lsize_max) {
+                Some(read) => pending.push((i, read)),
+                None => missed(i),
+            }
+        }
         pending.sort_unstable_by_key(|(_, p)| (p.device.slot, p.offset_bytes()));
         let mut rest = pending.into_iter().peekable();
-        let mut run: Vec<(usize, PendingRead)> = Vec::with_capacity(wanted.len());
         while let Some(first) = rest.next() {
             let start = first.1.offset_bytes();
-            let mut end = start + first.1.buf.as_ref().map_or(0, |b| b.len()) as u64;
-            run.clear();
-            run.push(first);
+            let mut end = start + first.1.len_bytes();
+            let mut reads = vec![first];
             while let Some((_, next)) = rest.peek() {
-                let next_end =
-                    next.offset_bytes() + next.buf.as_ref().map_or(0, |b| b.len()) as u64;
-                let adjacent = Arc::ptr_eq(&next.device, &run[0].1.device)
+                let next_end = next.offset_bytes() + next.len_bytes();
+                let adjacent = Arc::ptr_eq(&next.device, &reads[0].1.device)
                     && next.offset_bytes() == end
                     && next_end - start <= COALESCED_READ_BYTES_MAX as u64;
                 if !adjacent {
                     break;
                 }
                 end = next_end;
-                run.push(rest.next().expect("peeked"));
+                reads.push(rest.next().expect("peeked"));
             }
-            debug_assert!(
-                end - start
-                    <= COALESCED_READ_BYTES_MAX.max(run[0].1.buf.as_ref().map_or(0, |b| b.len()))
-                        as u64
-            );
-            let merged = (run.len() > 1).then(|| {
-                let mut merged = AlignedBuf::for_overwrite((end - start) as usize);
-                let result = run[0].1.device_io().read_at(start, merged.as_mut_slice());
-                (merged, result)
+            // Back to back, within the bound (a lone record may be longer).
+            debug_assert!(reads.len() == 1 || end - start <= COALESCED_READ_BYTES_MAX as u64);
+            let merged =
+                (reads.len() > 1).then(|| AlignedBuf::for_overwrite((end - start) as usize));
+            runs.push(RunRead {
+                reads,
+                merged,
+                start,
             });
-            for (i, mut one) in run.drain(..) {
-                let result = match &merged {
-                    Some((merged, Ok(()))) => {
-                        let at = (one.offset_bytes() - start) as usize;
-                        let buf = one.buf_mut();
-                        let len = buf.len();
-                        // Back to back: each record's blocks lie in the merged read.
-                        debug_assert!(at + len <= merged.len());
-                        buf.copy_from_slice(&merged[at..at + len]);
-                        Ok(())
-                    }
-                    Some((_, Err(_))) | None => one.read_psync(),
-                };
-                out[i] = self.finish_read(one, result);
-            }
         }
-        debug_assert_eq!(out.len(), wanted.len());
+    }
+
+    /// Second half of a run: hands each record's checked bytes (or `None`:
+    /// a miss, counted) to `done` with its index in the caller's list. A
+    /// merged read that failed is read again record by record, so that a
+    /// bad block costs only its own record (and counts one error).
+    pub(crate) fn finish_run(
+        &self,
+        run: RunRead,
+        io_result: std::io::Result<()>,
+        done: &mut dyn FnMut(usize, Option<AlignedBuf>),
+    ) {
+        let RunRead {
+            reads,
+            merged,
+            start,
+        } = run;
+        let Some(merged) = merged else {
+            let [(i, one)]: [(usize, PendingRead); 1] = reads
+                .try_into()
+                .ok()
+                .expect("an unmerged run is one record");
+            done(i, self.finish_read(one, io_result));
+            return;
+        };
+        for (i, mut one) in reads {
+            let result = match &io_result {
+                Ok(()) => {
+                    let at = (one.offset_bytes() - start) as usize;
+                    let buf = one.buf_mut();
+                    let len = buf.len();
+                    // Back to back: each record's blocks lie in the merged read.
+                    debug_assert!(at + len <= merged.len());
+                    buf.copy_from_slice(&merged[at..at + len]);
+                    Ok(())
+                }
+                Err(_) => one.read_psync(),
+            };
+            done(i, self.finish_read(one, result));
+        }
     }
 
     /// First half of a read: finds the record and pins its device (a
