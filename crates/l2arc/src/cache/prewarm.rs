@@ -1045,6 +1045,8 @@ impl PrewarmIo {
         first_seq: usize,
         landed: &mut Vec<(usize, Option<AlignedBuf>)>,
     ) {
+        // Runs start on whole blocks (a device is read in 4 KiB blocks).
+        debug_assert!(run.offset_bytes().is_multiple_of(4096));
         match self {
             PrewarmIo::Ring(ring) => ring.start(l2, run, first_seq, landed),
             PrewarmIo::Threads(jobs, _) => jobs
@@ -1061,6 +1063,7 @@ impl PrewarmIo {
                 landed.push(done.recv().expect("a prewarm reader ended early"));
             }
         }
+        debug_assert!(landed.len() <= PREWARM_IN_FLIGHT, "at most every claim");
     }
 }
 
@@ -1076,6 +1079,7 @@ fn prewarm_reader(
         let Ok((mut run, first_seq)) = job else {
             return;
         };
+        debug_assert!(run.offset_bytes().is_multiple_of(4096));
         let result = run.read_psync();
         let mut sent = true;
         l2.finish_run(run, result, &mut |i, data| {
@@ -1101,6 +1105,7 @@ struct PrewarmRing {
 impl PrewarmRing {
     fn new(ring: ReadRing) -> Self {
         // A run is one record or more: slots for every claimed record.
+        assert_eq!(ring.in_flight(), 0, "a fresh ring");
         Self {
             ring,
             runs: (0..PREWARM_IN_FLIGHT).map(|_| None).collect(),
@@ -1142,6 +1147,8 @@ impl PrewarmRing {
     /// Sends what is queued, waits for at least one completion (if any
     /// read is in flight) and finishes every run that completed.
     fn wait(&mut self, l2: &crate::l2arc::L2Arc, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
+        // A slot for every run in flight, and a free one for every other.
+        debug_assert_eq!(self.free.len() + self.ring.in_flight(), PREWARM_IN_FLIGHT);
         if self.ring.in_flight() == 0 {
             return;
         }
