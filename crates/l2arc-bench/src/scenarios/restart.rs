@@ -637,6 +637,21 @@ fn hit_ratio(samples: &[Sample], secs: f64) -> Option<f64> {
     (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64)
 }
 
+impl Prewarm {
+    /// The table's cell: MiB, MiB/s, records per device read.
+    fn cell(&self) -> String {
+        format!(
+            "{}, {}, {}",
+            self.bytes >> 20,
+            self.mib_per_sec.map_or("-".into(), |m| format!("{m:.0}")),
+            match self.reads {
+                0 => "-".to_string(),
+                reads => format!("{:.1}", self.records as f64 / reads as f64),
+            }
+        )
+    }
+}
+
 /// The prewarm's figures, when it ran.
 fn prewarm_of(s: &Sample) -> Option<Prewarm> {
     let (records, bytes, ms) = (
@@ -802,18 +817,7 @@ fn print_restarts(r: &Report) {
         "prewarm MiB, MiB/s, rec/rd"
     );
     for x in &r.restarts {
-        let prewarm = match &x.prewarm {
-            Some(p) => format!(
-                "{}, {}, {}",
-                p.bytes >> 20,
-                p.mib_per_sec.map_or("-".into(), |m| format!("{m:.0}")),
-                match p.reads {
-                    0 => "-".to_string(),
-                    reads => format!("{:.1}", p.records as f64 / reads as f64),
-                }
-            ),
-            None => "-".into(),
-        };
+        let prewarm = x.prewarm.as_ref().map_or("-".into(), Prewarm::cell);
         let arc_10s = x
             .samples
             .iter()
