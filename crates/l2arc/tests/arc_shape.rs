@@ -462,6 +462,8 @@ fn records_back_to_back_on_flash_are_prewarmed_in_merged_reads() {
     let device = world.device_path("cache.dev");
     let saved_path = world.tmp.path().join("arc.shape");
     stop_with_records_back_to_back(&world, &device, &saved_path, RECORDS);
+    // The prewarm reads with blocking readers whatever the engine of the
+    // demand reads: both give the same.
     for engine in [IoEngine::IoUring, IoEngine::Psync] {
         let (cache, ds, stats) =
             restart_with_faults(&world, &device, &saved_path, (RECORDS, engine), |_| {});

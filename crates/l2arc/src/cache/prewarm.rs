@@ -66,7 +66,6 @@ use crate::arc::shape::{
 use crate::buf::AlignedBuf;
 use crate::hash::FastHashMap;
 use crate::l2arc::RunRead;
-use crate::l2arc::ring::{IoEngine, ReadRing};
 pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
@@ -813,13 +812,6 @@ impl Cache {
             next_seq: 0,
             front_seq: 0,
         };
-        // io_uring: this thread keeps every run in flight on one ring (no
-        // thread per read, no context switch per read). Else positioned
-        // reads in `PREWARM_READERS` threads.
-        let ring = match self.ioengine() {
-            IoEngine::IoUring => ReadRing::new(PREWARM_IN_FLIGHT as u32).ok(),
-            _ => None,
-        };
         // Every job and every result is one or more claimed records, and at
         // most `PREWARM_IN_FLIGHT` are claimed: no send below ever waits.
         let (job_tx, job_rx) = mpsc::sync_channel::<(RunRead, usize)>(PREWARM_IN_FLIGHT);
@@ -827,15 +819,13 @@ impl Cache {
         let (done_tx, done_rx) =
             mpsc::sync_channel::<(usize, Option<AlignedBuf>)>(PREWARM_IN_FLIGHT);
         std::thread::scope(|s| {
-            let mut io = match ring {
-                Some(ring) => PrewarmIo::Ring(Box::new(PrewarmRing::new(ring))),
-                None => {
-                    for _ in 0..PREWARM_READERS {
-                        let (job_rx, done_tx) = (&job_rx, done_tx.clone());
-                        s.spawn(move || prewarm_reader(l2, job_rx, &done_tx));
-                    }
-                    PrewarmIo::Threads(job_tx, done_rx)
-                }
+            for _ in 0..PREWARM_READERS {
+                let (job_rx, done_tx) = (&job_rx, done_tx.clone());
+                s.spawn(move || prewarm_reader(l2, job_rx, &done_tx));
+            }
+            let mut io = PrewarmIo {
+                jobs: job_tx,
+                done: done_rx,
             };
             loop {
                 let claimed = self.prewarm_claim_batch(plan, &mut walk, &mut reads, &mut io);
@@ -847,7 +837,7 @@ impl Cache {
                     continue;
                 }
                 if reads.pending.front().is_none_or(|p| p.data.is_none()) {
-                    io.wait(l2, &mut reads.landed);
+                    io.wait(&mut reads.landed);
                 }
                 self.prewarm_land(&mut reads, fill_sequence, plan, &mut walk);
                 if Arc::strong_count(self) == 1 {
@@ -857,8 +847,7 @@ impl Cache {
                     .prewarm_queued
                     .store((plan.queue.len() - walk.at) as u64, Ordering::Relaxed);
             }
-            // Dropping `io` ends the readers (their queue closes) or
-            // drains the ring.
+            // Dropping `io` ends the readers (their queue closes).
         });
         drop(done_tx);
         debug_assert!(reads.pending.is_empty(), "every claim published");
@@ -897,7 +886,7 @@ impl Cache {
         });
         for run in reads.runs.drain(..) {
             self.shape.prewarm_reads.fetch_add(1, Ordering::Relaxed);
-            io.start(l2, run, first_seq, &mut reads.landed);
+            io.start(run, first_seq);
         }
         debug_assert!(reads.pending.len() <= PREWARM_IN_FLIGHT);
         reads.wanted.len()
@@ -1027,42 +1016,34 @@ struct PrewarmReads<'a> {
     front_seq: usize,
 }
 
-/// How the prewarm reads flash: its own ring, or reader threads.
-enum PrewarmIo {
-    Ring(Box<PrewarmRing>),
-    Threads(
-        mpsc::SyncSender<(RunRead, usize)>,
-        mpsc::Receiver<(usize, Option<AlignedBuf>)>,
-    ),
+/// The prewarm's reads: runs queued to the reader threads, and what they
+/// read coming back.
+///
+/// Why threads, not a ring of the prewarm's own. The prewarm runs while
+/// the service serves, and on a small machine the demand reads keep every
+/// core busy: a prewarm thread that keeps 128 reads in flight on one
+/// io_uring gets one thread's share of the CPU for all of its checks and
+/// inserts, and read at 0.3-0.4x fio's sequential rate where 32 blocking
+/// readers read at 0.5-0.6x in the same runs (`--scenario restart`, load
+/// 6-9, docs/notes/restart.md).
+struct PrewarmIo {
+    jobs: mpsc::SyncSender<(RunRead, usize)>,
+    done: mpsc::Receiver<(usize, Option<AlignedBuf>)>,
 }
 
 impl PrewarmIo {
-    /// Starts a run's read (the batch's first record is `first_seq`).
-    fn start(
-        &mut self,
-        l2: &crate::l2arc::L2Arc,
-        run: RunRead,
-        first_seq: usize,
-        landed: &mut Vec<(usize, Option<AlignedBuf>)>,
-    ) {
+    /// Queues a run's read (the batch's first record is `first_seq`).
+    fn start(&mut self, run: RunRead, first_seq: usize) {
         // Runs start on whole blocks (a device is read in 4 KiB blocks).
         debug_assert!(run.offset_bytes().is_multiple_of(4096));
-        match self {
-            PrewarmIo::Ring(ring) => ring.start(l2, run, first_seq, landed),
-            PrewarmIo::Threads(jobs, _) => jobs
-                .send((run, first_seq))
-                .expect("the prewarm readers ended early"),
-        }
+        self.jobs
+            .send((run, first_seq))
+            .expect("the prewarm readers ended early");
     }
 
     /// Waits until at least one read in flight has landed.
-    fn wait(&mut self, l2: &crate::l2arc::L2Arc, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
-        match self {
-            PrewarmIo::Ring(ring) => ring.wait(l2, landed),
-            PrewarmIo::Threads(_, done) => {
-                landed.push(done.recv().expect("a prewarm reader ended early"));
-            }
-        }
+    fn wait(&mut self, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
+        landed.push(self.done.recv().expect("a prewarm reader ended early"));
         debug_assert!(landed.len() <= PREWARM_IN_FLIGHT, "at most every claim");
     }
 }
@@ -1088,107 +1069,6 @@ fn prewarm_reader(
         if !sent {
             return;
         }
-    }
-}
-
-/// The prewarm's io_uring: every run in flight on one ring, owned by the
-/// prewarm's thread. A run's buffer is the kernel's until its completion
-/// is reaped, so dropping this drains the ring first (a panic included).
-struct PrewarmRing {
-    ring: ReadRing,
-    /// The runs in flight, by slot (`user_data`), with the claim order
-    /// of their batch's first record.
-    runs: Vec<Option<(RunRead, usize)>>,
-    free: Vec<usize>,
-}
-
-impl PrewarmRing {
-    fn new(ring: ReadRing) -> Self {
-        // A run is one record or more: slots for every claimed record.
-        assert_eq!(ring.in_flight(), 0, "a fresh ring");
-        Self {
-            ring,
-            runs: (0..PREWARM_IN_FLIGHT).map(|_| None).collect(),
-            free: (0..PREWARM_IN_FLIGHT).rev().collect(),
-        }
-    }
-
-    /// Puts a run in flight; a device the ring cannot read (or a refused
-    /// submission) is read here at once. What lands goes to `landed`.
-    fn start(
-        &mut self,
-        l2: &crate::l2arc::L2Arc,
-        mut run: RunRead,
-        first_seq: usize,
-        landed: &mut Vec<(usize, Option<AlignedBuf>)>,
-    ) {
-        let slot = self.free.pop().expect("a slot per claimed record");
-        debug_assert!(self.runs[slot].is_none() && self.ring.has_room());
-        if let Some(fd) = run.device_io().ring_fd() {
-            let offset = run.offset_bytes();
-            let buf = run.buf_mut();
-            let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
-            // SAFETY: the buffer is the run's heap memory, kept in
-            // `self.runs` until its completion is reaped (it does not move
-            // with the run); the descriptor is the device's the run pins,
-            // not closed while a read on it is pending; `Drop` drains.
-            if unsafe { self.ring.push_read(fd, offset, ptr, len, slot as u64) }.is_ok() {
-                self.runs[slot] = Some((run, first_seq));
-                return;
-            }
-        }
-        self.free.push(slot);
-        let result = run.read_psync();
-        l2.finish_run(run, result, &mut |i, data| {
-            landed.push((first_seq + i, data))
-        });
-    }
-
-    /// Sends what is queued, waits for at least one completion (if any
-    /// read is in flight) and finishes every run that completed.
-    fn wait(&mut self, l2: &crate::l2arc::L2Arc, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
-        // A slot for every run in flight, and a free one for every other.
-        debug_assert_eq!(self.free.len() + self.ring.in_flight(), PREWARM_IN_FLIGHT);
-        if self.ring.in_flight() == 0 {
-            return;
-        }
-        let mut completed: Vec<(u64, i32)> = Vec::with_capacity(self.ring.in_flight());
-        if self.ring.submit_and_wait(1).is_err() {
-            // The ring failed: its reads still complete; reap them as they
-            // do (a wait that fails is retried by the next call).
-            std::thread::yield_now();
-        }
-        self.ring.reap(PREWARM_IN_FLIGHT, |user_data, result| {
-            completed.push((user_data, result))
-        });
-        for (slot, result) in completed {
-            let slot = slot as usize;
-            let (mut run, first_seq) = self.runs[slot].take().expect("a run in flight");
-            self.free.push(slot);
-            let offset = run.offset_bytes();
-            let buf: *mut [u8] = run.buf_mut();
-            // SAFETY: the run's own buffer, no longer the kernel's (reaped).
-            let buf = unsafe { &mut *buf };
-            let outcome = crate::l2arc::ring::read_outcome(result, buf.len());
-            let result = run.device_io().finish_ring_read(offset, buf, outcome);
-            l2.finish_run(run, result, &mut |i, data| {
-                landed.push((first_seq + i, data))
-            });
-        }
-    }
-}
-
-impl Drop for PrewarmRing {
-    fn drop(&mut self) {
-        while self.ring.in_flight() > 0 {
-            if self.ring.submit_and_wait(1).is_err() {
-                std::thread::yield_now();
-            }
-            self.ring.reap(PREWARM_IN_FLIGHT, |_, _| {});
-        }
-        // Nothing in flight: the runs' buffers are ours to drop (their
-        // reads pinned their devices; dropping them unpins).
-        debug_assert!(self.ring.in_flight() == 0);
     }
 }
 

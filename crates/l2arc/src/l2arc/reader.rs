@@ -116,11 +116,6 @@ impl RunRead {
         }
     }
 
-    /// The device to read from (pinned by the run's reads).
-    pub(crate) fn device_io(&self) -> &dyn super::device::DeviceIo {
-        self.reads[0].1.device_io()
-    }
-
     /// Reads the run with a positioned read in this thread.
     pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
         let offset = self.offset_bytes();
