@@ -148,6 +148,7 @@ fn setup() -> S3Server {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn gc_deletes_exactly_the_oldest_blocks_down_to_max_size_and_nothing_else() {
     let server = setup();
     let blocks = forty_blocks();
@@ -348,6 +349,7 @@ fn gc_of_a_whole_bucket_touches_only_block_keys_at_its_root() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "a scenario that reads top to bottom")]
 fn gc_fails_clearly_on_a_bad_url_an_unreachable_endpoint_a_missing_bucket_and_bad_bounds() {
     let server = setup();
     let key = format!("{PREFIX}/{}/0", hash_hex(0));
