@@ -27,7 +27,8 @@ pub(crate) struct PendingRead {
     key_hash: u64,
     entry: IndexEntry,
     lsize_max: u32,
-    /// Taken by `finish_read`.
+    /// Made at the first `buf_mut` (in the thread that reads); taken by
+    /// `finish_read`.
     buf: Option<AlignedBuf>,
     /// Set by `finish_read`; a pending read dropped before it would leave
     /// its device pinned forever (removal waits for it).
@@ -50,7 +51,14 @@ impl PendingRead {
     /// The buffer to read into (page-aligned, `asize` long). Its heap
     /// memory stays put while the read is pending, moves or not.
     pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
-        let buf = self.buf.as_mut().expect("not finished").as_mut_slice();
+        assert!(!self.finished, "a finished read has no buffer");
+        // Made by the thread that reads (`begin_read` may run on another:
+        // the prewarm begins a batch, its readers read it).
+        let len_bytes = self.len_bytes() as usize;
+        let buf = self
+            .buf
+            .get_or_insert_with(|| AlignedBuf::for_overwrite(len_bytes))
+            .as_mut_slice();
         // O_DIRECT and io_uring read into it: page-aligned, whole blocks.
         debug_assert!(buf.as_ptr().addr().is_multiple_of(BLOCK_BYTES as usize));
         debug_assert!(buf.len().is_multiple_of(BLOCK_BYTES as usize) && !buf.is_empty());
@@ -72,8 +80,9 @@ impl PendingRead {
     /// Reads the blocks with a positioned read in this thread.
     pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
         let offset = self.offset_bytes();
-        let buf = self.buf.as_mut().expect("not finished").as_mut_slice();
         debug_assert!(offset.is_multiple_of(BLOCK_BYTES) && !self.finished);
+        self.buf_mut(); // made here, in the thread that reads
+        let buf = self.buf.as_mut().expect("made above").as_mut_slice();
         self.device.io.read_at(offset, buf)
     }
 }
@@ -94,8 +103,11 @@ impl Drop for PendingRead {
 pub(crate) struct RunRead {
     /// (index in the caller's list, its pending read), in device order.
     reads: Vec<(usize, PendingRead)>,
-    /// The merged read's buffer, when the run is more than one record.
+    /// The merged read's buffer, when the run is more than one record
+    /// (made at the first `buf_mut`, in the thread that reads).
     merged: Option<AlignedBuf>,
+    /// Where the run ends on its device.
+    end: u64,
     /// Where the run starts on its device.
     start: u64,
 }
@@ -110,10 +122,13 @@ impl RunRead {
     /// The buffer to read into (page-aligned, whole blocks). Its heap
     /// memory stays put while the read is pending, moves or not.
     pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
-        match &mut self.merged {
-            Some(merged) => merged.as_mut_slice(),
-            None => self.reads[0].1.buf_mut(),
+        if self.reads.len() == 1 {
+            return self.reads[0].1.buf_mut();
         }
+        let len_bytes = (self.end - self.start) as usize;
+        self.merged
+            .get_or_insert_with(|| AlignedBuf::for_overwrite(len_bytes))
+            .as_mut_slice()
     }
 
     /// Reads the run with a positioned read in this thread.
@@ -244,12 +259,11 @@ impl L2Arc {
             }
             // Back to back, within the bound (a lone record may be longer).
             debug_assert!(reads.len() == 1 || end - start <= COALESCED_READ_BYTES_MAX as u64);
-            let merged =
-                (reads.len() > 1).then(|| AlignedBuf::for_overwrite((end - start) as usize));
             runs.push(RunRead {
                 reads,
-                merged,
+                merged: None,
                 start,
+                end,
             });
         }
     }
@@ -268,8 +282,14 @@ impl L2Arc {
             reads,
             merged,
             start,
+            end,
         } = run;
-        let Some(merged) = merged else {
+        debug_assert!(
+            merged
+                .as_ref()
+                .is_none_or(|m| m.len() as u64 == end - start)
+        );
+        let Some(merged) = merged.filter(|_| reads.len() > 1) else {
             let [(i, one)]: [(usize, PendingRead); 1] = reads
                 .try_into()
                 .ok()
@@ -331,7 +351,7 @@ impl L2Arc {
             entry,
             lsize_max,
             // Every byte is overwritten by the read, or the buffer dropped.
-            buf: Some(AlignedBuf::for_overwrite(asize_bytes)),
+            buf: None,
             finished: false,
         })
     }
