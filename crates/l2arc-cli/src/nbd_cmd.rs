@@ -105,8 +105,13 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     let writable = !args.read_only;
     let store = if s3 {
         let uri = args.image.to_str().expect("is_s3 checked UTF-8");
-        Some(args.s3.connect(uri, true, &resolved.s3)?)
+        let store = args.s3.connect(uri, true, &resolved.s3)?;
+        // Checked before the cache is built: a bad key file or URL is one line.
+        args.s3.shared_tier(&resolved.s3)?;
+        Some(store)
     } else {
+        args.s3
+            .refuse_shared_cache(&resolved.s3, &args.image.display().to_string())?;
         None
     };
     let primary = match &store {
@@ -117,6 +122,9 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
         }
     };
     let cache = resolved.build_cache()?;
+    if s3 {
+        crate::s3_opts::attach_shared_tier(&args.s3, &resolved.s3, &cache)?;
+    }
     let _control = resolved.start_control(&cache)?;
     let _http = resolved.start_http(&cache, args.allow_remote)?;
     let dataset = cache.add_dataset("nbd", primary, resolved.dataset_config)?;

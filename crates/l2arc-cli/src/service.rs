@@ -215,6 +215,13 @@ struct FileOptions {
     s3_timeout: Option<f64>,
     s3_read_deadline: Option<f64>,
     stale_if_error: Option<bool>,
+    shared_cache: Option<String>,
+    shared_cache_endpoint: Option<String>,
+    shared_cache_region: Option<String>,
+    shared_cache_profile: Option<String>,
+    shared_cache_key_file: Option<PathBuf>,
+    shared_cache_admit: Option<String>,
+    shared_cache_timeout: Option<f64>,
 }
 
 /// The object-store settings of the config file (keys as the `--s3-*`
@@ -239,6 +246,20 @@ pub struct S3FileOptions {
     pub read_deadline: Option<f64>,
     /// `stale_if_error`.
     pub stale_if_error: Option<bool>,
+    /// `shared_cache` (s3://BUCKET[/PREFIX]).
+    pub shared_cache: Option<String>,
+    /// `shared_cache_endpoint`.
+    pub shared_cache_endpoint: Option<String>,
+    /// `shared_cache_region`.
+    pub shared_cache_region: Option<String>,
+    /// `shared_cache_profile`.
+    pub shared_cache_profile: Option<String>,
+    /// `shared_cache_key_file`.
+    pub shared_cache_key_file: Option<PathBuf>,
+    /// `shared_cache_admit` (all, mfu).
+    pub shared_cache_admit: Option<String>,
+    /// `shared_cache_timeout`, seconds.
+    pub shared_cache_timeout: Option<f64>,
 }
 
 /// The front ends' own settings as read from the file: `serve-nbd`'s
@@ -437,6 +458,13 @@ impl CacheOptions {
                 timeout: file.s3_timeout,
                 read_deadline: file.s3_read_deadline,
                 stale_if_error: file.stale_if_error,
+                shared_cache: file.shared_cache,
+                shared_cache_endpoint: file.shared_cache_endpoint,
+                shared_cache_region: file.shared_cache_region,
+                shared_cache_profile: file.shared_cache_profile,
+                shared_cache_key_file: file.shared_cache_key_file,
+                shared_cache_admit: file.shared_cache_admit,
+                shared_cache_timeout: file.shared_cache_timeout,
             },
         })
     }

@@ -184,8 +184,10 @@ impl FillClaim<'_> {
     }
 
     /// Publishes the fill's result: inserts a good record in the ARC (unless
-    /// an invalidation doomed it) and wakes every waiter.
-    pub fn complete(mut self, result: io::Result<Arc<Record>>) {
+    /// an invalidation doomed it) and wakes every waiter. Returns whether
+    /// the insert was a ghost hit: the ARC had seen the record before (it
+    /// was evicted since), so it goes in as frequently used.
+    pub fn complete(mut self, result: io::Result<Arc<Record>>) -> bool {
         debug_assert!(!self.completed, "a claim completes once");
         self.completed = true;
         let result = result.map_err(|e| FillError {
@@ -193,7 +195,7 @@ impl FillClaim<'_> {
             message: e.to_string(),
         });
         self.arc
-            .complete_fill(self.key, self.kind, &self.fill, result);
+            .complete_fill(self.key, self.kind, &self.fill, result)
     }
 }
 
@@ -836,8 +838,9 @@ impl LiveArc {
         kind: AccessKind,
         fill: &Arc<Fill>,
         result: FillResult,
-    ) {
+    ) -> bool {
         let mut evicted = EvictedBatch::new();
+        let mut ghost_hit = false;
         {
             let mut guard = self.shard(&key);
             let shard = &mut *guard;
@@ -869,6 +872,7 @@ impl LiveArc {
                             Some(ListId::MfuGhost) => stats.mfu_ghost_hits += 1,
                             _ => {}
                         }
+                        ghost_hit = ghost.is_some_and(ListId::is_ghost);
                         if matches!(outcome, InsertOutcome::NoRoom { .. }) {
                             stats.insert_no_room += 1;
                         }
@@ -914,6 +918,15 @@ impl LiveArc {
         if waiting {
             fill.ready.notify_all();
         }
+        // Only a record that went in can have been a ghost.
+        debug_assert!(
+            !ghost_hit
+                || fill
+                    .result
+                    .lock()
+                    .is_ok_and(|r| r.as_ref().is_some_and(Result::is_ok))
+        );
+        ghost_hit
     }
 
     /// Drops a record and dooms any fill of it in flight: after this returns,

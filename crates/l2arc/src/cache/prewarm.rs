@@ -807,7 +807,10 @@ impl Cache {
                     let done_tx = done_tx.clone();
                     s.spawn(move || {
                         for (seq, key_hash, recordsize) in job_rx {
-                            let data = Tier::read(l2, key_hash, recordsize);
+                            // As the L2ARC tier reads: at most a record.
+                            let data = l2
+                                .read(key_hash, recordsize)
+                                .filter(|d| d.len() <= recordsize as usize);
                             if done_tx.send((seq, data)).is_err() {
                                 break;
                             }
