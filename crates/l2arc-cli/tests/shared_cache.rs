@@ -330,7 +330,15 @@ fn forged_truncated_and_garbage_blocks_are_refused_and_counted() {
     assert_eq!(kstat(&s, "shared_bad_hmac"), 1, "{s}");
     assert_eq!(kstat(&s, "shared_hits"), 3, "{s}");
     assert_eq!(kstat(&s, "primary_reads"), 1, "{s}");
+    // The record read from the data bucket instead replaced the forgery
+    // with a signed block.
+    node2.wait_writes(1);
     node2.stop();
+    let healed = std::fs::read(&path1).unwrap();
+    assert_eq!(
+        healed[11], 1,
+        "the forged block was not replaced by a signed one"
+    );
     // Without a key: a truncated block and a garbage block are misses.
     let (key2, path2) = block_of(2);
     let whole = std::fs::read(&path2).unwrap();
@@ -343,16 +351,16 @@ fn forged_truncated_and_garbage_blocks_are_refused_and_counted() {
     flipped[at] ^= 1;
     data.put(CACHE, &key0, &flipped);
     let node3 = Node::mount(&data, &data.endpoint(), dir.path(), 3, &[]);
-    assert!(
-        node3.read("obj") != bytes,
-        "without a key a forged block is taken (the documented trust model)"
-    );
+    assert!(node3.read("obj") == bytes, "a bad block was served");
     let s = node3.stats();
     assert_eq!(kstat(&s, "shared_bad_short"), 1, "{s}");
     assert_eq!(kstat(&s, "shared_bad_magic"), 1, "{s}");
     assert_eq!(kstat(&s, "shared_bad_crc"), 1, "{s}");
     assert_eq!(kstat(&s, "shared_bad"), 3, "{s}");
-    assert_eq!(kstat(&s, "primary_reads"), 3, "{s}");
+    // Three records from the data bucket (adjacent ones may share a GET).
+    assert!((2..=3).contains(&kstat(&s, "primary_reads")), "{s}");
+    assert_eq!(kstat(&s, "primary_read_bytes"), 3 * RECORD as u64, "{s}");
+    assert_eq!(kstat(&s, "shared_hits"), 1, "{s}");
     node3.stop();
 }
 
@@ -393,7 +401,9 @@ fn a_hung_cache_server_is_skipped_and_used_again_once_back() {
         "{s}"
     );
     assert_eq!(kstat(&s, "shared_hits"), 2, "{s}");
-    assert_eq!(kstat(&s, "primary_reads"), 2, "{s}");
+    // (Both records may come in one GET: the mount reads ahead.)
+    let primary_reads = kstat(&s, "primary_reads");
+    assert!((1..=2).contains(&primary_reads), "{s}");
     cache.resume();
     // Backing off at most 5 s; then the tier is tried and used again: the
     // object node 2 never read comes from it.
@@ -401,27 +411,29 @@ fn a_hung_cache_server_is_skipped_and_used_again_once_back() {
     assert!(node2.read("obj2") == objects[2].1);
     let s = node2.stats();
     assert_eq!(kstat(&s, "shared_hits"), 4, "{s}");
-    assert_eq!(kstat(&s, "primary_reads"), 2, "{s}");
+    assert_eq!(kstat(&s, "primary_reads"), primary_reads, "{s}");
     node2.stop();
 }
 
+/// The ARC's rule `|MRU| + |MRU ghosts| <= c` sets the sizes: with 4 MiB
+/// in MFU, the MRU list holds 4 MiB and its ghosts up to 4 MiB, so the
+/// 2 MiB that 4 MiB of fillers push out of MRU are still ghosts when
+/// read again.
 #[test]
 fn admit_mfu_writes_only_what_the_arc_saw_twice() {
     let data = server();
     let dir = tempfile::tempdir().unwrap();
     let mb = |seed: u64| pattern(1 << 20, seed);
-    let (once, evicted, twice) = (mb(1), mb(2), mb(3));
+    let (once, evicted) = (mb(1), mb(2));
     data.put(DATA, "once", &once);
     data.put(DATA, "evicted", &evicted);
-    data.put(DATA, "twice", &twice);
-    // Fillers of 12 MiB through an ARC of 8 MiB (one shard: one LRU).
-    let fillers = |set: u64| -> Vec<(String, Vec<u8>)> {
-        (0..12)
-            .map(|i| (format!("fill{set}-{i}"), mb(100 * set + i)))
+    let set = |name: &str, n: u64, seed: u64| -> Vec<(String, Vec<u8>)> {
+        (0..n)
+            .map(|i| (format!("{name}{i}"), mb(seed + i)))
             .collect()
     };
-    let (first, second) = (fillers(1), fillers(2));
-    for (key, bytes) in first.iter().chain(&second) {
+    let (twice, first, second) = (set("twice", 4, 10), set("fill", 4, 20), set("more", 8, 30));
+    for (key, bytes) in twice.iter().chain(&first).chain(&second) {
         data.put(DATA, key, bytes);
     }
     let mfu = [
@@ -434,45 +446,53 @@ fn admit_mfu_writes_only_what_the_arc_saw_twice() {
         "1",
     ];
     let node1 = Node::mount(&data, &data.endpoint(), dir.path(), 1, &mfu);
+    // Read twice while resident: to MFU (4 MiB).
+    for (key, bytes) in &twice {
+        assert!(node1.read(key) == *bytes);
+        assert!(node1.read(key) == *bytes);
+    }
     assert!(node1.read("once") == once);
     assert!(node1.read("evicted") == evicted);
-    assert!(node1.read("twice") == twice);
-    assert!(node1.read("twice") == twice, "read twice while resident");
-    // The first fillers, read once, push "once" and "evicted" out of MRU.
+    // Fillers, read once, push "once" and "evicted" out of MRU.
     for (key, _) in &first {
         node1.read(key);
     }
     std::thread::sleep(Duration::from_secs(1));
+    let s = node1.stats();
     assert_eq!(
-        node1.kstat("shared_writes"),
+        kstat(&s, "shared_writes"),
         0,
-        "a record seen once was written"
+        "a record seen once was written:\n{s}"
     );
+    assert_eq!(kstat(&s, "shared_writeq_size"), 0, "{s}");
     // "evicted", read again, is a ghost hit: written at its fill.
     assert!(node1.read("evicted") == evicted);
     node1.wait_writes(4);
-    // The second fillers, each read twice, push "twice" out of MFU, which
-    // writes it (and the fillers after it).
+    assert!(node1.kstat("mru_ghost_hits") >= 4);
+    // More fillers, each read twice, push "twice*" out of MFU, which
+    // writes them (and the fillers after them).
     for (key, _) in &second {
         node1.read(key);
         node1.read(key);
     }
-    node1.wait_writes(8);
+    node1.wait_writes(20);
     std::thread::sleep(Duration::from_secs(1));
-    node1.wait_writes(8);
+    node1.wait_writes(20);
     node1.stop();
-    // A second node (admit all) finds "evicted" and "twice" in the tier,
+    // A second node (admit all) finds "evicted" and "twice*" in the tier,
     // and reads "once" from the data bucket.
     let node2 = Node::mount(&data, &data.endpoint(), dir.path(), 2, &[]);
     assert!(node2.read("evicted") == evicted);
-    assert!(node2.read("twice") == twice);
+    for (key, bytes) in &twice {
+        assert!(node2.read(key) == *bytes);
+    }
     let s = node2.stats();
     assert_eq!(kstat(&s, "primary_reads"), 0, "{s}");
-    assert_eq!(kstat(&s, "shared_hits"), 8, "{s}");
+    assert_eq!(kstat(&s, "shared_hits"), 20, "{s}");
     assert!(node2.read("once") == once);
     let s = node2.stats();
-    assert_eq!(kstat(&s, "primary_reads"), 4, "{s}");
-    assert_eq!(kstat(&s, "shared_hits"), 8, "{s}");
+    assert!(kstat(&s, "primary_reads") >= 1, "{s}");
+    assert_eq!(kstat(&s, "shared_hits"), 20, "{s}");
     node2.stop();
 }
 

@@ -358,12 +358,13 @@ impl SharedTier {
     }
 
     /// One GET of a block, bounded by the tier's timeout and by what a
-    /// block of a record can hold. Counts what went wrong.
+    /// block of a record can hold (a longer object is cut there: its
+    /// check fails). Counts what went wrong.
     fn get(&self, object_key: &str, recordsize_bytes: u32) -> Option<Vec<u8>> {
         let inner = &*self.inner;
         let c = &inner.counters;
-        let block_max = recordsize_bytes as u64 + BLOCK_OVERHEAD_BYTES_MAX as u64;
-        let read = inner.op.read_with(object_key).range(0..block_max);
+        let block_max = recordsize_bytes as usize + BLOCK_OVERHEAD_BYTES_MAX;
+        let read = get_bounded(&inner.op, object_key, block_max);
         match self
             .runtime
             .block_on(async { tokio::time::timeout(inner.timeout, read).await })
@@ -379,23 +380,14 @@ impl SharedTier {
                 None
             }
             Ok(Err(e)) => {
-                // A range past a short object (416) is a block too short.
-                let short = e.kind() == opendal::ErrorKind::RangeNotSatisfied;
-                if short {
-                    inner.backoff.succeeded();
-                    c.misses.fetch_add(1, Ordering::Relaxed);
-                    c.bad[block::BadReason::Short.index()].fetch_add(1, Ordering::Relaxed);
-                } else {
-                    log::debug!("shared cache: GET {object_key}: {e}");
-                    c.errors.fetch_add(1, Ordering::Relaxed);
-                    inner.backoff.failed();
-                }
+                log::debug!("shared cache: GET {object_key}: {e}");
+                c.errors.fetch_add(1, Ordering::Relaxed);
+                inner.backoff.failed();
                 None
             }
-            Ok(Ok(buffer)) => {
+            Ok(Ok(bytes)) => {
                 inner.backoff.succeeded();
-                let bytes = buffer.to_vec();
-                debug_assert!(bytes.len() as u64 <= block_max);
+                debug_assert!(bytes.len() <= block_max + 1);
                 Some(bytes)
             }
         }
@@ -443,6 +435,26 @@ impl SharedTier {
         }
         debug_assert!(pending.names.len() <= pending.order.len());
     }
+}
+
+/// The object at `key`, streamed, up to one byte past `max` (what is
+/// longer than a block is cut there, and fails its checks).
+async fn get_bounded(op: &opendal::Operator, key: &str, max: usize) -> opendal::Result<Vec<u8>> {
+    use futures_core::Stream;
+    let stream = op.reader(key).await?.into_stream(..).await?;
+    let mut stream = std::pin::pin!(stream);
+    let mut out = Vec::new();
+    while let Some(buffer) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+        for chunk in buffer? {
+            let take = chunk.len().min(max + 1 - out.len());
+            out.extend_from_slice(&chunk[..take]);
+            if out.len() > max {
+                return Ok(out);
+            }
+        }
+    }
+    debug_assert!(out.len() <= max);
+    Ok(out)
 }
 
 /// One writer task: takes jobs off the queue and puts their blocks.
