@@ -287,7 +287,7 @@ impl Cache {
                     generation_token: token,
                     fill_sequence,
                 });
-                let seen_before = claim.complete(Ok(Arc::clone(&record)));
+                let seen_before = claim.complete_noting_ghost(Ok(Arc::clone(&record)));
                 self.offer_fill(record.data.len() as u64);
                 if let Some((handle, index)) = primary {
                     self.offer_primary_fill(handle, index, &record, seen_before);

@@ -81,6 +81,9 @@ const PENDING_NAMES_MAX: usize = 1 << 16;
 const BLOCK_OVERHEAD_BYTES_MAX: usize =
     block::HEADER_FIXED_BYTES + block::VERSION_BYTES_MAX + 4 + block::HMAC_BYTES;
 
+const _: () = assert!(SHARED_QUEUE_RECORDS_DEFAULT > 0 && SHARED_WRITERS_DEFAULT > 0);
+const _: () = assert!(BACKOFF_BASE_MS <= BACKOFF_MAX_MS);
+
 /// Which records a node writes to the shared tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -139,7 +142,7 @@ pub struct SharedTierConfig {
 impl SharedTierConfig {
     /// A tier in `store`'s bucket with the defaults.
     pub fn new(store: ObjectStoreConfig) -> Self {
-        debug_assert!(SHARED_QUEUE_RECORDS_DEFAULT > 0 && SHARED_WRITERS_DEFAULT > 0);
+        debug_assert!(!store.scheme.is_empty());
         Self {
             store,
             fleet_key: None,
@@ -214,7 +217,7 @@ impl Backoff {
 
     fn succeeded(&self) {
         self.backoff_ms.store(BACKOFF_BASE_MS, Ordering::Relaxed);
-        debug_assert!(BACKOFF_BASE_MS <= BACKOFF_MAX_MS);
+        debug_assert!(self.now_ms() < u64::MAX / 2);
     }
 }
 
