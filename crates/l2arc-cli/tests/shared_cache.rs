@@ -14,6 +14,8 @@
 //!   error, timeouts are counted, and the tier is used again once back;
 //! - `--shared-cache-admit mfu`: a record read once is not written; read
 //!   twice (evicted in between or not) it is;
+//! - two `serve-nbd` exports of an image object: the second reads it
+//!   all from the tier;
 //! - start-up refusals in one line.
 
 use std::path::{Path, PathBuf};
@@ -494,6 +496,65 @@ fn admit_mfu_writes_only_what_the_arc_saw_twice() {
     assert!(kstat(&s, "primary_reads") >= 1, "{s}");
     assert_eq!(kstat(&s, "shared_hits"), 20, "{s}");
     node2.stop();
+}
+
+/// `serve-nbd s3://BUCKET/KEY` of the image, with the shared tier and a
+/// cache file. (A miss is read by the blocking path; the read queue's own
+/// fills of the tiers after the L2ARC are checked by the engine's test,
+/// tests/object_store.rs.)
+fn serve_nbd(data: &S3Server, dir: &Path, n: usize) -> (Running, PathBuf) {
+    let socket = dir.join(format!("nbd{n}.sock"));
+    let control = dir.join(format!("nbdctl{n}.sock"));
+    let cache_file = dir.join(format!("nbd-l2-{n}.img"));
+    let mut service = Service::serve_nbd(bin(), format!("s3://{DATA}/disk.img"))
+        .listen_unix(&socket)
+        .args(["--read-only", "--s3-endpoint", &data.endpoint()])
+        .args(["--shared-cache", &format!("s3://{CACHE}/{PREFIX}")])
+        .args([
+            "--cache",
+            cache_file.to_str().unwrap(),
+            "--cache-size",
+            "64MiB",
+        ])
+        .args(["--arc-max", "64MiB", "--control", control.to_str().unwrap()])
+        .env_remove("AWS_PROFILE")
+        .env("HOME", "/nonexistent-l2arc-test-home");
+    for (k, v) in data.aws_env() {
+        service = service.env(k, v);
+    }
+    (service.start(), control)
+}
+
+#[test]
+fn two_nbd_exports_of_an_image_object_share_the_tier() {
+    let data = server();
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pattern(8 << 20, 21);
+    let image = dir.path().join("disk.img");
+    std::fs::write(&image, &bytes).unwrap();
+    data.put(DATA, "disk.img", &bytes);
+    let compare = |socket: &Path| {
+        let uri = format!("nbd+unix:///?socket={}", socket.display());
+        l2arc_testkit::run(
+            l2arc_testkit::tool("qemu-img", "qemu-utils")
+                .args(["compare", "-f", "raw", "-F", "raw", &uri])
+                .arg(&image),
+        );
+    };
+    let (mut first, control1) = serve_nbd(&data, dir.path(), 1);
+    compare(&first.socket().to_path_buf());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kstat(&ctl(bin(), &control1, &["stats"]), "shared_writes") < 8 {
+        assert!(Instant::now() < deadline, "writes never came");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.stop();
+    let (mut second, control2) = serve_nbd(&data, dir.path(), 2);
+    compare(&second.socket().to_path_buf());
+    let s = ctl(bin(), &control2, &["stats"]);
+    assert_eq!(kstat(&s, "primary_reads"), 0, "{s}");
+    assert_eq!(kstat(&s, "shared_hits"), 8, "{s}");
+    second.stop();
 }
 
 #[test]
