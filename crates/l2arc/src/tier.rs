@@ -121,6 +121,19 @@ pub(crate) trait Tier: Send + Sync {
     /// `key.recordsize_bytes` (a miss or any failure: `None`).
     fn read(&self, key: &BelowKey<'_>) -> Option<AlignedBuf>;
 
+    /// Several records at once (a read-ahead's span): fills the `None`
+    /// slots of `out` (one per key) that it holds intact. The default
+    /// reads them one by one; a tier whose reads are round trips (the
+    /// shared tier) has them in flight together.
+    fn read_many(&self, keys: &[BelowKey<'_>], out: &mut [Option<AlignedBuf>]) {
+        debug_assert_eq!(keys.len(), out.len());
+        for (key, slot) in keys.iter().zip(out.iter_mut()) {
+            if slot.is_none() {
+                *slot = self.read(key);
+            }
+        }
+    }
+
     /// Bytes `wanted` of the record without reading it whole, if the tier
     /// can: a buffer, the range of it that holds them (cut at the
     /// record's end), and the record's length.
@@ -216,6 +229,21 @@ impl dyn Tier + '_ {
             "a tier returns at most a record"
         );
         data
+    }
+
+    /// [`Tier::read_many`]: a slot per key, filled ones kept, each at most
+    /// a record.
+    pub(crate) fn checked_read_many(&self, keys: &[BelowKey<'_>], out: &mut [Option<AlignedBuf>]) {
+        assert_eq!(keys.len(), out.len(), "a slot per key");
+        let filled_before = out.iter().filter(|s| s.is_some()).count();
+        self.read_many(keys, out);
+        debug_assert!(out.iter().filter(|s| s.is_some()).count() >= filled_before);
+        debug_assert!(
+            keys.iter().zip(out.iter()).all(|(k, s)| s
+                .as_ref()
+                .is_none_or(|d| d.len() <= k.recordsize_bytes as usize)),
+            "a tier returns at most a record"
+        );
     }
 
     /// [`Tier::offer_primary_fill`]: one record, of at most its size.

@@ -40,6 +40,11 @@ use crate::{Cache, ObjectHandle};
 /// Largest read one span makes below (one GET of an object store).
 pub const PREFETCH_SPAN_BYTES_MAX: u64 = 64 << 20;
 
+/// Claims of a span looked up below the ARC together (`read_below_many`):
+/// the shared tier's GETs in flight at once, and the records found held
+/// until they are published (16 MiB of 1 MiB records at most).
+const BELOW_BATCH_RECORDS: usize = 16;
+
 /// Records of a span claimed for read-ahead and not yet filled: made by
 /// [`Cache::claim_span`], filled by [`ClaimedSpan::fill`] on any thread.
 /// Dropped unfilled, it gives its claims up and their waiters look again.
@@ -187,17 +192,28 @@ impl Cache {
                 .is_sorted_by(|a, b| a < b)
         );
         let mut result = Ok(());
-        for (index, claim) in claims {
-            let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
-            if !consecutive {
-                result = result.and(self.read_run(handle, &mut run, token, pace));
-            }
+        let mut claims = claims.into_iter().peekable();
+        while claims.peek().is_some() {
+            // A batch of claims looked up below the ARC together (the
+            // shared tier's GETs in flight at once), then filled in order.
+            let batch: Vec<(u64, FillClaim<'a>)> =
+                claims.by_ref().take(BELOW_BATCH_RECORDS).collect();
+            // Before the reads: a write logged after it may have changed
+            // what they return (`Record::fill_sequence`).
             let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-            if let Some(data) = self.read_below(handle, index, token) {
-                let _ = self.publish_fill(claim, Ok(data), token, fill_sequence, None);
-                result = result.and(self.read_run(handle, &mut run, token, pace));
-            } else {
-                run.push((index, claim));
+            let indices: Vec<u64> = batch.iter().map(|&(index, _)| index).collect();
+            let found = self.read_below_many(handle, &indices, token);
+            for ((index, claim), data) in batch.into_iter().zip(found) {
+                let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
+                if !consecutive {
+                    result = result.and(self.read_run(handle, &mut run, token, pace));
+                }
+                if let Some(data) = data {
+                    let _ = self.publish_fill(claim, Ok(data), token, fill_sequence, None);
+                    result = result.and(self.read_run(handle, &mut run, token, pace));
+                } else {
+                    run.push((index, claim));
+                }
             }
         }
         result.and(self.read_run(handle, &mut run, token, pace))

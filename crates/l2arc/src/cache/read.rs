@@ -373,6 +373,50 @@ impl Cache {
             })
     }
 
+    /// Records `indices` from the tiers below the ARC, as
+    /// [`Self::read_below`] reads one: a slot per index, `None` where no
+    /// tier holds it. The L2ARC is read record by record (its reads are
+    /// local and fast); the tiers after it get the records it missed
+    /// together (`Tier::read_many`: the shared tier's GETs in flight at
+    /// once, where one by one a span would cost a round trip a record).
+    pub(crate) fn read_below_many(
+        &self,
+        handle: &ObjectHandle,
+        indices: &[u64],
+        token: u64,
+    ) -> Vec<Option<AlignedBuf>> {
+        let mut out: Vec<Option<AlignedBuf>> = indices.iter().map(|_| None).collect();
+        if self.tiers.is_empty() || handle.dataset.props.secondarycache() != CacheMode::All {
+            return out;
+        }
+        let generation = || handle.state.generation_of(token);
+        let keys: Vec<BelowKey<'_>> = indices
+            .iter()
+            .map(|&index| {
+                let key_hash = record_key_hash(handle.dataset.uid, handle.state.id, index, token);
+                below_key(handle, index, key_hash, &generation)
+            })
+            .collect();
+        for (at, tier) in self.tiers.iter().enumerate() {
+            if out.iter().all(Option::is_some) {
+                break;
+            }
+            if at > 0 {
+                tier.checked_read_many(&keys, &mut out);
+                continue;
+            }
+            for (key, slot) in keys.iter().zip(out.iter_mut()) {
+                let timer = self.analytics.start();
+                *slot = tier.checked_read(key);
+                if let Some(data) = slot {
+                    self.note_l2_hit(handle, timer, data.len() as u64);
+                }
+            }
+        }
+        debug_assert_eq!(out.len(), indices.len());
+        out
+    }
+
     /// Offers a record just filled from primary storage to every tier
     /// (`Tier::offer_primary_fill`), if its dataset lets tiers below the
     /// ARC keep it.
