@@ -50,7 +50,7 @@ pub fn sample_report_html() -> String {
 
 /// Every scenario, in `--help` order: the one table `--scenario NAME` is
 /// looked up in.
-static SCENARIOS: [&dyn Scenario; 19] = [
+static SCENARIOS: [&dyn Scenario; 20] = [
     &scenarios::demo::DemoScenario,
     &scenarios::hit_path::ArcHit,
     &scenarios::l2_hit::L2Hit,
@@ -70,6 +70,7 @@ static SCENARIOS: [&dyn Scenario; 19] = [
     &scenarios::s3::S3,
     &scenarios::s3::S3Defaults,
     &scenarios::restart::Restart,
+    &scenarios::fleet::FleetScenario,
 ];
 
 /// The scenarios' names, in table order (what `table` orders its rows by).
@@ -193,6 +194,9 @@ pub struct BenchArgs {
     /// --scenario nbd-connections: the numbers of connections to step through, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
     pub connections: Vec<usize>,
+    /// --scenario fleet: nodes (mounts, each with its own cache) reading the bucket.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
     /// Print JSON instead of tables: the report, stamped with the commit,
     /// the date, the load average before and after, and the arguments.
     #[arg(long)]

@@ -21,6 +21,7 @@ mod notify;
 mod reload;
 mod s3_opts;
 mod shape;
+mod shared_gc;
 mod stat;
 mod stop;
 mod trace_cmd;
@@ -82,6 +83,8 @@ enum Command {
     Stat(stat::StatArgs),
     /// zpool iostat for a running mount or serve-nbd: operations, bandwidth and latency per cache device and primary storage (`l2arc iostat -S SOCK -v -l 1`).
     Iostat(iostat::IostatArgs),
+    /// Keep a fleet's shared cache bucket bounded: `l2arc shared-cache gc s3://BUCKET/PREFIX --max-size 2TiB` deletes the oldest blocks.
+    SharedCache(shared_gc::SharedCacheArgs),
     /// Print the shell completion script for bash, zsh or fish (`l2arc completions bash > /etc/bash_completion.d/l2arc`).
     Completions(gen_cmd::CompletionsArgs),
     /// Write the man pages (l2arc.1 and one per subcommand) into a directory.
@@ -122,6 +125,7 @@ fn main() -> ExitCode {
         Command::Ctl(args) => control::run(args),
         Command::Stat(args) => stat::run(args),
         Command::Iostat(args) => iostat::run(args),
+        Command::SharedCache(args) => shared_gc::run(args),
         Command::Completions(args) => gen_cmd::completions(args, Cli::command()),
         Command::Manpages(args) => gen_cmd::manpages(args, Cli::command()),
     };

@@ -630,6 +630,9 @@ fn about_shape(name: &str) -> &'static str {
         "arc_prewarm_ms" => {
             "Time the prewarms spent reading from flash (from the L2ARC rebuild's end), once each ended"
         }
+        "arc_prewarm_reads" => {
+            "Device reads the prewarm issued (records back to back on flash are read together)"
+        }
         "arc_prewarm_joined" => "Reads that waited for the prewarm's read of their record",
         "arc_prewarm_stale" => {
             "Saved records not prewarmed because their object changed while stopped"

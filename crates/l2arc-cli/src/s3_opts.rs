@@ -128,7 +128,7 @@ impl S3Options {
 
     /// The store's configuration: the flags over `file` over the defaults,
     /// each checked against its range.
-    fn store_config(
+    pub(crate) fn store_config(
         &self,
         uri: &str,
         single_key: bool,

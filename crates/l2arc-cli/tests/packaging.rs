@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use l2arc_testkit::{run, tool};
 
 /// The subcommands every generated artefact must know.
-const SUBCOMMANDS: [&str; 8] = [
+const SUBCOMMANDS: [&str; 9] = [
     "trace",
     "bench",
     "mount",
@@ -22,6 +22,7 @@ const SUBCOMMANDS: [&str; 8] = [
     "ctl",
     "stat",
     "iostat",
+    "shared-cache",
     "completions",
 ];
 

@@ -324,6 +324,9 @@ pub struct ProxyCounts {
     pub requests: u64,
     /// GETs among them (listings included).
     pub gets: u64,
+    /// Listings among the GETs (a GET of a bucket, not of an object): a
+    /// node's GETs of data are `gets - lists`.
+    pub lists: u64,
     /// HEADs among them.
     pub heads: u64,
     /// Bytes from the server to the clients.
@@ -341,6 +344,7 @@ struct ProxyState {
     drop_next: AtomicU64,
     requests: AtomicU64,
     gets: AtomicU64,
+    lists: AtomicU64,
     heads: AtomicU64,
     bytes_down: AtomicU64,
     injected_503: AtomicU64,
@@ -413,6 +417,7 @@ impl FaultProxy {
         ProxyCounts {
             requests: s.requests.load(Ordering::Relaxed),
             gets: s.gets.load(Ordering::Relaxed),
+            lists: s.lists.load(Ordering::Relaxed),
             heads: s.heads.load(Ordering::Relaxed),
             bytes_down: s.bytes_down.load(Ordering::Relaxed),
             injected_503: s.injected_503.load(Ordering::Relaxed),
@@ -481,6 +486,9 @@ fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::R
             st.requests.fetch_add(1, Ordering::Relaxed);
             if buf[..n].starts_with(b"GET ") {
                 st.gets.fetch_add(1, Ordering::Relaxed);
+                if is_listing(&buf[..n]) {
+                    st.lists.fetch_add(1, Ordering::Relaxed);
+                }
             } else if buf[..n].starts_with(b"HEAD ") {
                 st.heads.fetch_add(1, Ordering::Relaxed);
             }
@@ -512,4 +520,32 @@ fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::R
     let _ = server.shutdown(Shutdown::Both);
     let _ = down.join();
     Ok(())
+}
+
+/// Whether a request (its first bytes) is a GET of a bucket (a listing)
+/// rather than of an object: path style, its path (before any `?`) names
+/// one segment at most.
+fn is_listing(request: &[u8]) -> bool {
+    let Some(target) = request
+        .strip_prefix(b"GET ")
+        .and_then(|rest| rest.split(|&b| b == b' ').next())
+    else {
+        return false;
+    };
+    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
+    path.split(|&b| b == b'/').filter(|s| !s.is_empty()).count() <= 1
+}
+
+#[cfg(test)]
+mod listing_tests {
+    #[test]
+    fn a_get_of_a_bucket_is_a_listing_and_of_an_object_is_not() {
+        assert!(super::is_listing(
+            b"GET /b?list-type=2&prefix=x%2F HTTP/1.1\r\n"
+        ));
+        assert!(super::is_listing(b"GET /b/ HTTP/1.1\r\n"));
+        assert!(!super::is_listing(b"GET /b/f0 HTTP/1.1\r\n"));
+        assert!(!super::is_listing(b"GET /b/dir/f0?x=1 HTTP/1.1\r\n"));
+        assert!(!super::is_listing(b"HEAD /b HTTP/1.1\r\n"));
+    }
 }

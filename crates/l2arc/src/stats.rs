@@ -120,6 +120,9 @@ pub struct ShapeStats {
     pub prewarm_bytes: u64,
     /// How long the last prewarm took, ms (set when it ends).
     pub prewarm_ms: u64,
+    /// Device reads the prewarm issued (records back to back on flash are
+    /// read together: records over reads is how well they merged).
+    pub prewarm_reads: u64,
     /// Reads that found a prewarm's read of their record in flight and
     /// waited for it (the ARC counts them).
     pub prewarm_joined: u64,
@@ -168,6 +171,7 @@ impl ShapeStats {
             ("arc_prewarm_records", self.prewarm_records),
             ("arc_prewarm_bytes", self.prewarm_bytes),
             ("arc_prewarm_ms", self.prewarm_ms),
+            ("arc_prewarm_reads", self.prewarm_reads),
             ("arc_prewarm_joined", self.prewarm_joined),
             ("arc_prewarm_stale", self.prewarm_stale),
             ("arc_prewarm_missing", self.prewarm_missing),

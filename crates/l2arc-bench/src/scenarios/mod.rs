@@ -14,6 +14,7 @@ use crate::BenchArgs;
 
 pub(crate) mod demo;
 pub(crate) mod feed_capture;
+pub(crate) mod fleet;
 pub(crate) mod fuse;
 pub(crate) mod hit_path;
 pub(crate) mod l2_hit;

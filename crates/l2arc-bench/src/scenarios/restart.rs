@@ -80,7 +80,7 @@ const SEQ_SECS: u64 = 5;
 const SEQ_BLOCK_BYTES: u64 = 1 << 20;
 const SEQ_QUEUE_DEPTH: usize = 8;
 /// The counters polled each second after a start.
-const POLLED: [&str; 8] = [
+const POLLED: [&str; 9] = [
     "hits",
     "misses",
     "primary_reads",
@@ -89,6 +89,7 @@ const POLLED: [&str; 8] = [
     "arc_prewarm_bytes",
     "arc_prewarm_ms",
     "arc_prewarm_active",
+    "arc_prewarm_reads",
 ];
 /// Polls at most this many times per restart (one a second).
 const SAMPLES_MAX: usize = 600;
@@ -168,6 +169,9 @@ struct Prewarm {
     records: u64,
     bytes: u64,
     ms: u64,
+    /// Device reads it issued (records back to back on flash are read
+    /// together; 0 from a server without `arc_prewarm_reads`).
+    reads: u64,
     mib_per_sec: Option<f64>,
 }
 
@@ -633,6 +637,21 @@ fn hit_ratio(samples: &[Sample], secs: f64) -> Option<f64> {
     (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64)
 }
 
+impl Prewarm {
+    /// The table's cell: MiB, MiB/s, records per device read.
+    fn cell(&self) -> String {
+        format!(
+            "{}, {}, {}",
+            self.bytes >> 20,
+            self.mib_per_sec.map_or("-".into(), |m| format!("{m:.0}")),
+            match self.reads {
+                0 => "-".to_string(),
+                reads => format!("{:.1}", self.records as f64 / reads as f64),
+            }
+        )
+    }
+}
+
 /// The prewarm's figures, when it ran.
 fn prewarm_of(s: &Sample) -> Option<Prewarm> {
     let (records, bytes, ms) = (
@@ -644,6 +663,7 @@ fn prewarm_of(s: &Sample) -> Option<Prewarm> {
         records,
         bytes,
         ms,
+        reads: s.get("arc_prewarm_reads"),
         mib_per_sec: (ms > 0).then(|| bytes as f64 / (1 << 20) as f64 / (ms as f64 / 1000.0)),
     })
 }
@@ -785,7 +805,7 @@ fn print_report(r: &Report) {
 /// One row per restart, the stop lines, the prewarm's rate and the legend.
 fn print_restarts(r: &Report) {
     println!(
-        "{:<26} {:>7} {:>7} {:>8} {:>9} {:>10} {:>9} {:>10} {:>18}  IOPS per 5 s from the ready line",
+        "{:<26} {:>7} {:>7} {:>8} {:>9} {:>10} {:>9} {:>10} {:>24}  IOPS per 5 s from the ready line",
         "restart",
         "stop s",
         "ready s",
@@ -794,17 +814,10 @@ fn print_restarts(r: &Report) {
         "ARC MiB 10s",
         "to 90% s",
         "prim reads",
-        "prewarm MiB, MiB/s"
+        "prewarm MiB, MiB/s, rec/rd"
     );
     for x in &r.restarts {
-        let prewarm = match &x.prewarm {
-            Some(p) => format!(
-                "{}, {}",
-                p.bytes >> 20,
-                p.mib_per_sec.map_or("-".into(), |m| format!("{m:.0}"))
-            ),
-            None => "-".into(),
-        };
+        let prewarm = x.prewarm.as_ref().map_or("-".into(), Prewarm::cell);
         let arc_10s = x
             .samples
             .iter()
@@ -812,7 +825,7 @@ fn print_restarts(r: &Report) {
             .map_or("-".into(), |s| format!("{}", s.get("size") >> 20));
         let ratio = |r: Option<f64>| r.map_or("-".into(), |h| format!("{:.1}%", 100.0 * h));
         println!(
-            "{:<26} {:>7.1} {:>7.2} {:>8} {:>9} {:>10} {:>9} {:>10} {:>18}  {}",
+            "{:<26} {:>7.1} {:>7.2} {:>8} {:>9} {:>10} {:>9} {:>10} {:>24}  {}",
             x.kind.name(),
             x.stop_secs,
             x.ready_secs,

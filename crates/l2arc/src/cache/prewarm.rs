@@ -37,8 +37,11 @@
 //! that read, and a demand read of a record not claimed reads it itself,
 //! never waiting behind the queue), read from flash only (never from
 //! primary storage: a record not on flash is skipped) by several readers
-//! that always have reads queued (`PREWARM_IN_FLIGHT` claimed ahead), and
-//! published in the saved order at the COLD end of its saved list, so that the lists come back in the saved order while demand reads
+//! that always have reads queued (`PREWARM_IN_FLIGHT` claimed ahead, in
+//! batches: records of a batch that lie back to back on flash, as the
+//! stop flush writes the ARC hottest first, are read in one device read
+//! of up to 1 MiB, as a sequential reader would, and each is checked on
+//! its own blocks), and published in the saved order at the COLD end of its saved list, so that the lists come back in the saved order while demand reads
 //! meanwhile land at the hot ends. It stops at the bytes the ARC held when
 //! the shape was saved, and an insert that does not fit under the shard's
 //! `c` as it is now is refused: the prewarm never evicts and never takes
@@ -62,6 +65,7 @@ use crate::arc::shape::{
 };
 use crate::buf::AlignedBuf;
 use crate::hash::FastHashMap;
+use crate::l2arc::RunRead;
 pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
@@ -72,7 +76,10 @@ const PREWARM_IN_FLIGHT: usize = 128;
 /// Threads reading from flash for the prewarm: reads in flight on the
 /// device (blocking reads; a device needs several queued for its rate).
 const PREWARM_READERS: usize = 32;
-const _: () = assert!(PREWARM_IN_FLIGHT.is_multiple_of(PREWARM_READERS));
+/// Claims wait until this many records are published, so that a batch is
+/// large enough to find records back to back on flash to read together.
+const PREWARM_CLAIM_BATCH: usize = 32;
+const _: () = assert!(PREWARM_CLAIM_BATCH <= PREWARM_IN_FLIGHT && PREWARM_READERS >= 1);
 /// The longest the prewarm waits for the L2ARC's rebuild.
 const PREWARM_REBUILD_WAIT: Duration = Duration::from_secs(600);
 
@@ -82,6 +89,7 @@ pub(crate) struct ShapeCounters {
     prewarm_records: AtomicU64,
     prewarm_bytes: AtomicU64,
     prewarm_ms: AtomicU64,
+    prewarm_reads: AtomicU64,
     prewarm_stale: AtomicU64,
     prewarm_missing: AtomicU64,
     prewarm_active: AtomicU64,
@@ -514,6 +522,7 @@ impl Cache {
             prewarm_records: c.prewarm_records.load(Ordering::Relaxed),
             prewarm_bytes: c.prewarm_bytes.load(Ordering::Relaxed),
             prewarm_ms: c.prewarm_ms.load(Ordering::Relaxed),
+            prewarm_reads: c.prewarm_reads.load(Ordering::Relaxed),
             prewarm_joined,
             prewarm_stale: c.prewarm_stale.load(Ordering::Relaxed),
             prewarm_missing: c.prewarm_missing.load(Ordering::Relaxed),
@@ -795,57 +804,42 @@ impl Cache {
             refused_run: 0,
             done_bytes: 0,
         };
-        let mut pending: VecDeque<Pending<'_>> = VecDeque::with_capacity(PREWARM_IN_FLIGHT);
+        let mut reads = PrewarmReads {
+            pending: VecDeque::with_capacity(PREWARM_IN_FLIGHT),
+            landed: Vec::with_capacity(PREWARM_IN_FLIGHT),
+            wanted: Vec::with_capacity(PREWARM_IN_FLIGHT),
+            runs: Vec::with_capacity(PREWARM_IN_FLIGHT),
+            next_seq: 0,
+            front_seq: 0,
+        };
+        // Every job and every result is one or more claimed records, and at
+        // most `PREWARM_IN_FLIGHT` are claimed: no send below ever waits.
+        let (job_tx, job_rx) = mpsc::sync_channel::<(RunRead, usize)>(PREWARM_IN_FLIGHT);
+        let job_rx = std::sync::Mutex::new(job_rx);
         let (done_tx, done_rx) =
             mpsc::sync_channel::<(usize, Option<AlignedBuf>)>(PREWARM_IN_FLIGHT);
         std::thread::scope(|s| {
-            let job_txs: Vec<mpsc::SyncSender<(usize, u64, u32)>> = (0..PREWARM_READERS)
-                .map(|_| {
-                    let (job_tx, job_rx) = mpsc::sync_channel::<(usize, u64, u32)>(
-                        PREWARM_IN_FLIGHT / PREWARM_READERS,
-                    );
-                    let done_tx = done_tx.clone();
-                    s.spawn(move || {
-                        for (seq, key_hash, recordsize) in job_rx {
-                            // As the L2ARC tier reads: at most a record.
-                            let data = l2
-                                .read(key_hash, recordsize)
-                                .filter(|d| d.len() <= recordsize as usize);
-                            if done_tx.send((seq, data)).is_err() {
-                                break;
-                            }
-                        }
-                    });
-                    job_tx
-                })
-                .collect();
-            drop(done_tx);
-            let (mut next_seq, mut front_seq) = (0usize, 0usize);
+            for _ in 0..PREWARM_READERS {
+                let (job_rx, done_tx) = (&job_rx, done_tx.clone());
+                s.spawn(move || prewarm_reader(l2, job_rx, &done_tx));
+            }
+            let mut io = PrewarmIo {
+                jobs: job_tx,
+                done: done_rx,
+            };
             loop {
-                while walk.claiming && pending.len() < PREWARM_IN_FLIGHT {
-                    let Some(claimed) = self.prewarm_claim_next(plan, &mut walk) else {
-                        break;
-                    };
-                    let job = (next_seq, claimed.key_hash, claimed.recordsize);
-                    // Seqs in flight are consecutive, so no reader has more
-                    // than its channel's bound queued: the send never waits.
-                    job_txs[next_seq % PREWARM_READERS]
-                        .send(job)
-                        .expect("a prewarm reader ended early");
-                    pending.push_back(claimed);
-                    next_seq += 1;
+                let claimed = self.prewarm_claim_batch(plan, &mut walk, &mut reads, &mut io);
+                self.prewarm_land(&mut reads, fill_sequence, plan, &mut walk);
+                if reads.pending.is_empty() {
+                    if claimed == 0 {
+                        break; // the queue's end, or done claiming
+                    }
+                    continue;
                 }
-                if pending.is_empty() {
-                    break;
+                if reads.pending.front().is_none_or(|p| p.data.is_none()) {
+                    io.wait(&mut reads.landed);
                 }
-                let (seq, data) = done_rx.recv().expect("a prewarm reader ended early");
-                assert!(seq >= front_seq && seq - front_seq < pending.len());
-                pending[seq - front_seq].data = Some(data);
-                while pending.front().is_some_and(|p| p.data.is_some()) {
-                    let done = pending.pop_front().expect("checked");
-                    front_seq += 1;
-                    self.prewarm_publish(done, fill_sequence, plan, &mut walk);
-                }
+                self.prewarm_land(&mut reads, fill_sequence, plan, &mut walk);
                 if Arc::strong_count(self) == 1 {
                     walk.claiming = false; // only the prewarm holds the cache
                 }
@@ -853,9 +847,72 @@ impl Cache {
                     .prewarm_queued
                     .store((plan.queue.len() - walk.at) as u64, Ordering::Relaxed);
             }
-            drop(job_txs);
+            // Dropping `io` ends the readers (their queue closes).
         });
-        debug_assert!(pending.is_empty(), "every claim published");
+        drop(done_tx);
+        debug_assert!(reads.pending.is_empty(), "every claim published");
+    }
+
+    /// Claims the next records of the queue, up to the room in flight, in
+    /// one batch once at least `PREWARM_CLAIM_BATCH` are free (so that
+    /// records back to back on flash are read together: `begin_runs`),
+    /// and starts their reads. Returns how many it claimed.
+    fn prewarm_claim_batch<'a>(
+        &'a self,
+        plan: &PrewarmPlan,
+        walk: &mut PrewarmWalk,
+        reads: &mut PrewarmReads<'a>,
+        io: &mut PrewarmIo,
+    ) -> usize {
+        let room = PREWARM_IN_FLIGHT - reads.pending.len();
+        if !walk.claiming || (room < PREWARM_CLAIM_BATCH && !reads.pending.is_empty()) {
+            return 0;
+        }
+        let l2 = self.l2.get().expect("a prewarm has an L2ARC");
+        let first_seq = reads.next_seq;
+        reads.wanted.clear();
+        while reads.wanted.len() < room {
+            let Some(claimed) = self.prewarm_claim_next(plan, walk) else {
+                break;
+            };
+            reads.wanted.push((claimed.key_hash, claimed.recordsize));
+            reads.pending.push_back(claimed);
+            reads.next_seq += 1;
+        }
+        // Records flash no longer holds have no run: missed.
+        let landed = &mut reads.landed;
+        l2.begin_runs(&reads.wanted, &mut reads.runs, &mut |i| {
+            landed.push((first_seq + i, None));
+        });
+        for run in reads.runs.drain(..) {
+            self.shape.prewarm_reads.fetch_add(1, Ordering::Relaxed);
+            io.start(run, first_seq);
+        }
+        debug_assert!(reads.pending.len() <= PREWARM_IN_FLIGHT);
+        reads.wanted.len()
+    }
+
+    /// Puts the reads that landed in their places, and publishes, in the
+    /// claim order, every record whose read and predecessors' reads landed.
+    fn prewarm_land(
+        &self,
+        reads: &mut PrewarmReads<'_>,
+        fill_sequence: u64,
+        plan: &PrewarmPlan,
+        walk: &mut PrewarmWalk,
+    ) {
+        let front_seq = reads.front_seq;
+        for (seq, data) in reads.landed.drain(..) {
+            assert!(seq >= front_seq && seq - front_seq < reads.pending.len());
+            let slot = &mut reads.pending[seq - front_seq].data;
+            debug_assert!(slot.is_none(), "a record's read lands once");
+            *slot = Some(data);
+        }
+        while reads.pending.front().is_some_and(|p| p.data.is_some()) {
+            let done = reads.pending.pop_front().expect("checked");
+            reads.front_seq += 1;
+            self.prewarm_publish(done, fill_sequence, plan, walk);
+        }
     }
 
     /// The next record of the queue that can be claimed: its object is
@@ -942,6 +999,75 @@ impl Cache {
         }
         if walk.done_bytes >= plan.target_bytes || walk.refused_run >= PREWARM_IN_FLIGHT {
             walk.claiming = false; // the bytes saved, or the ARC is full at its c
+        }
+    }
+}
+
+/// The prewarm's claimed records: read in flight (`pending`, in claim
+/// order from `front_seq`), and reads that landed, to be put in place.
+struct PrewarmReads<'a> {
+    pending: VecDeque<Pending<'a>>,
+    /// (claim order, the record's bytes or `None`: a miss).
+    landed: Vec<(usize, Option<AlignedBuf>)>,
+    /// The batch being claimed (scratch, kept for its capacity).
+    wanted: Vec<(u64, u32)>,
+    runs: Vec<RunRead>,
+    next_seq: usize,
+    front_seq: usize,
+}
+
+/// The prewarm's reads: runs queued to the reader threads, and what they
+/// read coming back.
+///
+/// Why threads, not a ring of the prewarm's own. The prewarm runs while
+/// the service serves, and on a small machine the demand reads keep every
+/// core busy: a prewarm thread that keeps 128 reads in flight on one
+/// io_uring gets one thread's share of the CPU for all of its checks and
+/// inserts, and read at 0.3-0.4x fio's sequential rate where 32 blocking
+/// readers read at 0.5-0.6x in the same runs (`--scenario restart`, load
+/// 6-9, docs/notes/restart.md).
+struct PrewarmIo {
+    jobs: mpsc::SyncSender<(RunRead, usize)>,
+    done: mpsc::Receiver<(usize, Option<AlignedBuf>)>,
+}
+
+impl PrewarmIo {
+    /// Queues a run's read (the batch's first record is `first_seq`).
+    fn start(&mut self, run: RunRead, first_seq: usize) {
+        // Runs start on whole blocks (a device is read in 4 KiB blocks).
+        debug_assert!(run.offset_bytes().is_multiple_of(4096));
+        self.jobs
+            .send((run, first_seq))
+            .expect("the prewarm readers ended early");
+    }
+
+    /// Waits until at least one read in flight has landed.
+    fn wait(&mut self, landed: &mut Vec<(usize, Option<AlignedBuf>)>) {
+        landed.push(self.done.recv().expect("a prewarm reader ended early"));
+        debug_assert!(landed.len() <= PREWARM_IN_FLIGHT, "at most every claim");
+    }
+}
+
+/// A prewarm reader thread: reads runs with positioned reads until the
+/// job queue closes (or the prewarm stopped listening).
+fn prewarm_reader(
+    l2: &crate::l2arc::L2Arc,
+    jobs: &std::sync::Mutex<mpsc::Receiver<(RunRead, usize)>>,
+    done: &mpsc::SyncSender<(usize, Option<AlignedBuf>)>,
+) {
+    loop {
+        let job = jobs.lock().expect("a prewarm reader panicked").recv();
+        let Ok((mut run, first_seq)) = job else {
+            return;
+        };
+        debug_assert!(run.offset_bytes().is_multiple_of(4096));
+        let result = run.read_psync();
+        let mut sent = true;
+        l2.finish_run(run, result, &mut |i, data| {
+            sent &= done.send((first_seq + i, data)).is_ok();
+        });
+        if !sent {
+            return;
         }
     }
 }

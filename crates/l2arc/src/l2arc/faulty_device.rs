@@ -37,6 +37,10 @@ pub struct Faults {
     pub write_delay_us: AtomicU64,
     /// Every read takes at least this long (a slow device), microseconds.
     pub read_delay_us: AtomicU64,
+    /// Reads longer than this fail with EIO (0: off): a device that fails
+    /// large reads only (a merged read) and serves the same blocks one
+    /// record at a time.
+    pub fail_reads_longer_than_bytes: AtomicU64,
 }
 
 /// A device wrapper for tests: real I/O until a fault is switched on.
@@ -70,7 +74,10 @@ impl FaultyDevice {
             f.reads_failed.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::from_raw_os_error(libc::ENXIO));
         }
-        if f.fail_reads.load(Ordering::Relaxed) {
+        let longest_bytes = f.fail_reads_longer_than_bytes.load(Ordering::Relaxed);
+        if f.fail_reads.load(Ordering::Relaxed)
+            || (longest_bytes > 0 && buf.len() as u64 > longest_bytes)
+        {
             f.reads_failed.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }

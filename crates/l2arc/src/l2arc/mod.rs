@@ -68,6 +68,7 @@ use cache_device::CacheDevice;
 pub use feeder::FeedOutcome;
 use index::L2Index;
 pub use lifecycle::DeviceOpen;
+pub(crate) use reader::RunRead;
 #[cfg(feature = "internals")]
 pub use rebuild::REBUILD_BUFFER_BYTES_MAX;
 pub use ring::IoEngine;

@@ -15,6 +15,11 @@ use super::index::IndexEntry;
 use super::*;
 use crate::buf::AlignedBuf;
 
+/// The longest device read `read_coalesced` merges records into: what a
+/// sequential reader (fio's 1 MiB blocks) asks of a device at once.
+pub(crate) const COALESCED_READ_BYTES_MAX: usize = 1 << 20;
+const _: () = assert!(COALESCED_READ_BYTES_MAX as u64 >= 256 * BLOCK_BYTES);
+
 /// A flash read between [`L2Arc::begin_read`] and [`L2Arc::finish_read`]:
 /// the device it pins, the entry it found, and the buffer to read into.
 pub(crate) struct PendingRead {
@@ -52,6 +57,11 @@ impl PendingRead {
         buf
     }
 
+    /// How many bytes the read is (the location's whole blocks).
+    fn len_bytes(&self) -> u64 {
+        Location(self.entry.location).asize_bytes() as u64
+    }
+
     /// The device to read from.
     pub(crate) fn device_io(&self) -> &dyn super::device::DeviceIo {
         // Pinned: its removal waits for this read.
@@ -75,6 +85,42 @@ impl Drop for PendingRead {
             let before = self.device.inflight_reads.fetch_sub(1, Ordering::SeqCst);
             debug_assert!(before >= 1, "a pending read unpinned twice");
         }
+    }
+}
+
+/// Records back to back on one device, read with one device read between
+/// [`L2Arc::begin_runs`] and [`L2Arc::finish_run`]: into the one record's
+/// own buffer, or into a merged buffer that `finish_run` cuts up.
+pub(crate) struct RunRead {
+    /// (index in the caller's list, its pending read), in device order.
+    reads: Vec<(usize, PendingRead)>,
+    /// The merged read's buffer, when the run is more than one record.
+    merged: Option<AlignedBuf>,
+    /// Where the run starts on its device.
+    start: u64,
+}
+
+impl RunRead {
+    /// Where to read: whole 4 KiB blocks, aligned.
+    pub(crate) fn offset_bytes(&self) -> u64 {
+        debug_assert_eq!(self.start, self.reads[0].1.offset_bytes());
+        self.start
+    }
+
+    /// The buffer to read into (page-aligned, whole blocks). Its heap
+    /// memory stays put while the read is pending, moves or not.
+    pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
+        match &mut self.merged {
+            Some(merged) => merged.as_mut_slice(),
+            None => self.reads[0].1.buf_mut(),
+        }
+    }
+
+    /// Reads the run with a positioned read in this thread.
+    pub(crate) fn read_psync(&mut self) -> std::io::Result<()> {
+        let offset = self.offset_bytes();
+        let device = Arc::clone(&self.reads[0].1.device);
+        device.io.read_at(offset, self.buf_mut())
     }
 }
 
@@ -156,6 +202,96 @@ impl L2Arc {
         let result = polled.unwrap_or_else(|| pending.read_psync());
         drop(blocking);
         self.finish_read(pending, result)
+    }
+
+    /// First half of reading several records (`wanted[i]`: key hash, most
+    /// logical bytes): finds and pins each, as [`Self::begin_read`] does
+    /// (a record not on flash is a counted miss, handed to `missed`, and
+    /// has no run), and
+    /// groups them into runs that lie back to back on one device, up to
+    /// `COALESCED_READ_BYTES_MAX` each: one device read a run, what a
+    /// sequential reader asks of a device. Every run must reach
+    /// [`Self::finish_run`].
+    pub(crate) fn begin_runs(
+        &self,
+        wanted: &[(u64, u32)],
+        runs: &mut Vec<RunRead>,
+        missed: &mut dyn FnMut(usize),
+    ) {
+        let mut pending: Vec<(usize, PendingRead)> = Vec::with_capacity(wanted.len());
+        for (i, &(key_hash, lsize_max)) in wanted.iter().enumerate() {
+            match self.begin_read(key_hash, lsize_max) {
+                Some(read) => pending.push((i, read)),
+                None => missed(i),
+            }
+        }
+        pending.sort_unstable_by_key(|(_, p)| (p.device.slot, p.offset_bytes()));
+        let mut rest = pending.into_iter().peekable();
+        while let Some(first) = rest.next() {
+            let start = first.1.offset_bytes();
+            let mut end = start + first.1.len_bytes();
+            let mut reads = vec![first];
+            while let Some((_, next)) = rest.peek() {
+                let next_end = next.offset_bytes() + next.len_bytes();
+                let adjacent = Arc::ptr_eq(&next.device, &reads[0].1.device)
+                    && next.offset_bytes() == end
+                    && next_end - start <= COALESCED_READ_BYTES_MAX as u64;
+                if !adjacent {
+                    break;
+                }
+                end = next_end;
+                reads.push(rest.next().expect("peeked"));
+            }
+            // Back to back, within the bound (a lone record may be longer).
+            debug_assert!(reads.len() == 1 || end - start <= COALESCED_READ_BYTES_MAX as u64);
+            let merged =
+                (reads.len() > 1).then(|| AlignedBuf::for_overwrite((end - start) as usize));
+            runs.push(RunRead {
+                reads,
+                merged,
+                start,
+            });
+        }
+    }
+
+    /// Second half of a run: hands each record's checked bytes (or `None`:
+    /// a miss, counted) to `done` with its index in the caller's list. A
+    /// merged read that failed is read again record by record, so that a
+    /// bad block costs only its own record (and counts one error).
+    pub(crate) fn finish_run(
+        &self,
+        run: RunRead,
+        io_result: std::io::Result<()>,
+        done: &mut dyn FnMut(usize, Option<AlignedBuf>),
+    ) {
+        let RunRead {
+            reads,
+            merged,
+            start,
+        } = run;
+        let Some(merged) = merged else {
+            let [(i, one)]: [(usize, PendingRead); 1] = reads
+                .try_into()
+                .ok()
+                .expect("an unmerged run is one record");
+            done(i, self.finish_read(one, io_result));
+            return;
+        };
+        for (i, mut one) in reads {
+            let result = match &io_result {
+                Ok(()) => {
+                    let at = (one.offset_bytes() - start) as usize;
+                    let buf = one.buf_mut();
+                    let len = buf.len();
+                    // Back to back: each record's blocks lie in the merged read.
+                    debug_assert!(at + len <= merged.len());
+                    buf.copy_from_slice(&merged[at..at + len]);
+                    Ok(())
+                }
+                Err(_) => one.read_psync(),
+            };
+            done(i, self.finish_read(one, result));
+        }
     }
 
     /// First half of a read: finds the record and pins its device (a
