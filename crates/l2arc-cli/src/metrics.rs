@@ -329,6 +329,10 @@ fn write_latency(out: &mut String, cache: &Cache) {
     for (tier, h) in cache.analytics().histograms() {
         write_histogram(out, metric, &format!("tier=\"{tier}\""), &h);
     }
+    // The shared tier's GETs that found a block (always timed).
+    if let Some(h) = cache.shared_read_latency() {
+        write_histogram(out, metric, "tier=\"shared\"", &h);
+    }
 }
 
 /// Properties and counters per dataset.
@@ -612,6 +616,7 @@ fn about(name: &str) -> &'static str {
         "evict_l2_skip" => "Eligible data dropped because the L2ARC feed queue was full",
         "evict_l2_queued" => "Eligible data queued for a cache device",
         n if n.starts_with("arc_prewarm_") || n.starts_with("arc_checkpoint") => about_shape(n),
+        n if n.starts_with("shared_") => about_shared(n),
         _ => about_l2(name),
     }
 }
@@ -649,6 +654,38 @@ fn about_shape(name: &str) -> &'static str {
         "arc_checkpoint_rejected_truncated" => "ARC checkpoints rejected at start: torn",
         "arc_checkpoint_rejected_invalid" => "ARC checkpoints rejected at start: inconsistent",
         _ => "A counter of the ARC's checkpoints",
+    }
+}
+
+/// One sentence on what a kstat of the shared tier counts
+/// (docs/operations.md, "A cache tier shared by a fleet").
+fn about_shared(name: &str) -> &'static str {
+    match name {
+        "shared_hits" => "Records read from the shared cache tier",
+        "shared_misses" => {
+            "Shared cache tier reads that found no usable block (bad blocks included)"
+        }
+        "shared_writes" => "Blocks written to the shared cache tier",
+        "shared_write_drops" => {
+            "Records not written to the shared cache tier: its queue was full or it was backing off"
+        }
+        "shared_errors" => "Shared cache tier requests that failed",
+        "shared_timeouts" => "Shared cache tier requests past the tier's timeout",
+        "shared_skips" => "Reads that skipped the shared cache tier while it backed off",
+        "shared_read_bytes" => "Data read from the shared cache tier",
+        "shared_write_bytes" => "Blocks' bytes written to the shared cache tier",
+        "shared_writeq_size" => "Data queued for the shared cache tier",
+        "shared_bad" => "Shared cache tier blocks refused by a check, all reasons",
+        "shared_bad_short" => "Shared cache tier blocks refused: truncated",
+        "shared_bad_magic" => "Shared cache tier blocks refused: not a block",
+        "shared_bad_version" => "Shared cache tier blocks refused: another format version",
+        "shared_bad_identity" => {
+            "Shared cache tier blocks refused: another object, version or record"
+        }
+        "shared_bad_crc" => "Shared cache tier blocks refused: CRC mismatch",
+        "shared_bad_hmac" => "Shared cache tier blocks refused: HMAC missing or wrong",
+        "shared_bad_length" => "Shared cache tier blocks refused: wrong length",
+        _ => "A counter of the shared cache tier",
     }
 }
 

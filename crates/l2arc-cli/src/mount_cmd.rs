@@ -91,6 +91,8 @@ pub(crate) fn run(mut args: MountArgs) -> Result<()> {
     let resolved = args.cache.resolve(DIR_RECORDSIZE_DEFAULT_BYTES)?;
     merge_file_options(&mut args, &resolved);
     check_local_args(&args)?;
+    args.s3
+        .refuse_shared_cache(&resolved.s3, &args.src.display().to_string())?;
     let primary = Arc::new(DirPrimary::new(&args.src)?);
     let cache = resolved.build_cache()?;
     // `l2arc ctl` (stats, cache devices) when --control is given.
@@ -326,7 +328,10 @@ fn run_s3(mut args: MountArgs) -> Result<()> {
     // Fails here, before anything is mounted, with one line: no bucket,
     // credentials refused, endpoint unreachable.
     let store = args.s3.connect(&uri, false, &resolved.s3)?;
+    // Checked before the cache is built: a bad key file or URL is one line.
+    args.s3.shared_tier(&resolved.s3)?;
     let cache = resolved.build_cache()?;
+    crate::s3_opts::attach_shared_tier(&args.s3, &resolved.s3, &cache)?;
     let _control = resolved.start_control(&cache)?;
     // FUSE's family on /metrics while mounted.
     let _metrics = l2arc_cli::metrics::register(l2arc_cli::metrics::fuse_source());

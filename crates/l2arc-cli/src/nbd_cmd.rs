@@ -103,12 +103,7 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
     l2arc_cli::log_sink::set_level(resolved.log_level);
     check_args(&args, s3)?;
     let writable = !args.read_only;
-    let store = if s3 {
-        let uri = args.image.to_str().expect("is_s3 checked UTF-8");
-        Some(args.s3.connect(uri, true, &resolved.s3)?)
-    } else {
-        None
-    };
+    let store = connect_store(&args, &resolved.s3, s3)?;
     let primary = match &store {
         Some(store) => Arc::clone(store) as Arc<dyn l2arc::primary::Primary>,
         None => {
@@ -117,6 +112,9 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
         }
     };
     let cache = resolved.build_cache()?;
+    if s3 {
+        crate::s3_opts::attach_shared_tier(&args.s3, &resolved.s3, &cache)?;
+    }
     let _control = resolved.start_control(&cache)?;
     let _http = resolved.start_http(&cache, args.allow_remote)?;
     let dataset = cache.add_dataset("nbd", primary, resolved.dataset_config)?;
@@ -165,6 +163,25 @@ pub(crate) fn run(mut args: ServeNbdArgs) -> Result<()> {
 
 /// serve-nbd's own defaults over the resolved settings (at start and at
 /// each reload).
+/// The object store of an s3:// image (None for a file or device), its
+/// shared cache checked before the cache is built (a bad key file or URL
+/// is one line); a shared cache without an s3:// image is refused.
+fn connect_store(
+    args: &ServeNbdArgs,
+    file: &l2arc_cli::service::S3FileOptions,
+    s3: bool,
+) -> Result<Option<Arc<l2arc::primary::object_store::ObjectStorePrimary>>> {
+    if !s3 {
+        args.s3
+            .refuse_shared_cache(file, &args.image.display().to_string())?;
+        return Ok(None);
+    }
+    let uri = args.image.to_str().expect("is_s3 checked UTF-8");
+    let store = args.s3.connect(uri, true, file)?;
+    args.s3.shared_tier(file)?;
+    Ok(Some(store))
+}
+
 fn adjust_defaults(s3: bool) -> impl Fn(&mut ResolvedOptions) + Send + 'static {
     move |resolved: &mut ResolvedOptions| {
         if !resolved.sector_table_min_set {

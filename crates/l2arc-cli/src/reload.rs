@@ -236,7 +236,7 @@ fn fixed_changes(old: &ResolvedOptions, new: &ResolvedOptions) -> Vec<&'static s
             format!("{:?}", old.emulate_hdd) != format!("{:?}", new.emulate_hdd),
         ),
         (
-            "s3_* and metadata_ttl",
+            "s3_*, metadata_ttl and shared_cache_*",
             format!("{:?}", old.s3) != format!("{:?}", new.s3),
         ),
         ("listen", of.listen != nf.listen),

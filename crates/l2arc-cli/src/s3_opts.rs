@@ -18,6 +18,7 @@ use l2arc::primary::object_store::{
     METADATA_TTL_DEFAULT_MS, ObjectStoreConfig, ObjectStorePrimary, READ_DEADLINE_DEFAULT_MS,
     REQUEST_TIMEOUT_DEFAULT_MS, RETRIES_DEFAULT, S3Location, parse_s3_uri,
 };
+use l2arc::{SHARED_TIMEOUT_DEFAULT_MS, SharedAdmit, SharedTierConfig};
 use l2arc_cli::service::S3FileOptions;
 
 /// Every flag here is also a key of `--config FILE` (underscores for
@@ -58,6 +59,37 @@ pub(crate) struct S3Options {
     /// or is gone.
     #[arg(long)]
     pub stale_if_error: bool,
+    /// A cache tier shared by a fleet of nodes, in an S3 bucket:
+    /// s3://BUCKET[/PREFIX]. Read after the L2ARC, before the source;
+    /// records read from the source are written to it behind the reader
+    /// (docs/operations.md, docs/scale-out.md). s3:// sources only.
+    #[arg(long, value_name = "S3_URI")]
+    pub shared_cache: Option<String>,
+    /// The shared cache's endpoint URL [default: the source's].
+    #[arg(long)]
+    pub shared_cache_endpoint: Option<String>,
+    /// The shared cache's region [default: the source's].
+    #[arg(long)]
+    pub shared_cache_region: Option<String>,
+    /// The AWS profile whose credentials sign the shared cache's requests
+    /// [default: the source's credentials].
+    #[arg(long)]
+    pub shared_cache_profile: Option<String>,
+    /// A file holding the fleet's secret (at least 32 bytes): blocks are
+    /// signed with it (HMAC-SHA256) and only signed blocks are used, so
+    /// that write access to the cache bucket alone cannot poison the fleet.
+    #[arg(long, value_name = "FILE")]
+    pub shared_cache_key_file: Option<std::path::PathBuf>,
+    /// Which records this node writes to the shared cache: all (every
+    /// record read from the source) or mfu (only those the local ARC saw
+    /// twice) [default: all].
+    #[arg(long, value_name = "all|mfu")]
+    pub shared_cache_admit: Option<String>,
+    /// Seconds one request to the shared cache may take; past it the tier
+    /// is skipped (reads go to the source) and retried with backoff
+    /// [default: 0.2].
+    #[arg(long)]
+    pub shared_cache_timeout: Option<f64>,
 }
 
 /// True if `src` names an object store.
@@ -160,6 +192,129 @@ impl S3Options {
         }
         Ok(config)
     }
+}
+
+impl S3Options {
+    /// Whether a shared cache was asked for, by flag or by the file.
+    pub(crate) fn wants_shared_cache(&self, file: &S3FileOptions) -> bool {
+        self.shared_cache.is_some() || file.shared_cache.is_some()
+    }
+
+    /// Refuses a shared cache in front of a source that is not s3://.
+    pub(crate) fn refuse_shared_cache(&self, file: &S3FileOptions, source: &str) -> Result<()> {
+        if self.wants_shared_cache(file) {
+            bail!(
+                "--shared-cache needs an s3:// source, not {source}: blocks are named by the object's bucket, key and ETag"
+            );
+        }
+        Ok(())
+    }
+
+    /// The shared tier asked for (flags over `file`), if any: its bucket
+    /// and prefix, endpoint and region (the source's by default), its
+    /// fleet key read from its file, admission and timeout, each checked.
+    pub(crate) fn shared_tier(&self, file: &S3FileOptions) -> Result<Option<SharedTierConfig>> {
+        let Some(uri) = self
+            .shared_cache
+            .clone()
+            .or_else(|| file.shared_cache.clone())
+        else {
+            return Ok(None);
+        };
+        let Some(parsed) = parse_s3_uri(&uri) else {
+            bail!("--shared-cache {uri}: expected s3://BUCKET[/PREFIX]");
+        };
+        let (bucket, prefix) = parsed.map_err(|e| anyhow::anyhow!("--shared-cache {e}"))?;
+        let endpoint = (self.shared_cache_endpoint.clone())
+            .or_else(|| file.shared_cache_endpoint.clone())
+            .or_else(|| self.s3_endpoint.clone())
+            .or_else(|| file.endpoint.clone());
+        let region = (self.shared_cache_region.clone())
+            .or_else(|| file.shared_cache_region.clone())
+            .or_else(|| self.s3_region.clone())
+            .or_else(|| file.region.clone());
+        let mut store = ObjectStoreConfig::s3(&S3Location {
+            bucket,
+            prefix,
+            endpoint,
+            region,
+            virtual_host_style: self.s3_virtual_host || file.virtual_host.unwrap_or(false),
+        });
+        let profile =
+            (self.shared_cache_profile.clone()).or_else(|| file.shared_cache_profile.clone());
+        if let Some(profile) = profile {
+            store.options.push(("profile".to_string(), profile));
+        }
+        let mut config = SharedTierConfig::new(store);
+        let key_file =
+            (self.shared_cache_key_file.clone()).or_else(|| file.shared_cache_key_file.clone());
+        if let Some(path) = key_file {
+            config.fleet_key = Some(read_fleet_key(&path)?);
+        }
+        if let Some(admit) = self
+            .shared_cache_admit
+            .as_ref()
+            .or(file.shared_cache_admit.as_ref())
+        {
+            config.admit = admit
+                .parse::<SharedAdmit>()
+                .map_err(|e| anyhow::anyhow!("--shared-cache-admit: {e}"))?;
+        }
+        config.timeout_ms = seconds_ms(
+            "--shared-cache-timeout",
+            self.shared_cache_timeout
+                .or(file.shared_cache_timeout)
+                .unwrap_or(SHARED_TIMEOUT_DEFAULT_MS as f64 / 1000.0),
+            0.01..=60.0,
+        )?;
+        Ok(Some(config))
+    }
+}
+
+/// The fleet key in `path`: its bytes, trailing whitespace cut (a key
+/// made with `openssl rand -hex 32 > FILE` ends in a newline), at least 32.
+fn read_fleet_key(path: &std::path::Path) -> Result<Vec<u8>> {
+    let mut key = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("--shared-cache-key-file {}: {e}", path.display()))?;
+    while key.last().is_some_and(u8::is_ascii_whitespace) {
+        key.pop();
+    }
+    if key.len() < 32 {
+        bail!(
+            "--shared-cache-key-file {}: {} bytes; a fleet key holds at least 32 (make one with `openssl rand -hex 32 > FILE`)",
+            path.display(),
+            key.len()
+        );
+    }
+    Ok(key)
+}
+
+/// Attaches the shared tier asked for, if any, and says so in one line
+/// (bucket and prefix, admission, keyed or not; never the key).
+pub(crate) fn attach_shared_tier(
+    options: &S3Options,
+    file: &S3FileOptions,
+    cache: &Arc<l2arc::Cache>,
+) -> Result<()> {
+    let Some(config) = options.shared_tier(file)? else {
+        return Ok(());
+    };
+    let line = format!(
+        "l2arc: shared cache tier {} (admit {}, {}, timeout {} ms)",
+        config.store.display_name,
+        config.admit,
+        if config.fleet_key.is_some() {
+            "keyed: blocks signed and checked"
+        } else {
+            "not keyed"
+        },
+        config.timeout_ms
+    );
+    cache
+        .add_shared_tier(config)
+        .map_err(|e| anyhow::anyhow!("--shared-cache: {e}"))?;
+    eprintln!("{line}");
+    Ok(())
 }
 
 /// The closing line of an object-store service: what it asked the store

@@ -215,6 +215,13 @@ struct FileOptions {
     s3_timeout: Option<f64>,
     s3_read_deadline: Option<f64>,
     stale_if_error: Option<bool>,
+    shared_cache: Option<String>,
+    shared_cache_endpoint: Option<String>,
+    shared_cache_region: Option<String>,
+    shared_cache_profile: Option<String>,
+    shared_cache_key_file: Option<PathBuf>,
+    shared_cache_admit: Option<String>,
+    shared_cache_timeout: Option<f64>,
 }
 
 /// The object-store settings of the config file (keys as the `--s3-*`
@@ -239,6 +246,20 @@ pub struct S3FileOptions {
     pub read_deadline: Option<f64>,
     /// `stale_if_error`.
     pub stale_if_error: Option<bool>,
+    /// `shared_cache` (s3://BUCKET[/PREFIX]).
+    pub shared_cache: Option<String>,
+    /// `shared_cache_endpoint`.
+    pub shared_cache_endpoint: Option<String>,
+    /// `shared_cache_region`.
+    pub shared_cache_region: Option<String>,
+    /// `shared_cache_profile`.
+    pub shared_cache_profile: Option<String>,
+    /// `shared_cache_key_file`.
+    pub shared_cache_key_file: Option<PathBuf>,
+    /// `shared_cache_admit` (all, mfu).
+    pub shared_cache_admit: Option<String>,
+    /// `shared_cache_timeout`, seconds.
+    pub shared_cache_timeout: Option<f64>,
 }
 
 /// The front ends' own settings as read from the file: `serve-nbd`'s
@@ -428,16 +449,7 @@ impl CacheOptions {
             l2arc_noprefetch_set: self.l2arc_noprefetch.or(file.l2arc_noprefetch).is_some(),
             sector_table_min_set: self.sector_table_min.is_some()
                 || file.sector_table_min.is_some(),
-            s3: S3FileOptions {
-                endpoint: file.s3_endpoint,
-                region: file.s3_region,
-                virtual_host: file.s3_virtual_host,
-                metadata_ttl: file.metadata_ttl,
-                retries: file.s3_retries,
-                timeout: file.s3_timeout,
-                read_deadline: file.s3_read_deadline,
-                stale_if_error: file.stale_if_error,
-            },
+            s3: s3_file_options(file),
         })
     }
 
@@ -818,6 +830,27 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
+}
+
+/// The object-store keys, as the file gives them.
+fn s3_file_options(file: FileOptions) -> S3FileOptions {
+    S3FileOptions {
+        endpoint: file.s3_endpoint,
+        region: file.s3_region,
+        virtual_host: file.s3_virtual_host,
+        metadata_ttl: file.metadata_ttl,
+        retries: file.s3_retries,
+        timeout: file.s3_timeout,
+        read_deadline: file.s3_read_deadline,
+        stale_if_error: file.stale_if_error,
+        shared_cache: file.shared_cache,
+        shared_cache_endpoint: file.shared_cache_endpoint,
+        shared_cache_region: file.shared_cache_region,
+        shared_cache_profile: file.shared_cache_profile,
+        shared_cache_key_file: file.shared_cache_key_file,
+        shared_cache_admit: file.shared_cache_admit,
+        shared_cache_timeout: file.shared_cache_timeout,
+    }
 }
 
 /// The front ends' own keys, as the file gives them.

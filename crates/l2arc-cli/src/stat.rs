@@ -270,6 +270,42 @@ const COLUMNS: &[Column] = &[
         Count,
         "Saved records the prewarm has still to consider [l2arc]",
     ),
+    col(
+        "shit",
+        5,
+        Count,
+        "Shared cache tier hits per second [l2arc]",
+    ),
+    col(
+        "smis",
+        5,
+        Count,
+        "Shared cache tier misses per second (bad blocks included) [l2arc]",
+    ),
+    col(
+        "sbad",
+        5,
+        Count,
+        "Shared cache tier blocks refused by a check per second [l2arc]",
+    ),
+    col(
+        "sbytes",
+        6,
+        Bytes,
+        "Bytes per second read from the shared cache tier [l2arc]",
+    ),
+    col(
+        "swr",
+        5,
+        Count,
+        "Shared cache tier writes per second [l2arc]",
+    ),
+    col(
+        "sdrop",
+        5,
+        Count,
+        "Records per second not written to the shared cache tier (queue full, backing off) [l2arc]",
+    ),
 ];
 
 /// arcstat's classic default line, with the L2ARC's columns when there are cache devices.
@@ -396,6 +432,12 @@ fn counter_of(column: &str) -> &'static str {
         "el2inel" => "evict_l2_ineligible",
         "zhits" => "zfetch_hits",
         "zissued" => "zfetch_io_issued",
+        "shit" => "shared_hits",
+        "smis" => "shared_misses",
+        "sbad" => "shared_bad",
+        "sbytes" => "shared_read_bytes",
+        "swr" => "shared_writes",
+        "sdrop" => "shared_write_drops",
         other => unreachable!("column {other} checked at start"),
     }
 }

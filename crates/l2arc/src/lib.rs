@@ -10,6 +10,8 @@
 //!   [`Cache::add_cache_device`], tuned by [`L2ArcConfig`];
 //! - [`primary`]: the slow storage behind the cache (a directory, an image or
 //!   block device, an emulated HDD array), or your own [`primary::Primary`];
+//! - a tier a fleet shares in an S3 bucket, below the L2ARC (feature
+//!   `object-store`): [`Cache::add_shared_tier`] with [`SharedTierConfig`];
 //! - [`CacheStats`] under ZFS's arcstats names, and [`analytics`] /
 //!   [`latency`]: latency histograms by the tier that served a read;
 //! - [`arc`]: the pure ARC policy, for simulators; [`hash`]: the key hash;
@@ -49,6 +51,8 @@ mod lock_order;
 mod pace;
 pub mod primary;
 mod settings;
+#[cfg(feature = "object-store")]
+mod shared;
 mod stats;
 mod tier;
 mod top_objects;
@@ -78,6 +82,11 @@ pub use l2arc::{
     DeviceOpen, DeviceStats, FeedOutcome, IoEngine, L2ArcConfig, L2Stats, StopFlush, StopFlushCut,
 };
 pub use pace::Pace;
+#[cfg(feature = "object-store")]
+pub use shared::{
+    SHARED_KSTATS, SHARED_QUEUE_BYTES_DEFAULT, SHARED_QUEUE_RECORDS_DEFAULT,
+    SHARED_TIMEOUT_DEFAULT_MS, SHARED_WRITERS_DEFAULT, SharedAdmit, SharedTierConfig,
+};
 pub use stats::{ArcStats, CacheStats, KstatKind, kstat_kind};
 
 /// What a program that puts a cache in front of its storage uses:

@@ -68,6 +68,9 @@ pub struct CacheStats {
     /// The ARC's checkpoints and the prewarm (`arc_prewarm_*`,
     /// `arc_checkpoint*`).
     pub shape: ShapeStats,
+    /// The counters of the tiers below the ARC other than the L2ARC (the
+    /// shared tier's `shared_*`), empty without one.
+    pub shared: Vec<(&'static str, u64)>,
 }
 
 impl CacheStats {
@@ -92,6 +95,7 @@ impl CacheStats {
         if let Some(l2) = &self.l2 {
             all.extend(l2.kstats.iter().copied());
         }
+        all.extend(self.shared.iter().copied());
         all
     }
 

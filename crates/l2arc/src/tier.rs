@@ -22,7 +22,12 @@
 //! so no tier can hand it out for the current one; the hash is never 0, so
 //! 0 can mark an empty slot. [`RecordKey`] (dataset slot, object, record)
 //! is the ARC's own name, which tiers see only to match a write's
-//! invalidations.
+//! invalidations. A tier a fleet shares cannot use either: the hash and
+//! the dataset slot mean something on one node only. So a read below the
+//! ARC passes a [`BelowKey`]: the hash, and what a fleet-stable name is
+//! made of (the object as its primary names it, the version the record is
+//! read under, the record's index, size and compression), each built only
+//! by a tier that asks for it (the version costs a lock).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -32,6 +37,7 @@ use crate::arc::policy::ListId;
 use crate::buf::AlignedBuf;
 use crate::hash::hash_one;
 use crate::l2arc::format::Compression;
+use crate::primary::{Generation, PrimaryObject};
 
 /// Most tiers below the ARC: the L2ARC, a shared tier, one more.
 pub(crate) const TIERS_MAX: usize = 4;
@@ -68,6 +74,24 @@ impl Keeping {
     }
 }
 
+/// A record as the tiers below the ARC name it (see the module comment).
+pub(crate) struct BelowKey<'a> {
+    /// The node-local identity (`record_key_hash`): the L2ARC's key.
+    pub(crate) hash: u64,
+    /// The object, which knows its identity beyond this node, if any
+    /// (`PrimaryObject::source_identity`).
+    pub(crate) object: &'a dyn PrimaryObject,
+    /// The version the record is read under, if the object's token still
+    /// stands for it (called only by a tier that needs it: a lock).
+    pub(crate) generation: &'a dyn Fn() -> Option<Generation>,
+    /// The record's index in the object.
+    pub(crate) index: u64,
+    /// The dataset's recordsize: the record holds at most this.
+    pub(crate) recordsize_bytes: u32,
+    /// The dataset's `compression`.
+    pub(crate) compression: Compression,
+}
+
 /// A record the ARC let go, offered to the tiers below.
 #[derive(Clone)]
 pub(crate) struct EvictedRecord {
@@ -94,15 +118,28 @@ pub(crate) struct ColdRecord {
 /// storage; it never returns bytes it did not verify.
 pub(crate) trait Tier: Send + Sync {
     /// The whole record, if the tier holds an intact copy of at most
-    /// `recordsize_bytes` (a miss or any failure: `None`).
-    fn read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf>;
+    /// `key.recordsize_bytes` (a miss or any failure: `None`).
+    fn read(&self, key: &BelowKey<'_>) -> Option<AlignedBuf>;
+
+    /// Several records at once (a read-ahead's span): fills the `None`
+    /// slots of `out` (one per key) that it holds intact. The default
+    /// reads them one by one; a tier whose reads are round trips (the
+    /// shared tier) has them in flight together.
+    fn read_many(&self, keys: &[BelowKey<'_>], out: &mut [Option<AlignedBuf>]) {
+        debug_assert_eq!(keys.len(), out.len());
+        for (key, slot) in keys.iter().zip(out.iter_mut()) {
+            if slot.is_none() {
+                *slot = self.read(key);
+            }
+        }
+    }
 
     /// Bytes `wanted` of the record without reading it whole, if the tier
     /// can: a buffer, the range of it that holds them (cut at the
     /// record's end), and the record's length.
     fn read_piece(
         &self,
-        key_hash: u64,
+        key: &BelowKey<'_>,
         wanted: Range<usize>,
     ) -> Option<(AlignedBuf, Range<usize>, usize)>;
 
@@ -112,6 +149,16 @@ pub(crate) trait Tier: Send + Sync {
 
     /// The ARC filled a record of `bytes` (from a tier or from primary).
     fn offer_fill(&self, bytes: u64);
+
+    /// The ARC filled `record` from primary storage (not from a tier):
+    /// `seen_before` when its insert was a ghost hit (the ARC saw it
+    /// before and let it go). A tier that keeps what primary storage
+    /// costs (the shared tier) copies it from here; one that copies from
+    /// DRAM on its own schedule (the L2ARC) ignores it. Never blocks.
+    fn offer_primary_fill(&self, key: &BelowKey<'_>, record: &Record, seen_before: bool);
+
+    /// The tier's own counters, as (kstat name, value), appended to `out`.
+    fn kstats(&self, out: &mut Vec<(&'static str, u64)>);
 
     /// Records the ARC let go, in the order it let them go.
     fn offer_evicted(&self, evicted: &mut dyn Iterator<Item = EvictedRecord>);
@@ -171,28 +218,55 @@ const _: () = assert!(TIERS_MAX >= 1 && TIERS_MAX <= u8::MAX as usize);
 /// is held to them.
 impl dyn Tier + '_ {
     /// [`Tier::read`]: at most `recordsize_bytes`.
-    pub(crate) fn checked_read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf> {
-        debug_assert_ne!(key_hash, 0, "0 marks an empty slot");
-        debug_assert!(recordsize_bytes.is_power_of_two());
-        let data = self.read(key_hash, recordsize_bytes);
+    pub(crate) fn checked_read(&self, key: &BelowKey<'_>) -> Option<AlignedBuf> {
+        debug_assert_ne!(key.hash, 0, "0 marks an empty slot");
+        debug_assert!(key.recordsize_bytes.is_power_of_two());
+        let data = self.read(key);
         // (The read path's hot side: the caller asserts it once more.)
         debug_assert!(
             data.as_ref()
-                .is_none_or(|data| data.len() <= recordsize_bytes as usize),
+                .is_none_or(|data| data.len() <= key.recordsize_bytes as usize),
             "a tier returns at most a record"
         );
         data
+    }
+
+    /// [`Tier::read_many`]: a slot per key, filled ones kept, each at most
+    /// a record.
+    pub(crate) fn checked_read_many(&self, keys: &[BelowKey<'_>], out: &mut [Option<AlignedBuf>]) {
+        assert_eq!(keys.len(), out.len(), "a slot per key");
+        let filled_before = out.iter().filter(|s| s.is_some()).count();
+        self.read_many(keys, out);
+        debug_assert!(out.iter().filter(|s| s.is_some()).count() >= filled_before);
+        debug_assert!(
+            keys.iter().zip(out.iter()).all(|(k, s)| s
+                .as_ref()
+                .is_none_or(|d| d.len() <= k.recordsize_bytes as usize)),
+            "a tier returns at most a record"
+        );
+    }
+
+    /// [`Tier::offer_primary_fill`]: one record, of at most its size.
+    pub(crate) fn checked_offer_primary_fill(
+        &self,
+        key: &BelowKey<'_>,
+        record: &Record,
+        seen_before: bool,
+    ) {
+        debug_assert!(record.data.len() <= key.recordsize_bytes as usize);
+        debug_assert_ne!(key.hash, 0, "0 marks an empty slot");
+        self.offer_primary_fill(key, record, seen_before);
     }
 
     /// [`Tier::read_piece`]: a range of the buffer, no longer than wanted,
     /// within the record.
     pub(crate) fn checked_read_piece(
         &self,
-        key_hash: u64,
+        key: &BelowKey<'_>,
         wanted: Range<usize>,
     ) -> Option<(AlignedBuf, Range<usize>, usize)> {
-        debug_assert!(key_hash != 0 && wanted.start <= wanted.end);
-        let piece = self.read_piece(key_hash, wanted.clone());
+        debug_assert!(key.hash != 0 && wanted.start <= wanted.end);
+        let piece = self.read_piece(key, wanted.clone());
         if let Some((data, range, record_bytes)) = &piece {
             debug_assert!(
                 range.start <= range.end && range.end <= data.len(),

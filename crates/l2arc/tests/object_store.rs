@@ -637,3 +637,115 @@ fn the_check_names_each_cause_apart() {
         &[],
     );
 }
+
+/// The shared tier as a library attaches it: a tier config over the
+/// cache bucket, with the test server's credentials.
+fn shared_config(endpoint: &str, fleet_key: Option<&[u8]>) -> l2arc::SharedTierConfig {
+    let mut c = l2arc::SharedTierConfig::new(config(endpoint, "cache", 60_000));
+    c.fleet_key = fleet_key.map(<[u8]>::to_vec);
+    c
+}
+
+fn kstat_of(cache: &Cache, name: &str) -> u64 {
+    let stats = cache.stats();
+    stats
+        .shared
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", stats.shared))
+}
+
+/// Reads every record of `handle` through a read queue (the NBD server's
+/// path), all in flight at once.
+fn read_all_queued(cache: &Cache, handle: &l2arc::ObjectHandle) -> Vec<u8> {
+    let len = handle.size_bytes() as usize;
+    let mut out = vec![0u8; len];
+    let mut queue = cache.read_queue(64).unwrap();
+    for (i, offset) in (0..len).step_by(RS).enumerate() {
+        queue
+            .submit(handle, offset as u64, RS.min(len - offset), i as u64)
+            .unwrap();
+    }
+    let mut done = Vec::new();
+    let mut seen = 0;
+    while seen < len.div_ceil(RS) {
+        queue.wait(1, &mut done).unwrap();
+        for completion in done.drain(..) {
+            let offset = completion.tag as usize * RS;
+            let view = completion.result.unwrap();
+            view.copy_to(&mut out[offset..offset + view.len()]);
+            seen += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_shared_tier_serves_a_second_cache_with_no_get() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.create_bucket("cache");
+    let objects: Vec<(String, Vec<u8>)> = [1usize, RS, RS * 3 + 5]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (format!("o{i}"), content(len, i as u64 + 40)))
+        .collect();
+    for (key, data) in &objects {
+        server.put(BUCKET, key, data);
+    }
+    let total: u64 = objects.iter().map(|(_, d)| records(d) as u64).sum();
+    let key = [3u8; 32];
+    // The first cache reads from the bucket and writes the tier.
+    let store1 = primary(&server.endpoint(), 60_000);
+    let (cache1, ds1) = cache_over(store1.clone());
+    cache1
+        .add_shared_tier(shared_config(&server.endpoint(), Some(&key)))
+        .unwrap();
+    let again = cache1.add_shared_tier(shared_config(&server.endpoint(), Some(&key)));
+    assert_eq!(again.unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+    for (name, data) in &objects {
+        let handle = cache1.open(ds1, name, false).unwrap();
+        assert!(read_all(&cache1, &handle) == *data, "{name}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while kstat_of(&cache1, "shared_writes") < total {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            cache1.stats().shared
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(store1.stats().gets, total);
+    // The second reads through a read queue: all from the tier.
+    let store2 = primary(&server.endpoint(), 60_000);
+    let (cache2, ds2) = cache_over(store2.clone());
+    cache2
+        .add_shared_tier(shared_config(&server.endpoint(), Some(&key)))
+        .unwrap();
+    for (name, data) in &objects {
+        let handle = cache2.open(ds2, name, false).unwrap();
+        assert!(read_all_queued(&cache2, &handle) == *data, "{name}");
+    }
+    assert_eq!(store2.stats().gets, 0, "{:?}", cache2.stats().shared);
+    assert_eq!(kstat_of(&cache2, "shared_hits"), total);
+    assert_eq!(kstat_of(&cache2, "shared_writes"), 0, "not written back");
+    assert!(cache2.shared_read_latency().unwrap().count() >= total);
+    // A third with another fleet key refuses every block: all from the bucket.
+    let store3 = primary(&server.endpoint(), 60_000);
+    let (cache3, ds3) = cache_over(store3.clone());
+    cache3
+        .add_shared_tier(shared_config(&server.endpoint(), Some(&[4u8; 32])))
+        .unwrap();
+    for (name, data) in &objects {
+        let handle = cache3.open(ds3, name, false).unwrap();
+        assert!(read_all(&cache3, &handle) == *data, "{name}");
+    }
+    assert_eq!(kstat_of(&cache3, "shared_bad_hmac"), total);
+    assert_eq!(store3.stats().gets, total);
+    // A key shorter than 32 bytes is refused.
+    let (cache4, _) = cache_over(store3);
+    let short = cache4.add_shared_tier(shared_config(&server.endpoint(), Some(&[1u8; 16])));
+    assert_eq!(short.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+}

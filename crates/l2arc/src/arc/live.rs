@@ -185,7 +185,15 @@ impl FillClaim<'_> {
 
     /// Publishes the fill's result: inserts a good record in the ARC (unless
     /// an invalidation doomed it) and wakes every waiter.
-    pub fn complete(mut self, result: io::Result<Arc<Record>>) {
+    pub fn complete(self, result: io::Result<Arc<Record>>) {
+        debug_assert!(!self.completed, "a claim completes once");
+        let _ghost_hit = self.complete_noting_ghost(result);
+    }
+
+    /// [`Self::complete`], and whether the insert was a ghost hit: the ARC
+    /// had seen the record before (it was evicted since), so it goes in as
+    /// frequently used (the shared tier's `mfu` admission).
+    pub(crate) fn complete_noting_ghost(mut self, result: io::Result<Arc<Record>>) -> bool {
         debug_assert!(!self.completed, "a claim completes once");
         self.completed = true;
         let result = result.map_err(|e| FillError {
@@ -193,7 +201,7 @@ impl FillClaim<'_> {
             message: e.to_string(),
         });
         self.arc
-            .complete_fill(self.key, self.kind, &self.fill, result);
+            .complete_fill(self.key, self.kind, &self.fill, result)
     }
 }
 
@@ -244,6 +252,30 @@ impl DetachedClaim {
             kind: self.kind,
             fill: self.fill,
             completed: false,
+        }
+    }
+}
+
+/// Counts an insert's outcome in the shard's stats (ghost hits, inserts
+/// refused); returns whether it was a ghost hit.
+fn count_insert(stats: &mut ArcStats, outcome: &InsertOutcome) -> bool {
+    match *outcome {
+        InsertOutcome::Inserted { ghost } | InsertOutcome::NoRoom { ghost } => {
+            match ghost {
+                Some(ListId::MruGhost) => stats.mru_ghost_hits += 1,
+                Some(ListId::MfuGhost) => stats.mfu_ghost_hits += 1,
+                _ => {}
+            }
+            if matches!(outcome, InsertOutcome::NoRoom { .. }) {
+                stats.insert_no_room += 1;
+            }
+            // Only a ghost list remembers a key without its record.
+            debug_assert!(ghost.is_none_or(ListId::is_ghost));
+            ghost.is_some()
+        }
+        InsertOutcome::TooLarge => {
+            stats.insert_no_room += 1;
+            false
         }
     }
 }
@@ -836,8 +868,9 @@ impl LiveArc {
         kind: AccessKind,
         fill: &Arc<Fill>,
         result: FillResult,
-    ) {
+    ) -> bool {
         let mut evicted = EvictedBatch::new();
+        let mut ghost_hit = false;
         {
             let mut guard = self.shard(&key);
             let shard = &mut *guard;
@@ -862,19 +895,7 @@ impl LiveArc {
                 );
                 assert_inserted(shard, &key, record, &outcome);
                 let stats = &mut shard.stats;
-                match outcome {
-                    InsertOutcome::Inserted { ghost } | InsertOutcome::NoRoom { ghost } => {
-                        match ghost {
-                            Some(ListId::MruGhost) => stats.mru_ghost_hits += 1,
-                            Some(ListId::MfuGhost) => stats.mfu_ghost_hits += 1,
-                            _ => {}
-                        }
-                        if matches!(outcome, InsertOutcome::NoRoom { .. }) {
-                            stats.insert_no_room += 1;
-                        }
-                    }
-                    InsertOutcome::TooLarge => stats.insert_no_room += 1,
-                }
+                ghost_hit = count_insert(stats, &outcome);
                 if !matches!(outcome, InsertOutcome::Inserted { .. }) {
                     // Refused (every eviction candidate is being read): the
                     // ARC lets go of it at once, and the L2ARC's write-back
@@ -914,6 +935,7 @@ impl LiveArc {
         if waiting {
             fill.ready.notify_all();
         }
+        ghost_hit
     }
 
     /// Drops a record and dooms any fill of it in flight: after this returns,

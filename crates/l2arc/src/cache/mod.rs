@@ -142,6 +142,9 @@ pub struct Cache {
     /// added: its devices are managed here, and read queues read its
     /// records on their own rings.
     l2: OnceLock<Arc<L2Arc>>,
+    /// The shared tier (also one of `tiers`, after the L2ARC), once added.
+    #[cfg(feature = "object-store")]
+    shared: OnceLock<Arc<crate::shared::SharedTier>>,
     invalidations: RankedMutex<Invalidations, { rank::INVALIDATIONS }>,
     /// `invalidations.sequence`, readable without the lock: a fill notes it
     /// before it reads, so a write-back of its record can tell which writes
@@ -220,6 +223,8 @@ impl Cache {
             counters: ReadPathCounters::default(),
             tiers: tiers::Tiers::default(),
             l2: OnceLock::new(),
+            #[cfg(feature = "object-store")]
+            shared: OnceLock::new(),
             invalidations: RankedMutex::new(Invalidations::default()),
             invalidation_sequence: AtomicU64::new(0),
             ioengine,
@@ -350,6 +355,7 @@ impl Cache {
             zfetch_hits: c.zfetch_hits.get(),
             zfetch_io_issued: c.zfetch_io_issued.get(),
             l2: self.l2.get().map(|l2| l2.stats()),
+            shared: self.tier_kstats(),
         };
         assert_eq!(stats.arc_max, self.config.arc_max_bytes);
         stats

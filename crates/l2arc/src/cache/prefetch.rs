@@ -40,6 +40,11 @@ use crate::{Cache, ObjectHandle};
 /// Largest read one span makes below (one GET of an object store).
 pub const PREFETCH_SPAN_BYTES_MAX: u64 = 64 << 20;
 
+/// Claims of a span looked up below the ARC together (`read_below_many`):
+/// the shared tier's GETs in flight at once, and the records found held
+/// until they are published (16 MiB of 1 MiB records at most).
+const BELOW_BATCH_RECORDS: usize = 16;
+
 /// Records of a span claimed for read-ahead and not yet filled: made by
 /// [`Cache::claim_span`], filled by [`ClaimedSpan::fill`] on any thread.
 /// Dropped unfilled, it gives its claims up and their waiters look again.
@@ -187,17 +192,28 @@ impl Cache {
                 .is_sorted_by(|a, b| a < b)
         );
         let mut result = Ok(());
-        for (index, claim) in claims {
-            let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
-            if !consecutive {
-                result = result.and(self.read_run(handle, &mut run, token, pace));
-            }
+        let mut claims = claims.into_iter().peekable();
+        while claims.peek().is_some() {
+            // A batch of claims looked up below the ARC together (the
+            // shared tier's GETs in flight at once), then filled in order.
+            let batch: Vec<(u64, FillClaim<'a>)> =
+                claims.by_ref().take(BELOW_BATCH_RECORDS).collect();
+            // Before the reads: a write logged after it may have changed
+            // what they return (`Record::fill_sequence`).
             let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-            if let Some(data) = self.read_below(handle, index, token) {
-                let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
-                result = result.and(self.read_run(handle, &mut run, token, pace));
-            } else {
-                run.push((index, claim));
+            let indices: Vec<u64> = batch.iter().map(|&(index, _)| index).collect();
+            let found = self.read_below_many(handle, &indices, token);
+            for ((index, claim), data) in batch.into_iter().zip(found) {
+                let consecutive = run.last().is_none_or(|&(last, _)| last + 1 == index);
+                if !consecutive {
+                    result = result.and(self.read_run(handle, &mut run, token, pace));
+                }
+                if let Some(data) = data {
+                    let _ = self.publish_fill(claim, Ok(data), token, fill_sequence, None);
+                    result = result.and(self.read_run(handle, &mut run, token, pace));
+                } else {
+                    run.push((index, claim));
+                }
             }
         }
         result.and(self.read_run(handle, &mut run, token, pace))
@@ -234,14 +250,15 @@ impl Cache {
         // Before the read: a write logged after it may have changed what
         // the read returns (`Record::fill_sequence`).
         let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
-        // The record being assembled: (its claim, its bytes, how many are in).
-        let mut current: Option<(FillClaim<'_>, AlignedBuf, usize)> = None;
+        // The record being assembled: (its claim, its bytes, how many are in,
+        // its index).
+        let mut current: Option<(FillClaim<'_>, AlignedBuf, usize, u64)> = None;
         let mut next_index = first;
         let mut stopped = false;
         let published = std::cell::Cell::new(0usize);
-        let publish = |claim, data| {
+        let publish = |claim, data, index| {
             published.set(published.get() + 1);
-            let _ = self.publish_fill(claim, Ok(data), token, fill_sequence);
+            let _ = self.publish_fill(claim, Ok(data), token, fill_sequence, Some((handle, index)));
         };
         let result =
             self.read_primary_stream(handle, first, records, token, &mut |mut piece: &[u8]| {
@@ -256,16 +273,16 @@ impl Cache {
                         };
                         assert_eq!(index, next_index, "a run is consecutive records");
                         next_index += 1;
-                        current = Some((claim, AlignedBuf::zeroed(recordsize), 0));
+                        current = Some((claim, AlignedBuf::zeroed(recordsize), 0, index));
                     }
-                    let (_, buf, filled) = current.as_mut().expect("set above");
+                    let (_, buf, filled, _) = current.as_mut().expect("set above");
                     let n = piece.len().min(recordsize - *filled);
                     buf.as_mut_slice()[*filled..*filled + n].copy_from_slice(&piece[..n]);
                     *filled += n;
                     piece = &piece[n..];
                     if *filled == recordsize {
-                        let (claim, buf, _) = current.take().expect("set above");
-                        publish(claim, buf);
+                        let (claim, buf, _, index) = current.take().expect("set above");
+                        publish(claim, buf, index);
                     }
                 }
                 true
@@ -281,22 +298,22 @@ impl Cache {
             Ok(_) => {
                 // Short at the end of the object: the record in progress is
                 // the last one, and those past it are empty.
-                if let Some((claim, mut buf, filled)) = current.take() {
+                if let Some((claim, mut buf, filled, index)) = current.take() {
                     buf.set_len(filled);
-                    publish(claim, buf);
+                    publish(claim, buf, index);
                 }
-                for (_, claim) in claims.by_ref() {
-                    publish(claim, AlignedBuf::zeroed(0));
+                for (index, claim) in claims.by_ref() {
+                    publish(claim, AlignedBuf::zeroed(0), index);
                 }
                 // Read to its end: every claim taken was published.
                 debug_assert_eq!(published.get(), records);
             }
             Err(e) => {
                 // Never published in part: a record is whole or not at all.
-                let unfinished = current.take().map(|(claim, _, _)| claim);
+                let unfinished = current.take().map(|(claim, _, _, _)| claim);
                 for claim in unfinished.into_iter().chain(claims.map(|(_, c)| c)) {
                     let error = io::Error::new(e.kind(), e.to_string());
-                    let _ = self.publish_fill(claim, Err(error), token, fill_sequence);
+                    let _ = self.publish_fill(claim, Err(error), token, fill_sequence, None);
                 }
             }
         }

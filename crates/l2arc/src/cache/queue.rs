@@ -372,13 +372,15 @@ impl<'c> ReadQueue<'c> {
                     self.read_here((index, slot), (token, fill_sequence), claim, pending);
                     return Ok(());
                 }
-                let result = if self.ring.is_some() {
-                    // Not on flash (or not allowed there): primary storage.
-                    self.cache.read_primary(&handle, record, token)
-                } else {
-                    self.cache.fill_record(&handle, record, token)
-                };
-                let record = self.cache.publish_fill(claim, result, token, fill_sequence);
+                // With a ring the L2ARC was asked above: not on flash (or
+                // not allowed there), the tiers after it, then primary.
+                let skip = usize::from(self.ring.is_some());
+                let (result, from_primary) =
+                    self.cache.fill_record_from(&handle, record, token, skip);
+                let primary = from_primary.then_some((&handle, record));
+                let record = self
+                    .cache
+                    .publish_fill(claim, result, token, fill_sequence, primary);
                 self.deliver(index, slot, record);
             }
         }
@@ -724,18 +726,22 @@ impl<'c> ReadQueue<'c> {
         let record = request.first_record + u64::from(slot);
         let recordsize = handle.recordsize_bytes() as usize;
         debug_assert!(matches!(request.slots[slot as usize], RecordSlot::Reading));
-        let result = match l2
+        let (result, from_primary) = match l2
             .finish_read(pending, io_result)
             .filter(|data| data.len() <= recordsize)
         {
             Some(data) => {
                 self.cache.note_l2_hit(&handle, timer, data.len() as u64);
-                Ok(data)
+                (Ok(data), false)
             }
-            // Any failure on flash is a miss: primary storage has it.
-            None => self.cache.read_primary(&handle, record, token),
+            // Any failure on flash is a miss: the tiers after the L2ARC,
+            // then primary storage, have it.
+            None => self.cache.fill_record_from(&handle, record, token, 1),
         };
-        let record = self.cache.publish_fill(claim, result, token, fill_sequence);
+        let primary = from_primary.then_some((&handle, record));
+        let record = self
+            .cache
+            .publish_fill(claim, result, token, fill_sequence, primary);
         self.deliver(index, slot, record);
     }
 

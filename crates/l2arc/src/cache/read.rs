@@ -20,7 +20,7 @@ use crate::arc::live::{Lookup, Record};
 use crate::arc::policy::AccessKind;
 use crate::buf::AlignedBuf;
 use crate::l2arc::L2Arc;
-use crate::tier::{Tier, record_key_hash};
+use crate::tier::{BelowKey, Tier, record_key_hash};
 
 use super::Cache;
 use super::config::*;
@@ -238,7 +238,9 @@ impl Cache {
                 Lookup::Claimed(claim) => {
                     let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
                     match self.read_below(handle, index, token) {
-                        Some(data) => self.publish_fill(claim, Ok(data), token, fill_sequence),
+                        Some(data) => {
+                            self.publish_fill(claim, Ok(data), token, fill_sequence, None)
+                        }
                         None => self.fill_from_primary(handle, index, token, kind, claim),
                     }
                 }
@@ -265,12 +267,16 @@ impl Cache {
 
     /// Completes a fill this reader claimed: inserts the record (the ARC
     /// decides) and hands it, or the error, to every reader waiting on it.
+    /// `primary`: the bytes came from primary storage, as record `.1` of
+    /// object `.0`: the tiers are offered them (`offer_primary_fill`),
+    /// after the waiters are woken.
     pub(crate) fn publish_fill(
         &self,
         claim: crate::arc::live::FillClaim<'_>,
         result: io::Result<AlignedBuf>,
         token: u64,
         fill_sequence: u64,
+        primary: Option<(&ObjectHandle, u64)>,
     ) -> io::Result<Arc<Record>> {
         // Noted before the read, from a sequence that only grows.
         debug_assert!(fill_sequence <= self.invalidation_sequence.load(Ordering::Acquire));
@@ -281,8 +287,11 @@ impl Cache {
                     generation_token: token,
                     fill_sequence,
                 });
-                claim.complete(Ok(Arc::clone(&record)));
+                let seen_before = claim.complete_noting_ghost(Ok(Arc::clone(&record)));
                 self.offer_fill(record.data.len() as u64);
+                if let Some((handle, index)) = primary {
+                    self.offer_primary_fill(handle, index, &record, seen_before);
+                }
                 Ok(record)
             }
             Err(e) => {
@@ -295,22 +304,29 @@ impl Cache {
         }
     }
 
-    /// Produces a record's bytes from below the ARC.
+    /// Produces a record's bytes from below the ARC, and whether they came
+    /// from primary storage.
     ///
-    /// The tiers in order (a miss or any failure in one falls through to
-    /// the next), then primary storage.
-    pub(crate) fn fill_record(
+    /// The tiers in order from the `skip`th (a miss or any failure in one
+    /// falls through to the next; a read queue that tried the L2ARC on its
+    /// own ring skips it), then primary storage.
+    pub(crate) fn fill_record_from(
         &self,
         handle: &ObjectHandle,
         index: u64,
         token: u64,
-    ) -> io::Result<AlignedBuf> {
-        if let Some(data) = self.read_below(handle, index, token) {
-            return Ok(data);
+        skip: usize,
+    ) -> (io::Result<AlignedBuf>, bool) {
+        if let Some(data) = self.read_below_from(handle, index, token, skip) {
+            return (Ok(data), false);
         }
-        let data = self.read_primary(handle, index, token)?;
-        debug_assert!(data.len() <= handle.dataset.config.recordsize_bytes as usize);
-        Ok(data)
+        let data = self.read_primary(handle, index, token);
+        debug_assert!(
+            data.as_ref()
+                .is_ok_and(|d| d.len() <= handle.dataset.config.recordsize_bytes as usize)
+                || data.is_err()
+        );
+        (data, true)
     }
 
     /// A record's bytes from the first tier below the ARC that holds them
@@ -322,18 +338,108 @@ impl Cache {
         index: u64,
         token: u64,
     ) -> Option<AlignedBuf> {
+        self.read_below_from(handle, index, token, 0)
+    }
+
+    /// [`Self::read_below`] from the `skip`th tier on.
+    fn read_below_from(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        token: u64,
+        skip: usize,
+    ) -> Option<AlignedBuf> {
         if self.tiers.is_empty() {
             return None;
         }
         let key_hash = self.key_below(handle, index, token)?;
-        let recordsize_bytes = handle.dataset.config.recordsize_bytes;
-        self.tiers.iter().find_map(|tier| {
-            let timer = self.analytics.start();
-            let data = tier.checked_read(key_hash, recordsize_bytes)?;
-            assert!(data.len() <= recordsize_bytes as usize);
-            self.note_l2_hit(handle, timer, data.len() as u64);
-            Some(data)
-        })
+        let generation = || handle.state.generation_of(token);
+        let key = below_key(handle, index, key_hash, &generation);
+        let recordsize_bytes = key.recordsize_bytes;
+        self.tiers
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .find_map(|(at, tier)| {
+                let timer = self.analytics.start();
+                let data = tier.checked_read(&key)?;
+                assert!(data.len() <= recordsize_bytes as usize);
+                // The analytics' band below the ARC is the L2ARC's (the
+                // first tier); the shared tier keeps its own histogram.
+                if at == 0 {
+                    self.note_l2_hit(handle, timer, data.len() as u64);
+                }
+                Some(data)
+            })
+    }
+
+    /// Records `indices` from the tiers below the ARC, as
+    /// [`Self::read_below`] reads one: a slot per index, `None` where no
+    /// tier holds it. The L2ARC is read record by record (its reads are
+    /// local and fast); the tiers after it get the records it missed
+    /// together (`Tier::read_many`: the shared tier's GETs in flight at
+    /// once, where one by one a span would cost a round trip a record).
+    pub(crate) fn read_below_many(
+        &self,
+        handle: &ObjectHandle,
+        indices: &[u64],
+        token: u64,
+    ) -> Vec<Option<AlignedBuf>> {
+        let mut out: Vec<Option<AlignedBuf>> = indices.iter().map(|_| None).collect();
+        if self.tiers.is_empty() || handle.dataset.props.secondarycache() != CacheMode::All {
+            return out;
+        }
+        let generation = || handle.state.generation_of(token);
+        let keys: Vec<BelowKey<'_>> = indices
+            .iter()
+            .map(|&index| {
+                let key_hash = record_key_hash(handle.dataset.uid, handle.state.id, index, token);
+                below_key(handle, index, key_hash, &generation)
+            })
+            .collect();
+        for (at, tier) in self.tiers.iter().enumerate() {
+            if out.iter().all(Option::is_some) {
+                break;
+            }
+            if at > 0 {
+                tier.checked_read_many(&keys, &mut out);
+                continue;
+            }
+            for (key, slot) in keys.iter().zip(out.iter_mut()) {
+                let timer = self.analytics.start();
+                *slot = tier.checked_read(key);
+                if let Some(data) = slot {
+                    self.note_l2_hit(handle, timer, data.len() as u64);
+                }
+            }
+        }
+        debug_assert_eq!(out.len(), indices.len());
+        out
+    }
+
+    /// Offers a record just filled from primary storage to every tier
+    /// (`Tier::offer_primary_fill`), if its dataset lets tiers below the
+    /// ARC keep it.
+    fn offer_primary_fill(
+        &self,
+        handle: &ObjectHandle,
+        index: u64,
+        record: &Record,
+        seen_before: bool,
+    ) {
+        if self.tiers.is_empty() || record.data.is_empty() {
+            return;
+        }
+        let token = record.generation_token;
+        let Some(key_hash) = self.key_below(handle, index, token) else {
+            return;
+        };
+        let generation = || handle.state.generation_of(token);
+        let key = below_key(handle, index, key_hash, &generation);
+        debug_assert!(record.data.len() <= key.recordsize_bytes as usize);
+        for tier in self.tiers.iter() {
+            tier.checked_offer_primary_fill(&key, record, seen_before);
+        }
     }
 
     /// Bytes `wanted` of a record from the first tier below the ARC that
@@ -349,9 +455,11 @@ impl Cache {
             return None;
         }
         let key_hash = self.key_below(handle, index, token)?;
+        let generation = || handle.state.generation_of(token);
+        let key = below_key(handle, index, key_hash, &generation);
         self.tiers.iter().find_map(|tier| {
             let timer = self.analytics.start();
-            let (data, range, record_bytes) = tier.checked_read_piece(key_hash, wanted.clone())?;
+            let (data, range, record_bytes) = tier.checked_read_piece(&key, wanted.clone())?;
             assert!(range.end <= data.len() && range.len() <= wanted.len());
             self.note_l2_hit(handle, timer, range.len() as u64);
             Some((data, range, record_bytes))
@@ -578,5 +686,24 @@ impl Cache {
         self.counters.reads.add(1);
         self.counters.read_bytes.add(n as u64);
         Ok(n)
+    }
+}
+
+/// A record's name below the ARC (`crate::tier::BelowKey`): `key_hash` and
+/// what a fleet-stable name is made of, the version only when asked.
+fn below_key<'a>(
+    handle: &'a ObjectHandle,
+    index: u64,
+    key_hash: u64,
+    generation: &'a dyn Fn() -> Option<crate::primary::Generation>,
+) -> BelowKey<'a> {
+    debug_assert_ne!(key_hash, 0, "0 marks an empty slot below");
+    BelowKey {
+        hash: key_hash,
+        object: &*handle.object,
+        generation,
+        index,
+        recordsize_bytes: handle.dataset.config.recordsize_bytes,
+        compression: handle.dataset.props.compression(),
     }
 }

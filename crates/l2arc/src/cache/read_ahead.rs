@@ -73,7 +73,7 @@ impl Cache {
         if ahead.is_empty() {
             let fill_sequence = self.invalidation_sequence.load(Ordering::Acquire);
             let result = self.read_primary(handle, index, token);
-            return self.publish_fill(claim, result, token, fill_sequence);
+            return self.publish_fill(claim, result, token, fill_sequence, Some((handle, index)));
         }
         self.counters.zfetch_hits.add(1);
         self.counters.zfetch_io_issued.add(ahead.len() as u64);

@@ -110,6 +110,57 @@ impl EvictionSink for TierEvictionSink {
 }
 
 impl Cache {
+    /// Attaches a tier a fleet of nodes shares, in an S3-compatible
+    /// bucket, below the L2ARC (made now if no cache device was added
+    /// yet): records filled from primary storage are written to it behind
+    /// the reader, and an ARC and L2ARC miss reads it before primary
+    /// storage. At most one; refused if the fleet key is shorter than 32
+    /// bytes. Checks nothing on the network: a tier that does not answer
+    /// is skipped, never an error to a reader.
+    #[cfg(feature = "object-store")]
+    pub fn add_shared_tier(
+        self: &Arc<Self>,
+        config: crate::shared::SharedTierConfig,
+    ) -> io::Result<()> {
+        if self.shared.get().is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a shared tier is attached already",
+            ));
+        }
+        let tier = Arc::new(crate::shared::SharedTier::new(config)?);
+        // Read after the L2ARC: it is the first tier, made now if need be.
+        self.l2_or_init();
+        if self.shared.set(Arc::clone(&tier)).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a shared tier is attached already",
+            ));
+        }
+        self.tiers.push(tier as Arc<dyn Tier>);
+        debug_assert!(self.tiers.iter().count() >= 2, "after the L2ARC");
+        Ok(())
+    }
+
+    /// The shared tier's read latency (GETs that found a block), if one is
+    /// attached.
+    #[cfg(feature = "object-store")]
+    pub fn shared_read_latency(&self) -> Option<crate::latency::HistogramSnapshot> {
+        let snapshot = self.shared.get().map(|s| s.read_latency());
+        debug_assert!(snapshot.is_none() || !self.tiers.is_empty());
+        snapshot
+    }
+
+    /// The counters of every tier but the L2ARC (whose are `l2`).
+    pub(super) fn tier_kstats(&self) -> Vec<(&'static str, u64)> {
+        let mut out = Vec::new();
+        for tier in self.tiers.iter().skip(usize::from(self.l2.get().is_some())) {
+            tier.kstats(&mut out);
+        }
+        debug_assert!(self.l2.get().is_some() || out.is_empty());
+        out
+    }
+
     /// The L2ARC, once a cache device has been added.
     #[cfg(feature = "internals")]
     pub fn l2arc(&self) -> Option<&Arc<L2Arc>> {

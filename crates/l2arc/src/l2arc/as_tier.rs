@@ -14,12 +14,14 @@ use std::sync::atomic::Ordering;
 
 use super::L2Arc;
 use super::writeback::Queued;
+use crate::arc::live::Record;
 use crate::arc::policy::ListId;
 use crate::buf::AlignedBuf;
-use crate::tier::{EvictedRecord, Tier};
+use crate::tier::{BelowKey, EvictedRecord, Tier};
 
 impl Tier for L2Arc {
-    fn read(&self, key_hash: u64, recordsize_bytes: u32) -> Option<AlignedBuf> {
+    fn read(&self, key: &BelowKey<'_>) -> Option<AlignedBuf> {
+        let (key_hash, recordsize_bytes) = (key.hash, key.recordsize_bytes);
         // `record_key_hash` is never 0 (0 marks an empty slot).
         debug_assert_ne!(key_hash, 0);
         let data = L2Arc::read(self, key_hash, recordsize_bytes)?;
@@ -30,10 +32,10 @@ impl Tier for L2Arc {
 
     fn read_piece(
         &self,
-        key_hash: u64,
+        key: &BelowKey<'_>,
         wanted: Range<usize>,
     ) -> Option<(AlignedBuf, Range<usize>, usize)> {
-        let (data, range, record_bytes) = self.read_sectors(key_hash, wanted)?;
+        let (data, range, record_bytes) = self.read_sectors(key.hash, wanted)?;
         assert!(
             range.end <= data.len(),
             "a sector read's range lies in its buffer"
@@ -54,6 +56,19 @@ impl Tier for L2Arc {
         if self.live.feed_again() {
             self.feed_wake.note_insert(bytes);
         }
+    }
+
+    fn offer_primary_fill(&self, key: &BelowKey<'_>, record: &Record, seen_before: bool) {
+        // The feeder copies from the ARC's cold ends on its own schedule:
+        // a fill is nothing to it but bytes (`offer_fill`).
+        debug_assert!(record.data.len() <= key.recordsize_bytes as usize);
+        let _ = seen_before;
+    }
+
+    fn kstats(&self, out: &mut Vec<(&'static str, u64)>) {
+        // The L2ARC's counters are the cache's `l2` stats (per device and
+        // summed), not a tier's extra list.
+        debug_assert!(out.len() < usize::MAX);
     }
 
     fn offer_evicted(&self, evicted: &mut dyn Iterator<Item = EvictedRecord>) {

@@ -122,6 +122,34 @@ impl ObjectInfo {
     }
 }
 
+/// Where an object lives beyond this machine, and which version of it:
+/// what a cache tier that a fleet shares names its records by (every node
+/// that reads the same object of the same store names it the same).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SourceIdentity {
+    /// The store's endpoint as configured ("https://s3.us-east-1.amazonaws.com").
+    pub endpoint: String,
+    /// The bucket.
+    pub bucket: String,
+    /// The object's full key in the bucket (prefix included).
+    pub key: String,
+    /// The version: the ETag, and the version id in a versioned bucket.
+    pub version: String,
+}
+
+impl SourceIdentity {
+    /// An identity from its parts.
+    pub fn new(endpoint: String, bucket: String, key: String, version: String) -> Self {
+        Self {
+            endpoint,
+            bucket,
+            key,
+            version,
+        }
+    }
+}
+
 /// A slow store of named objects.
 pub trait Primary: Send + Sync + 'static {
     /// Opens an object. `writable` asks for write access (write-through).
@@ -207,6 +235,15 @@ pub trait PrimaryObject: Send + Sync + 'static {
         let n = self.read_at_generation(offset, buf.as_mut_slice(), expected)?;
         sink(&buf.as_slice()[..n]);
         Ok(n)
+    }
+
+    /// The object's identity beyond this machine at the version
+    /// `generation` names, for a tier a fleet shares. None (the default):
+    /// the object has none (a file's path names it on this machine only),
+    /// or `generation` is no version the object remembers.
+    fn source_identity(&self, generation: &Generation) -> Option<SourceIdentity> {
+        let _ = generation;
+        None
     }
 
     /// Writes all of `data` at `offset` (write-through; the object may grow).

@@ -73,7 +73,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{Generation, ObjectInfo, Primary, PrimaryObject};
+use super::{Generation, ObjectInfo, Primary, PrimaryObject, SourceIdentity};
 
 mod aws_config;
 mod failure;
@@ -1207,6 +1207,43 @@ impl PrimaryObject for StoreObject {
                     .into_io(&what(at)));
             }
         }
+    }
+
+    fn source_identity(&self, generation: &Generation) -> Option<SourceIdentity> {
+        let meta = self.version_of(Some(generation)).ok()?;
+        // A store that gives no ETag names no version: nothing to share.
+        if meta.etag.is_empty() && meta.version_id.is_empty() {
+            return None;
+        }
+        let option = |name: &str| {
+            let options = &self.shared.config.options;
+            options
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let root = option("root").unwrap_or("").trim_matches('/');
+        let key = if root.is_empty() {
+            self.key.clone()
+        } else {
+            format!("{root}/{}", self.key)
+        };
+        // No endpoint: AWS's, of the region.
+        let endpoint = option("endpoint").map_or_else(
+            || {
+                format!(
+                    "https://s3.{}.amazonaws.com",
+                    option("region").unwrap_or("us-east-1")
+                )
+            },
+            str::to_string,
+        );
+        Some(SourceIdentity::new(
+            endpoint,
+            option("bucket").unwrap_or("").to_string(),
+            key,
+            format!("{}\0{}", meta.etag, meta.version_id),
+        ))
     }
 
     fn write_at(&self, _offset: u64, _data: &[u8]) -> io::Result<()> {
