@@ -233,12 +233,12 @@ fn s3_defaults_runs_both_systems_at_their_defaults() {
     assert_eq!(keys, ["defaults_warm_iops", "defaults_warm_p99_us"]);
 }
 
-/// `--scenario restart` at a tiny size: warm, then the three restarts,
+/// `--scenario restart` at a tiny size: warm, then the four restarts,
 /// each with its per-second IOPS, counters polled from the ready line and
 /// its figures; fio's sequential read of the cache file after the first
 /// clean stop.
 #[test]
-fn restart_scenario_measures_three_restarts() {
+fn restart_scenario_measures_four_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
         .args(["--scenario", "restart", "--dataset-size", "32MiB"])
@@ -258,7 +258,19 @@ fn restart_scenario_measures_three_restarts() {
         .iter()
         .map(|r| r["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds, ["clean_prewarm", "kill_prewarm", "clean_no_prewarm"]);
+    assert_eq!(
+        kinds,
+        [
+            "clean_prewarm",
+            "kill_prewarm",
+            "clean_no_prewarm",
+            "clean_prewarm_alone"
+        ]
+    );
+    // (d)'s reads waited for its prewarm: it ran, and read from flash.
+    let alone = &restarts[3]["prewarm"];
+    assert!(alone["records"].as_u64().unwrap() > 0, "{alone}");
+    assert!(alone["reads"].as_u64().unwrap() > 0, "{alone}");
     for r in restarts {
         assert!(
             r["iops_per_second"].as_array().unwrap().len() >= 10,
@@ -285,4 +297,55 @@ fn restart_scenario_measures_three_restarts() {
         "kill_secs_to_90pct",
         "clean_primary_reads"
     ]));
+}
+
+/// `--scenario fleet` at a tiny size, two nodes: l2arc's second node reads
+/// the data from the shared tier (no data GET: the fleet's GETs are node
+/// 1's), rclone's reads the bucket again; the three goals' figures.
+#[test]
+fn fleet_scenario_reads_the_bucket_once_for_the_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
+        .args(["--scenario", "fleet", "--dataset-size", "8MiB"])
+        .args(["--files", "2", "--nodes", "2", "--arc-max", "16MiB"])
+        .args(["--measure-secs", "1", "--json", "--data"])
+        .arg(dir.path())
+        .output()
+        .expect("run l2arc-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{report}");
+    let (ours, rclone) = (&results[0], &results[1]);
+    assert!(ours["system"].as_str().unwrap().starts_with("l2arc"));
+    assert!(rclone["system"].as_str().unwrap().starts_with("rclone"));
+    for r in results {
+        let cold = r["cold"].as_array().unwrap();
+        assert_eq!(cold.len(), 2, "{r}");
+        assert!(cold.iter().all(|c| f(&c["mib_per_sec"]) > 0.0), "{r}");
+        assert!(cold[0]["data_gets"].as_u64().unwrap() > 0, "{r}");
+        assert!(f(&r["random_iops"]) > 0.0, "{r}");
+    }
+    let node2 = &ours["cold"][1];
+    assert_eq!(node2["data_gets"], 0, "node 2 read the data bucket: {ours}");
+    assert!(node2["shared_hits"].as_u64().unwrap() > 0, "{ours}");
+    assert!(
+        rclone["cold"][1]["data_gets"].as_u64().unwrap() > 0,
+        "rclone's node 2 has no cache of node 1's: {rclone}"
+    );
+    let keys: Vec<&str> = report["headline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "fleet_gets_over_node1",
+            "others_over_node1_cold",
+            "fresh_node_random_iops"
+        ]
+    );
 }
