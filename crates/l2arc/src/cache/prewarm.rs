@@ -66,6 +66,7 @@ use crate::arc::shape::{
 use crate::buf::AlignedBuf;
 use crate::hash::FastHashMap;
 use crate::l2arc::RunRead;
+use crate::lock_order::{RankedMutex, rank};
 pub use crate::stats::ShapeStats;
 use crate::tier::{Tier, record_key_hash};
 
@@ -815,7 +816,8 @@ impl Cache {
         // Every job and every result is one or more claimed records, and at
         // most `PREWARM_IN_FLIGHT` are claimed: no send below ever waits.
         let (job_tx, job_rx) = mpsc::sync_channel::<(RunRead, usize)>(PREWARM_IN_FLIGHT);
-        let job_rx = std::sync::Mutex::new(job_rx);
+        // Held only while a reader waits for its next run.
+        let job_rx: RankedMutex<_, { rank::LEAF }> = RankedMutex::new(job_rx);
         let (done_tx, done_rx) =
             mpsc::sync_channel::<(usize, Option<AlignedBuf>)>(PREWARM_IN_FLIGHT);
         std::thread::scope(|s| {
@@ -1052,7 +1054,7 @@ impl PrewarmIo {
 /// job queue closes (or the prewarm stopped listening).
 fn prewarm_reader(
     l2: &crate::l2arc::L2Arc,
-    jobs: &std::sync::Mutex<mpsc::Receiver<(RunRead, usize)>>,
+    jobs: &RankedMutex<mpsc::Receiver<(RunRead, usize)>, { rank::LEAF }>,
     done: &mpsc::SyncSender<(usize, Option<AlignedBuf>)>,
 ) {
     loop {
