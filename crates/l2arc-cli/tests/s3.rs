@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use l2arc_testkit::s3::S3Server;
+use l2arc_testkit::s3::{S3Server, gets_in_log as gets_in};
 use l2arc_testkit::service::{Running, Service};
 use l2arc_testkit::{run, tool};
 
@@ -96,20 +96,6 @@ impl S3Service {
         std::thread::sleep(Duration::from_millis(100));
         self.log.lock().unwrap().clone()
     }
-}
-
-/// GETs the service says it issued (its closing line).
-fn gets_in(log: &str) -> u64 {
-    let line = log
-        .lines()
-        .find(|l| l.starts_with("l2arc: s3 requests: "))
-        .unwrap_or_else(|| panic!("no s3 requests line in:\n{log}"));
-    line["l2arc: s3 requests: ".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -23,7 +23,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use l2arc_testkit::s3::S3Server;
+use l2arc_testkit::s3::{S3Server, gets_in_log as data_gets};
 use l2arc_testkit::service::{Running, Service};
 use l2arc_testkit::{ctl, kstat};
 
@@ -147,20 +147,6 @@ impl Node {
         assert!(status.success(), "exit {status}: {log}");
         log
     }
-}
-
-/// GETs the mount says it issued of the data bucket (its closing line).
-fn data_gets(log: &str) -> u64 {
-    let line = log
-        .lines()
-        .find(|l| l.starts_with("l2arc: s3 requests: "))
-        .unwrap_or_else(|| panic!("no s3 requests line in:\n{log}"));
-    line["l2arc: s3 requests: ".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 fn server() -> S3Server {

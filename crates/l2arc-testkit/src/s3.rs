@@ -522,6 +522,21 @@ fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::R
     Ok(())
 }
 
+/// GETs an `l2arc mount s3://` or `serve-nbd s3://` says it issued of its
+/// source, from its closing line (`l2arc: s3 requests: N GETs ...`).
+pub fn gets_in_log(log: &str) -> u64 {
+    const PREFIX: &str = "l2arc: s3 requests: ";
+    let line = log
+        .lines()
+        .find(|l| l.starts_with(PREFIX))
+        .unwrap_or_else(|| panic!("no s3 requests line in:\n{log}"));
+    line[PREFIX.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of GETs in {line:?}"))
+}
+
 /// Whether a request (its first bytes) is a GET of a bucket (a listing)
 /// rather than of an object: path style, its path (before any `?`) names
 /// one segment at most.

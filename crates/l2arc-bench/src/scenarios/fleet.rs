@@ -31,7 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use l2arc_testkit::s3::{ACCESS_KEY, FaultProxy, S3Server, SECRET_KEY};
+use l2arc_testkit::s3::{FaultProxy, S3Server};
 use serde::Serialize;
 
 use super::{Goal, Headline, Outcome, Scenario};
@@ -180,16 +180,8 @@ impl System {
                     .arg(mnt)
                     .args(["--vfs-cache-mode", "full", "--read-only"])
                     .arg("--cache-dir")
-                    .arg(&cache_dir)
-                    // A CA bundle from the environment makes rclone 1.60
-                    // refuse plain HTTP ("unsupported transport").
-                    .env_remove("AWS_CA_BUNDLE")
-                    .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
-                    .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
-                    .env("RCLONE_CONFIG_BENCH_ENDPOINT", data_endpoint)
-                    .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", ACCESS_KEY)
-                    .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", SECRET_KEY)
-                    .env("RCLONE_CONFIG_BENCH_REGION", "us-east-1");
+                    .arg(&cache_dir);
+                super::s3::rclone_remote(&mut cmd, data_endpoint);
                 (cmd, None)
             }
         };
@@ -294,15 +286,6 @@ impl Drop for Node {
     }
 }
 
-fn read_all(files: &[PathBuf]) -> Result<u64> {
-    let mut total = 0;
-    for f in files {
-        let mut file = std::fs::File::open(f).with_context(|| format!("{}", f.display()))?;
-        total += std::io::copy(&mut file, &mut std::io::sink())?;
-    }
-    Ok(total)
-}
-
 /// Waits until node 1's writes to the shared tier stop moving (its write
 /// queue drained), bounded.
 fn settle_shared_writes(node: &Node, binary: &Path) {
@@ -349,7 +332,7 @@ fn cold_pass(system: &System, place: &Place<'_>, node_no: usize) -> Result<ColdP
     super::fuse::drop_page_cache();
     let before = place.proxy.counts();
     let started = Instant::now();
-    let read = read_all(place.files)?;
+    let read = super::s3::read_all(place.files)?;
     let secs = started.elapsed().as_secs_f64();
     let after = place.proxy.counts();
     if read != place.data_bytes {
@@ -431,22 +414,6 @@ fn measure(system: &System, place: &Place<'_>, nodes: usize, secs: f64) -> Resul
     })
 }
 
-/// `files_n` objects `f0`.. of `file_bytes` pseudo-random bytes each.
-fn fill_bucket(server: &S3Server, files_n: u64, file_bytes: u64, seed: u64) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for i in 0..files_n {
-        let data: Vec<u8> = (0..file_bytes)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        server.put(DATA_BUCKET, &format!("f{i}"), &data);
-    }
-}
-
 fn run(args: &BenchArgs) -> Result<Outcome> {
     crate::fio::version()?;
     let nodes = args.nodes;
@@ -469,7 +436,7 @@ fn run(args: &BenchArgs) -> Result<Outcome> {
     let files_n = u64::from(args.files.max(1));
     let file_bytes = (args.dataset_size / files_n).max(1);
     let data_bytes = file_bytes * files_n;
-    fill_bucket(&server, files_n, file_bytes, args.seed);
+    super::s3::fill_bucket(&server, DATA_BUCKET, (files_n, file_bytes), args.seed);
     let proxy = FaultProxy::start(server.addr());
     proxy.set_delay_ms(DELAY_MS.0, DELAY_MS.1);
     let mnt = tmp.path().join("mnt");

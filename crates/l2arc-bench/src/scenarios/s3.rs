@@ -222,16 +222,7 @@ impl System for RcloneSystem {
                 .args(["--vfs-cache-max-age", "24h", "--dir-cache-time", "60s"])
                 .args(["--attr-timeout", "60s"]);
         }
-        let child = cmd
-            // A CA bundle from the environment makes rclone 1.60 refuse to
-            // start over plain HTTP ("unsupported transport").
-            .env_remove("AWS_CA_BUNDLE")
-            .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
-            .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
-            .env("RCLONE_CONFIG_BENCH_ENDPOINT", &self.endpoint)
-            .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", ACCESS_KEY)
-            .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", SECRET_KEY)
-            .env("RCLONE_CONFIG_BENCH_REGION", "us-east-1")
+        let child = rclone_remote(&mut cmd, &self.endpoint)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.cache_dir.with_extension("log"))?)
             .spawn()
@@ -283,7 +274,22 @@ fn wait_mounted(mnt: &Path, limit: Duration) -> Result<()> {
     Ok(())
 }
 
-fn read_all(files: &[PathBuf]) -> Result<u64> {
+/// Configures rclone's remote `bench:` as the S3 server at `endpoint`
+/// with the test server's credentials (no config file).
+pub(super) fn rclone_remote<'c>(cmd: &'c mut Command, endpoint: &str) -> &'c mut Command {
+    // A CA bundle from the environment makes rclone 1.60 refuse to start
+    // over plain HTTP ("unsupported transport").
+    cmd.env_remove("AWS_CA_BUNDLE")
+        .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
+        .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
+        .env("RCLONE_CONFIG_BENCH_ENDPOINT", endpoint)
+        .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("RCLONE_CONFIG_BENCH_REGION", "us-east-1")
+}
+
+/// Reads every file whole, in order; the bytes read.
+pub(super) fn read_all(files: &[PathBuf]) -> Result<u64> {
     let mut total = 0;
     for f in files {
         let mut file = std::fs::File::open(f).with_context(|| format!("{}", f.display()))?;
@@ -382,7 +388,7 @@ pub(crate) fn run(args: &BenchArgs, mode: Mode) -> Result<Outcome> {
     let files_n = args.files.max(1) as u64;
     let file_bytes = (args.dataset_size / files_n).max(1);
     let data_bytes = file_bytes * files_n;
-    fill_bucket(&server, files_n, file_bytes, args.seed);
+    fill_bucket(&server, BUCKET, (files_n, file_bytes), args.seed);
     let proxy = FaultProxy::start(server.addr());
     proxy.set_delay_ms(DELAY_MS.0, DELAY_MS.1);
     let mnt = tmp.path().join("mnt");
@@ -514,8 +520,13 @@ fn headline(r: &Report) -> Vec<Headline> {
 }
 
 /// `files_n` objects `f0`.. of `file_bytes` pseudo-random bytes each
-/// (incompressible, so neither system gains from compression).
-fn fill_bucket(server: &S3Server, files_n: u64, file_bytes: u64, seed: u64) {
+/// (incompressible, so neither system gains from compression) in `bucket`.
+pub(super) fn fill_bucket(
+    server: &S3Server,
+    bucket: &str,
+    (files_n, file_bytes): (u64, u64),
+    seed: u64,
+) {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for i in 0..files_n {
         let data: Vec<u8> = (0..file_bytes)
@@ -526,7 +537,7 @@ fn fill_bucket(server: &S3Server, files_n: u64, file_bytes: u64, seed: u64) {
                 x as u8
             })
             .collect();
-        server.put(BUCKET, &format!("f{i}"), &data);
+        server.put(bucket, &format!("f{i}"), &data);
     }
 }
 
