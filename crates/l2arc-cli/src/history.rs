@@ -744,7 +744,10 @@ mod tests {
         let back = Sample::decode(&b).unwrap();
         assert_eq!(back.heat[tier("shared_hit")][12], 8);
         assert_eq!(back.heat[tier("l2_hit")][12], 0);
-        assert_eq!(back.values[field("shared_hits")], 300 + field("shared_hits") as u64);
+        assert_eq!(
+            back.values[field("shared_hits")],
+            300 + field("shared_hits") as u64
+        );
         assert_eq!(
             back.values[field("shared_write_bytes")],
             300 + field("shared_write_bytes") as u64
@@ -881,7 +884,10 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.lines().count(), 1, "{e}");
-        assert!(std::fs::read(&path).unwrap() == before, "the file was changed");
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "the file was changed"
+        );
     }
 
     /// Without a shared tier its counters are zeros and its band empty;
@@ -900,7 +906,10 @@ mod tests {
             assert_eq!(s.values[field(name)], 0, "{name}");
         }
         let json = s.to_json();
-        assert_eq!(json[3][tier("shared_hit")], serde_json::json!(vec![0u64; HEAT_ROWS]));
+        assert_eq!(
+            json[3][tier("shared_hit")],
+            serde_json::json!(vec![0u64; HEAT_ROWS])
+        );
         // About 2 ms, both below 2^21 ns: the row of 2^20.
         cache.analytics().shared_hit.record(2_000_000);
         cache.analytics().shared_hit.record(2_050_000);

@@ -558,7 +558,12 @@ fn two_nbd_exports_of_an_image_object_share_the_tier() {
         &data,
         dir.path(),
         2,
-        &["--http", "127.0.0.1:0", "--history", history.to_str().unwrap()],
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--history",
+            history.to_str().unwrap(),
+        ],
     );
     let addr = second.http().expect("an HTTP endpoint");
     // A history sample before the reads, so that the history's rates

@@ -429,14 +429,20 @@ mod tests {
         assert_eq!(a.l2_hit.snapshot().count(), 0);
         assert!(a.device_histograms().iter().all(|(_, h)| h.count() == 0));
         let d = a.dataset(0);
-        assert_eq!((d.reads, d.misses, d.shared_hits, d.shared_read_bytes), (2, 2, 2, 4196));
+        assert_eq!(
+            (d.reads, d.misses, d.shared_hits, d.shared_read_bytes),
+            (2, 2, 2, 4196)
+        );
         assert_eq!((d.l2_hits, d.l2_read_bytes, d.primary_reads), (0, 0, 0));
         let top = &a.top_objects(1)[0];
         assert_eq!(top.object, 9);
         assert_eq!((top.misses, top.l2_hits, top.primary_reads), (2, 0, 0));
         assert_eq!(top.bytes_below, 4196);
         let names: Vec<&str> = a.histograms().iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["arc_hit", "l2_hit", "shared_hit", "primary", "frontend"]);
+        assert_eq!(
+            names,
+            ["arc_hit", "l2_hit", "shared_hit", "primary", "frontend"]
+        );
         // The L2ARC's band is the L2ARC's only.
         a.below_hit_done(Below::L2Arc, a.start(), 0, 9, 4096);
         assert_eq!(a.shared_hit.snapshot().count(), 2);

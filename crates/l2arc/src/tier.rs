@@ -309,7 +309,11 @@ impl dyn Tier + '_ {
     /// [`Tier::band`]: a tier's, never primary storage's.
     pub(crate) fn checked_band(&self) -> crate::top_objects::Below {
         let band = self.band();
-        debug_assert_ne!(band, crate::top_objects::Below::Primary, "a tier is no primary");
+        debug_assert_ne!(
+            band,
+            crate::top_objects::Below::Primary,
+            "a tier is no primary"
+        );
         band
     }
 

@@ -82,13 +82,7 @@ impl TopObjects {
 
     /// A fill from below the ARC, `from` the tier that served it (a
     /// shared-tier hit counts as a miss and bytes below only).
-    pub(crate) fn fill(
-        &self,
-        dataset: u32,
-        object: u64,
-        from: Below,
-        bytes: u64,
-    ) {
+    pub(crate) fn fill(&self, dataset: u32, object: u64, from: Below, bytes: u64) {
         let Some(mut objects) = self.objects.try_lock() else {
             return; // busy: the count is dropped, the read goes on
         };

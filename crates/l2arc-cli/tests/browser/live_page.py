@@ -124,7 +124,7 @@ def main():
         )
         gained = {c: attr(page, c, "points") - start[c] for c in LINE_CHARTS}
         heat = {h: attr(page, h, "events") for h in heat_maps}
-        empty = {h: empty_band(page, h) for h in EMPTY_HEAT_MAPS}
+        empty_bands = {h: empty_band(page, h) for h in EMPTY_HEAT_MAPS}
         shared_table = page.inner_text("#sharedtable")
         # A few more seconds so that the screenshot shows a curve.
         page.wait_for_timeout(hold_secs * 1000)
@@ -154,7 +154,7 @@ def main():
         )
         history_points = {c: attr(page, c, "points") for c in LINE_CHARTS}
         history_heat = {h: attr(page, h, "events") for h in heat_maps}
-        history_empty = {h: empty_band(page, h) for h in EMPTY_HEAT_MAPS}
+        history_empty_bands = {h: empty_band(page, h) for h in EMPTY_HEAT_MAPS}
         history_status = page.inner_text("#status")
         history_tiles = page.inner_text("#tiles")
         history_breakdowns = breakdowns(page)
@@ -179,8 +179,8 @@ def main():
     result = {
         "gained": gained,
         "heat_events": heat,
-        "empty_heat": empty,
-        "history_empty_heat": history_empty,
+        "empty_heat": empty_bands,
+        "history_empty_heat": history_empty_bands,
         "shared_table": shared_table,
         "status": status,
         "datasets": datasets,
@@ -205,7 +205,7 @@ def main():
     empty = [h for h, n in heat.items() if n <= 0]
     if empty:
         sys.exit(f"live_page.py: heat maps stayed empty within {GAIN_WITHIN_SECS} s: {empty}")
-    for where, bands in (("live", empty), ("1 h", history_empty)):
+    for where, bands in (("live", empty_bands), ("1 h", history_empty_bands)):
         for h, (present, columns, events) in bands.items():
             if not present or columns <= 0 or events != 0:
                 sys.exit(
