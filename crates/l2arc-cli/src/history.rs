@@ -7,7 +7,7 @@
 //! indexed by the second (3,600 slots), one by the minute (10,080 slots): a
 //! sample goes to the slot its own time names, overwriting whatever that
 //! slot held one lap ago. So the file's size is fixed when it is made
-//! (about 60 MiB, the same after a day as after a year) and no index or
+//! (about 64 MiB, the same after a day as after a year) and no index or
 //! write position needs to be kept: a reader takes every valid slot in the
 //! window it wants and sorts by time.
 //!
@@ -39,6 +39,9 @@
 //! header's magic; a file of another version (or anything else) is refused
 //! at start with one line and left as it is: the history is a view that a
 //! new file starts again, and a refusal never destroys an operator's file.
+//! Read under another layout, an older file's words would land in the
+//! wrong counters and tiers (a new field or tier shifts every word after
+//! it), so it is never read, not even in part.
 //!
 //! Why it survives crashes without fsync. Each slot is written whole with
 //! one `pwrite` and carries a CRC-32C: a slot torn by a crash, or never
@@ -66,8 +69,9 @@ pub(crate) const MINUTES_KEPT: u64 = 7 * 24 * 60;
 /// The longest window one request may ask for.
 pub(crate) const WINDOW_SECS_MAX: u64 = MINUTES_KEPT * 60;
 
-/// The counters kept, by arcstats name (absent ones are kept as 0).
-pub(crate) const FIELDS: [&str; 34] = [
+/// The counters kept, by arcstats name (absent ones are kept as 0: the
+/// shared tier's without `--shared-cache`).
+pub(crate) const FIELDS: [&str; 43] = [
     "reads",
     "read_bytes",
     "hits",
@@ -102,9 +106,18 @@ pub(crate) const FIELDS: [&str; 34] = [
     "l2_io_error",
     "l2_writes_error",
     "primary_errors",
+    "shared_hits",
+    "shared_misses",
+    "shared_bad",
+    "shared_writes",
+    "shared_write_drops",
+    "shared_errors",
+    "shared_timeouts",
+    "shared_read_bytes",
+    "shared_write_bytes",
 ];
 /// The latency tiers kept, as the analytics name them.
-pub(crate) const TIERS: [&str; 4] = ["frontend", "arc_hit", "l2_hit", "primary"];
+pub(crate) const TIERS: [&str; 5] = ["frontend", "arc_hit", "l2_hit", "shared_hit", "primary"];
 /// Heat-map rows: one per power of two from 2^HEAT_LOW_LOG2 ns.
 pub(crate) const HEAT_LOW_LOG2: u32 = 5;
 pub(crate) const HEAT_ROWS: usize = 30;
@@ -126,8 +139,9 @@ const DATASET_BYTES: usize = 8 * BREAKDOWN.len() + DATASET_NAME_BYTES;
 const OBJECT_BYTES: usize = 16 + 8 * BREAKDOWN.len() + OBJECT_NAME_BYTES;
 
 const HEADER_BYTES: u64 = 4096;
-/// The magic's last byte is the layout's version.
-const HEADER_MAGIC: &[u8; 16] = b"l2arc-history\n\0\x02";
+/// The magic's last byte is the layout's version: 3 since the shared
+/// tier's counters and heat map (2: breakdowns, per-device heat maps).
+const HEADER_MAGIC: &[u8; 16] = b"l2arc-history\n\0\x03";
 const SLOT_MAGIC: u32 = 0x4c32_4853; // "L2HS"
 /// magic, crc, time_ms, boot_ms, then the counters and the heat rows.
 const SLOT_HEAD_BYTES: usize = 4 + 4 + 8 + 8;
@@ -414,7 +428,7 @@ fn dataset_entries(cache: &Cache) -> [DatasetEntry; DATASETS_KEPT] {
             a.misses,
             a.l2_hits,
             a.primary_reads,
-            a.l2_read_bytes + a.primary_read_bytes,
+            a.l2_read_bytes + a.shared_read_bytes + a.primary_read_bytes,
         ];
         for (sum, c) in entry.counts.iter_mut().zip(counts) {
             *sum += c;
@@ -683,6 +697,14 @@ fn record_loop(cache: &Cache, history: &History, stopping: &AtomicBool) {
 mod tests {
     use super::*;
 
+    fn tier(name: &str) -> usize {
+        TIERS.iter().position(|&t| t == name).unwrap()
+    }
+
+    fn field(name: &str) -> usize {
+        FIELDS.iter().position(|&f| f == name).unwrap()
+    }
+
     fn sample(time_ms: u64, seed: u64) -> Sample {
         let mut s = Sample {
             time_ms,
@@ -697,6 +719,7 @@ mod tests {
             *v = seed * 100 + i as u64;
         }
         s.heat[2][9] = seed;
+        s.heat[tier("shared_hit")][12] = seed + 5;
         s.datasets[0] = DatasetEntry {
             name: "nbd".into(),
             counts: [seed, 2, 3, 4, 5],
@@ -717,6 +740,18 @@ mod tests {
         let mut b = [0u8; SLOT_BYTES];
         s.encode(&mut b);
         assert_eq!(Sample::decode(&b).as_ref(), Some(&s));
+        // The shared tier's band and counters come back where they were.
+        let back = Sample::decode(&b).unwrap();
+        assert_eq!(back.heat[tier("shared_hit")][12], 8);
+        assert_eq!(back.heat[tier("l2_hit")][12], 0);
+        assert_eq!(
+            back.values[field("shared_hits")],
+            300 + field("shared_hits") as u64
+        );
+        assert_eq!(
+            back.values[field("shared_write_bytes")],
+            300 + field("shared_write_bytes") as u64
+        );
         // A long name is cut at a character boundary.
         s.objects[0].name = Some("é".repeat(40));
         s.encode(&mut b);
@@ -734,7 +769,7 @@ mod tests {
         let h = History::open(&path).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_BYTES);
         // The sizes docs/analytics.md states.
-        assert_eq!((SLOT_BYTES, FILE_BYTES), (4584, 62_713_216));
+        assert_eq!((SLOT_BYTES, FILE_BYTES), (4896, 66_981_376));
         let now = now_ms() / 1000 * 1000;
         for i in 0..10u64 {
             let s = sample(now - i * 1000, i);
@@ -811,10 +846,79 @@ mod tests {
         std::fs::write(&path, &v1).unwrap();
         let e = History::open(&path).err().unwrap().to_string();
         assert!(
-            e.contains("history of version 1 (this l2arc writes version 2)"),
+            e.contains("history of version 1 (this l2arc writes version 3)"),
             "{e}"
         );
         assert_eq!(std::fs::read(&path).unwrap(), v1);
+    }
+
+    /// A history of version 2 as that layout made it (its slot and file
+    /// sizes, a valid slot in it) is refused, not read under the new
+    /// layout, and kept as it was.
+    #[test]
+    fn a_version_2_file_is_refused_never_misread() {
+        const V2_SLOT_BYTES: u64 = 4584;
+        const V2_FILE_BYTES: u64 = 62_713_216;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        let mut head = vec![0u8; 32];
+        head[..16].copy_from_slice(b"l2arc-history\n\0\x02");
+        head[16..24].copy_from_slice(&V2_SLOT_BYTES.to_le_bytes());
+        head[24..32].copy_from_slice(&V2_FILE_BYTES.to_le_bytes());
+        // A slot with a valid magic where the first second's slot is.
+        let mut slot = vec![0u8; V2_SLOT_BYTES as usize];
+        slot[0..4].copy_from_slice(&SLOT_MAGIC.to_le_bytes());
+        let crc = crc32c::crc32c(&slot[8..]);
+        slot[4..8].copy_from_slice(&crc.to_le_bytes());
+        {
+            let file = File::create(&path).unwrap();
+            file.set_len(V2_FILE_BYTES).unwrap();
+            file.write_all_at(&head, 0).unwrap();
+            file.write_all_at(&slot, HEADER_BYTES).unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let e = History::open(&path).err().unwrap().to_string();
+        assert!(
+            e.contains("is an l2arc history of version 2 (this l2arc writes version 3)")
+                && e.contains("give another path, or remove it"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "the file was changed"
+        );
+    }
+
+    /// Without a shared tier its counters are zeros and its band empty;
+    /// its histogram's events land in its own band, not the L2ARC's.
+    #[test]
+    fn the_shared_tier_is_a_band_of_its_own_and_zero_without_one() {
+        let cache = Cache::new(
+            l2arc::CacheConfig::default()
+                .arc_max_bytes(16 << 20)
+                .arc_shards(2),
+        )
+        .unwrap();
+        let s = Sample::take(&cache, 1000, 1);
+        assert!(s.heat[tier("shared_hit")].iter().all(|&n| n == 0));
+        for name in FIELDS.iter().filter(|n| n.starts_with("shared_")) {
+            assert_eq!(s.values[field(name)], 0, "{name}");
+        }
+        let json = s.to_json();
+        assert_eq!(
+            json[3][tier("shared_hit")],
+            serde_json::json!(vec![0u64; HEAT_ROWS])
+        );
+        // About 2 ms, both below 2^21 ns: the row of 2^20.
+        cache.analytics().shared_hit.record(2_000_000);
+        cache.analytics().shared_hit.record(2_050_000);
+        let s = Sample::take(&cache, 2000, 1);
+        let row = heat_row(2_000_000);
+        assert_eq!(row, 20 - HEAT_LOW_LOG2 as usize);
+        assert_eq!(s.heat[tier("shared_hit")][row], 2);
+        assert_eq!(s.heat[tier("shared_hit")].iter().sum::<u64>(), 2);
+        assert!(s.heat[tier("l2_hit")].iter().all(|&n| n == 0));
     }
 
     #[test]

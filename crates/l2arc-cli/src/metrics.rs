@@ -831,6 +831,8 @@ fn json_datasets(cache: &Cache) -> Vec<Value> {
                 "compression": format!("{:?}", config.compression).to_lowercase(),
                 "l2_hits": a.l2_hits,
                 "l2_read_bytes": a.l2_read_bytes,
+                "shared_hits": a.shared_hits,
+                "shared_read_bytes": a.shared_read_bytes,
                 "primary_reads": a.primary_reads,
                 "primary_read_bytes": a.primary_read_bytes,
             })

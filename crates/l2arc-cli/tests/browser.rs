@@ -4,7 +4,9 @@
 //! page must load with no console error, every chart must gain points
 //! within 5 s (the breakdown, eligibility and errors charts among them),
 //! the heat maps of the front end, the ARC, the L2ARC, the disk and of
-//! each cache device must fill, the breakdowns by dataset and by file must
+//! each cache device must fill, the shared tier's must be drawn and stay
+//! empty (this export has no shared tier; its band filling is
+//! tests/shared_cache.rs's), the breakdowns by dataset and by file must
 //! name the dataset and the image being read, live and over the "1 h"
 //! window, the status line and tiles must follow the window shown, and the
 //! drill-down must list the image being read.
@@ -128,6 +130,13 @@ fn live_page_charts_fill_in_headless_chromium_under_fio() {
     for slot in 0..2 {
         let events = &result["heat_events"][format!("heat-dev-{slot}")];
         assert!(events.as_u64().unwrap() > 0, "{result}");
+    }
+    // No shared tier: its band is there, drawn, and empty, live and 1 h.
+    for which in ["empty_heat", "history_empty_heat"] {
+        let band = &result[which]["heat-shared_hit"];
+        assert_eq!(band[0], true, "{result}");
+        assert!(band[1].as_u64().unwrap() > 0, "{result}");
+        assert_eq!(band[2], 0, "{result}");
     }
     let size = std::fs::metadata(&screenshot).unwrap().len();
     assert!(size > 10_000, "screenshot of {size} bytes");

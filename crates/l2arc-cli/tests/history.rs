@@ -238,7 +238,7 @@ fn check_older_version_refused(src: &Path, mnt: &Path, dir: &Path) {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("is an l2arc history of version 1 (this l2arc writes version 2)"),
+        stderr.contains("is an l2arc history of version 1 (this l2arc writes version 3)"),
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");

@@ -332,7 +332,7 @@ fn grafana_dashboard_asks_only_for_served_metrics() {
         .flat_map(|p| p["targets"].as_array().unwrap())
         .map(|t| t["expr"].as_str().unwrap())
         .collect();
-    for tier in ["arc_hit", "l2_hit", "primary"] {
+    for tier in ["arc_hit", "l2_hit", "shared_hit", "primary"] {
         assert!(
             heatmaps
                 .iter()

@@ -15,7 +15,10 @@
 //! - `--shared-cache-admit mfu`: a record read once is not written; read
 //!   twice (evicted in between or not) it is;
 //! - two `serve-nbd` exports of an image object: the second reads it
-//!   all from the tier;
+//!   all from the tier, in its own band of the analytics (`shared_hit`:
+//!   `/api/stats`, `/metrics`, `/api/history`, and the live page's heat
+//!   map in headless Chromium, `tests/browser/shared_band.py`), not the
+//!   L2ARC's;
 //! - start-up refusals in one line.
 
 use std::path::{Path, PathBuf};
@@ -485,10 +488,10 @@ fn admit_mfu_writes_only_what_the_arc_saw_twice() {
 }
 
 /// `serve-nbd s3://BUCKET/KEY` of the image, with the shared tier and a
-/// cache file. (A miss is read by the blocking path; the read queue's own
-/// fills of the tiers after the L2ARC are checked by the engine's test,
-/// tests/object_store.rs.)
-fn serve_nbd(data: &S3Server, dir: &Path, n: usize) -> (Running, PathBuf) {
+/// cache file, and `extra` arguments. (A miss is read by the blocking
+/// path; the read queue's own fills of the tiers after the L2ARC are
+/// checked by the engine's test, tests/object_store.rs.)
+fn serve_nbd(data: &S3Server, dir: &Path, n: usize, extra: &[&str]) -> (Running, PathBuf) {
     let socket = dir.join(format!("nbd{n}.sock"));
     let control = dir.join(format!("nbdctl{n}.sock"));
     let cache_file = dir.join(format!("nbd-l2-{n}.img"));
@@ -503,6 +506,7 @@ fn serve_nbd(data: &S3Server, dir: &Path, n: usize) -> (Running, PathBuf) {
             "64MiB",
         ])
         .args(["--arc-max", "64MiB", "--control", control.to_str().unwrap()])
+        .args(extra)
         .env_remove("AWS_PROFILE")
         .env("HOME", "/nonexistent-l2arc-test-home");
     for (k, v) in data.aws_env() {
@@ -527,7 +531,7 @@ fn two_nbd_exports_of_an_image_object_share_the_tier() {
                 .arg(&image),
         );
     };
-    let (mut first, control1) = serve_nbd(&data, dir.path(), 1);
+    let (mut first, control1) = serve_nbd(&data, dir.path(), 1, &[]);
     compare(first.socket());
     let deadline = Instant::now() + Duration::from_secs(30);
     while kstat(&ctl(bin(), &control1, &["stats"]), "shared_writes") < 8 {
@@ -535,12 +539,109 @@ fn two_nbd_exports_of_an_image_object_share_the_tier() {
         std::thread::sleep(Duration::from_millis(100));
     }
     first.stop();
-    let (mut second, control2) = serve_nbd(&data, dir.path(), 2);
+    let history = dir.path().join("history2.bin");
+    let (mut second, control2) = serve_nbd(
+        &data,
+        dir.path(),
+        2,
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--history",
+            history.to_str().unwrap(),
+        ],
+    );
+    let addr = second.http().expect("an HTTP endpoint");
+    // A history sample before the reads, so that the history's rates
+    // (deltas between samples) see them.
+    wait_for_history(addr, |h| !h["samples"].as_array().unwrap().is_empty());
     compare(second.socket());
     let s = ctl(bin(), &control2, &["stats"]);
     assert_eq!(kstat(&s, "primary_reads"), 0, "{s}");
     assert_eq!(kstat(&s, "shared_hits"), 8, "{s}");
+    check_shared_band(addr, 8);
     second.stop();
+}
+
+/// `/api/history?window=60` once `ok` holds of it (10 s at most).
+fn wait_for_history(
+    addr: std::net::SocketAddr,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = l2arc_testkit::http_get(addr, "/api/history?window=60");
+        assert_eq!(status, 200, "{body}");
+        let h: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if ok(&h) {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "history never held: {h}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The `hits` records the shared tier served are in its own analytics
+/// band and nowhere else below the ARC: the `shared_hit` histogram of
+/// `/api/stats` and `/metrics`, the dataset's `shared_hits`, the history's
+/// `shared_hit` heat rows and `shared_hits` counter, and the live page's
+/// heat map (the 1 h window, from the history) in headless Chromium.
+fn check_shared_band(addr: std::net::SocketAddr, hits: u64) {
+    let (status, body) = l2arc_testkit::http_get(addr, "/api/stats");
+    assert_eq!(status, 200);
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let histograms = &stats["histograms"];
+    assert_eq!(histograms["shared_hit"]["count"], hits, "{histograms}");
+    assert_eq!(histograms["l2_hit"]["count"], 0, "{histograms}");
+    assert_eq!(histograms["primary"]["count"], 0, "{histograms}");
+    assert_eq!(stats["datasets"][0]["shared_hits"], hits, "{stats}");
+    let (_, page) = l2arc_testkit::http_get(addr, "/metrics");
+    let samples = l2arc_testkit::prometheus_samples(&page);
+    assert_eq!(
+        samples[r#"l2arc_read_latency_seconds_count{tier="shared_hit"}"#],
+        hits as f64
+    );
+    assert_eq!(
+        samples[r#"l2arc_read_latency_seconds_count{tier="l2_hit"}"#],
+        0.0
+    );
+    // The history: the band's rows of the newest sample hold every hit.
+    let history = wait_for_history(addr, |h| {
+        let tier = h["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|t| t == "shared_hit")
+            .expect("a shared_hit tier in the history");
+        h["samples"].as_array().unwrap().last().is_some_and(|s| {
+            s[3][tier]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+                .sum::<u64>()
+                == hits
+        })
+    });
+    let field = history["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|f| f == "shared_hits")
+        .expect("shared_hits in the history's fields");
+    let newest = history["samples"].as_array().unwrap().last().unwrap();
+    assert_eq!(newest[2][field], hits, "{newest}");
+    // The live page draws the band from the history, with no error.
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, _) = l2arc_testkit::browse(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/shared_band.py"),
+        &format!("http://{addr}/"),
+        &dir.path().join("shared.png"),
+    );
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(result["errors"].as_array().unwrap().is_empty(), "{result}");
+    assert!(result["shared_events"].as_u64().unwrap() > 0, "{result}");
+    assert_eq!(result["l2_events"], 0, "{result}");
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! The appliance analytics of the seed articles showed read latency as heat
 //! maps, where the tiers appear by themselves: a dark stripe of DRAM hits at
 //! the bottom, flash hits near 300 µs, the disk's cloud near 10 ms. Counters
-//! cannot show that; histograms per tier can. Four are kept:
+//! cannot show that; histograms per tier can. Five are kept:
 //!
 //! - `arc_hit`: demand reads served entirely from the ARC, start to end of
 //!   `Cache::read`/`read_view`. An ARC hit costs about 250 ns, and reading
@@ -13,6 +13,15 @@
 //!   a heat map, and the hit path pays one thread-local countdown.
 //! - `l2_hit`: every L2ARC record read that returned data (device read,
 //!   checksum, decompression).
+//! - `shared_hit`: every record the shared tier (a cache bucket a fleet
+//!   shares, `crate::shared`) served, timed as `l2_hit` is, from the start
+//!   of the tier's read (its GET, the block's checks, decompression) to
+//!   the record in hand; in a batch of GETs in flight together, from the
+//!   batch's start. A band of its own because its hits cost a round trip
+//!   (milliseconds) where flash costs microseconds: mixed into `l2_hit`,
+//!   the L2ARC's band would show the cache bucket's latency. Which band a
+//!   tier's hits go to, the tier says (`Tier::band`), so the read path
+//!   counts every tier alike.
 //! - `primary`: every read of primary storage (a record fill, or a read
 //!   that bypasses the ARC under `primarycache=none`).
 //! - `frontend`: every request as its front end saw it (an NBD command from
@@ -45,6 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 pub use crate::latency::{HistogramSnapshot, LatencyHistogram};
+pub(crate) use crate::top_objects::Below;
 pub use crate::top_objects::{ObjectCounts, TOP_OBJECTS_MAX};
 
 /// One ARC hit in this many (per thread) is timed.
@@ -83,6 +93,8 @@ pub struct Analytics {
     pub arc_hit: LatencyHistogram,
     /// Time of reads served by the L2ARC.
     pub l2_hit: LatencyHistogram,
+    /// Time of reads served by the shared tier (empty without one).
+    pub shared_hit: LatencyHistogram,
     /// Time of reads that went to primary storage.
     pub primary: LatencyHistogram,
     /// Time of whole front-end requests (NBD, FUSE), as the front end reports them.
@@ -101,6 +113,8 @@ struct DatasetCounters {
     misses: AtomicU64,
     l2_hits: AtomicU64,
     l2_read_bytes: AtomicU64,
+    shared_hits: AtomicU64,
+    shared_read_bytes: AtomicU64,
     primary_reads: AtomicU64,
     primary_read_bytes: AtomicU64,
 }
@@ -116,6 +130,10 @@ pub struct DatasetAnalytics {
     pub l2_hits: u64,
     /// Bytes read from the L2ARC.
     pub l2_read_bytes: u64,
+    /// Reads served by the shared tier.
+    pub shared_hits: u64,
+    /// Bytes read from the shared tier.
+    pub shared_read_bytes: u64,
     /// Reads that went to primary storage.
     pub primary_reads: u64,
     /// Bytes read from primary storage.
@@ -134,6 +152,7 @@ impl Default for Analytics {
             enabled: AtomicBool::new(true),
             arc_hit: LatencyHistogram::default(),
             l2_hit: LatencyHistogram::default(),
+            shared_hit: LatencyHistogram::default(),
             primary: LatencyHistogram::default(),
             frontend: LatencyHistogram::default(),
             devices: (0..DEVICE_HISTOGRAMS_MAX)
@@ -242,7 +261,7 @@ impl Analytics {
                 h.record(ns);
             }
         }
-        self.top.fill(dataset as u32, object, true, bytes);
+        self.top.fill(dataset as u32, object, Below::L2Arc, bytes);
         let d = self.dataset_counters(dataset);
         d.reads.fetch_add(1, Ordering::Relaxed);
         d.misses.fetch_add(1, Ordering::Relaxed);
@@ -250,11 +269,41 @@ impl Analytics {
         d.l2_read_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Counts a shared-tier hit of `bytes` for `object` of dataset `index`.
+    pub(crate) fn shared_hit_done(&self, timer: Timer, dataset: usize, object: u64, bytes: u64) {
+        self.note_below();
+        self.shared_hit.finish(timer);
+        self.top.fill(dataset as u32, object, Below::Shared, bytes);
+        let d = self.dataset_counters(dataset);
+        d.reads.fetch_add(1, Ordering::Relaxed);
+        d.misses.fetch_add(1, Ordering::Relaxed);
+        d.shared_hits.fetch_add(1, Ordering::Relaxed);
+        d.shared_read_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts a hit of `bytes` in the tier below the ARC `from` (the
+    /// L2ARC or the shared tier), in that tier's band.
+    pub(crate) fn below_hit_done(
+        &self,
+        from: Below,
+        timer: Timer,
+        dataset: usize,
+        object: u64,
+        bytes: u64,
+    ) {
+        match from {
+            Below::L2Arc => self.l2_hit_done(timer, dataset, object, bytes),
+            Below::Shared => self.shared_hit_done(timer, dataset, object, bytes),
+            // Primary storage is no tier: its reads are `primary_done`.
+            Below::Primary => unreachable!("a tier's hit counted as a primary read"),
+        }
+    }
+
     /// Counts a primary read of `bytes` for `object` of dataset `index`.
     pub(crate) fn primary_done(&self, timer: Timer, dataset: usize, object: u64, bytes: u64) {
         self.note_below();
         self.primary.finish(timer);
-        self.top.fill(dataset as u32, object, false, bytes);
+        self.top.fill(dataset as u32, object, Below::Primary, bytes);
         let d = self.dataset_counters(dataset);
         d.reads.fetch_add(1, Ordering::Relaxed);
         d.misses.fetch_add(1, Ordering::Relaxed);
@@ -272,6 +321,8 @@ impl Analytics {
             misses: get(&d.misses),
             l2_hits: get(&d.l2_hits),
             l2_read_bytes: get(&d.l2_read_bytes),
+            shared_hits: get(&d.shared_hits),
+            shared_read_bytes: get(&d.shared_read_bytes),
             primary_reads: get(&d.primary_reads),
             primary_read_bytes: get(&d.primary_read_bytes),
         }
@@ -291,11 +342,13 @@ impl Analytics {
             .collect()
     }
 
-    /// The four histograms by name: `arc_hit`, `l2_hit`, `primary`, `frontend`.
-    pub fn histograms(&self) -> [(&'static str, HistogramSnapshot); 4] {
+    /// The five histograms by name: `arc_hit`, `l2_hit`, `shared_hit`,
+    /// `primary`, `frontend`.
+    pub fn histograms(&self) -> [(&'static str, HistogramSnapshot); 5] {
         [
             ("arc_hit", self.arc_hit.snapshot()),
             ("l2_hit", self.l2_hit.snapshot()),
+            ("shared_hit", self.shared_hit.snapshot()),
             ("primary", self.primary.snapshot()),
             ("frontend", self.frontend.snapshot()),
         ]
@@ -365,6 +418,35 @@ mod tests {
         assert_eq!(a.l2_hit.snapshot().count(), 1);
         assert_eq!((a.dataset(3).reads, a.dataset(3).misses), (1, 1));
         assert_eq!((last.reads, last.misses), (2, 2));
+    }
+
+    #[test]
+    fn a_shared_tier_hit_is_a_band_of_its_own() {
+        let a = Analytics::default();
+        a.below_hit_done(Below::Shared, a.start(), 0, 9, 4096);
+        a.below_hit_done(Below::Shared, a.start(), 0, 9, 100);
+        assert_eq!(a.shared_hit.snapshot().count(), 2);
+        assert_eq!(a.l2_hit.snapshot().count(), 0);
+        assert!(a.device_histograms().iter().all(|(_, h)| h.count() == 0));
+        let d = a.dataset(0);
+        assert_eq!(
+            (d.reads, d.misses, d.shared_hits, d.shared_read_bytes),
+            (2, 2, 2, 4196)
+        );
+        assert_eq!((d.l2_hits, d.l2_read_bytes, d.primary_reads), (0, 0, 0));
+        let top = &a.top_objects(1)[0];
+        assert_eq!(top.object, 9);
+        assert_eq!((top.misses, top.l2_hits, top.primary_reads), (2, 0, 0));
+        assert_eq!(top.bytes_below, 4196);
+        let names: Vec<&str> = a.histograms().iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            ["arc_hit", "l2_hit", "shared_hit", "primary", "frontend"]
+        );
+        // The L2ARC's band is the L2ARC's only.
+        a.below_hit_done(Below::L2Arc, a.start(), 0, 9, 4096);
+        assert_eq!(a.shared_hit.snapshot().count(), 2);
+        assert_eq!(a.l2_hit.snapshot().count(), 1);
     }
 
     #[test]

@@ -160,6 +160,10 @@ pub(crate) trait Tier: Send + Sync {
     /// The tier's own counters, as (kstat name, value), appended to `out`.
     fn kstats(&self, out: &mut Vec<(&'static str, u64)>);
 
+    /// The analytics band its hits are counted in (`crate::analytics`):
+    /// each kind of tier has its own latency heat map.
+    fn band(&self) -> crate::top_objects::Below;
+
     /// Records the ARC let go, in the order it let them go.
     fn offer_evicted(&self, evicted: &mut dyn Iterator<Item = EvictedRecord>);
 
@@ -300,6 +304,17 @@ impl dyn Tier + '_ {
             debug_assert!(e.record.data.len() as u64 <= RECORD_BYTES_MAX);
         });
         self.offer_evicted(&mut checked);
+    }
+
+    /// [`Tier::band`]: a tier's, never primary storage's.
+    pub(crate) fn checked_band(&self) -> crate::top_objects::Below {
+        let band = self.band();
+        debug_assert_ne!(
+            band,
+            crate::top_objects::Below::Primary,
+            "a tier is no primary"
+        );
+        band
     }
 
     /// [`Tier::drop_record`].

@@ -43,8 +43,22 @@ pub struct ObjectCounts {
     pub l2_hits: u64,
     /// Reads that went to primary storage.
     pub primary_reads: u64,
-    /// Bytes read below the ARC (L2ARC and primary storage).
+    /// Bytes read below the ARC (L2ARC, shared tier, primary storage).
     pub bytes_below: u64,
+}
+
+/// The tier below the ARC that served a record, as the analytics count
+/// it: the latency band it goes to (`crate::analytics`), and the counts
+/// of the drill-down here. Kept in this leaf module so that the tiers
+/// (`crate::tier`), which name their band, need not import the analytics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Below {
+    /// The L2ARC (cache devices): the `l2_hit` band.
+    L2Arc,
+    /// The shared tier (a cache bucket): the `shared_hit` band.
+    Shared,
+    /// Primary storage: the `primary` band.
+    Primary,
 }
 
 #[derive(Default)]
@@ -66,8 +80,9 @@ impl TopObjects {
         }
     }
 
-    /// A fill from below the ARC: `l2` says from the L2ARC.
-    pub(crate) fn fill(&self, dataset: u32, object: u64, l2: bool, bytes: u64) {
+    /// A fill from below the ARC, `from` the tier that served it (a
+    /// shared-tier hit counts as a miss and bytes below only).
+    pub(crate) fn fill(&self, dataset: u32, object: u64, from: Below, bytes: u64) {
         let Some(mut objects) = self.objects.try_lock() else {
             return; // busy: the count is dropped, the read goes on
         };
@@ -90,10 +105,10 @@ impl TopObjects {
         c.reads += 1;
         c.misses += 1;
         c.bytes_below += bytes;
-        if l2 {
-            c.l2_hits += 1;
-        } else {
-            c.primary_reads += 1;
+        match from {
+            Below::L2Arc => c.l2_hits += 1,
+            Below::Primary => c.primary_reads += 1,
+            Below::Shared => {}
         }
     }
 
@@ -136,12 +151,12 @@ mod tests {
         let t = TopObjects::default();
         t.name(0, 7, "hot.dat");
         for _ in 0..100 {
-            t.fill(0, 7, false, 4096);
+            t.fill(0, 7, Below::Primary, 4096);
         }
         t.sampled_hit(0, 7, 64);
         t.sampled_hit(0, 99_999, 64); // untracked: ignored
         for object in 0..(TOP_OBJECTS_MAX as u64 * 3) {
-            t.fill(1, 1000 + object, true, 10);
+            t.fill(1, 1000 + object, Below::L2Arc, 10);
         }
         let top = t.top(3);
         assert_eq!(top[0].object, 7);

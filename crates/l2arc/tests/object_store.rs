@@ -681,6 +681,53 @@ fn read_all_queued(cache: &Cache, handle: &l2arc::ObjectHandle) -> Vec<u8> {
     out
 }
 
+/// The shared tier's hits in its own analytics band, none in the L2ARC's,
+/// by single blocking reads and by a read-ahead's span (its GETs in
+/// flight together, `read_below_many`), each in a new cache over the
+/// tier that holds `objects`.
+fn shared_hits_by_single_reads_and_spans(
+    server: &S3Server,
+    key: &[u8],
+    objects: &[(String, Vec<u8>)],
+) {
+    for how in ["read", "span"] {
+        let store = primary(&server.endpoint(), 60_000);
+        let (cache, ds) = cache_over(store.clone());
+        cache
+            .add_shared_tier(shared_config(&server.endpoint(), Some(key)))
+            .unwrap();
+        for (name, data) in objects {
+            let handle = cache.open(ds, name, false).unwrap();
+            if how == "span" {
+                cache
+                    .prefetch_span(&handle, 0, handle.size_bytes())
+                    .unwrap();
+            }
+            assert!(read_all(&cache, &handle) == *data, "{how}: {name}");
+        }
+        assert_eq!(store.stats().gets, 0, "{how}");
+        assert_shared_band(&cache, objects, how);
+    }
+}
+
+/// Every record of `objects` was read once from the shared tier, and is
+/// counted in its analytics band, none in the L2ARC's or primary's.
+fn assert_shared_band(cache: &Cache, objects: &[(String, Vec<u8>)], how: &str) {
+    let total: u64 = objects.iter().map(|(_, d)| records(d) as u64).sum();
+    let bytes: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
+    let analytics = cache.analytics();
+    assert_eq!(analytics.shared_hit.snapshot().count(), total, "{how}");
+    assert_eq!(analytics.l2_hit.snapshot().count(), 0, "{how}");
+    assert_eq!(analytics.primary.snapshot().count(), 0, "{how}");
+    let d = analytics.dataset(0);
+    assert_eq!(
+        (d.shared_hits, d.l2_hits, d.misses),
+        (total, 0, total),
+        "{how}"
+    );
+    assert_eq!(d.shared_read_bytes, bytes, "{how}");
+}
+
 #[test]
 fn a_shared_tier_serves_a_second_cache_with_no_get() {
     let server = S3Server::start();
@@ -718,6 +765,7 @@ fn a_shared_tier_serves_a_second_cache_with_no_get() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(store1.stats().gets, total);
+    assert_eq!(cache1.analytics().shared_hit.snapshot().count(), 0);
     // The second reads through a read queue: all from the tier.
     let store2 = primary(&server.endpoint(), 60_000);
     let (cache2, ds2) = cache_over(store2.clone());
@@ -732,6 +780,8 @@ fn a_shared_tier_serves_a_second_cache_with_no_get() {
     assert_eq!(kstat_of(&cache2, "shared_hits"), total);
     assert_eq!(kstat_of(&cache2, "shared_writes"), 0, "not written back");
     assert!(cache2.shared_read_latency().unwrap().count() >= total);
+    assert_shared_band(&cache2, &objects, "queue");
+    shared_hits_by_single_reads_and_spans(&server, &key, &objects);
     // A third with another fleet key refuses every block: all from the bucket.
     let store3 = primary(&server.endpoint(), 60_000);
     let (cache3, ds3) = cache_over(store3.clone());

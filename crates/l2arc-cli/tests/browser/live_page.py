@@ -9,7 +9,9 @@ Uses the system's Chromium (Debian `chromium`) through Playwright; no
 browser is downloaded. Exits nonzero with one line saying what failed:
 a console error or page error, a chart that gained no points within 5 s,
 a heat map that stayed empty (the four tiers' and one per cache device
-the service lists), a breakdown by dataset or by file whose series do
+the service lists), a shared-tier heat map that is missing, not drawn or
+not empty (this service has no shared tier: its band must stay empty, its
+table say so), a breakdown by dataset or by file whose series do
 not name the dataset and the image being read; then, the service keeping
 a history (--history), the "1 h" window drawn from /api/history with
 points in every chart, events in every heat map and the same breakdowns,
@@ -28,9 +30,11 @@ from playwright.sync_api import sync_playwright
 GAIN_WITHIN_SECS = 5.0
 LINE_CHARTS = [
     "iops", "bandwidth", "misses", "l2hits", "primary", "below", "hits", "arcsize",
-    "l2size", "feed", "eligibility", "errors", "devices",
+    "l2size", "feed", "eligibility", "errors", "devices", "shared",
 ]
 TIER_HEAT_MAPS = ["heat-frontend", "heat-arc_hit", "heat-l2_hit", "heat-primary"]
+# Drawn, and empty: the service under test has no shared tier.
+EMPTY_HEAT_MAPS = ["heat-shared_hit"]
 BREAKDOWN_CHARTS = ["iops", "misses", "l2hits", "primary", "below"]
 
 
@@ -46,6 +50,12 @@ def attr(page, element_id, name):
     if page.query_selector("#" + element_id) is None:
         return 0
     return int(page.get_attribute("#" + element_id, "data-" + name) or "0")
+
+
+def empty_band(page, element_id):
+    """(present, columns drawn, events) of a heat map."""
+    present = page.query_selector("#" + element_id) is not None
+    return [present, attr(page, element_id, "columns"), attr(page, element_id, "events")]
 
 
 def series(page, element_id):
@@ -114,6 +124,8 @@ def main():
         )
         gained = {c: attr(page, c, "points") - start[c] for c in LINE_CHARTS}
         heat = {h: attr(page, h, "events") for h in heat_maps}
+        empty_bands = {h: empty_band(page, h) for h in EMPTY_HEAT_MAPS}
+        shared_table = page.inner_text("#sharedtable")
         # A few more seconds so that the screenshot shows a curve.
         page.wait_for_timeout(hold_secs * 1000)
         status = page.inner_text("#status")
@@ -142,6 +154,7 @@ def main():
         )
         history_points = {c: attr(page, c, "points") for c in LINE_CHARTS}
         history_heat = {h: attr(page, h, "events") for h in heat_maps}
+        history_empty_bands = {h: empty_band(page, h) for h in EMPTY_HEAT_MAPS}
         history_status = page.inner_text("#status")
         history_tiles = page.inner_text("#tiles")
         history_breakdowns = breakdowns(page)
@@ -166,6 +179,9 @@ def main():
     result = {
         "gained": gained,
         "heat_events": heat,
+        "empty_heat": empty_bands,
+        "history_empty_heat": history_empty_bands,
+        "shared_table": shared_table,
         "status": status,
         "datasets": datasets,
         "objects": objects,
@@ -189,6 +205,15 @@ def main():
     empty = [h for h, n in heat.items() if n <= 0]
     if empty:
         sys.exit(f"live_page.py: heat maps stayed empty within {GAIN_WITHIN_SECS} s: {empty}")
+    for where, bands in (("live", empty_bands), ("1 h", history_empty_bands)):
+        for h, (present, columns, events) in bands.items():
+            if not present or columns <= 0 or events != 0:
+                sys.exit(
+                    f"live_page.py: {where}: {h} should be drawn and empty (no shared tier):"
+                    f" present {present}, {columns} columns, {events} events"
+                )
+    if "no shared tier" not in shared_table:
+        sys.exit("live_page.py: the shared tier's table says " + shared_table)
     if not status.startswith("live"):
         sys.exit("live_page.py: status line says " + status)
     if not history_status.startswith("history, last 1 h") or "sample" not in history_status:

@@ -731,7 +731,12 @@ impl<'c> ReadQueue<'c> {
             .filter(|data| data.len() <= recordsize)
         {
             Some(data) => {
-                self.cache.note_l2_hit(&handle, timer, data.len() as u64);
+                self.cache.note_below_hit(
+                    &handle,
+                    crate::analytics::Below::L2Arc,
+                    timer,
+                    data.len() as u64,
+                );
                 (Ok(data), false)
             }
             // Any failure on flash is a miss: the tiers after the L2ARC,

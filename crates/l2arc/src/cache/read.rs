@@ -356,21 +356,15 @@ impl Cache {
         let generation = || handle.state.generation_of(token);
         let key = below_key(handle, index, key_hash, &generation);
         let recordsize_bytes = key.recordsize_bytes;
-        self.tiers
-            .iter()
-            .enumerate()
-            .skip(skip)
-            .find_map(|(at, tier)| {
-                let timer = self.analytics.start();
-                let data = tier.checked_read(&key)?;
-                assert!(data.len() <= recordsize_bytes as usize);
-                // The analytics' band below the ARC is the L2ARC's (the
-                // first tier); the shared tier keeps its own histogram.
-                if at == 0 {
-                    self.note_l2_hit(handle, timer, data.len() as u64);
-                }
-                Some(data)
-            })
+        self.tiers.iter().skip(skip).find_map(|tier| {
+            let timer = self.analytics.start();
+            let data = tier.checked_read(&key)?;
+            assert!(data.len() <= recordsize_bytes as usize);
+            // Each kind of tier in its own band (the L2ARC's, the shared
+            // tier's), timed from the start of its read.
+            self.note_below_hit(handle, tier.checked_band(), timer, data.len() as u64);
+            Some(data)
+        })
     }
 
     /// Records `indices` from the tiers below the ARC, as
@@ -401,15 +395,25 @@ impl Cache {
             if out.iter().all(Option::is_some) {
                 break;
             }
+            let band = tier.checked_band();
             if at > 0 {
+                // The slots this tier fills are its hits, each timed from
+                // the batch's start (its GETs are in flight together).
+                let missing: Vec<bool> = out.iter().map(Option::is_none).collect();
+                let timer = self.analytics.start();
                 tier.checked_read_many(&keys, &mut out);
+                for (slot, was_missing) in out.iter().zip(missing) {
+                    if let (Some(data), true) = (slot, was_missing) {
+                        self.note_below_hit(handle, band, timer, data.len() as u64);
+                    }
+                }
                 continue;
             }
             for (key, slot) in keys.iter().zip(out.iter_mut()) {
                 let timer = self.analytics.start();
                 *slot = tier.checked_read(key);
                 if let Some(data) = slot {
-                    self.note_l2_hit(handle, timer, data.len() as u64);
+                    self.note_below_hit(handle, band, timer, data.len() as u64);
                 }
             }
         }
@@ -461,7 +465,7 @@ impl Cache {
             let timer = self.analytics.start();
             let (data, range, record_bytes) = tier.checked_read_piece(&key, wanted.clone())?;
             assert!(range.end <= data.len() && range.len() <= wanted.len());
-            self.note_l2_hit(handle, timer, range.len() as u64);
+            self.note_below_hit(handle, tier.checked_band(), timer, range.len() as u64);
             Some((data, range, record_bytes))
         })
     }
@@ -476,19 +480,21 @@ impl Cache {
     }
 
     /// Counts a hit of `bytes` below the ARC for the analytics (latency
-    /// from `timer`). The analytics have one band below the ARC, the
-    /// L2ARC's; a tier of another kind would add its own.
-    pub(crate) fn note_l2_hit(
+    /// from `timer`), in the band of the tier that served it (`band`: the
+    /// L2ARC's or the shared tier's, `Tier::band`).
+    pub(crate) fn note_below_hit(
         &self,
         handle: &ObjectHandle,
+        band: crate::analytics::Below,
         timer: crate::analytics::Timer,
         bytes: u64,
     ) {
-        // A hit below is at most one record.
+        // A hit below is at most one record, from a tier.
         debug_assert!(bytes <= u64::from(handle.dataset.config.recordsize_bytes));
+        debug_assert_ne!(band, crate::analytics::Below::Primary);
         let dataset = handle.dataset_id.0 as usize;
         self.analytics
-            .l2_hit_done(timer, dataset, handle.state.id, bytes);
+            .below_hit_done(band, timer, dataset, handle.state.id, bytes);
     }
 
     /// Whether a read queue should take a read of `len` bytes at `offset`:

@@ -134,6 +134,14 @@ impl Tier for L2Arc {
         self.invalidate(key_hash);
     }
 
+    fn band(&self) -> crate::top_objects::Below {
+        // Per device too (the reader notes the slot, `note_l2_device`),
+        // for as many slots as there are devices.
+        const _: () = assert!(crate::analytics::DEVICE_HISTOGRAMS_MAX <= super::DEVICES_MAX);
+        debug_assert!(self.hits.load(Ordering::Relaxed) < u64::MAX);
+        crate::top_objects::Below::L2Arc
+    }
+
     fn stop(&self) {
         L2Arc::stop(self);
         debug_assert!(self.stopping.load(Ordering::Relaxed), "feeders see it");

@@ -696,6 +696,12 @@ impl Tier for SharedTier {
             .remove(&key_hash);
     }
 
+    fn band(&self) -> crate::top_objects::Below {
+        // A round trip, not a device read: a heat map of its own.
+        debug_assert!(self.inner.queue_records_max > 0);
+        crate::top_objects::Below::Shared
+    }
+
     fn stop(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.wake.notify_waiters();
