@@ -15,7 +15,7 @@ use super::index::IndexEntry;
 use super::*;
 use crate::buf::AlignedBuf;
 
-/// The longest device read `read_coalesced` merges records into: what a
+/// The longest device read `begin_runs` merges records into: what a
 /// sequential reader (fio's 1 MiB blocks) asks of a device at once.
 pub(crate) const COALESCED_READ_BYTES_MAX: usize = 1 << 20;
 const _: () = assert!(COALESCED_READ_BYTES_MAX as u64 >= 256 * BLOCK_BYTES);
@@ -222,8 +222,8 @@ impl L2Arc {
     /// First half of reading several records (`wanted[i]`: key hash, most
     /// logical bytes): finds and pins each, as [`Self::begin_read`] does
     /// (a record not on flash is a counted miss, handed to `missed`, and
-    /// has no run), and
-    /// groups them into runs that lie back to back on one device, up to
+    /// has no run), and groups them into runs that lie back to back on one
+    /// device, up to
     /// `COALESCED_READ_BYTES_MAX` each: one device read a run, what a
     /// sequential reader asks of a device. Every run must reach
     /// [`Self::finish_run`].
