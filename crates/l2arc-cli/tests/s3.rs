@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use l2arc_testkit::nbd::pattern;
 use l2arc_testkit::s3::{S3Server, gets_in_log as gets_in};
 use l2arc_testkit::service::{Running, Service};
 use l2arc_testkit::{run, tool};
@@ -96,18 +97,6 @@ impl S3Service {
         std::thread::sleep(Duration::from_millis(100));
         self.log.lock().unwrap().clone()
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// A local tree and the same objects in the bucket.

@@ -26,6 +26,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use l2arc_testkit::nbd::pattern;
 use l2arc_testkit::s3::{S3Server, gets_in_log as data_gets};
 use l2arc_testkit::service::{Running, Service};
 use l2arc_testkit::{ctl, kstat};
@@ -38,18 +39,6 @@ const RECORD: usize = 256 << 10;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_l2arc"))
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn records(len: usize) -> u64 {

@@ -422,13 +422,7 @@ fn run(args: &BenchArgs) -> Result<Outcome> {
     }
     let binary = crate::sibling_binary("l2arc")?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RANDOM_SECS);
-    let tmp = match &args.data {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            tempfile::tempdir_in(dir)?
-        }
-        None => tempfile::tempdir()?,
-    };
+    let tmp = super::work_dir(args.data.as_deref())?;
     let load_before = crate::load_average();
     let server = S3Server::start();
     server.create_bucket(DATA_BUCKET);

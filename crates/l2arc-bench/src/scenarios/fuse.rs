@@ -173,13 +173,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Outcome> {
     if !(secs > 0.0 && secs <= 3600.0) {
         bail!("--measure-secs must be from 0 to 3600, not {secs}");
     }
-    let tmp = match &args.data {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            tempfile::tempdir_in(dir)?
-        }
-        None => tempfile::tempdir()?,
-    };
+    let tmp = super::work_dir(args.data.as_deref())?;
     let src = tmp.path().join("src");
     let mnt = tmp.path().join("mnt");
     write_source_files(&src, args.seed)?;

@@ -212,6 +212,18 @@ impl Headline {
     }
 }
 
+/// A scenario's working directory, removed when dropped: under `--data`
+/// when given (made if missing), else a temporary one.
+pub(crate) fn work_dir(data: Option<&std::path::Path>) -> Result<tempfile::TempDir> {
+    Ok(match data {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            tempfile::tempdir_in(dir)?
+        }
+        None => tempfile::tempdir()?,
+    })
+}
+
 /// The middle value (the mean of the middle two for an even count; NaN
 /// for none).
 pub(crate) fn median_of(values: &[f64]) -> f64 {

@@ -375,13 +375,7 @@ fn measure(
 pub(crate) fn run(args: &BenchArgs, mode: Mode) -> Result<Outcome> {
     crate::fio::version()?;
     let secs = args.measure_secs.unwrap_or(DEFAULT_RUN_SECS);
-    let tmp = match &args.data {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            tempfile::tempdir_in(dir)?
-        }
-        None => tempfile::tempdir()?,
-    };
+    let tmp = super::work_dir(args.data.as_deref())?;
     let load_before = crate::load_average();
     let server = S3Server::start();
     server.create_bucket(BUCKET);
