@@ -17,10 +17,27 @@
 //! thread's list is freed when the thread ends. Buffers filled by a read
 //! that overwrites all of them need not be zeroed either
 //! ([`AlignedBuf::for_overwrite`]).
+//!
+//! Large buffers (records of 128 KiB and up, a shared-tier block) are
+//! freed on one thread and made on another: the ARC evicts on the thread
+//! that inserts, the feeder frees the copies it wrote, a GET's block dies
+//! where it was checked. Each one is mapped on its own (glibc's
+//! `M_MMAP_THRESHOLD` is pinned so that evicted records leave the
+//! process), so without reuse every 1 MiB record cost a `mmap`, 256 page
+//! faults with their zeroing, and a `munmap` with its TLB shootdown:
+//! measured on a node reading a shared tier, a third of the machine's
+//! CPU. So large buffers freed by any thread go to one pool that any
+//! thread takes from, by exact capacity (a process uses a handful:
+//! its recordsizes, a block), at most `POOLED_BYTES_MAX` in all, which is
+//! what the RSS formula allows for it; what does not fit is unmapped as
+//! before, and [`release_pooled`] empties the pool when the ARC shrinks
+//! to give memory back.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::cell::RefCell;
 use std::ptr::NonNull;
+
+use crate::lock_order::{RankedMutex, rank};
 
 /// Alignment of every [`AlignedBuf`]: the largest logical block size in use.
 pub(crate) const BUF_ALIGN_BYTES: usize = 4096;
@@ -48,6 +65,97 @@ pub(crate) const RECYCLED_CAPACITY_MAX: usize = 64 << 10;
 pub(crate) const RECYCLED_BYTES_MAX: usize = 512 << 10;
 /// Size classes kept: 4, 8, 16, 32 and 64 KiB.
 const RECYCLED_CLASSES: usize = 5;
+
+/// Largest capacity the shared pool keeps: a record of the largest
+/// recordsize (16 MiB) with its block's page.
+pub(crate) const POOLED_CAPACITY_MAX: usize = (16 << 20) + BUF_ALIGN_BYTES;
+/// Most bytes of freed large buffers the process keeps for reuse.
+pub(crate) const POOLED_BYTES_MAX: usize = 16 << 20;
+/// Most distinct capacities the pool keeps at once.
+const POOLED_SIZES_MAX: usize = 8;
+
+/// A freed buffer's address, owned by the pool.
+struct FreeBuf(NonNull<u8>);
+
+// SAFETY: the pool owns the allocation exclusively; any thread may free it.
+unsafe impl Send for FreeBuf {}
+
+/// Large buffers freed by any thread, by exact capacity (see the module
+/// comment).
+struct Pooled {
+    sizes: Vec<(usize, Vec<FreeBuf>)>,
+    bytes: usize,
+}
+
+static POOL: RankedMutex<Pooled, { rank::BUF_POOL }> = RankedMutex::new(Pooled {
+    sizes: Vec::new(),
+    bytes: 0,
+});
+
+impl Pooled {
+    fn take(&mut self, capacity_bytes: usize) -> Option<NonNull<u8>> {
+        let (_, list) = self.sizes.iter_mut().find(|(c, _)| *c == capacity_bytes)?;
+        let FreeBuf(ptr) = list.pop()?;
+        self.bytes -= capacity_bytes;
+        Some(ptr)
+    }
+
+    /// Keeps `ptr` if the bounds allow; gives it back otherwise.
+    fn keep(&mut self, ptr: NonNull<u8>, capacity_bytes: usize) -> Result<(), NonNull<u8>> {
+        if self.bytes + capacity_bytes > POOLED_BYTES_MAX {
+            return Err(ptr);
+        }
+        let at = match self.sizes.iter().position(|(c, _)| *c == capacity_bytes) {
+            Some(at) => at,
+            None => {
+                // A size no longer freed gives its place to a new one.
+                if self.sizes.len() == POOLED_SIZES_MAX {
+                    let Some(empty) = self.sizes.iter().position(|(_, l)| l.is_empty()) else {
+                        return Err(ptr);
+                    };
+                    self.sizes.swap_remove(empty);
+                }
+                self.sizes.push((capacity_bytes, Vec::new()));
+                self.sizes.len() - 1
+            }
+        };
+        self.sizes[at].1.push(FreeBuf(ptr));
+        self.bytes += capacity_bytes;
+        debug_assert!(self.bytes <= POOLED_BYTES_MAX && self.sizes.len() <= POOLED_SIZES_MAX);
+        Ok(())
+    }
+
+    fn pooled(capacity_bytes: usize) -> bool {
+        capacity_bytes > RECYCLED_CAPACITY_MAX && capacity_bytes <= POOLED_CAPACITY_MAX
+    }
+}
+
+/// Frees every buffer in the large-buffer pool (after the ARC shrank, so
+/// that what it let go leaves the process): the bytes freed.
+pub(crate) fn release_pooled() -> usize {
+    let freed: Vec<(usize, Vec<FreeBuf>)> = {
+        let mut pool = POOL.lock().expect("buffer pool poisoned");
+        pool.bytes = 0;
+        std::mem::take(&mut pool.sizes)
+    };
+    let mut bytes = 0;
+    for (capacity_bytes, list) in freed {
+        let layout = Layout::from_size_align(capacity_bytes, BUF_ALIGN_BYTES)
+            .expect("a pooled capacity is a valid layout");
+        for FreeBuf(ptr) in list {
+            // SAFETY: every pooled pointer was allocated with this layout.
+            unsafe { dealloc(ptr.as_ptr(), layout) }
+            bytes += capacity_bytes;
+        }
+    }
+    bytes
+}
+
+/// Bytes of freed large buffers the pool holds now.
+#[cfg(test)]
+fn pooled_bytes() -> usize {
+    POOL.lock().expect("buffer pool poisoned").bytes
+}
 
 /// One thread's freed buffers, by size class (see the module comment).
 struct Recycled {
@@ -125,6 +233,19 @@ impl AlignedBuf {
                 recycled: true,
             };
         }
+        if Pooled::pooled(capacity_bytes)
+            && let Some(ptr) = POOL
+                .lock()
+                .expect("buffer pool poisoned")
+                .take(capacity_bytes)
+        {
+            return Self {
+                ptr,
+                capacity_bytes,
+                len_bytes,
+                recycled: true,
+            };
+        }
         let layout = Layout::from_size_align(capacity_bytes, BUF_ALIGN_BYTES)
             .expect("buffer size overflows a Layout");
         // SAFETY: layout has a nonzero size. (Zeroed: a buffer never
@@ -139,10 +260,15 @@ impl AlignedBuf {
         }
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer holding a copy of `data` (and zeros past it).
     pub fn copy_from(data: &[u8]) -> Self {
-        let mut buf = Self::zeroed(data.len());
-        buf.as_mut_slice().copy_from_slice(data);
+        let mut buf = Self::allocate(data.len());
+        let recycled = std::mem::replace(&mut buf.recycled, false);
+        let capacity = buf.as_mut_capacity();
+        capacity[..data.len()].copy_from_slice(data);
+        if recycled {
+            capacity[data.len()..].fill(0);
+        }
         buf
     }
 
@@ -208,6 +334,15 @@ impl Drop for AlignedBuf {
                 return;
             }
         }
+        if Pooled::pooled(capacity_bytes) {
+            let kept = POOL
+                .lock()
+                .expect("buffer pool poisoned")
+                .keep(self.ptr, capacity_bytes);
+            if kept.is_ok() {
+                return;
+            }
+        }
         let layout = Layout::from_size_align(self.capacity_bytes, BUF_ALIGN_BYTES)
             .expect("layout was valid at allocation");
         // SAFETY: allocated in `zeroed` with this exact layout.
@@ -268,6 +403,46 @@ mod tests {
         let many: Vec<AlignedBuf> = (0..200).map(|_| AlignedBuf::zeroed(4096)).collect();
         drop(many);
         RECYCLED.with(|r| assert!(r.borrow().bytes <= RECYCLED_BYTES_MAX));
+    }
+
+    #[test]
+    fn large_buffers_freed_by_one_thread_are_reused_by_another_within_the_bound() {
+        // A capacity no other test uses (the pool is the process's).
+        let len = (3 << 20) + 3 * BUF_ALIGN_BYTES;
+        let address = std::thread::spawn(move || {
+            let mut buf = AlignedBuf::zeroed(len);
+            buf.as_mut_slice().fill(0xcd);
+            buf.as_slice().as_ptr() as usize
+            // freed here, on this thread
+        })
+        .join()
+        .unwrap();
+        let again = AlignedBuf::for_overwrite(len);
+        assert_eq!(again.as_slice().as_ptr() as usize, address, "reused");
+        drop(again);
+        let mut zeroed = AlignedBuf::zeroed(len - 100);
+        assert_eq!(zeroed.as_slice().as_ptr() as usize, address, "reused");
+        assert!(zeroed.as_mut_capacity().iter().all(|&b| b == 0));
+        zeroed.as_mut_capacity().fill(0xee);
+        drop(zeroed);
+        // A copy into a reused buffer: the bytes, then zeros to its end.
+        let data = vec![7u8; len - 100];
+        let mut copy = AlignedBuf::copy_from(&data);
+        assert_eq!(copy.as_slice().as_ptr() as usize, address, "reused");
+        assert_eq!(&copy[..], &data[..]);
+        assert!(copy.as_mut_capacity()[data.len()..].iter().all(|&b| b == 0));
+        drop(copy);
+        // Past the bound, freed buffers leave the process.
+        let many: Vec<AlignedBuf> = (0..(POOLED_BYTES_MAX / len) + 3)
+            .map(|_| AlignedBuf::for_overwrite(len))
+            .collect();
+        drop(many);
+        assert!(pooled_bytes() <= POOLED_BYTES_MAX);
+        assert!(pooled_bytes() >= len, "kept up to the bound");
+        release_pooled();
+        assert_eq!(pooled_bytes(), 0);
+        let fresh = AlignedBuf::zeroed(len);
+        assert!(fresh.iter().all(|&b| b == 0));
     }
 
     #[test]

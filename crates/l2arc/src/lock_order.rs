@@ -20,7 +20,7 @@
 //! The order, outermost first (the why of each is beside its variant):
 //! `CommitOrder` < `DeviceWriter` < `Invalidations` < `ObjectGeneration`
 //! = `Streams` < `Pace` < `Datasets` < `FeedWake` < `Objects` <
-//! `Primary`* < `Leaf`. Condition variables wait on a held lock
+//! `Primary`* < `Leaf` < `BufPool`. Condition variables wait on a held lock
 //! (`RankedCondvar`): while waiting the thread is still counted as holding
 //! it, which is right, as it holds nothing else it could block on.
 
@@ -79,6 +79,10 @@ pub(crate) mod rank {
     /// slots, the span fillers' queue, the rebuild's queue, the analytics'
     /// tables.
     pub(crate) const LEAF: u8 = 12;
+    /// `buf`'s pool of freed large buffers: a buffer is made or freed
+    /// under any lock (an ARC shard evicts under its own), so it ranks
+    /// innermost; nothing is taken under it.
+    pub(crate) const BUF_POOL: u8 = 13;
 
     /// A rank's name, for the message of a violation (checked in debug
     /// builds only: a release build has no use for it).
@@ -97,6 +101,7 @@ pub(crate) mod rank {
             PRIMARY_OBJECT => "PrimaryObject",
             PRIMARY => "Primary",
             LEAF => "Leaf",
+            BUF_POOL => "BufPool",
             _ => "unranked",
         }
     }
@@ -112,8 +117,10 @@ thread_local! {
 /// of the same or a greater rank (debug builds).
 #[inline]
 fn acquire(rank: u8) {
+    // (`try_with`: a buffer freed by a thread-local's destructor, after
+    // this list is gone, takes the pool's lock unchecked.)
     #[cfg(debug_assertions)]
-    HELD.with(|held| {
+    let _ = HELD.try_with(|held| {
         let mut held = held.borrow_mut();
         if let Some(&top) = held.iter().max() {
             assert!(
@@ -135,7 +142,7 @@ fn acquire(rank: u8) {
 #[inline]
 fn release(rank: u8) {
     #[cfg(debug_assertions)]
-    HELD.with(|held| {
+    let _ = HELD.try_with(|held| {
         let mut held = held.borrow_mut();
         let at = held
             .iter()

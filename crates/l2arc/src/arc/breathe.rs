@@ -38,8 +38,9 @@
 //! freed record buffers back to the kernel: glibc keeps freed chunks
 //! under the mmap threshold (which rises to 32 MiB as large blocks are
 //! freed) in its heaps, and only trimming returns the pages in the middle
-//! of a heap. (The per-thread recycled buffers of `buf` are bounded at
-//! 512 KiB a thread and are not worth chasing.)
+//! of a heap; the pool of freed large buffers `buf` keeps for reuse
+//! (at most 16 MiB) is emptied first. (The per-thread recycled buffers of
+//! `buf` are bounded at 512 KiB a thread and are not worth chasing.)
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -241,8 +242,10 @@ pub(crate) fn apply(arc: &LiveArc, sample: &MemorySample, verdict: Verdict) -> u
     }
 }
 
-/// Hands the heap's free pages back to the kernel (see the module comment).
+/// Hands the freed buffers the pool keeps and the heap's free pages back
+/// to the kernel (see the module comment).
 pub fn release_freed_memory() {
+    crate::buf::release_pooled();
     // SAFETY: malloc_trim takes the allocator's own locks; no memory of
     // ours is touched.
     let released = unsafe { libc::malloc_trim(0) };

@@ -210,7 +210,7 @@ struct Selected {
 }
 
 enum SelectedBytes {
-    Copied(Vec<u8>),
+    Copied(crate::buf::AlignedBuf),
     Evicted(Arc<crate::arc::live::Record>),
 }
 
@@ -597,7 +597,7 @@ impl<'a> Feeder<'a> {
             selected.push(Selected {
                 key_hash,
                 key,
-                data: SelectedBytes::Copied(record.data.to_vec()),
+                data: SelectedBytes::Copied(crate::buf::AlignedBuf::copy_from(&record.data)),
                 keeping,
             });
             if batch_bytes >= budget_bytes {

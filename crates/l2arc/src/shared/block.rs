@@ -25,6 +25,7 @@
 use hmac::{KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::buf::AlignedBuf;
 use crate::l2arc::format::{Compression, compress, decompress};
 use crate::primary::SourceIdentity;
 
@@ -234,16 +235,14 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-/// Decodes a block into `out` (cleared first): the record's bytes, if the
+/// Decodes a block: the record's bytes, in a buffer of their own, if the
 /// block is record `name.index` of the object and version `name` names,
 /// intact, and signed with `fleet_key` when one is given.
 pub(crate) fn decode(
     name: &BlockName,
     block: &[u8],
     fleet_key: Option<&[u8]>,
-    out: &mut Vec<u8>,
-) -> Result<(), BadReason> {
-    out.clear();
+) -> Result<AlignedBuf, BadReason> {
     if block.len() < HEADER_FIXED_BYTES + CRC_BYTES {
         return Err(BadReason::Short);
     }
@@ -290,16 +289,18 @@ pub(crate) fn decode(
         return Err(BadReason::Length);
     }
     let payload = &block[HEADER_FIXED_BYTES + version_len..signed_end - CRC_BYTES];
-    out.resize(length, 0);
     let compression = compression.expect("checked above");
-    if decompress(compression, payload, out).is_err()
-        || (compression == Compression::Off && payload.len() != length)
-    {
-        out.clear();
+    if compression == Compression::Off && payload.len() != length {
+        return Err(BadReason::Length);
+    }
+    // Every byte is written (`decompress` fails on any other length), so
+    // the buffer need not be zeroed first.
+    let mut out = AlignedBuf::for_overwrite(length);
+    if decompress(compression, payload, out.as_mut_slice()).is_err() {
         return Err(BadReason::Length);
     }
     debug_assert_eq!(out.len(), length);
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -333,12 +334,11 @@ mod tests {
             for fleet_key in [None, Some(&key[..])] {
                 let n = name("\"etag1\"\0", 3);
                 let block = encode(&n, &data, fleet_key);
-                let mut out = Vec::new();
-                decode(&n, &block, fleet_key, &mut out).unwrap();
-                assert_eq!(out, data);
+                let out = decode(&n, &block, fleet_key).unwrap();
+                assert_eq!(&out[..], &data[..]);
                 // A keyed block reads without a key too (the CRC still holds).
-                decode(&n, &block, None, &mut out).unwrap();
-                assert_eq!(out, data);
+                let out = decode(&n, &block, None).unwrap();
+                assert_eq!(&out[..], &data[..]);
             }
         }
         let compressed = encode(&name("e", 0), &text(131_072), None);
@@ -351,13 +351,7 @@ mod tests {
         let n = name("e1", 2);
         let data = text(65_536);
         let block = encode(&n, &data, None);
-        let mut out = Vec::new();
-        let bad = |b: &[u8], k: Option<&[u8]>| {
-            let mut out = Vec::new();
-            let r = decode(&n, b, k, &mut out).unwrap_err();
-            assert!(out.is_empty());
-            r
-        };
+        let bad = |b: &[u8], k: Option<&[u8]>| decode(&n, b, k).unwrap_err();
         assert_eq!(bad(&block[..block.len() - 1], None), BadReason::Short);
         assert_eq!(bad(&block[..10], None), BadReason::Short);
         assert_eq!(bad(&[], None), BadReason::Short);
@@ -371,7 +365,7 @@ mod tests {
         assert_eq!(bad(&flipped, None), BadReason::Crc);
         // Other bytes with a valid CRC and no HMAC: refused with a key.
         let forged = encode(&n, &text(65_000), None);
-        decode(&n, &forged, None, &mut out).unwrap();
+        decode(&n, &forged, None).unwrap();
         assert_eq!(bad(&forged, Some(&key)), BadReason::Hmac);
         // Signed with another key: refused.
         let other = encode(&n, &data, Some(&[1u8; 32]));
@@ -389,8 +383,7 @@ mod tests {
             name("e2", 2),
             BlockName::new(&source("e1"), 2, 65_536, Compression::Lz4).unwrap(),
         ] {
-            let mut out = Vec::new();
-            let r = decode(&other, &block, None, &mut out);
+            let r = decode(&other, &block, None).map(|_| ());
             assert_eq!(r, Err(BadReason::Identity));
         }
         // A length past the record, CRC fixed: refused.

@@ -232,7 +232,7 @@ impl Backoff {
 /// A record waiting for its PUT.
 struct Job {
     name: BlockName,
-    data: Vec<u8>,
+    data: AlignedBuf,
 }
 
 #[derive(Default)]
@@ -371,7 +371,7 @@ impl SharedTier {
     /// One GET of a block, bounded by the tier's timeout and by what a
     /// block of a record can hold (a longer object is cut there: its
     /// check fails). Counts what went wrong.
-    fn get(&self, object_key: &str, recordsize_bytes: u32) -> Option<Vec<u8>> {
+    fn get(&self, object_key: &str, recordsize_bytes: u32) -> Option<AlignedBuf> {
         let block_max = recordsize_bytes as usize + BLOCK_OVERHEAD_BYTES_MAX;
         let inner = &*self.inner;
         let fetched = self.runtime.block_on(fetch(
@@ -384,7 +384,7 @@ impl SharedTier {
     }
 
     /// Counts how a GET ended, and moves the backoff: its bytes, if any.
-    fn note_get(&self, object_key: &str, fetched: Fetched, block_max: usize) -> Option<Vec<u8>> {
+    fn note_get(&self, object_key: &str, fetched: Fetched, block_max: usize) -> Option<AlignedBuf> {
         let inner = &*self.inner;
         let c = &inner.counters;
         match fetched {
@@ -417,8 +417,7 @@ impl SharedTier {
     /// record, or a miss counted by its reason.
     fn finish(&self, name: &BlockName, block: &[u8], started: Instant) -> Option<AlignedBuf> {
         let c = self.counters();
-        let mut out = Vec::new();
-        let decoded = block::decode(name, block, self.inner.fleet_key.as_deref(), &mut out);
+        let decoded = block::decode(name, block, self.inner.fleet_key.as_deref());
         self.latency.record(started.elapsed().as_nanos() as u64);
         match decoded {
             Err(reason) => {
@@ -426,11 +425,11 @@ impl SharedTier {
                 c.bad[reason.index()].fetch_add(1, Ordering::Relaxed);
                 None
             }
-            Ok(()) => {
+            Ok(out) => {
                 assert!(out.len() <= name.recordsize_bytes as usize);
                 c.hits.fetch_add(1, Ordering::Relaxed);
                 c.read_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
-                Some(AlignedBuf::copy_from(&out))
+                Some(out)
             }
         }
     }
@@ -449,7 +448,7 @@ impl SharedTier {
             c.write_drops.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let data = data.to_vec();
+        let data = AlignedBuf::copy_from(data);
         {
             let mut queue = inner.queue.lock().expect("queue poisoned");
             if !room(&queue) {
@@ -480,7 +479,7 @@ impl SharedTier {
 }
 
 /// How one GET ended: past the timeout, or the store's answer.
-type Fetched = Result<opendal::Result<Vec<u8>>, tokio::time::error::Elapsed>;
+type Fetched = Result<opendal::Result<AlignedBuf>, tokio::time::error::Elapsed>;
 
 /// One GET of a block within `timeout` (owned arguments: it may run as a
 /// task of its own).
@@ -490,22 +489,27 @@ async fn fetch(op: opendal::Operator, key: String, max: usize, timeout: Duration
 }
 
 /// The object at `key`, streamed, up to one byte past `max` (what is
-/// longer than a block is cut there, and fails its checks).
-async fn get_bounded(op: &opendal::Operator, key: &str, max: usize) -> opendal::Result<Vec<u8>> {
+/// longer than a block is cut there, and fails its checks). Into one
+/// buffer of that size, made once (`buf`'s pool keeps it between GETs):
+/// growing a vector copied a 1 MiB block twice into fresh pages.
+async fn get_bounded(op: &opendal::Operator, key: &str, max: usize) -> opendal::Result<AlignedBuf> {
     use futures_core::Stream;
     let stream = op.reader(key).await?.into_stream(..).await?;
     let mut stream = std::pin::pin!(stream);
-    let mut out = Vec::new();
+    let mut out = AlignedBuf::for_overwrite(max + 1);
+    let mut len = 0;
     while let Some(buffer) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
         for chunk in buffer? {
-            let take = chunk.len().min(max + 1 - out.len());
-            out.extend_from_slice(&chunk[..take]);
-            if out.len() > max {
+            let take = chunk.len().min(max + 1 - len);
+            out.as_mut_slice()[len..len + take].copy_from_slice(&chunk[..take]);
+            len += take;
+            if len > max {
                 return Ok(out);
             }
         }
     }
-    debug_assert!(out.len() <= max);
+    debug_assert!(len <= max);
+    out.set_len(len);
     Ok(out)
 }
 
