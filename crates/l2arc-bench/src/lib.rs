@@ -197,6 +197,10 @@ pub struct BenchArgs {
     /// --scenario fleet: nodes (mounts, each with its own cache) reading the bucket.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
+    /// --scenario fleet: a cap on the data bucket's link, MiB/s, all
+    /// connections together (0: none, only the delay).
+    #[arg(long, default_value_t = 0.0)]
+    pub data_link_mib_per_sec: f64,
     /// Print JSON instead of tables: the report, stamped with the commit,
     /// the date, the load average before and after, and the arguments.
     #[arg(long)]

@@ -103,7 +103,8 @@ pub fn render(reports: &[Runs]) -> Result<String> {
     Ok(out.join("\n") + "\n")
 }
 
-/// One row per headline key of a report (in the order of its latest run).
+/// One row per headline key of a report: its latest run's, in order, then
+/// those of older runs only.
 fn rows(report: &Runs) -> Result<Vec<String>> {
     let mut headlines: Vec<Vec<Headline>> = Vec::new();
     for (i, run) in report.runs.iter().enumerate() {
@@ -123,13 +124,21 @@ fn rows(report: &Runs) -> Result<Vec<String>> {
         return Ok(Vec::new());
     };
     let page = format!("[{0}](benchmarks/{0}.md)", report.scenario);
+    // The latest run's keys, then those only older runs have (a scenario
+    // run in another configuration: its rows stay in the table).
+    let mut keys: Vec<&String> = latest.iter().map(|h| &h.key).collect();
+    for h in headlines.iter().rev().flatten() {
+        if !keys.contains(&&h.key) {
+            keys.push(&h.key);
+        }
+    }
     let mut rows = Vec::new();
-    for key in latest.iter().map(|h| &h.key) {
+    for key in keys {
         let runs: Vec<&Headline> = headlines
             .iter()
             .filter_map(|h| h.iter().find(|x| &x.key == key))
             .collect();
-        let last = runs.last().expect("the latest run has it");
+        let last = runs.last().expect("a run has it");
         let ours = median_of(&runs.iter().map(|h| h.ours).collect::<Vec<_>>());
         let baseline = if runs.iter().all(|h| h.baseline.is_some()) {
             let b = median_of(&runs.iter().filter_map(|h| h.baseline).collect::<Vec<_>>());

@@ -334,6 +334,21 @@ fn fleet_scenario_reads_the_bucket_once_for_the_fleet() {
         rclone["cold"][1]["data_gets"].as_u64().unwrap() > 0,
         "rclone's node 2 has no cache of node 1's: {rclone}"
     );
+    // What the fresh node fetched from the data bucket in its window:
+    // for l2arc, its listing and no record.
+    assert!(
+        ours["random_data_bytes"].as_u64().unwrap() < 64 << 10,
+        "{ours}"
+    );
+    assert!(
+        rclone["random_data_bytes"].as_u64().unwrap() > 0,
+        "{rclone}"
+    );
+    assert_eq!(
+        f(&report["data_link_mib_per_sec"]),
+        0.0,
+        "no cap by default"
+    );
     let keys: Vec<&str> = report["headline"]
         .as_array()
         .unwrap()
@@ -348,4 +363,14 @@ fn fleet_scenario_reads_the_bucket_once_for_the_fleet() {
             "fresh_node_random_iops"
         ]
     );
+    // A link cap that is not a rate is refused before anything starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_l2arc-bench"))
+        .args(["--scenario", "fleet", "--data-link-mib-per-sec", "NaN"])
+        .arg("--data")
+        .arg(dir.path())
+        .output()
+        .expect("run l2arc-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--data-link-mib-per-sec"), "{stderr}");
 }

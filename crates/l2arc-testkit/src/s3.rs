@@ -12,7 +12,8 @@
 //! (S3 clients do not pipeline). Each request waits a delay drawn from a
 //! range before it is forwarded (a 20-50 ms round trip to a bucket);
 //! injected faults replace the next requests with a 503 SlowDown answer or
-//! a dropped connection. It counts requests by method, which is how the
+//! a dropped connection. An optional cap on the bytes it passes down, all
+//! connections together, is the link to a bucket in another region. It counts requests by method, which is how the
 //! benchmark counts the GETs a system issued.
 //!
 //! A hung server is the server stopped (SIGSTOP, [`S3Server::pause`]): the
@@ -340,6 +341,9 @@ pub struct ProxyCounts {
 #[derive(Default)]
 struct ProxyState {
     delay_ms: Mutex<(u64, u64)>,
+    /// Bytes a second down, all connections together, and when the link
+    /// is free again (`None`: no cap).
+    link: Mutex<Option<(f64, Instant)>>,
     fail_503: AtomicU64,
     drop_next: AtomicU64,
     requests: AtomicU64,
@@ -401,6 +405,14 @@ impl FaultProxy {
         *self.state.delay_ms.lock().expect("proxy poisoned") = (min_ms, max_ms);
     }
 
+    /// Answers go down at most `mib_per_sec` MiB a second, all connections
+    /// together (0: no cap).
+    pub fn set_link_mib_per_sec(&self, mib_per_sec: f64) {
+        assert!(mib_per_sec >= 0.0 && mib_per_sec.is_finite());
+        *self.state.link.lock().expect("proxy poisoned") =
+            (mib_per_sec > 0.0).then(|| (mib_per_sec * (1u64 << 20) as f64, Instant::now()));
+    }
+
     /// The next `n` requests are answered 503 SlowDown (never forwarded).
     pub fn fail_next_with_503(&self, n: u64) {
         self.state.fail_503.store(n, Ordering::SeqCst);
@@ -448,6 +460,29 @@ fn slow_down_answer() -> Vec<u8> {
     .into_bytes()
 }
 
+/// Idle time of a capped link credited to the next bytes.
+const LINK_BURST: Duration = Duration::from_millis(10);
+
+impl ProxyState {
+    /// Waits until the capped link has carried `bytes` (each chunk takes
+    /// its turn on the one link).
+    fn wait_for_link(&self, bytes: usize) {
+        let wait = {
+            let mut link = self.link.lock().expect("proxy poisoned");
+            let Some((bytes_per_sec, free_at)) = link.as_mut() else {
+                return;
+            };
+            let now = Instant::now();
+            // Up to LINK_BURST of idle link is credited: a sleep that ran
+            // long does not lower the rate below the cap.
+            let start = (*free_at).max(now.checked_sub(LINK_BURST).unwrap_or(now));
+            *free_at = start + Duration::from_secs_f64(bytes as f64 / *bytes_per_sec);
+            free_at.saturating_duration_since(now)
+        };
+        std::thread::sleep(wait);
+    }
+}
+
 fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::Result<()> {
     let server = TcpStream::connect(upstream)?;
     client.set_nodelay(true)?;
@@ -465,6 +500,7 @@ fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::R
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     st_down.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
+                    st_down.wait_for_link(n);
                     answered_down.store(true, Ordering::Release);
                     if c_write.write_all(&buf[..n]).is_err() {
                         break;

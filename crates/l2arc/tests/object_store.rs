@@ -381,6 +381,36 @@ fn records_of_one_object_are_fetched_concurrently_behind_a_slow_store() {
     assert_eq!(store.stats().gets, 8, "the prefetched records were hits");
 }
 
+/// The proxy's link cap (the fleet benchmark's far bucket) holds: an
+/// object comes through no faster than the cap allows, and whole.
+#[test]
+fn a_capped_proxy_link_carries_no_more_than_its_rate() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let data = content(RS * 8, 23);
+    server.put(BUCKET, "obj", &data);
+    let proxy = FaultProxy::start(server.addr());
+    let mib_per_sec = 4.0;
+    proxy.set_link_mib_per_sec(mib_per_sec);
+    let store = primary(&proxy.endpoint(), 60_000);
+    let (cache, ds) = cache_over(store.clone());
+    let handle = cache.open(ds, "obj", false).unwrap();
+    let before = proxy.counts().bytes_down;
+    let started = std::time::Instant::now();
+    check_all(&cache, &handle, &data, "through a capped link");
+    let elapsed = started.elapsed();
+    let carried = proxy.counts().bytes_down - before;
+    assert!(carried >= data.len() as u64, "{carried} bytes carried");
+    // A lower bound only (a loaded machine is slower, never faster); the
+    // 10 ms of idle link the proxy credits come off it.
+    let floor = carried as f64 / (mib_per_sec * (1u64 << 20) as f64) - 0.02;
+    assert!(
+        elapsed.as_secs_f64() >= floor,
+        "{carried} bytes in {elapsed:?} through a {mib_per_sec} MiB/s link"
+    );
+    shutdown(cache);
+}
+
 /// Runs `read` on a thread of its own and waits for it at most `within`:
 /// a read that outlives its deadline fails the test at the bound instead
 /// of holding it for the old sequence's minutes.

@@ -73,6 +73,10 @@ struct Fleet {
     random_p99_us: f64,
     /// GETs of objects on the data bucket during node 2's random reads.
     random_data_gets: u64,
+    /// Bytes from the data bucket during them: what of the bucket the
+    /// fresh node fetched in its window (a system that pulls most of it
+    /// is warm before the window ends).
+    random_data_bytes: u64,
 }
 
 impl Fleet {
@@ -98,6 +102,8 @@ struct Report {
     objects: u64,
     data_bytes: u64,
     delay_ms: (u64, u64),
+    /// The data bucket's link cap, MiB/s (0: none).
+    data_link_mib_per_sec: f64,
     load_before: String,
     load_after: String,
     results: Vec<Fleet>,
@@ -368,7 +374,11 @@ fn cold_pass(system: &System, place: &Place<'_>, node_no: usize) -> Result<ColdP
 }
 
 /// Random 4 KiB reads on a fresh node 2 (its own caches empty).
-fn random_on_fresh_node(system: &System, place: &Place<'_>, secs: f64) -> Result<(f64, f64, u64)> {
+fn random_on_fresh_node(
+    system: &System,
+    place: &Place<'_>,
+    secs: f64,
+) -> Result<(f64, f64, u64, u64)> {
     let node = system.start(place.dir, "node2-random", place.mnt, place.server)?;
     super::fuse::drop_page_cache();
     let before = place.proxy.counts();
@@ -390,6 +400,7 @@ fn random_on_fresh_node(system: &System, place: &Place<'_>, secs: f64) -> Result
         read.iops,
         read.latency_us_p99,
         (after.gets - after.lists) - (before.gets - before.lists),
+        after.bytes_down - before.bytes_down,
     ))
 }
 
@@ -397,10 +408,13 @@ fn random_on_fresh_node(system: &System, place: &Place<'_>, secs: f64) -> Result
 fn measure(system: &System, place: &Place<'_>, nodes: usize, secs: f64) -> Result<Fleet> {
     eprintln!("fleet: {}", system.name());
     let mut cold = vec![cold_pass(system, place, 1)?];
-    let (random_iops, random_p99_us, random_data_gets) = random_on_fresh_node(system, place, secs)?;
+    let (random_iops, random_p99_us, random_data_gets, random_data_bytes) =
+        random_on_fresh_node(system, place, secs)?;
     eprintln!(
-        "fleet: {} fresh node 2, random 4 KiB: {random_iops:.0} IOPS, p99 {random_p99_us:.0} us, {random_data_gets} data GETs",
-        system.name()
+        "fleet: {} fresh node 2, random 4 KiB: {random_iops:.0} IOPS, p99 {random_p99_us:.0} us, {random_data_gets} data GETs, {} MiB from the data bucket ({:.0}% of it)",
+        system.name(),
+        random_data_bytes >> 20,
+        100.0 * random_data_bytes as f64 / place.data_bytes as f64
     );
     for node_no in 2..=nodes {
         cold.push(cold_pass(system, place, node_no)?);
@@ -411,6 +425,7 @@ fn measure(system: &System, place: &Place<'_>, nodes: usize, secs: f64) -> Resul
         random_iops,
         random_p99_us,
         random_data_gets,
+        random_data_bytes,
     })
 }
 
@@ -431,8 +446,15 @@ fn run(args: &BenchArgs) -> Result<Outcome> {
     let file_bytes = (args.dataset_size / files_n).max(1);
     let data_bytes = file_bytes * files_n;
     super::s3::fill_bucket(&server, DATA_BUCKET, (files_n, file_bytes), args.seed);
+    let link_mib_per_sec = args.data_link_mib_per_sec;
+    if !(link_mib_per_sec >= 0.0 && link_mib_per_sec.is_finite()) {
+        bail!(
+            "--data-link-mib-per-sec must be 0 (no cap) or a positive number of MiB/s, not {link_mib_per_sec}"
+        );
+    }
     let proxy = FaultProxy::start(server.addr());
     proxy.set_delay_ms(DELAY_MS.0, DELAY_MS.1);
+    proxy.set_link_mib_per_sec(link_mib_per_sec);
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir(&mnt)?;
     let files: Vec<PathBuf> = (0..files_n).map(|i| mnt.join(format!("f{i}"))).collect();
@@ -467,6 +489,7 @@ fn run(args: &BenchArgs) -> Result<Outcome> {
         objects: files_n,
         data_bytes,
         delay_ms: DELAY_MS,
+        data_link_mib_per_sec: link_mib_per_sec,
         load_before,
         load_after: crate::load_average(),
         results,
@@ -477,12 +500,13 @@ fn run(args: &BenchArgs) -> Result<Outcome> {
 
 fn print_report(r: &Report) {
     println!(
-        "fleet: {} nodes, {} objects, {} MiB in one bucket on versitygw behind a {}-{} ms delay proxy, the cache bucket on the same server without it; load average before: {}, after: {}",
+        "fleet: {} nodes, {} objects, {} MiB in one bucket on versitygw behind a {}-{} ms delay proxy{}, the cache bucket on the same server without it; load average before: {}, after: {}",
         r.nodes,
         r.objects,
         r.data_bytes >> 20,
         r.delay_ms.0,
         r.delay_ms.1,
+        link(r),
         r.load_before,
         r.load_after
     );
@@ -511,6 +535,14 @@ fn print_report(r: &Report) {
         );
     }
     for f in &r.results {
+        println!(
+            "{}: fresh node 2 fetched {} MiB ({:.0}% of the bucket) from the data bucket in its random-read window",
+            f.system,
+            f.random_data_bytes >> 20,
+            100.0 * f.random_data_bytes as f64 / r.data_bytes.max(1) as f64
+        );
+    }
+    for f in &r.results {
         for c in &f.cold {
             if let (Some(hits), Some(misses)) = (c.shared_hits, c.shared_misses) {
                 println!(
@@ -525,6 +557,15 @@ fn print_report(r: &Report) {
     );
 }
 
+/// The data bucket's link cap as the report says it ("" when none).
+fn link(r: &Report) -> String {
+    if r.data_link_mib_per_sec > 0.0 {
+        format!(" and a {} MiB/s link", r.data_link_mib_per_sec)
+    } else {
+        String::new()
+    }
+}
+
 /// The three goals: the fleet's data GETs at node 1's, nodes 2..N
 /// at 3x node 1's cold rate, and a fresh node's random reads at 3x
 /// rclone's.
@@ -536,13 +577,22 @@ fn headline(r: &Report) -> Vec<Headline> {
     let peer = "rclone mount --vfs-cache-mode full (a cache per node)";
     let fleet = |f: &Fleet| f.fleet_data_gets() as f64 / f.node1().data_gets.max(1) as f64;
     let scale = format!(
-        "{} nodes, {} MiB, data bucket behind 20–50 ms",
+        "{} nodes, {} MiB, data bucket behind 20–50 ms{}",
         r.nodes,
-        r.data_bytes >> 20
+        r.data_bytes >> 20,
+        link(r)
     );
+    // A capped link is another configuration: rows of its own.
+    let key = |name: &str| {
+        if r.data_link_mib_per_sec > 0.0 {
+            format!("{name}_link")
+        } else {
+            name.to_string()
+        }
+    };
     vec![
         Headline::versus(
-            "fleet_gets_over_node1",
+            &key("fleet_gets_over_node1"),
             &format!(
                 "fleet: data-bucket GETs of all the nodes' cold passes over node 1's ({scale})"
             ),
@@ -551,7 +601,7 @@ fn headline(r: &Report) -> Vec<Headline> {
             Goal::ours(false, 1.0),
         ),
         Headline::versus(
-            "others_over_node1_cold",
+            &key("others_over_node1_cold"),
             &format!("fleet: cold MiB/s of nodes 2..N over node 1's ({scale})"),
             "x",
             (
@@ -562,7 +612,7 @@ fn headline(r: &Report) -> Vec<Headline> {
             Goal::ours(true, 3.0),
         ),
         Headline::versus(
-            "fresh_node_random_iops",
+            &key("fresh_node_random_iops"),
             &format!(
                 "fleet: random 4 KiB O_DIRECT on a fresh node 2 after node 1 read everything ({scale})"
             ),
