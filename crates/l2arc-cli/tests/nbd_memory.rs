@@ -92,6 +92,13 @@ fn a_memory_bomb_of_clients_that_never_read_stays_within_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path());
     let pid = server.pid();
+    // The baseline once the server serves: its accept loop opens the
+    // image's inotify watch after the ready line, and on a loaded machine
+    // a sample taken at once saw one thread and one descriptor fewer.
+    let settled = Instant::now() + Duration::from_secs(10);
+    while !fd_targets(pid).iter().any(|t| t == "anon_inode:inotify") && Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (threads_before, fds_before) = threads_and_fds(pid);
     let fd_targets_before = fd_targets(pid);
     let (rss_before_bytes, _) = l2arc_testkit::rss_and_peak_bytes(pid);
