@@ -670,7 +670,10 @@ fn about_shared(name: &str) -> &'static str {
             "Records not written to the shared cache tier: its queue was full or it was backing off"
         }
         "shared_errors" => "Shared cache tier requests that failed",
-        "shared_timeouts" => "Shared cache tier requests past the tier's timeout",
+        "shared_timeouts" => "Shared cache tier reads past the tier's timeout",
+        "shared_write_timeouts" => {
+            "Shared cache tier writes past their bound (dropped; the tier is not skipped)"
+        }
         "shared_skips" => "Reads that skipped the shared cache tier while it backed off",
         "shared_read_bytes" => "Data read from the shared cache tier",
         "shared_write_bytes" => "Blocks' bytes written to the shared cache tier",

@@ -341,6 +341,8 @@ pub struct ProxyCounts {
 #[derive(Default)]
 struct ProxyState {
     delay_ms: Mutex<(u64, u64)>,
+    /// Added to every PUT, on top of `delay_ms`.
+    put_delay_ms: AtomicU64,
     /// Bytes a second down, all connections together, and when the link
     /// is free again (`None`: no cap).
     link: Mutex<Option<(f64, Instant)>>,
@@ -405,6 +407,11 @@ impl FaultProxy {
         *self.state.delay_ms.lock().expect("proxy poisoned") = (min_ms, max_ms);
     }
 
+    /// Every PUT waits `ms` more (a store slow to take writes).
+    pub fn set_put_delay_ms(&self, ms: u64) {
+        self.state.put_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// Answers go down at most `mib_per_sec` MiB a second, all connections
     /// together (0: no cap).
     pub fn set_link_mib_per_sec(&self, mib_per_sec: f64) {
@@ -464,6 +471,23 @@ fn slow_down_answer() -> Vec<u8> {
 const LINK_BURST: Duration = Duration::from_millis(10);
 
 impl ProxyState {
+    /// Waits the delay of a request whose first bytes are `request`.
+    fn delay_request(&self, request: &[u8]) {
+        let put_delay_ms = self.put_delay_ms.load(Ordering::Relaxed);
+        if put_delay_ms > 0 && request.starts_with(b"PUT ") {
+            std::thread::sleep(Duration::from_millis(put_delay_ms));
+        }
+        let (lo, hi) = *self.delay_ms.lock().expect("proxy poisoned");
+        if hi > 0 {
+            let x = self
+                .seed
+                .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+                .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let ms = lo + (x >> 33) % (hi - lo + 1);
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
     /// Waits until the capped link has carried `bytes` (each chunk takes
     /// its turn on the one link).
     fn wait_for_link(&self, bytes: usize) {
@@ -538,15 +562,7 @@ fn serve(client: TcpStream, upstream: SocketAddr, st: &Arc<ProxyState>) -> io::R
                 let _ = c.write_all(&slow_down_answer());
                 break;
             }
-            let (lo, hi) = *st.delay_ms.lock().expect("proxy poisoned");
-            if hi > 0 {
-                let x = st
-                    .seed
-                    .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-                    .wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                let ms = lo + (x >> 33) % (hi - lo + 1);
-                std::thread::sleep(Duration::from_millis(ms));
-            }
+            st.delay_request(&buf[..n]);
         }
         if s_write.write_all(&buf[..n]).is_err() {
             break;

@@ -84,8 +84,9 @@ pub use l2arc::{
 pub use pace::Pace;
 #[cfg(feature = "object-store")]
 pub use shared::{
-    SHARED_KSTATS, SHARED_QUEUE_BYTES_DEFAULT, SHARED_QUEUE_RECORDS_DEFAULT,
-    SHARED_TIMEOUT_DEFAULT_MS, SHARED_WRITERS_DEFAULT, SharedAdmit, SharedTierConfig,
+    SHARED_KSTATS, SHARED_PUT_TIMEOUT_DEFAULT_MS, SHARED_QUEUE_BYTES_DEFAULT,
+    SHARED_QUEUE_RECORDS_DEFAULT, SHARED_TIMEOUT_DEFAULT_MS, SHARED_WRITERS_DEFAULT, SharedAdmit,
+    SharedTierConfig,
 };
 pub use stats::{ArcStats, CacheStats, KstatKind, kstat_kind};
 

@@ -829,3 +829,77 @@ fn a_shared_tier_serves_a_second_cache_with_no_get() {
     let short = cache4.add_shared_tier(shared_config(&server.endpoint(), Some(&[1u8; 16])));
     assert_eq!(short.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
 }
+
+/// Waits (20 s at most) until `cache`'s shared-tier writes have all ended:
+/// the queue empty and `done` of them counted as written or timed out.
+fn wait_for_writes(cache: &Cache, done: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while kstat_of(cache, "shared_writes") + kstat_of(cache, "shared_write_timeouts") < done
+        || kstat_of(cache, "shared_writeq_size") > 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            cache.stats().shared
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A store slow to take writes (every PUT 400 ms, over the 200 ms a read
+/// may take) still gets every block, and the reads never skip the tier;
+/// a PUT past its own bound is dropped and counted, and still does not
+/// put the reads into backoff.
+#[test]
+fn slow_writes_to_the_shared_tier_neither_fail_nor_stop_its_reads() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.create_bucket("cache");
+    let data = content(RS * 4, 77);
+    server.put(BUCKET, "obj", &data);
+    let total = 4u64;
+    let proxy = FaultProxy::start(server.addr());
+    proxy.set_put_delay_ms(400);
+    // Node 1: its PUTs take 400 ms each, under their 5 s bound.
+    let (cache1, ds1) = cache_over(primary(&server.endpoint(), 60_000));
+    let tier = shared_config(&proxy.endpoint(), None);
+    assert_eq!(tier.timeout_ms, 200);
+    cache1.add_shared_tier(tier).unwrap();
+    let handle = cache1.open(ds1, "obj", false).unwrap();
+    assert!(read_all(&cache1, &handle) == data);
+    wait_for_writes(&cache1, total);
+    assert_eq!(kstat_of(&cache1, "shared_writes"), total);
+    assert_eq!(kstat_of(&cache1, "shared_write_timeouts"), 0);
+    assert_eq!(kstat_of(&cache1, "shared_timeouts"), 0);
+    // Node 2 reads every record from the tier.
+    let store2 = primary(&server.endpoint(), 60_000);
+    let (cache2, ds2) = cache_over(store2.clone());
+    cache2
+        .add_shared_tier(shared_config(&proxy.endpoint(), None))
+        .unwrap();
+    let handle = cache2.open(ds2, "obj", false).unwrap();
+    assert!(read_all(&cache2, &handle) == data);
+    assert_eq!(kstat_of(&cache2, "shared_hits"), total);
+    assert_eq!(store2.stats().gets, 0);
+    // Node 3 with a PUT bound under the store's 400 ms: its writes are
+    // dropped and counted, and its reads are never skipped.
+    server.put(BUCKET, "other", &data);
+    let (cache3, ds3) = cache_over(primary(&server.endpoint(), 60_000));
+    let mut tier = shared_config(&proxy.endpoint(), None);
+    tier.put_timeout_ms = 100;
+    cache3.add_shared_tier(tier).unwrap();
+    let handle = cache3.open(ds3, "other", false).unwrap();
+    assert!(read_all(&cache3, &handle) == data);
+    wait_for_writes(&cache3, total);
+    assert_eq!(kstat_of(&cache3, "shared_write_timeouts"), total);
+    assert_eq!(kstat_of(&cache3, "shared_writes"), 0);
+    let handle = cache3.open(ds3, "obj", false).unwrap();
+    assert!(read_all(&cache3, &handle) == data);
+    assert_eq!(
+        kstat_of(&cache3, "shared_skips"),
+        0,
+        "{:?}",
+        cache3.stats().shared
+    );
+    assert_eq!(kstat_of(&cache3, "shared_hits"), total);
+}

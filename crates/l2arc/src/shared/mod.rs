@@ -45,12 +45,17 @@
 //! is the simplest hook that is exact about "seen twice" without a new
 //! callback in the ARC's hit path, whose cost is counted in nanoseconds.
 //!
-//! Faults. Every GET and PUT has the tier's own timeout (well under the
+//! Faults. Every GET has the tier's own timeout (well under the
 //! primary's). After a timeout or an error the tier is skipped (reads go
 //! straight to primary storage, writes are dropped) for a backoff that
 //! doubles up to `BACKOFF_MAX_MS` and resets at the first success; the
 //! first request after a backoff is the probe. None of it is an error to
-//! a reader.
+//! a reader. A PUT has a longer bound of its own (`put_timeout_ms`): it
+//! carries a whole block up, which on a slow link outlasts a read's
+//! timeout without the store being unwell, and it delays no reader; so a
+//! PUT past its bound is counted (`shared_write_timeouts`) and dropped,
+//! and only a PUT the store refuses puts the tier into backoff. Reads
+//! judge the store's latency by their own GETs.
 
 mod block;
 
@@ -71,8 +76,10 @@ use block::{BAD_KSTATS, BAD_REASONS, BlockName};
 
 pub(crate) use block::FLEET_KEY_BYTES_MIN;
 
-/// The default timeout of one GET or PUT of the shared tier.
+/// The default timeout of one GET of the shared tier.
 pub const SHARED_TIMEOUT_DEFAULT_MS: u64 = 200;
+/// The default bound of one PUT (a block carried up, behind the reader).
+pub const SHARED_PUT_TIMEOUT_DEFAULT_MS: u64 = 5_000;
 /// Records the write queue holds at most (by default).
 pub const SHARED_QUEUE_RECORDS_DEFAULT: usize = 256;
 /// Bytes the write queue holds at most (by default).
@@ -137,8 +144,10 @@ pub struct SharedTierConfig {
     pub fleet_key: Option<Vec<u8>>,
     /// Which records this node writes.
     pub admit: SharedAdmit,
-    /// Timeout of one GET or PUT.
+    /// Timeout of one GET.
     pub timeout_ms: u64,
+    /// Bound of one PUT.
+    pub put_timeout_ms: u64,
     /// Bounds of the write queue.
     pub queue_records_max: usize,
     /// Bounds of the write queue, bytes.
@@ -156,6 +165,7 @@ impl SharedTierConfig {
             fleet_key: None,
             admit: SharedAdmit::All,
             timeout_ms: SHARED_TIMEOUT_DEFAULT_MS,
+            put_timeout_ms: SHARED_PUT_TIMEOUT_DEFAULT_MS,
             queue_records_max: SHARED_QUEUE_RECORDS_DEFAULT,
             queue_bytes_max: SHARED_QUEUE_BYTES_DEFAULT,
             writers: SHARED_WRITERS_DEFAULT,
@@ -172,6 +182,7 @@ impl std::fmt::Debug for SharedTierConfig {
             .field("keyed", &self.fleet_key.is_some())
             .field("admit", &self.admit)
             .field("timeout_ms", &self.timeout_ms)
+            .field("put_timeout_ms", &self.put_timeout_ms)
             .field("queue_records_max", &self.queue_records_max)
             .field("queue_bytes_max", &self.queue_bytes_max)
             .field("writers", &self.writers)
@@ -187,6 +198,7 @@ struct Counters {
     write_drops: AtomicU64,
     errors: AtomicU64,
     timeouts: AtomicU64,
+    write_timeouts: AtomicU64,
     skips: AtomicU64,
     read_bytes: AtomicU64,
     write_bytes: AtomicU64,
@@ -253,6 +265,7 @@ struct Inner {
     op: opendal::Operator,
     fleet_key: Option<Vec<u8>>,
     timeout: Duration,
+    put_timeout: Duration,
     queue_records_max: usize,
     queue_bytes_max: u64,
     queue: RankedMutex<Queue, { rank::LEAF }>,
@@ -287,10 +300,14 @@ impl SharedTier {
                 ),
             ));
         }
-        if config.timeout_ms == 0 || config.writers == 0 || config.queue_records_max == 0 {
+        if config.timeout_ms == 0
+            || config.put_timeout_ms == 0
+            || config.writers == 0
+            || config.queue_records_max == 0
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{config:?}: timeout, writers and queue must be positive"),
+                format!("{config:?}: timeouts, writers and queue must be positive"),
             ));
         }
         opendal::install_default();
@@ -308,6 +325,7 @@ impl SharedTier {
             op,
             fleet_key: config.fleet_key,
             timeout: Duration::from_millis(config.timeout_ms),
+            put_timeout: Duration::from_millis(config.put_timeout_ms),
             queue_records_max: config.queue_records_max,
             queue_bytes_max: config.queue_bytes_max,
             queue: RankedMutex::new(Queue::default()),
@@ -543,10 +561,10 @@ async fn writer(inner: Arc<Inner>) {
         let block = block::encode(&job.name, &job.data, inner.fleet_key.as_deref());
         let len = block.len() as u64;
         let key = job.name.object_key("");
-        match tokio::time::timeout(inner.timeout, inner.op.write(&key, block)).await {
+        match tokio::time::timeout(inner.put_timeout, inner.op.write(&key, block)).await {
             Err(_) => {
-                c.timeouts.fetch_add(1, Ordering::Relaxed);
-                inner.backoff.failed();
+                // Slow, not refused: the block is dropped, reads go on.
+                c.write_timeouts.fetch_add(1, Ordering::Relaxed);
             }
             Ok(Err(e)) => {
                 log::debug!("shared cache: PUT {key}: {e}");
@@ -723,6 +741,7 @@ impl Tier for SharedTier {
             ("shared_write_drops", get(&c.write_drops)),
             ("shared_errors", get(&c.errors)),
             ("shared_timeouts", get(&c.timeouts)),
+            ("shared_write_timeouts", get(&c.write_timeouts)),
             ("shared_skips", get(&c.skips)),
             ("shared_read_bytes", get(&c.read_bytes)),
             ("shared_write_bytes", get(&c.write_bytes)),
@@ -736,13 +755,14 @@ impl Tier for SharedTier {
 
 /// Every kstat of a shared tier, named even when none is attached (for
 /// `/metrics` help lines and `l2arc stat`).
-pub const SHARED_KSTATS: [&str; 18] = [
+pub const SHARED_KSTATS: [&str; 19] = [
     "shared_hits",
     "shared_misses",
     "shared_writes",
     "shared_write_drops",
     "shared_errors",
     "shared_timeouts",
+    "shared_write_timeouts",
     "shared_skips",
     "shared_read_bytes",
     "shared_write_bytes",
