@@ -85,9 +85,9 @@ pub(crate) struct S3Options {
     /// twice) [default: all].
     #[arg(long, value_name = "all|mfu")]
     pub shared_cache_admit: Option<String>,
-    /// Seconds one request to the shared cache may take; past it the tier
-    /// is skipped (reads go to the source) and retried with backoff
-    /// [default: 0.2].
+    /// Seconds one read of the shared cache may take; past it the tier is
+    /// skipped (reads go to the source) and retried with backoff
+    /// [default: 0.2]. (A write, behind the reader, may take 5 s.)
     #[arg(long)]
     pub shared_cache_timeout: Option<f64>,
 }
