@@ -69,8 +69,13 @@ const RECYCLED_CLASSES: usize = 5;
 /// Largest capacity the shared pool keeps: a record of the largest
 /// recordsize (16 MiB) with its block's page.
 pub(crate) const POOLED_CAPACITY_MAX: usize = (16 << 20) + BUF_ALIGN_BYTES;
-/// Most bytes of freed large buffers the process keeps for reuse.
-pub(crate) const POOLED_BYTES_MAX: usize = 16 << 20;
+/// Most bytes of freed large buffers the process keeps for reuse: two
+/// feed batches. A feeder copies a batch's records in a burst and frees
+/// them in a burst; with room for one batch (16 MiB) beside the readers'
+/// churn, most of its copies missed the pool (nodes reading a shared
+/// tier: 364-419 MiB/s at 16 MiB, 449 at 32, docs/notes/fleet.md).
+/// (`l2arc/mod.rs` asserts it holds two of its batches.)
+pub(crate) const POOLED_BYTES_MAX: usize = 32 << 20;
 /// Most distinct capacities the pool keeps at once.
 const POOLED_SIZES_MAX: usize = 8;
 

@@ -39,7 +39,7 @@
 //! under the mmap threshold (which rises to 32 MiB as large blocks are
 //! freed) in its heaps, and only trimming returns the pages in the middle
 //! of a heap; the pool of freed large buffers `buf` keeps for reuse
-//! (at most 16 MiB) is emptied first. (The per-thread recycled buffers of
+//! (at most 32 MiB) is emptied first. (The per-thread recycled buffers of
 //! `buf` are bounded at 512 KiB a thread and are not worth chasing.)
 
 use std::sync::Arc;

@@ -83,6 +83,11 @@ pub(crate) use writer::WriteGate;
 pub(crate) const DEVICES_MAX: usize = 16;
 /// Largest batch (records plus log block) written in one sequential write.
 pub const BATCH_BYTES_MAX: u64 = 16 << 20;
+
+// The pool of freed large buffers takes two batches of a feeder's copies
+// (`buf::POOLED_BYTES_MAX`).
+const _: () = assert!(crate::buf::POOLED_BYTES_MAX as u64 >= 2 * BATCH_BYTES_MAX);
+
 /// A device needs room for several batches to be a useful log.
 pub(crate) const DEVICE_DATA_BYTES_MIN: u64 = 4 << 20;
 /// Consecutive I/O errors after which a device is faulted.
