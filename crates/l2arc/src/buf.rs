@@ -18,10 +18,10 @@
 //! that overwrites all of them need not be zeroed either
 //! ([`AlignedBuf::for_overwrite`]).
 //!
-//! Large buffers (records of 128 KiB and up, a shared-tier block) are
-//! freed on one thread and made on another: the ARC evicts on the thread
-//! that inserts, the feeder frees the copies it wrote, a GET's block dies
-//! where it was checked. Each one is mapped on its own (glibc's
+//! Large buffers (records of 128 KiB and up, a shared-tier block's
+//! compressed payload) are freed on one thread and made on another: the
+//! ARC evicts on the thread that inserts, the feeder frees the copies it
+//! wrote, a compressed payload dies where it was decompressed. Each one is mapped on its own (glibc's
 //! `M_MMAP_THRESHOLD` is pinned so that evicted records leave the
 //! process), so without reuse every 1 MiB record cost a `mmap`, 256 page
 //! faults with their zeroing, and a `munmap` with its TLB shootdown:

@@ -235,72 +235,214 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-/// Decodes a block: the record's bytes, in a buffer of their own, if the
-/// block is record `name.index` of the object and version `name` names,
-/// intact, and signed with `fleet_key` when one is given.
+/// Decodes a whole block in memory (see [`Decoder`]).
+#[cfg(test)]
 pub(crate) fn decode(
     name: &BlockName,
     block: &[u8],
     fleet_key: Option<&[u8]>,
 ) -> Result<AlignedBuf, BadReason> {
-    if block.len() < HEADER_FIXED_BYTES + CRC_BYTES {
-        return Err(BadReason::Short);
+    let mut decoder = Decoder::new(name, fleet_key);
+    decoder.feed(block)?;
+    decoder.finish()
+}
+
+/// Runs the CRC and the HMAC (if any) over the block's next signed bytes.
+fn absorb(crc: &mut u32, mac: &mut Option<HmacSha256>, bytes: &[u8]) {
+    *crc = crc32c::crc32c_append(*crc, bytes);
+    if let Some(mac) = mac {
+        mac.update(bytes);
     }
-    if block[..8] != MAGIC {
-        return Err(BadReason::Magic);
-    }
-    if u16_at(block, 8) != FORMAT_VERSION {
-        return Err(BadReason::Version);
-    }
-    let keyed = block[11] & FLAG_HMAC != 0;
-    let length = u32_at(block, 56) as usize;
-    let payload_len = u32_at(block, 60) as usize;
-    let version_len = usize::from(u16_at(block, 64));
-    let signed_end = HEADER_FIXED_BYTES + version_len + payload_len + CRC_BYTES;
-    let end = signed_end + if keyed { HMAC_BYTES } else { 0 };
-    if block.len() != end {
-        return Err(BadReason::Short);
-    }
-    let crc = u32_at(block, signed_end - CRC_BYTES);
-    if crc32c::crc32c(&block[..signed_end - CRC_BYTES]) != crc {
-        return Err(BadReason::Crc);
-    }
-    if let Some(fleet_key) = fleet_key {
-        // Compared in constant time (`verify_slice`).
-        let mut mac =
-            <HmacSha256 as KeyInit>::new_from_slice(fleet_key).expect("HMAC takes any key");
-        mac.update(&block[..signed_end]);
-        if !keyed || mac.verify_slice(&block[signed_end..]).is_err() {
-            return Err(BadReason::Hmac);
+}
+
+/// A block decoded as its bytes arrive: the record's bytes, in a buffer
+/// of their own, if the block is record `name.index` of the object and
+/// version `name` names, intact, and signed with `fleet_key` when one is
+/// given.
+///
+/// Why as they arrive. A GET's body comes in pieces; gathering them into
+/// one block buffer and then checking it copied every record twice and
+/// held two buffers of a record per GET in flight. Here the header and
+/// the trailer (a few bytes) are gathered apart, the CRC and the HMAC run
+/// over the pieces, and the payload goes straight into its buffer, which
+/// for a block stored plain is the record's own. Nothing is handed out
+/// before [`finish`](Self::finish) has checked it all; a block longer
+/// than it says, or than a record's block can be, is refused as soon as
+/// its bytes show it (the rest of the GET is not read).
+pub(crate) struct Decoder<'a> {
+    name: &'a BlockName,
+    /// The header, fixed part then version, gathered until whole.
+    header: Vec<u8>,
+    /// Known once the fixed header is in: header, payload, trailer.
+    layout: Option<Layout>,
+    payload: AlignedBuf,
+    payload_filled: usize,
+    trailer: [u8; CRC_BYTES + HMAC_BYTES],
+    trailer_filled: usize,
+    crc: u32,
+    mac: Option<HmacSha256>,
+}
+
+#[derive(Clone, Copy)]
+struct Layout {
+    header_bytes: usize,
+    payload_bytes: usize,
+    trailer_bytes: usize,
+}
+
+impl<'a> Decoder<'a> {
+    pub(crate) fn new(name: &'a BlockName, fleet_key: Option<&'a [u8]>) -> Self {
+        debug_assert!(fleet_key.is_none_or(|k| k.len() >= FLEET_KEY_BYTES_MIN));
+        Self {
+            name,
+            header: Vec::with_capacity(HEADER_FIXED_BYTES),
+            layout: None,
+            payload: AlignedBuf::for_overwrite(0),
+            payload_filled: 0,
+            trailer: [0; CRC_BYTES + HMAC_BYTES],
+            trailer_filled: 0,
+            crc: 0,
+            mac: fleet_key
+                .map(|k| <HmacSha256 as KeyInit>::new_from_slice(k).expect("HMAC takes any key")),
         }
     }
-    let compression = Compression::from_bits(block[10]);
-    let offset = u64::from_le_bytes(block[48..56].try_into().expect("8 bytes"));
-    let version = &block[HEADER_FIXED_BYTES..HEADER_FIXED_BYTES + version_len];
-    let same = block[16..48] == name.source_digest
-        && version == name.version.as_bytes()
-        && u32_at(block, 12) == name.recordsize_bytes
-        && Some(offset) == name.index.checked_mul(u64::from(name.recordsize_bytes))
-        && compression.is_some_and(|c| c == name.compression || c == Compression::Off);
-    if !same {
-        return Err(BadReason::Identity);
+
+    /// Takes the next bytes of the block. An error is final: the block is
+    /// refused, and the rest need not be read.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) -> Result<(), BadReason> {
+        while !bytes.is_empty() {
+            let Some(layout) = self.layout else {
+                let want = (HEADER_FIXED_BYTES - self.header.len()).min(bytes.len());
+                self.header.extend_from_slice(&bytes[..want]);
+                bytes = &bytes[want..];
+                if self.header.len() == HEADER_FIXED_BYTES {
+                    let layout = self.fixed_header_read()?;
+                    self.layout = Some(layout);
+                    if layout.header_bytes == HEADER_FIXED_BYTES {
+                        absorb(&mut self.crc, &mut self.mac, &self.header);
+                    }
+                }
+                continue;
+            };
+            if self.header.len() < layout.header_bytes {
+                let want = (layout.header_bytes - self.header.len()).min(bytes.len());
+                self.header.extend_from_slice(&bytes[..want]);
+                bytes = &bytes[want..];
+                if self.header.len() == layout.header_bytes {
+                    absorb(&mut self.crc, &mut self.mac, &self.header);
+                }
+            } else if self.payload_filled < layout.payload_bytes {
+                let want = (layout.payload_bytes - self.payload_filled).min(bytes.len());
+                let at = self.payload_filled;
+                let piece = &mut self.payload.as_mut_slice()[at..at + want];
+                piece.copy_from_slice(&bytes[..want]);
+                absorb(&mut self.crc, &mut self.mac, piece);
+                self.payload_filled += want;
+                bytes = &bytes[want..];
+            } else {
+                let want = (layout.trailer_bytes - self.trailer_filled).min(bytes.len());
+                if want < bytes.len() {
+                    return Err(BadReason::Short); // longer than it says
+                }
+                let at = self.trailer_filled;
+                self.trailer[at..at + want].copy_from_slice(bytes);
+                self.trailer_filled += want;
+                bytes = &[];
+            }
+        }
+        Ok(())
     }
-    if length > name.recordsize_bytes as usize {
-        return Err(BadReason::Length);
+
+    /// The fixed header is in: checks what frames the rest (magic,
+    /// format, lengths within a record's block) and sizes the payload.
+    fn fixed_header_read(&mut self) -> Result<Layout, BadReason> {
+        let h = &self.header;
+        debug_assert_eq!(h.len(), HEADER_FIXED_BYTES);
+        if h[..8] != MAGIC {
+            return Err(BadReason::Magic);
+        }
+        if u16_at(h, 8) != FORMAT_VERSION {
+            return Err(BadReason::Version);
+        }
+        let version_bytes = usize::from(u16_at(h, 64));
+        if version_bytes > VERSION_BYTES_MAX {
+            return Err(BadReason::Short); // past any block's bound
+        }
+        let payload_bytes = u32_at(h, 60) as usize;
+        if payload_bytes > self.name.recordsize_bytes as usize {
+            // Stored plain or compressed, a payload is at most a record.
+            return Err(BadReason::Length);
+        }
+        let keyed = h[11] & FLAG_HMAC != 0;
+        self.payload = AlignedBuf::for_overwrite(payload_bytes);
+        Ok(Layout {
+            header_bytes: HEADER_FIXED_BYTES + version_bytes,
+            payload_bytes,
+            trailer_bytes: CRC_BYTES + if keyed { HMAC_BYTES } else { 0 },
+        })
     }
-    let payload = &block[HEADER_FIXED_BYTES + version_len..signed_end - CRC_BYTES];
-    let compression = compression.expect("checked above");
-    if compression == Compression::Off && payload.len() != length {
-        return Err(BadReason::Length);
+
+    /// The record, once every byte has come and every check holds.
+    pub(crate) fn finish(mut self) -> Result<AlignedBuf, BadReason> {
+        let Some(layout) = self.layout else {
+            return Err(BadReason::Short);
+        };
+        if self.header.len() < layout.header_bytes
+            || self.payload_filled < layout.payload_bytes
+            || self.trailer_filled < layout.trailer_bytes
+        {
+            return Err(BadReason::Short);
+        }
+        let crc = u32_at(&self.trailer, 0);
+        if self.crc != crc {
+            return Err(BadReason::Crc);
+        }
+        if let Some(mut mac) = self.mac.take() {
+            let keyed = layout.trailer_bytes > CRC_BYTES;
+            mac.update(&self.trailer[..CRC_BYTES]);
+            // Compared in constant time (`verify_slice`).
+            if !keyed
+                || mac
+                    .verify_slice(&self.trailer[CRC_BYTES..layout.trailer_bytes])
+                    .is_err()
+            {
+                return Err(BadReason::Hmac);
+            }
+        }
+        let h = &self.header;
+        let name = self.name;
+        let length = u32_at(h, 56) as usize;
+        let compression = Compression::from_bits(h[10]);
+        let offset = u64::from_le_bytes(h[48..56].try_into().expect("8 bytes"));
+        let same = h[16..48] == name.source_digest
+            && &h[HEADER_FIXED_BYTES..] == name.version.as_bytes()
+            && u32_at(h, 12) == name.recordsize_bytes
+            && Some(offset) == name.index.checked_mul(u64::from(name.recordsize_bytes))
+            && compression.is_some_and(|c| c == name.compression || c == Compression::Off);
+        if !same {
+            return Err(BadReason::Identity);
+        }
+        if length > name.recordsize_bytes as usize {
+            return Err(BadReason::Length);
+        }
+        let compression = compression.expect("checked above");
+        if compression == Compression::Off {
+            // The payload is the record: no copy.
+            if layout.payload_bytes != length {
+                return Err(BadReason::Length);
+            }
+            debug_assert_eq!(self.payload.len(), length);
+            return Ok(self.payload);
+        }
+        // Every byte is written (`decompress` fails on any other length),
+        // so the buffer need not be zeroed first.
+        let mut out = AlignedBuf::for_overwrite(length);
+        if decompress(compression, &self.payload, out.as_mut_slice()).is_err() {
+            return Err(BadReason::Length);
+        }
+        debug_assert_eq!(out.len(), length);
+        Ok(out)
     }
-    // Every byte is written (`decompress` fails on any other length), so
-    // the buffer need not be zeroed first.
-    let mut out = AlignedBuf::for_overwrite(length);
-    if decompress(compression, payload, out.as_mut_slice()).is_err() {
-        return Err(BadReason::Length);
-    }
-    debug_assert_eq!(out.len(), length);
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -393,6 +535,103 @@ mod tests {
         let crc = crc32c::crc32c(&long[..crc_at]);
         long[crc_at..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(bad(&long, None), BadReason::Length);
+    }
+
+    /// Feeds `block` in pieces of `piece` bytes (the last may be shorter).
+    fn decode_in_pieces(
+        n: &BlockName,
+        block: &[u8],
+        fleet_key: Option<&[u8]>,
+        piece: usize,
+    ) -> Result<AlignedBuf, BadReason> {
+        let mut decoder = Decoder::new(n, fleet_key);
+        for chunk in block.chunks(piece) {
+            decoder.feed(chunk)?;
+        }
+        decoder.finish()
+    }
+
+    #[test]
+    fn a_block_in_pieces_of_any_size_decodes_as_a_whole_one() {
+        let key = [3u8; 32];
+        let random: Vec<u8> = (0..70_001u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        // An empty version: the header ends with its fixed part.
+        for version in ["", "\"etag\""] {
+            for data in [text(131_072), random.clone(), text(3), Vec::new()] {
+                for fleet_key in [None, Some(&key[..])] {
+                    let n = name(version, 5);
+                    let block = encode(&n, &data, fleet_key);
+                    for piece in [1, 7, 67, 68, 69, 4096, 65_537, block.len()] {
+                        let out =
+                            decode_in_pieces(&n, &block, fleet_key, piece).unwrap_or_else(|r| {
+                                panic!("{version:?} {} {piece}: {r:?}", data.len())
+                            });
+                        assert_eq!(&out[..], &data[..]);
+                    }
+                    // A flipped byte anywhere is refused, whatever the pieces.
+                    for at in [
+                        0,
+                        11,
+                        40,
+                        HEADER_FIXED_BYTES,
+                        block.len() / 2,
+                        block.len() - 1,
+                    ] {
+                        let mut bad = block.clone();
+                        bad[at] ^= 0x10;
+                        for piece in [1, 4096] {
+                            assert!(decode_in_pieces(&n, &bad, fleet_key, piece).is_err());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_is_refused_as_soon_as_its_bytes_show_it() {
+        let n = name("e1", 2);
+        let block = encode(&n, &text(65_536), None);
+        // Longer than it says: refused at the first byte past its end.
+        let mut decoder = Decoder::new(&n, None);
+        decoder.feed(&block).unwrap();
+        assert_eq!(decoder.feed(&[0]), Err(BadReason::Short));
+        // Not a block: refused with its fixed header, before any payload.
+        let mut decoder = Decoder::new(&n, None);
+        assert_eq!(
+            decoder.feed(&[0x5a; HEADER_FIXED_BYTES]),
+            Err(BadReason::Magic)
+        );
+        // A payload longer than a record, or a version past the bound.
+        let mut long = block.clone();
+        long[60..64].copy_from_slice(&(n.recordsize_bytes + 1).to_le_bytes());
+        let mut decoder = Decoder::new(&n, None);
+        assert_eq!(
+            decoder.feed(&long[..HEADER_FIXED_BYTES]),
+            Err(BadReason::Length)
+        );
+        let mut long = block.clone();
+        long[64..66].copy_from_slice(&(VERSION_BYTES_MAX as u16 + 1).to_le_bytes());
+        let mut decoder = Decoder::new(&n, None);
+        assert_eq!(
+            decoder.feed(&long[..HEADER_FIXED_BYTES]),
+            Err(BadReason::Short)
+        );
+        // Cut anywhere: short.
+        for cut in [
+            0,
+            9,
+            HEADER_FIXED_BYTES,
+            HEADER_FIXED_BYTES + 2,
+            block.len() - 1,
+        ] {
+            assert_eq!(
+                decode_in_pieces(&n, &block[..cut], None, 1000).unwrap_err(),
+                BadReason::Short
+            );
+        }
     }
 
     #[test]

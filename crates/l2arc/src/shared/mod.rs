@@ -72,7 +72,7 @@ use crate::latency::{HistogramSnapshot, LatencyHistogram};
 use crate::lock_order::{RankedMutex, rank};
 use crate::primary::object_store::ObjectStoreConfig;
 use crate::tier::{BelowKey, EvictedRecord, Tier};
-use block::{BAD_KSTATS, BAD_REASONS, BlockName};
+use block::{BAD_KSTATS, BAD_REASONS, BadReason, BlockName};
 
 pub(crate) use block::FLEET_KEY_BYTES_MIN;
 
@@ -92,10 +92,6 @@ const BACKOFF_BASE_MS: u64 = 100;
 const BACKOFF_MAX_MS: u64 = 5_000;
 /// Block names kept for `mfu` admission of records still resident.
 const PENDING_NAMES_MAX: usize = 1 << 16;
-/// Slack over a record for a block's header, version and checks.
-const BLOCK_OVERHEAD_BYTES_MAX: usize =
-    block::HEADER_FIXED_BYTES + block::VERSION_BYTES_MAX + 4 + block::HMAC_BYTES;
-
 const _: () = assert!(SHARED_QUEUE_RECORDS_DEFAULT > 0 && SHARED_WRITERS_DEFAULT > 0);
 const _: () = assert!(BACKOFF_BASE_MS <= BACKOFF_MAX_MS);
 
@@ -263,7 +259,8 @@ struct PendingNames {
 /// What the writer tasks share with the tier.
 struct Inner {
     op: opendal::Operator,
-    fleet_key: Option<Vec<u8>>,
+    /// Shared with the GET tasks, which check blocks as they arrive.
+    fleet_key: Option<Arc<[u8]>>,
     timeout: Duration,
     put_timeout: Duration,
     queue_records_max: usize,
@@ -323,7 +320,7 @@ impl SharedTier {
         };
         let inner = Arc::new(Inner {
             op,
-            fleet_key: config.fleet_key,
+            fleet_key: config.fleet_key.map(Arc::from),
             timeout: Duration::from_millis(config.timeout_ms),
             put_timeout: Duration::from_millis(config.put_timeout_ms),
             queue_records_max: config.queue_records_max,
@@ -386,56 +383,46 @@ impl SharedTier {
         name
     }
 
-    /// One GET of a block, bounded by the tier's timeout and by what a
-    /// block of a record can hold (a longer object is cut there: its
-    /// check fails). Counts what went wrong.
-    fn get(&self, object_key: &str, recordsize_bytes: u32) -> Option<AlignedBuf> {
-        let block_max = recordsize_bytes as usize + BLOCK_OVERHEAD_BYTES_MAX;
+    /// One GET of a block, bounded by the tier's timeout, checked as it
+    /// arrives (`block::Decoder`). Counts what went wrong.
+    fn get(&self, name: &BlockName, started: Instant) -> Option<AlignedBuf> {
         let inner = &*self.inner;
         let fetched = self.runtime.block_on(fetch(
             inner.op.clone(),
-            object_key.to_string(),
-            block_max,
+            name.clone(),
+            inner.fleet_key.clone(),
             inner.timeout,
         ));
-        self.note_get(object_key, fetched, block_max)
+        self.note_get(name, fetched, started)
     }
 
-    /// Counts how a GET ended, and moves the backoff: its bytes, if any.
-    fn note_get(&self, object_key: &str, fetched: Fetched, block_max: usize) -> Option<AlignedBuf> {
+    /// Counts how a GET ended, and moves the backoff: the record, if its
+    /// block came and passed every check.
+    fn note_get(&self, name: &BlockName, fetched: Fetched, started: Instant) -> Option<AlignedBuf> {
         let inner = &*self.inner;
         let c = &inner.counters;
-        match fetched {
+        let decoded = match fetched {
             Err(_) => {
                 c.timeouts.fetch_add(1, Ordering::Relaxed);
                 inner.backoff.failed();
-                None
+                return None;
             }
             Ok(Err(e)) if e.kind() == opendal::ErrorKind::NotFound => {
                 inner.backoff.succeeded();
                 c.misses.fetch_add(1, Ordering::Relaxed);
-                None
+                return None;
             }
             Ok(Err(e)) => {
-                log::debug!("shared cache: GET {object_key}: {e}");
+                log::debug!("shared cache: GET {}: {e}", name.object_key(""));
                 c.errors.fetch_add(1, Ordering::Relaxed);
                 inner.backoff.failed();
-                None
+                return None;
             }
-            Ok(Ok(bytes)) => {
+            Ok(Ok(decoded)) => {
                 inner.backoff.succeeded();
-                // `get_bounded` cuts a longer object one byte past a block.
-                debug_assert!(bytes.len() <= block_max + 1);
-                Some(bytes)
+                decoded
             }
-        }
-    }
-
-    /// Checks a block fetched for `name` and counts the outcome: the
-    /// record, or a miss counted by its reason.
-    fn finish(&self, name: &BlockName, block: &[u8], started: Instant) -> Option<AlignedBuf> {
-        let c = self.counters();
-        let decoded = block::decode(name, block, self.inner.fleet_key.as_deref());
+        };
         self.latency.record(started.elapsed().as_nanos() as u64);
         match decoded {
             Err(reason) => {
@@ -496,39 +483,46 @@ impl SharedTier {
     }
 }
 
-/// How one GET ended: past the timeout, or the store's answer.
-type Fetched = Result<opendal::Result<AlignedBuf>, tokio::time::error::Elapsed>;
+/// How one GET ended: past the timeout, or the store's answer (a block
+/// decoded, or refused by its reason).
+type Fetched = Result<opendal::Result<Result<AlignedBuf, BadReason>>, tokio::time::error::Elapsed>;
 
-/// One GET of a block within `timeout` (owned arguments: it may run as a
-/// task of its own).
-async fn fetch(op: opendal::Operator, key: String, max: usize, timeout: Duration) -> Fetched {
-    debug_assert!(max > 0 && !timeout.is_zero());
-    tokio::time::timeout(timeout, get_bounded(&op, &key, max)).await
+/// One GET of `name`'s block within `timeout` (owned arguments: it may run
+/// as a task of its own).
+async fn fetch(
+    op: opendal::Operator,
+    name: BlockName,
+    fleet_key: Option<Arc<[u8]>>,
+    timeout: Duration,
+) -> Fetched {
+    debug_assert!(!timeout.is_zero());
+    tokio::time::timeout(timeout, get_decoded(&op, &name, fleet_key.as_deref())).await
 }
 
-/// The object at `key`, streamed, up to one byte past `max` (what is
-/// longer than a block is cut there, and fails its checks). Into one
-/// buffer of that size, made once (`buf`'s pool keeps it between GETs):
-/// growing a vector copied a 1 MiB block twice into fresh pages.
-async fn get_bounded(op: &opendal::Operator, key: &str, max: usize) -> opendal::Result<AlignedBuf> {
+/// The block of `name`, streamed through its decoder: the body's pieces
+/// go straight where they belong, and a block its first bytes already
+/// refuse (longer than it says, not a block) is not read further.
+async fn get_decoded(
+    op: &opendal::Operator,
+    name: &BlockName,
+    fleet_key: Option<&[u8]>,
+) -> opendal::Result<Result<AlignedBuf, BadReason>> {
     use futures_core::Stream;
-    let stream = op.reader(key).await?.into_stream(..).await?;
+    let stream = op
+        .reader(&name.object_key(""))
+        .await?
+        .into_stream(..)
+        .await?;
     let mut stream = std::pin::pin!(stream);
-    let mut out = AlignedBuf::for_overwrite(max + 1);
-    let mut len = 0;
+    let mut decoder = block::Decoder::new(name, fleet_key);
     while let Some(buffer) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
         for chunk in buffer? {
-            let take = chunk.len().min(max + 1 - len);
-            out.as_mut_slice()[len..len + take].copy_from_slice(&chunk[..take]);
-            len += take;
-            if len > max {
-                return Ok(out);
+            if let Err(reason) = decoder.feed(&chunk) {
+                return Ok(Err(reason));
             }
         }
     }
-    debug_assert!(len <= max);
-    out.set_len(len);
-    Ok(out)
+    Ok(decoder.finish())
 }
 
 /// One writer task: takes jobs off the queue and puts their blocks.
@@ -588,8 +582,7 @@ impl Tier for SharedTier {
         }
         let name = Self::name_of(key)?;
         let started = Instant::now();
-        let block = self.get(&name.object_key(""), key.recordsize_bytes)?;
-        self.finish(&name, &block, started)
+        self.get(&name, started)
     }
 
     fn read_many(&self, keys: &[BelowKey<'_>], out: &mut [Option<AlignedBuf>]) {
@@ -611,17 +604,15 @@ impl Tier for SharedTier {
             let Some(name) = Self::name_of(key) else {
                 continue;
             };
-            let object_key = name.object_key("");
-            let block_max = key.recordsize_bytes as usize + BLOCK_OVERHEAD_BYTES_MAX;
             let get = fetch(
                 inner.op.clone(),
-                object_key.clone(),
-                block_max,
+                name.clone(),
+                inner.fleet_key.clone(),
                 inner.timeout,
             );
-            pending.push((slot, name, object_key, block_max, self.runtime.spawn(get)));
+            pending.push((slot, name, self.runtime.spawn(get)));
         }
-        for (slot, name, object_key, block_max, task) in pending {
+        for (slot, name, task) in pending {
             // A task that panicked is a failed GET (an error, a miss).
             let fetched = self.runtime.block_on(task).unwrap_or_else(|e| {
                 Ok(Err(opendal::Error::new(
@@ -629,9 +620,7 @@ impl Tier for SharedTier {
                     e.to_string(),
                 )))
             });
-            if let Some(block) = self.note_get(&object_key, fetched, block_max) {
-                out[slot] = self.finish(&name, &block, started);
-            }
+            out[slot] = self.note_get(&name, fetched, started);
         }
     }
 
