@@ -386,6 +386,7 @@ impl SharedTier {
     /// One GET of a block, bounded by the tier's timeout, checked as it
     /// arrives (`block::Decoder`). Counts what went wrong.
     fn get(&self, name: &BlockName, started: Instant) -> Option<AlignedBuf> {
+        debug_assert!(name.recordsize_bytes > 0);
         let inner = &*self.inner;
         let fetched = self.runtime.block_on(fetch(
             inner.op.clone(),
@@ -522,7 +523,15 @@ async fn get_decoded(
             }
         }
     }
-    Ok(decoder.finish())
+    let decoded = decoder.finish();
+    // A block's record is never longer than the record it names.
+    debug_assert!(
+        decoded
+            .as_ref()
+            .is_ok_and(|r| r.len() <= name.recordsize_bytes as usize)
+            || decoded.is_err()
+    );
+    Ok(decoded)
 }
 
 /// One writer task: takes jobs off the queue and puts their blocks.
