@@ -18,7 +18,9 @@ use l2arc::primary::object_store::{
     METADATA_TTL_DEFAULT_MS, ObjectStoreConfig, ObjectStorePrimary, READ_DEADLINE_DEFAULT_MS,
     REQUEST_TIMEOUT_DEFAULT_MS, RETRIES_DEFAULT, S3Location, parse_s3_uri,
 };
-use l2arc::{SHARED_TIMEOUT_DEFAULT_MS, SharedAdmit, SharedTierConfig};
+use l2arc::{
+    SHARED_PUT_TIMEOUT_DEFAULT_MS, SHARED_TIMEOUT_DEFAULT_MS, SharedAdmit, SharedTierConfig,
+};
 use l2arc_cli::service::S3FileOptions;
 
 /// Every flag here is also a key of `--config FILE` (underscores for
@@ -87,9 +89,15 @@ pub(crate) struct S3Options {
     pub shared_cache_admit: Option<String>,
     /// Seconds one read of the shared cache may take; past it the tier is
     /// skipped (reads go to the source) and retried with backoff
-    /// [default: 0.2]. (A write, behind the reader, may take 5 s.)
+    /// [default: 0.2]. (A write has --shared-cache-put-timeout.)
     #[arg(long)]
     pub shared_cache_timeout: Option<f64>,
+    /// Seconds one write of a block to the shared cache may take, behind
+    /// the reader; past it the block is dropped and counted
+    /// (shared_write_timeouts), and the tier is not skipped [default: 5].
+    /// Raise it on a slow link to the cache bucket.
+    #[arg(long)]
+    pub shared_cache_put_timeout: Option<f64>,
 }
 
 /// True if `src` names an object store.
@@ -267,6 +275,13 @@ impl S3Options {
                 .unwrap_or(SHARED_TIMEOUT_DEFAULT_MS as f64 / 1000.0),
             0.01..=60.0,
         )?;
+        config.put_timeout_ms = seconds_ms(
+            "--shared-cache-put-timeout",
+            self.shared_cache_put_timeout
+                .or(file.shared_cache_put_timeout)
+                .unwrap_or(SHARED_PUT_TIMEOUT_DEFAULT_MS as f64 / 1000.0),
+            0.1..=600.0,
+        )?;
         Ok(Some(config))
     }
 }
@@ -300,7 +315,7 @@ pub(crate) fn attach_shared_tier(
         return Ok(());
     };
     let line = format!(
-        "l2arc: shared cache tier {} (admit {}, {}, timeout {} ms)",
+        "l2arc: shared cache tier {} (admit {}, {}, timeout {} ms, put timeout {} ms)",
         config.store.display_name,
         config.admit,
         if config.fleet_key.is_some() {
@@ -308,7 +323,8 @@ pub(crate) fn attach_shared_tier(
         } else {
             "not keyed"
         },
-        config.timeout_ms
+        config.timeout_ms,
+        config.put_timeout_ms
     );
     cache
         .add_shared_tier(config)

@@ -222,6 +222,7 @@ struct FileOptions {
     shared_cache_key_file: Option<PathBuf>,
     shared_cache_admit: Option<String>,
     shared_cache_timeout: Option<f64>,
+    shared_cache_put_timeout: Option<f64>,
 }
 
 /// The object-store settings of the config file (keys as the `--s3-*`
@@ -260,6 +261,8 @@ pub struct S3FileOptions {
     pub shared_cache_admit: Option<String>,
     /// `shared_cache_timeout`, seconds.
     pub shared_cache_timeout: Option<f64>,
+    /// `shared_cache_put_timeout`, seconds.
+    pub shared_cache_put_timeout: Option<f64>,
 }
 
 /// The front ends' own settings as read from the file: `serve-nbd`'s
@@ -850,6 +853,7 @@ fn s3_file_options(file: FileOptions) -> S3FileOptions {
         shared_cache_key_file: file.shared_cache_key_file,
         shared_cache_admit: file.shared_cache_admit,
         shared_cache_timeout: file.shared_cache_timeout,
+        shared_cache_put_timeout: file.shared_cache_put_timeout,
     }
 }
 

@@ -356,12 +356,14 @@ fn a_hung_cache_server_is_skipped_and_used_again_once_back() {
     for (key, bytes) in &objects {
         data.put(DATA, key, bytes);
     }
-    let node1 = Node::mount(&data, &cache.endpoint(), dir.path(), 1, &[]);
+    let put_timeout = ["--shared-cache-put-timeout", "0.75"];
+    let node1 = Node::mount(&data, &cache.endpoint(), dir.path(), 1, &put_timeout);
     for (key, bytes) in &objects {
         assert!(node1.read(key) == *bytes);
     }
     node1.wait_writes(6);
-    node1.stop();
+    let log = node1.stop();
+    assert!(log.contains("timeout 200 ms, put timeout 750 ms)"), "{log}");
     let node2 = Node::mount(&data, &cache.endpoint(), dir.path(), 2, &[]);
     assert!(node2.read("obj0") == objects[0].1);
     assert_eq!(node2.kstat("shared_hits"), 2);
@@ -392,7 +394,11 @@ fn a_hung_cache_server_is_skipped_and_used_again_once_back() {
     let s = node2.stats();
     assert_eq!(kstat(&s, "shared_hits"), 4, "{s}");
     assert_eq!(kstat(&s, "primary_reads"), primary_reads, "{s}");
-    node2.stop();
+    let log = node2.stop();
+    assert!(
+        log.contains("timeout 200 ms, put timeout 5000 ms)"),
+        "{log}"
+    );
 }
 
 /// The ARC's rule `|MRU| + |MRU ghosts| <= c` sets the sizes: with 4 MiB
@@ -692,5 +698,17 @@ fn start_up_refuses_a_bad_shared_cache_in_one_line() {
         ],
     );
     l2arc_testkit::assert_one_line_error(&out, "l2arc", "all or mfu");
+    for bad in ["0", "0.05", "601", "NaN", "inf"] {
+        let out = run(
+            &s3,
+            &[
+                "--shared-cache",
+                "s3://cache",
+                "--shared-cache-put-timeout",
+                bad,
+            ],
+        );
+        l2arc_testkit::assert_one_line_error(&out, "l2arc", "--shared-cache-put-timeout");
+    }
     assert!(!l2arc_fuse::is_mounted(&mnt).unwrap());
 }
