@@ -338,7 +338,7 @@ fn write_latency(out: &mut String, cache: &Cache) {
 /// Properties and counters per dataset.
 fn write_datasets(out: &mut String, cache: &Cache) {
     let datasets = cache.dataset_list();
-    let families: [(&str, &str, &str); 5] = [
+    let families: [(&str, &str, &str); 7] = [
         (
             "l2arc_dataset_info",
             "gauge",
@@ -353,6 +353,16 @@ fn write_datasets(out: &mut String, cache: &Cache) {
             "l2arc_dataset_l2_hits_total",
             "counter",
             "Reads of the dataset served by a cache device, a count.",
+        ),
+        (
+            "l2arc_dataset_shared_hits_total",
+            "counter",
+            "Reads of the dataset served by the shared cache tier, a count.",
+        ),
+        (
+            "l2arc_dataset_shared_read_bytes_total",
+            "counter",
+            "Bytes of the dataset read from the shared cache tier, in bytes.",
         ),
         (
             "l2arc_dataset_primary_reads_total",
@@ -381,6 +391,10 @@ fn write_datasets(out: &mut String, cache: &Cache) {
                     format!("{family}{{{label}}} {}", config.recordsize_bytes)
                 }
                 "l2arc_dataset_l2_hits_total" => counter(family, &label, a.l2_hits),
+                "l2arc_dataset_shared_hits_total" => counter(family, &label, a.shared_hits),
+                "l2arc_dataset_shared_read_bytes_total" => {
+                    counter(family, &label, a.shared_read_bytes)
+                }
                 "l2arc_dataset_primary_reads_total" => counter(family, &label, a.primary_reads),
                 _ => counter(family, &label, a.primary_read_bytes),
             };

@@ -600,6 +600,22 @@ fn check_shared_band(addr: std::net::SocketAddr, hits: u64) {
         samples[r#"l2arc_read_latency_seconds_count{tier="l2_hit"}"#],
         0.0
     );
+    // Per dataset, as in /api/stats (the export's one dataset).
+    let per_dataset = |family: &str| -> Vec<f64> {
+        let prefix = format!("{family}{{dataset=");
+        (samples.iter())
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    assert_eq!(
+        per_dataset("l2arc_dataset_shared_hits_total"),
+        [hits as f64]
+    );
+    let bytes = stats["datasets"][0]["shared_read_bytes"].as_u64().unwrap();
+    assert!(bytes >= hits, "{stats}");
+    let read_bytes = per_dataset("l2arc_dataset_shared_read_bytes_total");
+    assert_eq!(read_bytes, [bytes as f64]);
     // The history: the band's rows of the newest sample hold every hit.
     let history = wait_for_history(addr, |h| {
         let tier = h["tiers"]
