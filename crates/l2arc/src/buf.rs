@@ -21,12 +21,12 @@
 //! Large buffers (records of 128 KiB and up, a shared-tier block's
 //! compressed payload) are freed on one thread and made on another: the
 //! ARC evicts on the thread that inserts, the feeder frees the copies it
-//! wrote, a compressed payload dies where it was decompressed. Each one is mapped on its own (glibc's
-//! `M_MMAP_THRESHOLD` is pinned so that evicted records leave the
-//! process), so without reuse every 1 MiB record cost a `mmap`, 256 page
-//! faults with their zeroing, and a `munmap` with its TLB shootdown:
-//! measured on a node reading a shared tier, a third of the machine's
-//! CPU. So large buffers freed by any thread go to one pool that any
+//! wrote, a compressed payload dies where it was decompressed. Each one
+//! is mapped on its own (glibc's `M_MMAP_THRESHOLD` is pinned so that
+//! evicted records leave the process), so without reuse every 1 MiB
+//! record cost a `mmap`, 256 page faults with their zeroing, and a
+//! `munmap` with its TLB shootdown: measured on a node reading a shared
+//! tier, a third of the machine's CPU. So large buffers freed by any thread go to one pool that any
 //! thread takes from, by exact capacity (a process uses a handful:
 //! its recordsizes, a block), at most `POOLED_BYTES_MAX` in all, which is
 //! what the RSS formula allows for it; what does not fit is unmapped as
