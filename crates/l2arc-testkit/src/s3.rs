@@ -343,6 +343,9 @@ struct ProxyState {
     delay_ms: Mutex<(u64, u64)>,
     /// Added to every PUT, on top of `delay_ms`.
     put_delay_ms: AtomicU64,
+    /// GETs of objects still to be slowed down by `slow_get_ms` (a tail).
+    slow_gets: AtomicU64,
+    slow_get_ms: AtomicU64,
     /// Bytes a second down, all connections together, and when the link
     /// is free again (`None`: no cap).
     link: Mutex<Option<(f64, Instant)>>,
@@ -412,6 +415,13 @@ impl FaultProxy {
         self.state.put_delay_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// The next `n` GETs of objects (listings apart) wait `ms` more each:
+    /// a store's tail latency, on top of every request's delay.
+    pub fn slow_next_gets(&self, n: u64, ms: u64) {
+        self.state.slow_get_ms.store(ms, Ordering::SeqCst);
+        self.state.slow_gets.store(n, Ordering::SeqCst);
+    }
+
     /// Answers go down at most `mib_per_sec` MiB a second, all connections
     /// together (0: no cap).
     pub fn set_link_mib_per_sec(&self, mib_per_sec: f64) {
@@ -476,6 +486,10 @@ impl ProxyState {
         let put_delay_ms = self.put_delay_ms.load(Ordering::Relaxed);
         if put_delay_ms > 0 && request.starts_with(b"PUT ") {
             std::thread::sleep(Duration::from_millis(put_delay_ms));
+        }
+        if request.starts_with(b"GET ") && !is_listing(request) && take_one(&self.slow_gets) {
+            let ms = self.slow_get_ms.load(Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(ms));
         }
         let (lo, hi) = *self.delay_ms.lock().expect("proxy poisoned");
         if hi > 0 {

@@ -26,12 +26,18 @@
 //! evicted records leave the process), so without reuse every 1 MiB
 //! record cost a `mmap`, 256 page faults with their zeroing, and a
 //! `munmap` with its TLB shootdown: measured on a node reading a shared
-//! tier, a third of the machine's CPU. So large buffers freed by any thread go to one pool that any
-//! thread takes from, by exact capacity (a process uses a handful:
-//! its recordsizes, a block), at most `POOLED_BYTES_MAX` in all, which is
-//! what the RSS formula allows for it; what does not fit is unmapped as
+//! tier, a third of the machine's CPU. So large buffers freed by any
+//! thread go to one pool that any thread takes from, by capacity (a
+//! process uses a handful: its recordsizes, a record read with its sector
+//! table, a feed batch), at most `POOLED_BYTES_MAX` in all, which is what
+//! the RSS formula allows for it; what does not fit is unmapped as
 //! before, and [`release_pooled`] empties the pool when the ARC shrinks
-//! to give memory back.
+//! to give memory back. A request takes its own capacity or one slightly
+//! larger (`pooled_slack_bytes`), and a full pool makes room for a size
+//! that is asked for by letting go of sizes asked for less recently: kept
+//! by exact size alone, the pool of a node reading a shared tier filled
+//! with records read back from flash (one block larger) and a feeder's
+//! outgrown batch buffers, and 35-57% of its 1 MiB requests missed.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::cell::RefCell;
@@ -85,46 +91,151 @@ struct FreeBuf(NonNull<u8>);
 // SAFETY: the pool owns the allocation exclusively; any thread may free it.
 unsafe impl Send for FreeBuf {}
 
-/// Large buffers freed by any thread, by exact capacity (see the module
+/// One capacity the pool keeps: its free buffers, and when it was last
+/// asked for.
+struct PooledSize {
+    capacity_bytes: usize,
+    free: Vec<FreeBuf>,
+    /// The pool's clock at the last request this size could serve.
+    wanted_at: u64,
+}
+
+/// Large buffers freed by any thread, by capacity (see the module
 /// comment).
 struct Pooled {
-    sizes: Vec<(usize, Vec<FreeBuf>)>,
+    sizes: Vec<PooledSize>,
     bytes: usize,
+    /// Counts requests: the order in which sizes were wanted.
+    clock: u64,
 }
 
 static POOL: RankedMutex<Pooled, { rank::BUF_POOL }> = RankedMutex::new(Pooled {
     sizes: Vec::new(),
     bytes: 0,
+    clock: 0,
 });
 
+/// How much larger than asked a pooled buffer may be: a record read with
+/// its sector table (one block more) or a batch rounded up serves a plain
+/// record of the same size, at most 1/64 more memory (charged to the ARC,
+/// which counts capacity).
+fn pooled_slack_bytes(capacity_bytes: usize) -> usize {
+    let slack = (capacity_bytes / 64).max(2 * BUF_ALIGN_BYTES);
+    debug_assert!(slack >= 2 * BUF_ALIGN_BYTES && slack <= capacity_bytes.max(2 * BUF_ALIGN_BYTES));
+    slack
+}
+
 impl Pooled {
-    fn take(&mut self, capacity_bytes: usize) -> Option<NonNull<u8>> {
-        let (_, list) = self.sizes.iter_mut().find(|(c, _)| *c == capacity_bytes)?;
-        let FreeBuf(ptr) = list.pop()?;
-        self.bytes -= capacity_bytes;
-        Some(ptr)
+    /// A free buffer of `capacity_bytes`, or the smallest up to its slack
+    /// larger: its address and capacity. Marks the size as wanted either
+    /// way, so that its freed buffers are kept before those of sizes no
+    /// one asks for.
+    fn take(&mut self, capacity_bytes: usize) -> Option<(NonNull<u8>, usize)> {
+        self.clock += 1;
+        let clock = self.clock;
+        match self
+            .sizes
+            .iter_mut()
+            .find(|s| s.capacity_bytes == capacity_bytes)
+        {
+            Some(size) => size.wanted_at = clock,
+            None => self.note_new_size(capacity_bytes, clock),
+        }
+        let most = capacity_bytes + pooled_slack_bytes(capacity_bytes);
+        let size = self
+            .sizes
+            .iter_mut()
+            .filter(|s| (capacity_bytes..=most).contains(&s.capacity_bytes) && !s.free.is_empty())
+            .min_by_key(|s| s.capacity_bytes)?;
+        size.wanted_at = clock;
+        let FreeBuf(ptr) = size.free.pop().expect("a size with free buffers");
+        let taken_bytes = size.capacity_bytes;
+        self.bytes -= taken_bytes;
+        debug_assert!(taken_bytes >= capacity_bytes && taken_bytes <= most);
+        Some((ptr, taken_bytes))
     }
 
-    /// Keeps `ptr` if the bounds allow; gives it back otherwise.
-    fn keep(&mut self, ptr: NonNull<u8>, capacity_bytes: usize) -> Result<(), NonNull<u8>> {
-        if self.bytes + capacity_bytes > POOLED_BYTES_MAX {
+    /// Remembers that a size with no entry yet was asked for, so that its
+    /// first freed buffers may make room for themselves: in a free slot,
+    /// or in place of the empty size asked for least recently.
+    fn note_new_size(&mut self, capacity_bytes: usize, clock: u64) {
+        let size = PooledSize {
+            capacity_bytes,
+            free: Vec::new(),
+            wanted_at: clock,
+        };
+        if self.sizes.len() < POOLED_SIZES_MAX {
+            self.sizes.push(size);
+        } else if let Some(oldest) = self
+            .sizes
+            .iter_mut()
+            .filter(|s| s.free.is_empty())
+            .min_by_key(|s| s.wanted_at)
+        {
+            *oldest = size;
+        }
+        debug_assert!(self.sizes.len() <= POOLED_SIZES_MAX);
+    }
+
+    /// Keeps `ptr` if the bounds allow, making room by letting go of the
+    /// buffers of sizes wanted less recently than its own (a feeder's
+    /// outgrown batch buffer, a size no one reads any more): those go into
+    /// `evicted` for the caller to free outside the lock. Gives `ptr` back
+    /// if it does not fit.
+    fn keep(
+        &mut self,
+        ptr: NonNull<u8>,
+        capacity_bytes: usize,
+        evicted: &mut Vec<(NonNull<u8>, usize)>,
+    ) -> Result<(), NonNull<u8>> {
+        if capacity_bytes > POOLED_BYTES_MAX {
             return Err(ptr);
         }
-        let at = match self.sizes.iter().position(|(c, _)| *c == capacity_bytes) {
+        let wanted_at = self
+            .sizes
+            .iter()
+            .find(|s| s.capacity_bytes == capacity_bytes)
+            .map_or(0, |s| s.wanted_at);
+        while self.bytes + capacity_bytes > POOLED_BYTES_MAX {
+            let Some(victim) = self
+                .sizes
+                .iter_mut()
+                .filter(|s| {
+                    s.capacity_bytes != capacity_bytes
+                        && s.wanted_at < wanted_at
+                        && !s.free.is_empty()
+                })
+                .min_by_key(|s| s.wanted_at)
+            else {
+                return Err(ptr);
+            };
+            let FreeBuf(old) = victim.free.pop().expect("a size with free buffers");
+            self.bytes -= victim.capacity_bytes;
+            evicted.push((old, victim.capacity_bytes));
+        }
+        let at = match self
+            .sizes
+            .iter()
+            .position(|s| s.capacity_bytes == capacity_bytes)
+        {
             Some(at) => at,
             None => {
                 // A size no longer freed gives its place to a new one.
                 if self.sizes.len() == POOLED_SIZES_MAX {
-                    let Some(empty) = self.sizes.iter().position(|(_, l)| l.is_empty()) else {
+                    let Some(empty) = self.sizes.iter().position(|s| s.free.is_empty()) else {
                         return Err(ptr);
                     };
                     self.sizes.swap_remove(empty);
                 }
-                self.sizes.push((capacity_bytes, Vec::new()));
+                self.sizes.push(PooledSize {
+                    capacity_bytes,
+                    free: Vec::new(),
+                    wanted_at,
+                });
                 self.sizes.len() - 1
             }
         };
-        self.sizes[at].1.push(FreeBuf(ptr));
+        self.sizes[at].free.push(FreeBuf(ptr));
         self.bytes += capacity_bytes;
         debug_assert!(self.bytes <= POOLED_BYTES_MAX && self.sizes.len() <= POOLED_SIZES_MAX);
         Ok(())
@@ -135,19 +246,33 @@ impl Pooled {
     }
 }
 
+/// Gives a buffer of `capacity_bytes` back to the system allocator.
+fn free_pooled(ptr: NonNull<u8>, capacity_bytes: usize) {
+    let layout = Layout::from_size_align(capacity_bytes, BUF_ALIGN_BYTES)
+        .expect("layout was valid at allocation");
+    // SAFETY: every buffer was allocated (`allocate`) with this layout:
+    // its capacity and the alignment.
+    unsafe { dealloc(ptr.as_ptr(), layout) }
+}
+
 /// Frees every buffer in the large-buffer pool (after the ARC shrank, so
 /// that what it let go leaves the process): the bytes freed.
 pub(crate) fn release_pooled() -> usize {
-    let freed: Vec<(usize, Vec<FreeBuf>)> = {
+    let freed: Vec<PooledSize> = {
         let mut pool = POOL.lock().expect("buffer pool poisoned");
         pool.bytes = 0;
         std::mem::take(&mut pool.sizes)
     };
     let mut bytes = 0;
-    for (capacity_bytes, list) in freed {
+    for PooledSize {
+        capacity_bytes,
+        free,
+        ..
+    } in freed
+    {
         let layout = Layout::from_size_align(capacity_bytes, BUF_ALIGN_BYTES)
             .expect("a pooled capacity is a valid layout");
-        for FreeBuf(ptr) in list {
+        for FreeBuf(ptr) in free {
             // SAFETY: every pooled pointer was allocated with this layout.
             unsafe { dealloc(ptr.as_ptr(), layout) }
             bytes += capacity_bytes;
@@ -239,7 +364,7 @@ impl AlignedBuf {
             };
         }
         if Pooled::pooled(capacity_bytes)
-            && let Some(ptr) = POOL
+            && let Some((ptr, capacity_bytes)) = POOL
                 .lock()
                 .expect("buffer pool poisoned")
                 .take(capacity_bytes)
@@ -340,18 +465,20 @@ impl Drop for AlignedBuf {
             }
         }
         if Pooled::pooled(capacity_bytes) {
-            let kept = POOL
-                .lock()
-                .expect("buffer pool poisoned")
-                .keep(self.ptr, capacity_bytes);
+            let mut evicted = Vec::new();
+            let kept = POOL.lock().expect("buffer pool poisoned").keep(
+                self.ptr,
+                capacity_bytes,
+                &mut evicted,
+            );
+            for (ptr, capacity_bytes) in evicted {
+                free_pooled(ptr, capacity_bytes);
+            }
             if kept.is_ok() {
                 return;
             }
         }
-        let layout = Layout::from_size_align(self.capacity_bytes, BUF_ALIGN_BYTES)
-            .expect("layout was valid at allocation");
-        // SAFETY: allocated in `zeroed` with this exact layout.
-        unsafe { dealloc(self.ptr.as_ptr(), layout) }
+        free_pooled(self.ptr, self.capacity_bytes);
     }
 }
 
@@ -448,6 +575,103 @@ mod tests {
         assert_eq!(pooled_bytes(), 0);
         let fresh = AlignedBuf::zeroed(len);
         assert!(fresh.iter().all(|&b| b == 0));
+    }
+
+    /// A pool of its own (the process's is shared by every test thread).
+    fn local_pool() -> Pooled {
+        Pooled {
+            sizes: Vec::new(),
+            bytes: 0,
+            clock: 0,
+        }
+    }
+
+    fn raw(capacity_bytes: usize) -> NonNull<u8> {
+        let layout = Layout::from_size_align(capacity_bytes, BUF_ALIGN_BYTES).unwrap();
+        // SAFETY: a nonzero size.
+        NonNull::new(unsafe { std::alloc::alloc(layout) }).unwrap()
+    }
+
+    fn empty(pool: Pooled) {
+        for size in pool.sizes {
+            for FreeBuf(ptr) in size.free {
+                free_pooled(ptr, size.capacity_bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_takes_its_size_or_one_slightly_larger() {
+        const MIB: usize = 1 << 20;
+        let mut pool = local_pool();
+        let mut evicted = Vec::new();
+        let with_table = raw(MIB + BUF_ALIGN_BYTES);
+        pool.keep(with_table, MIB + BUF_ALIGN_BYTES, &mut evicted)
+            .unwrap();
+        // Too small a request for it (its slack is under 16 KiB).
+        assert!(pool.take(MIB - 64 * 1024).is_none());
+        // A record of 1 MiB takes it, with its real capacity.
+        assert_eq!(pool.take(MIB), Some((with_table, MIB + BUF_ALIGN_BYTES)));
+        assert_eq!(pool.bytes, 0);
+        // The exact size first, then the smallest larger one.
+        let exact = raw(MIB);
+        let larger = raw(MIB + 2 * BUF_ALIGN_BYTES);
+        pool.keep(larger, MIB + 2 * BUF_ALIGN_BYTES, &mut evicted)
+            .unwrap();
+        pool.keep(with_table, MIB + BUF_ALIGN_BYTES, &mut evicted)
+            .unwrap();
+        pool.keep(exact, MIB, &mut evicted).unwrap();
+        assert_eq!(pool.take(MIB), Some((exact, MIB)));
+        assert_eq!(pool.take(MIB), Some((with_table, MIB + BUF_ALIGN_BYTES)));
+        assert_eq!(pool.take(MIB), Some((larger, MIB + 2 * BUF_ALIGN_BYTES)));
+        assert!(pool.take(MIB).is_none());
+        assert!(evicted.is_empty());
+        for (ptr, capacity) in [
+            (exact, MIB),
+            (with_table, MIB + BUF_ALIGN_BYTES),
+            (larger, MIB + 2 * BUF_ALIGN_BYTES),
+        ] {
+            free_pooled(ptr, capacity);
+        }
+        empty(pool);
+    }
+
+    #[test]
+    fn a_full_pool_makes_room_for_a_size_asked_for_over_one_that_is_not() {
+        const MIB: usize = 1 << 20;
+        let batch = 4 * MIB + BUF_ALIGN_BYTES;
+        let mut pool = local_pool();
+        let mut evicted = Vec::new();
+        // A feeder's outgrown batch buffers, asked for once, fill the pool.
+        assert!(pool.take(batch).is_none());
+        let batches = POOLED_BYTES_MAX / batch;
+        for _ in 0..batches {
+            pool.keep(raw(batch), batch, &mut evicted).unwrap();
+        }
+        // A size never asked for does not displace them.
+        let stray_bytes = 5 * MIB;
+        let stray = raw(stray_bytes);
+        assert!(pool.keep(stray, stray_bytes, &mut evicted).is_err());
+        free_pooled(stray, stray_bytes);
+        assert!(evicted.is_empty());
+        // Records of 1 MiB are asked for (and missed): their freed buffers
+        // now push the batch buffers out, one at a time as room is needed.
+        assert!(pool.take(MIB).is_none());
+        for _ in 0..8 {
+            pool.keep(raw(MIB), MIB, &mut evicted).unwrap();
+        }
+        assert!(pool.bytes <= POOLED_BYTES_MAX);
+        assert!(!evicted.is_empty() && evicted.iter().all(|&(_, c)| c == batch));
+        let evicted_bytes: usize = evicted.iter().map(|&(_, c)| c).sum();
+        assert_eq!(pool.bytes, batches * batch - evicted_bytes + 8 * MIB);
+        for (ptr, capacity) in evicted.drain(..) {
+            free_pooled(ptr, capacity);
+        }
+        // And the records are there for the next request.
+        let (ptr, capacity) = pool.take(MIB).unwrap();
+        assert_eq!(capacity, MIB);
+        free_pooled(ptr, capacity);
+        empty(pool);
     }
 
     #[test]

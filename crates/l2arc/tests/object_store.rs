@@ -846,6 +846,68 @@ fn wait_for_writes(cache: &Cache, done: u64) {
     }
 }
 
+/// One GET of the shared tier past its timeout (a tail: a disk queue, a
+/// store's p99.9) is a miss for its record, which comes from the source;
+/// the tier is not put into backoff for it, so the records after it still
+/// come from the tier. Three in a row (a store down or hung) are.
+#[test]
+fn one_slow_get_of_the_shared_tier_is_a_miss_and_three_in_a_row_a_backoff() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.create_bucket("cache");
+    let records = 8u64;
+    let data = content(RS * records as usize, 91);
+    server.put(BUCKET, "obj", &data);
+    // Node 1 fills the tier.
+    let (cache1, ds1) = cache_over(primary(&server.endpoint(), 60_000));
+    cache1
+        .add_shared_tier(shared_config(&server.endpoint(), None))
+        .unwrap();
+    let handle = cache1.open(ds1, "obj", false).unwrap();
+    assert!(read_all(&cache1, &handle) == data);
+    wait_for_writes(&cache1, records);
+    // Node 2 reaches the tier through a proxy that holds its first GET
+    // 600 ms, past the tier's 200 ms.
+    let proxy = FaultProxy::start(server.addr());
+    let store2 = primary(&server.endpoint(), 60_000);
+    let (cache2, ds2) = cache_over(store2.clone());
+    let tier = shared_config(&proxy.endpoint(), None);
+    assert_eq!(tier.timeout_ms, 200);
+    cache2.add_shared_tier(tier).unwrap();
+    proxy.slow_next_gets(1, 600);
+    let handle = cache2.open(ds2, "obj", false).unwrap();
+    assert!(read_all(&cache2, &handle) == data);
+    let shared = || format!("{:?}", cache2.stats().shared);
+    assert_eq!(kstat_of(&cache2, "shared_timeouts"), 1, "{}", shared());
+    assert_eq!(kstat_of(&cache2, "shared_skips"), 0, "{}", shared());
+    assert_eq!(
+        kstat_of(&cache2, "shared_hits"),
+        records - 1,
+        "{}",
+        shared()
+    );
+    assert_eq!(store2.stats().gets, 1, "the slow record, from the source");
+    // Node 3: its first three GETs are held: the tier backs off, and the
+    // next records go to the source without asking it.
+    let store3 = primary(&server.endpoint(), 60_000);
+    let (cache3, ds3) = cache_over(store3.clone());
+    cache3
+        .add_shared_tier(shared_config(&proxy.endpoint(), None))
+        .unwrap();
+    proxy.slow_next_gets(3, 600);
+    let handle = cache3.open(ds3, "obj", false).unwrap();
+    assert!(read_all(&cache3, &handle) == data);
+    let shared = || format!("{:?}", cache3.stats().shared);
+    assert_eq!(kstat_of(&cache3, "shared_timeouts"), 3, "{}", shared());
+    assert!(kstat_of(&cache3, "shared_skips") >= 1, "{}", shared());
+    assert_eq!(
+        kstat_of(&cache3, "shared_hits") + kstat_of(&cache3, "shared_skips") + 3,
+        records,
+        "{}",
+        shared()
+    );
+}
+
 /// A store slow to take writes (every PUT 400 ms, over the 200 ms a read
 /// may take) still gets every block, and the reads never skip the tier;
 /// a PUT past its own bound is dropped and counted, and still does not

@@ -61,6 +61,13 @@ struct ColdPass {
     /// The node's shared-tier hits and misses (l2arc only).
     shared_hits: Option<u64>,
     shared_misses: Option<u64>,
+    /// GETs of the shared tier past its timeout, and records its backoff
+    /// sent to the data bucket instead (l2arc only).
+    shared_timeouts: Option<u64>,
+    shared_skips: Option<u64>,
+    /// Records read back from the node's own L2ARC during its cold pass
+    /// (read ahead, evicted before the reader came, fed to flash).
+    l2_hits: Option<u64>,
 }
 
 /// One system's figures.
@@ -361,6 +368,9 @@ fn cold_pass(system: &System, place: &Place<'_>, node_no: usize) -> Result<ColdP
         lists: after.lists - before.lists,
         shared_hits: binary.and_then(|b| node.kstat(b, "shared_hits")),
         shared_misses: binary.and_then(|b| node.kstat(b, "shared_misses")),
+        shared_timeouts: binary.and_then(|b| node.kstat(b, "shared_timeouts")),
+        shared_skips: binary.and_then(|b| node.kstat(b, "shared_skips")),
+        l2_hits: binary.and_then(|b| node.kstat(b, "l2_hits")),
     };
     eprintln!(
         "fleet: {} node {node_no}: {:.1} MiB/s, {} data GETs, {} listings",
@@ -546,8 +556,14 @@ fn print_report(r: &Report) {
         for c in &f.cold {
             if let (Some(hits), Some(misses)) = (c.shared_hits, c.shared_misses) {
                 println!(
-                    "{} node {}: shared tier {hits} hits, {misses} misses; {} data GETs, {} listings",
-                    f.system, c.node, c.data_gets, c.lists
+                    "{} node {}: shared tier {hits} hits, {misses} misses, {} timeouts, {} records skipped in backoff, {} L2ARC hits; {} data GETs, {} listings",
+                    f.system,
+                    c.node,
+                    c.shared_timeouts.unwrap_or(0),
+                    c.shared_skips.unwrap_or(0),
+                    c.l2_hits.unwrap_or(0),
+                    c.data_gets,
+                    c.lists
                 );
             }
         }

@@ -200,8 +200,8 @@ impl Drop for FeedClaims<'_> {
 }
 
 /// A record chosen for the next batch: its L2 identity, its ARC key (for
-/// the stale-write check) and its bytes: copied out of the ARC, or the
-/// evicted record's own buffer from the write-back queue.
+/// the stale-write check) and its bytes: the record's own buffer, still in
+/// the ARC or evicted and waiting in the write-back queue.
 struct Selected {
     key_hash: u64,
     key: RecordKey,
@@ -210,15 +210,17 @@ struct Selected {
 }
 
 enum SelectedBytes {
-    Copied(crate::buf::AlignedBuf),
+    /// Still in the ARC, held (so not evictable) until the batch is
+    /// encoded: the feed copies it once, into the batch, and lets go
+    /// before the device write.
+    Resident(Arc<crate::arc::live::Record>),
     Evicted(Arc<crate::arc::live::Record>),
 }
 
 impl SelectedBytes {
     fn as_slice(&self) -> &[u8] {
         let bytes: &[u8] = match self {
-            SelectedBytes::Copied(bytes) => bytes,
-            SelectedBytes::Evicted(record) => &record.data,
+            SelectedBytes::Resident(record) | SelectedBytes::Evicted(record) => &record.data,
         };
         // Empty records are never selected (nor queued for write-back).
         debug_assert!(!bytes.is_empty());
@@ -375,6 +377,8 @@ impl L2Arc {
 impl<'a> Feeder<'a> {
     /// One feed, written and indexed before it returns: to `device`
     /// (a device feeder without a writer thread), or to the rotor's next.
+    /// Its resident records stay held through the device write (tests,
+    /// and a feeder whose writer thread could not start).
     fn feed_now(self, device: Option<&CacheDevice>) -> FeedOutcome {
         let l2 = self.l2;
         let budget_bytes = match device {
@@ -507,7 +511,7 @@ impl<'a> Feeder<'a> {
         let since = selected
             .iter()
             .map(|s| match &s.data {
-                SelectedBytes::Copied(_) => start_sequence,
+                SelectedBytes::Resident(_) => start_sequence,
                 SelectedBytes::Evicted(record) => record.fill_sequence,
             })
             .collect();
@@ -537,8 +541,9 @@ impl<'a> Feeder<'a> {
 
     /// Evicted records from the write-back queue first (oldest first),
     /// then the eligible records at the ARC's cold ends, up to
-    /// `budget_bytes`; the latter copied out so that the ARC may evict them
-    /// while the batch is written.
+    /// `budget_bytes`; the latter held until the batch is encoded (not
+    /// while it is written), so that the ARC may evict them during the
+    /// slow device write.
     fn select_for_feed(self, budget_bytes: u64, claims: &mut FeedClaims<'_>) -> Vec<Selected> {
         let l2 = self.l2;
         let config = &l2.live_config();
@@ -577,7 +582,7 @@ impl<'a> Feeder<'a> {
             keeping,
         } in candidates
         {
-            // One record held at a time, only while it is copied.
+            // Held from here until the batch is encoded (`settle`).
             let Some(record) = record.upgrade() else {
                 continue; // evicted meanwhile
             };
@@ -592,12 +597,15 @@ impl<'a> Feeder<'a> {
                 continue;
             }
             batch_bytes += record.data.len() as u64;
-            // Copied now and the buffer let go: a record a feed holds
-            // cannot be evicted, and the device write is slow.
+            // Not copied: held while the batch is encoded (a copy of its
+            // own), so the ARC skips it for a few milliseconds and evicts
+            // the next record instead; let go before the device write. A
+            // copy here, then another into the batch, was half of the
+            // feeder's CPU and a pool buffer per record.
             selected.push(Selected {
                 key_hash,
                 key,
-                data: SelectedBytes::Copied(crate::buf::AlignedBuf::copy_from(&record.data)),
+                data: SelectedBytes::Resident(record),
                 keeping,
             });
             if batch_bytes >= budget_bytes {
@@ -634,7 +642,7 @@ fn requeue_left_out(
                 record,
                 keeping: s.keeping,
             }),
-            SelectedBytes::Copied(_) => None,
+            SelectedBytes::Resident(_) => None,
         })
         .collect();
     let skipped = l2.writeback.requeue_front(requeue);

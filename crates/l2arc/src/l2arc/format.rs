@@ -568,7 +568,7 @@ pub fn log_block_content_crc(buf: &[u8]) -> u32 {
 /// in the read queue, on bytes the device has just written, ~1300 CPU
 /// cycles against ~1930. Same polynomial, same values (a test checks them
 /// against each other); small header fields keep the `crc32c` crate.
-fn crc32c_bulk_append(crc: u32, data: &[u8]) -> u32 {
+pub(crate) fn crc32c_bulk_append(crc: u32, data: &[u8]) -> u32 {
     let mut digest =
         crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
     digest.update(data);

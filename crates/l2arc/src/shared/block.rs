@@ -26,7 +26,7 @@ use hmac::{KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::buf::AlignedBuf;
-use crate::l2arc::format::{Compression, compress, decompress};
+use crate::l2arc::format::{Compression, compress, crc32c_bulk_append, decompress};
 use crate::primary::SourceIdentity;
 
 /// The block format's version: part of every key, so a new format never
@@ -215,7 +215,7 @@ pub(crate) fn encode(name: &BlockName, data: &[u8], fleet_key: Option<&[u8]>) ->
     debug_assert_eq!(block.len(), HEADER_FIXED_BYTES);
     block.extend_from_slice(version);
     block.extend_from_slice(payload);
-    let crc = crc32c::crc32c(&block);
+    let crc = crc32c_bulk_append(0, &block);
     block.extend_from_slice(&crc.to_le_bytes());
     if let Some(fleet_key) = fleet_key {
         let mac = hmac_of(fleet_key, &block);
@@ -249,7 +249,7 @@ pub(crate) fn decode(
 
 /// Runs the CRC and the HMAC (if any) over the block's next signed bytes.
 fn absorb(crc: &mut u32, mac: &mut Option<HmacSha256>, bytes: &[u8]) {
-    *crc = crc32c::crc32c_append(*crc, bytes);
+    *crc = crc32c_bulk_append(*crc, bytes);
     if let Some(mac) = mac {
         mac.update(bytes);
     }

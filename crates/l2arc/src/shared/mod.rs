@@ -46,10 +46,17 @@
 //! callback in the ARC's hit path, whose cost is counted in nanoseconds.
 //!
 //! Faults. Every GET has the tier's own timeout (well under the
-//! primary's). After a timeout or an error the tier is skipped (reads go
-//! straight to primary storage, writes are dropped) for a backoff that
-//! doubles up to `BACKOFF_MAX_MS` and resets at the first success; the
-//! first request after a backoff is the probe. None of it is an error to
+//! primary's); a GET past it is a miss, and its record comes from primary
+//! storage. After an error, or `TIMEOUTS_BEFORE_BACKOFF` timeouts in a row,
+//! the tier is skipped (reads go straight to primary storage, writes are
+//! dropped) for a backoff that doubles up to `BACKOFF_MAX_MS` and resets
+//! at the first answer; the first request after a backoff is the probe.
+//! Why not at the first timeout: one slow GET is a tail (a disk's queue, a
+//! store's p99.9), not a store that is down, and a backoff sends a
+//! read-ahead span's whole rest to the far source: measured on a node
+//! reading the tier while its own flash wrote, one 200 ms GET in 4096 cost
+//! 31 records from the source and a third of the pass's rate. A store
+//! that is down or hung fails every GET, so three in a row come at once. None of it is an error to
 //! a reader. A PUT has a longer bound of its own (`put_timeout_ms`): it
 //! carries a whole block up, which on a slow link outlasts a read's
 //! timeout without the store being unwell, and it delays no reader; so a
@@ -90,6 +97,8 @@ pub const SHARED_WRITERS_DEFAULT: usize = 4;
 const BACKOFF_BASE_MS: u64 = 100;
 /// The longest backoff.
 const BACKOFF_MAX_MS: u64 = 5_000;
+/// GETs past their timeout in a row that put the tier into backoff.
+const TIMEOUTS_BEFORE_BACKOFF: u64 = 3;
 /// Block names kept for `mfu` admission of records still resident.
 const PENDING_NAMES_MAX: usize = 1 << 16;
 const _: () = assert!(SHARED_QUEUE_RECORDS_DEFAULT > 0 && SHARED_WRITERS_DEFAULT > 0);
@@ -207,6 +216,8 @@ struct Backoff {
     /// Ms since `start` before which the tier is skipped.
     skip_until_ms: AtomicU64,
     backoff_ms: AtomicU64,
+    /// GETs past their timeout since the last one that was answered.
+    timeouts_in_a_row: AtomicU64,
 }
 
 impl Backoff {
@@ -231,9 +242,27 @@ impl Backoff {
         debug_assert!(next >= BACKOFF_BASE_MS);
     }
 
+    /// A GET past its timeout: a miss for its record, and a backoff once
+    /// `TIMEOUTS_BEFORE_BACKOFF` come in a row (see the module comment).
+    fn timed_out(&self) {
+        let in_a_row = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row >= TIMEOUTS_BEFORE_BACKOFF {
+            self.failed();
+        }
+        debug_assert!(in_a_row > 0);
+    }
+
+    /// A request the store took (a PUT): the backoff starts small again.
     fn succeeded(&self) {
         self.backoff_ms.store(BACKOFF_BASE_MS, Ordering::Relaxed);
         debug_assert!(self.now_ms() < u64::MAX / 2);
+    }
+
+    /// A GET the store answered in time: it also ends a run of timeouts
+    /// (only GETs do: reads judge the store by their own latency).
+    fn answered(&self) {
+        self.succeeded();
+        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
     }
 }
 
@@ -332,6 +361,7 @@ impl SharedTier {
                 start: Instant::now(),
                 skip_until_ms: AtomicU64::new(0),
                 backoff_ms: AtomicU64::new(BACKOFF_BASE_MS),
+                timeouts_in_a_row: AtomicU64::new(0),
             },
             counters: Counters::default(),
         });
@@ -405,11 +435,11 @@ impl SharedTier {
         let decoded = match fetched {
             Err(_) => {
                 c.timeouts.fetch_add(1, Ordering::Relaxed);
-                inner.backoff.failed();
+                inner.backoff.timed_out();
                 return None;
             }
             Ok(Err(e)) if e.kind() == opendal::ErrorKind::NotFound => {
-                inner.backoff.succeeded();
+                inner.backoff.answered();
                 c.misses.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
@@ -420,7 +450,7 @@ impl SharedTier {
                 return None;
             }
             Ok(Ok(decoded)) => {
-                inner.backoff.succeeded();
+                inner.backoff.answered();
                 decoded
             }
         };
