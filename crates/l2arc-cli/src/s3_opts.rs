@@ -87,9 +87,10 @@ pub(crate) struct S3Options {
     /// twice) [default: all].
     #[arg(long, value_name = "all|mfu")]
     pub shared_cache_admit: Option<String>,
-    /// Seconds one read of the shared cache may take; past it the tier is
-    /// skipped (reads go to the source) and retried with backoff
-    /// [default: 0.2]. (A write has --shared-cache-put-timeout.)
+    /// Seconds one read of the shared cache may take; past it the read is
+    /// a miss (its record comes from the source), and after three in a row
+    /// the tier is skipped and retried with backoff [default: 0.2]. (A
+    /// write has --shared-cache-put-timeout.)
     #[arg(long)]
     pub shared_cache_timeout: Option<f64>,
     /// Seconds one write of a block to the shared cache may take, behind

@@ -24,7 +24,14 @@
 //!
 //! Each node is its own process (`l2arc mount`, `rclone mount`) with its
 //! own cache file or directory, as on N machines; on one machine they
-//! share the page cache, so it is dropped before every cold pass.
+//! share the page cache, so it is dropped before every cold pass, and a
+//! node's cache is removed once it has stopped (each holds the bucket).
+//!
+//! The bucket is 4 GiB by default: the random reads are to be those of a
+//! node "before its own cache is warm", and a smaller bucket is not that
+//! for rclone, whose fresh node pulls some 5 GiB through the delay proxy
+//! in its 8 s window (at 1 GiB it read from a warm cache by the second
+//! second).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -143,6 +150,23 @@ impl System {
                 cache_bytes >> 20
             ),
             System::Rclone { .. } => "rclone mount --vfs-cache-mode full".to_string(),
+        }
+    }
+
+    /// Removes what node `node` kept under `dir` (its cache file and ARC
+    /// checkpoint, or its cache directory) once it has stopped: a node's
+    /// cache holds the whole working set, and N of them side by side would
+    /// fill the disk the buckets are on.
+    fn remove_caches(&self, dir: &Path, node: &str) {
+        match self {
+            System::L2arc { .. } => {
+                let cache = dir.join(format!("{node}.cache"));
+                let _ = std::fs::remove_file(cache.with_extension("cache.arc"));
+                let _ = std::fs::remove_file(&cache);
+            }
+            System::Rclone { .. } => {
+                let _ = std::fs::remove_dir_all(dir.join(format!("{node}.rclone")));
+            }
         }
     }
 
@@ -380,6 +404,7 @@ fn cold_pass(system: &System, place: &Place<'_>, node_no: usize) -> Result<ColdP
         pass.lists
     );
     drop(node);
+    system.remove_caches(place.dir, &format!("node{node_no}"));
     Ok(pass)
 }
 
@@ -406,6 +431,7 @@ fn random_on_fresh_node(
     .run(None)?;
     let after = place.proxy.counts();
     drop(node);
+    system.remove_caches(place.dir, "node2-random");
     Ok((
         read.iops,
         read.latency_us_p99,
