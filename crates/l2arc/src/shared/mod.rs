@@ -56,13 +56,14 @@
 //! read-ahead span's whole rest to the far source: measured on a node
 //! reading the tier while its own flash wrote, one 200 ms GET in 4096 cost
 //! 31 records from the source and a third of the pass's rate. A store
-//! that is down or hung fails every GET, so three in a row come at once. None of it is an error to
-//! a reader. A PUT has a longer bound of its own (`put_timeout_ms`): it
-//! carries a whole block up, which on a slow link outlasts a read's
-//! timeout without the store being unwell, and it delays no reader; so a
-//! PUT past its bound is counted (`shared_write_timeouts`) and dropped,
-//! and only a PUT the store refuses puts the tier into backoff. Reads
-//! judge the store's latency by their own GETs.
+//! that is down or hung fails every GET, so three in a row come at once.
+//! None of it is an error to a reader. A PUT has a longer bound of its
+//! own (`put_timeout_ms`): it carries a whole block up, which on a slow
+//! link outlasts a read's timeout without the store being unwell, and it
+//! delays no reader; so a PUT past its bound is counted
+//! (`shared_write_timeouts`) and dropped, and only a PUT the store refuses
+//! puts the tier into backoff. Reads judge the store's latency by their
+//! own GETs: a PUT that succeeds does not end a run of read timeouts.
 
 mod block;
 
